@@ -1,0 +1,232 @@
+//! Length-capped NDJSON framing.
+//!
+//! ACP puts one JSON-RPC message on each `\n`-terminated line. A peer we do not control may send
+//! a line of any length or bytes that are not UTF-8; the decoder turns both into a typed error for
+//! that one line and resynchronises at the next newline, so a bad line never grows a buffer
+//! without bound and never ends the stream by itself.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Default cap on one line: 16 MiB.
+pub const DEFAULT_MAX_LINE: usize = 16 * 1024 * 1024;
+
+/// What was wrong with one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("line exceeds the {limit}-byte limit")]
+    Oversized { limit: usize },
+    #[error("line is not valid UTF-8")]
+    NotUtf8,
+}
+
+/// Splits a byte stream into lines of at most `max_line` bytes (the newline excluded).
+#[derive(Debug, Clone)]
+pub struct LineDecoder {
+    max_line: usize,
+    /// Bytes of `buf` already scanned for a newline, so a long partial line is scanned once.
+    scanned: usize,
+    /// Inside an oversized line: drop bytes until its newline, then report it.
+    discarding: bool,
+}
+
+impl Default for LineDecoder {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_LINE)
+    }
+}
+
+impl LineDecoder {
+    pub fn new(max_line: usize) -> Self {
+        Self {
+            max_line,
+            scanned: 0,
+            discarding: false,
+        }
+    }
+
+    pub fn max_line(&self) -> usize {
+        self.max_line
+    }
+
+    /// Takes the next complete line out of `buf`. `None` means more bytes are needed. Empty lines
+    /// (and a lone `\r` before the newline) are skipped. A line is returned without its newline.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Option<Result<Bytes, FrameError>> {
+        loop {
+            let found = memchr_newline(&buf[self.scanned..]).map(|i| i + self.scanned);
+            match found {
+                None => {
+                    if self.discarding {
+                        buf.clear();
+                        self.scanned = 0;
+                    } else if buf.len() > self.max_line {
+                        self.discarding = true;
+                        buf.clear();
+                        self.scanned = 0;
+                    } else {
+                        self.scanned = buf.len();
+                    }
+                    return None;
+                }
+                Some(pos) => {
+                    self.scanned = 0;
+                    if self.discarding {
+                        buf.advance(pos + 1);
+                        self.discarding = false;
+                        return Some(Err(FrameError::Oversized {
+                            limit: self.max_line,
+                        }));
+                    }
+                    let mut line = buf.split_to(pos + 1).freeze();
+                    line.truncate(pos);
+                    if line.last() == Some(&b'\r') {
+                        line.truncate(pos - 1);
+                    }
+                    if line.len() > self.max_line {
+                        return Some(Err(FrameError::Oversized {
+                            limit: self.max_line,
+                        }));
+                    }
+                    if line.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    if std::str::from_utf8(&line).is_err() {
+                        return Some(Err(FrameError::NotUtf8));
+                    }
+                    return Some(Ok(line));
+                }
+            }
+        }
+    }
+
+    /// At end of input: a final line without a newline is still a message.
+    pub fn decode_eof(&mut self, buf: &mut BytesMut) -> Option<Result<Bytes, FrameError>> {
+        if let Some(item) = self.decode(buf) {
+            return Some(item);
+        }
+        if self.discarding {
+            self.discarding = false;
+            buf.clear();
+            return Some(Err(FrameError::Oversized {
+                limit: self.max_line,
+            }));
+        }
+        if buf.is_empty() {
+            return None;
+        }
+        buf.extend_from_slice(b"\n");
+        self.decode(buf)
+    }
+}
+
+fn memchr_newline(haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&b| b == b'\n')
+}
+
+/// Appends one message and its newline. JSON produced by serde never contains a raw newline.
+pub fn encode_line(json: &[u8], out: &mut BytesMut) {
+    out.reserve(json.len() + 1);
+    out.extend_from_slice(json);
+    out.extend_from_slice(b"\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn decode_all(dec: &mut LineDecoder, input: &[&[u8]]) -> Vec<Result<Bytes, FrameError>> {
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for chunk in input {
+            buf.extend_from_slice(chunk);
+            while let Some(item) = dec.decode(&mut buf) {
+                out.push(item);
+            }
+        }
+        while let Some(item) = dec.decode_eof(&mut buf) {
+            out.push(item);
+        }
+        out
+    }
+
+    #[test]
+    fn splits_lines_and_skips_blank_ones() {
+        let mut dec = LineDecoder::new(64);
+        let out = decode_all(&mut dec, &[b"{\"a\":1}\n\n  \r\n{\"b\"", b":2}\r\n{\"c\":3}"]);
+        let lines: Vec<_> = out.into_iter().map(Result::unwrap).collect();
+        assert_eq!(lines, vec![&b"{\"a\":1}"[..], b"{\"b\":2}", b"{\"c\":3}"]);
+    }
+
+    #[test]
+    fn oversized_line_is_one_error_then_recovers() {
+        let mut dec = LineDecoder::new(8);
+        let out = decode_all(&mut dec, &[b"0123456789abcdef", b"0123", b"\nok\n"]);
+        assert_eq!(out[0], Err(FrameError::Oversized { limit: 8 }));
+        assert_eq!(out[1].as_ref().unwrap(), &b"ok"[..]);
+        assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn oversized_complete_line_in_one_read() {
+        let mut dec = LineDecoder::new(4);
+        let out = decode_all(&mut dec, &[b"12345\n1234\n"]);
+        assert_eq!(out[0], Err(FrameError::Oversized { limit: 4 }));
+        assert_eq!(out[1].as_ref().unwrap(), &b"1234"[..]);
+    }
+
+    #[test]
+    fn non_utf8_line_is_an_error_then_recovers() {
+        let mut dec = LineDecoder::new(64);
+        let out = decode_all(&mut dec, &[b"\xff\xfe\n{}\n"]);
+        assert_eq!(out[0], Err(FrameError::NotUtf8));
+        assert_eq!(out[1].as_ref().unwrap(), &b"{}"[..]);
+    }
+
+    #[test]
+    fn buffer_stays_bounded_while_discarding() {
+        let mut dec = LineDecoder::new(16);
+        let mut buf = BytesMut::new();
+        for _ in 0..1000 {
+            buf.extend_from_slice(&[b'x'; 100]);
+            assert!(dec.decode(&mut buf).is_none());
+            assert!(buf.len() <= 116);
+        }
+    }
+
+    proptest! {
+        /// Any chunking of valid frames decodes to the same lines.
+        #[test]
+        fn chunking_does_not_change_lines(
+            lines in proptest::collection::vec("[a-z0-9{}\":,]{1,40}", 1..20),
+            cuts in proptest::collection::vec(0usize..2000, 0..10),
+        ) {
+            let mut joined = Vec::new();
+            for l in &lines { joined.extend_from_slice(l.as_bytes()); joined.push(b'\n'); }
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (joined.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut chunks: Vec<&[u8]> = Vec::new();
+            let mut prev = 0;
+            for c in cuts { chunks.push(&joined[prev..c]); prev = c; }
+            chunks.push(&joined[prev..]);
+            let mut dec = LineDecoder::new(64);
+            let out: Vec<_> = decode_all(&mut dec, &chunks).into_iter().map(Result::unwrap).collect();
+            let expected: Vec<_> = lines.iter().map(|l| Bytes::copy_from_slice(l.as_bytes())).collect();
+            prop_assert_eq!(out, expected);
+        }
+
+        /// Random bytes never panic, never yield a line over the cap, never hold more than the
+        /// cap plus one read in the buffer.
+        #[test]
+        fn random_bytes_are_bounded(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..40)) {
+            let mut dec = LineDecoder::new(32);
+            let mut buf = BytesMut::new();
+            for c in &chunks {
+                buf.extend_from_slice(c);
+                while let Some(item) = dec.decode(&mut buf) {
+                    if let Ok(line) = item { prop_assert!(line.len() <= 32); }
+                }
+                prop_assert!(buf.len() <= 32 + 64);
+            }
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! acpd's wire vocabulary: NDJSON framing, the JSON-RPC 2.0 envelope, the subagent types, the
+//! error table and the pure outcome mapping. Nothing here spawns, listens or needs a runtime, so
+//! every rule of the protocol can be unit- and property-tested in isolation.
+
+pub mod codec;
+pub mod diagnostic;
+pub mod envelope;
+pub mod errors;
+pub mod outcome;
+pub mod subagent;
+
+/// ACP's own types, re-exported so both crates name them through one path.
+pub use agent_client_protocol::v1::schema as acp;

@@ -1,0 +1,263 @@
+//! The one mapping from whatever a child did in a turn to a subagent stop reason and failure
+//! category (DESIGN.md's outcome table). Pure and exhaustive: every way a turn can end is a
+//! variant of [`TurnEnd`], and a stop reason acpd does not know is a value, not a parse error.
+
+use crate::envelope::AUTH_REQUIRED;
+use crate::subagent::{Category, Failure, Stage, StopReason};
+
+/// A child's `session/prompt` stop reason, as ACP defines it, plus whatever else a child sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChildStopReason {
+    EndTurn,
+    MaxTokens,
+    MaxTurnRequests,
+    Refusal,
+    Cancelled,
+    Unknown(String),
+}
+
+impl ChildStopReason {
+    pub fn parse(wire: &str) -> Self {
+        match wire {
+            "end_turn" => Self::EndTurn,
+            "max_tokens" => Self::MaxTokens,
+            "max_turn_requests" => Self::MaxTurnRequests,
+            "refusal" => Self::Refusal,
+            "cancelled" => Self::Cancelled,
+            other => Self::Unknown(other.to_string()),
+        }
+    }
+
+    pub fn as_wire(&self) -> &str {
+        match self {
+            Self::EndTurn => "end_turn",
+            Self::MaxTokens => "max_tokens",
+            Self::MaxTurnRequests => "max_turn_requests",
+            Self::Refusal => "refusal",
+            Self::Cancelled => "cancelled",
+            Self::Unknown(s) => s,
+        }
+    }
+}
+
+/// Everything that can end a turn after publication.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnEnd {
+    /// The child answered `session/prompt` with a stop reason. `reported_failure` is the
+    /// category of a typed failure record in the response's `_meta.acpd.failure`, if any.
+    Stopped {
+        reason: ChildStopReason,
+        reported_failure: Option<String>,
+    },
+    /// The child answered `session/prompt` with a JSON-RPC error.
+    RpcError { code: i64 },
+    /// The pipe closed or the process exited before the child answered.
+    ProcessExit {
+        exit_code: Option<i32>,
+        signal: Option<String>,
+    },
+    /// The run's `run_timeout` was reached.
+    RunTimeout,
+    /// No message and no pending request for `idle_timeout`.
+    Idle,
+    /// The child sent a line that is not JSON-RPC, not UTF-8, or over the line cap.
+    Protocol,
+    /// Cancelled by the parent, by dispose or by Ctrl-C, and the child did not confirm it in
+    /// time.
+    Abandoned,
+}
+
+/// The mapped outcome of a turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapped {
+    pub stop_reason: StopReason,
+    pub failure: Option<Failure>,
+}
+
+/// Maps a turn's end to its result. `cancel_requested` says whether acpd asked the child to
+/// cancel on behalf of the parent (parent cancel, dispose, Ctrl-C); a child that then dies or
+/// errors instead of confirming was still cancelled, so the result is `aborted`.
+pub fn map_outcome(end: &TurnEnd, cancel_requested: bool) -> Mapped {
+    let fail = |category: Category| Mapped {
+        stop_reason: StopReason::Error,
+        failure: Some(Failure {
+            stage: Stage::Prompt,
+            category,
+            code: None,
+            exit_code: None,
+            signal: None,
+        }),
+    };
+    let plain = |stop_reason| Mapped {
+        stop_reason,
+        failure: None,
+    };
+    let aborted = plain(StopReason::Aborted);
+    match end {
+        TurnEnd::Stopped {
+            reason,
+            reported_failure,
+        } => match reason {
+            ChildStopReason::EndTurn => match reported_failure {
+                Some(cat) => fail(Category::Reported(sanitize_category(cat))),
+                None => plain(StopReason::Completed),
+            },
+            ChildStopReason::MaxTokens => plain(StopReason::MaxTokens),
+            ChildStopReason::MaxTurnRequests => fail(Category::RemoteLimit),
+            ChildStopReason::Refusal => plain(StopReason::Refusal),
+            ChildStopReason::Cancelled if cancel_requested => aborted,
+            ChildStopReason::Cancelled => Mapped {
+                stop_reason: StopReason::Aborted,
+                failure: Some(Failure {
+                    stage: Stage::Prompt,
+                    category: Category::RemoteCancel,
+                    code: None,
+                    exit_code: None,
+                    signal: None,
+                }),
+            },
+            ChildStopReason::Unknown(_) => fail(Category::UnknownStopReason),
+        },
+        TurnEnd::RpcError { .. } | TurnEnd::ProcessExit { .. } if cancel_requested => aborted,
+        TurnEnd::RpcError { code } => {
+            let category = if *code == AUTH_REQUIRED {
+                Category::Auth
+            } else {
+                Category::Rpc
+            };
+            let mut m = fail(category);
+            if let Some(f) = m.failure.as_mut() {
+                f.code = Some(*code);
+            }
+            m
+        }
+        TurnEnd::ProcessExit { exit_code, signal } => {
+            let mut m = fail(Category::ProcessExit);
+            if let Some(f) = m.failure.as_mut() {
+                f.exit_code = *exit_code;
+                f.signal = signal.clone();
+            }
+            m
+        }
+        TurnEnd::RunTimeout => fail(Category::Timeout),
+        TurnEnd::Idle => fail(Category::Hung),
+        TurnEnd::Protocol => fail(Category::Protocol),
+        TurnEnd::Abandoned => aborted,
+    }
+}
+
+/// A child-reported category is child-controlled text: keep `[a-z0-9-]`, at most 64 bytes.
+fn sanitize_category(raw: &str) -> String {
+    let s: String = raw
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(64)
+        .collect();
+    if s.is_empty() { "reported".into() } else { s }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stopped(reason: &str) -> TurnEnd {
+        TurnEnd::Stopped {
+            reason: ChildStopReason::parse(reason),
+            reported_failure: None,
+        }
+    }
+
+    fn cat(m: &Mapped) -> Option<&str> {
+        m.failure.as_ref().map(|f| f.category.as_str())
+    }
+
+    #[test]
+    fn end_turn_is_completed() {
+        let m = map_outcome(&stopped("end_turn"), false);
+        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Completed, None));
+    }
+
+    #[test]
+    fn end_turn_with_reported_failure_is_error() {
+        let end = TurnEnd::Stopped {
+            reason: ChildStopReason::EndTurn,
+            reported_failure: Some("Quota Exceeded!".into()),
+        };
+        let m = map_outcome(&end, false);
+        assert_eq!(m.stop_reason, StopReason::Error);
+        assert_eq!(cat(&m), Some("quotaexceeded"));
+    }
+
+    #[test]
+    fn max_tokens_refusal_and_limits() {
+        let m = map_outcome(&stopped("max_tokens"), false);
+        assert_eq!((m.stop_reason, cat(&m)), (StopReason::MaxTokens, None));
+        let m = map_outcome(&stopped("refusal"), false);
+        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Refusal, None));
+        let m = map_outcome(&stopped("max_turn_requests"), false);
+        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Error, Some("remote-limit")));
+    }
+
+    #[test]
+    fn cancelled_is_aborted_and_remote_when_unasked() {
+        let m = map_outcome(&stopped("cancelled"), true);
+        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Aborted, None));
+        let m = map_outcome(&stopped("cancelled"), false);
+        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Aborted, Some("remote-cancel")));
+    }
+
+    #[test]
+    fn unknown_stop_reason_is_an_error_value() {
+        let m = map_outcome(&stopped("finished_early"), false);
+        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Error, Some("unknown-stop-reason")));
+    }
+
+    #[test]
+    fn rpc_errors_keep_their_code() {
+        let m = map_outcome(&TurnEnd::RpcError { code: -32603 }, false);
+        assert_eq!(cat(&m), Some("rpc"));
+        assert_eq!(m.failure.unwrap().code, Some(-32603));
+        let m = map_outcome(&TurnEnd::RpcError { code: -32000 }, false);
+        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Error, Some("auth")));
+    }
+
+    #[test]
+    fn process_exit_keeps_status() {
+        let end = TurnEnd::ProcessExit {
+            exit_code: Some(3),
+            signal: None,
+        };
+        let m = map_outcome(&end, false);
+        assert_eq!(m.stop_reason, StopReason::Error);
+        let f = m.failure.unwrap();
+        assert_eq!((f.category.as_str(), f.exit_code), ("process-exit", Some(3)));
+    }
+
+    #[test]
+    fn limits_and_protocol_faults() {
+        for (end, c) in [
+            (TurnEnd::RunTimeout, "timeout"),
+            (TurnEnd::Idle, "hung"),
+            (TurnEnd::Protocol, "protocol"),
+        ] {
+            for cancel in [false, true] {
+                let m = map_outcome(&end, cancel);
+                assert_eq!((m.stop_reason, cat(&m)), (StopReason::Error, Some(c)));
+            }
+        }
+    }
+
+    #[test]
+    fn local_cancel_wins_over_a_dying_child() {
+        assert_eq!(map_outcome(&TurnEnd::Abandoned, true).stop_reason, StopReason::Aborted);
+        let end = TurnEnd::ProcessExit {
+            exit_code: None,
+            signal: Some("SIGTERM".into()),
+        };
+        let m = map_outcome(&end, true);
+        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Aborted, None));
+        let m = map_outcome(&TurnEnd::RpcError { code: -32603 }, true);
+        assert_eq!(m.stop_reason, StopReason::Aborted);
+    }
+}

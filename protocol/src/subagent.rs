@@ -1,0 +1,282 @@
+//! The subagent vocabulary: providers, start requests, results, stop reasons and the per-turn
+//! lifecycle events. JSON bodies are camelCase, as ACP's own are.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::acp::ContentBlock;
+
+/// Start-time features a provider can enforce. A request that sets a field whose flag is false
+/// is refused before anything is spawned (never accepted-then-ignored).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    pub output_schema: bool,
+    /// Gates the request field `maxDepth`.
+    pub depth_limit: bool,
+    pub tool_filter: bool,
+    pub persona: bool,
+}
+
+/// A provider as `acpd providers` and `_acpd/providers` describe it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderInfo {
+    pub name: String,
+    pub description: String,
+    pub capabilities: Capabilities,
+    /// Whether the child sees the parent's earlier turns (never, for an ACP child).
+    pub inherits_parent_context: bool,
+    pub default: bool,
+}
+
+/// A request to start one delegation.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StartRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    pub prompt: Vec<ContentBlock>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_session_id: Option<String>,
+    /// Absolute cap on delegation depth for this run and everything it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_depth: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persona: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_filter: Option<serde_json::Value>,
+}
+
+/// The outcome vocabulary of a subagent turn. Consumers must treat a value they do not know as
+/// a failure, never as success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StopReason {
+    Completed,
+    Aborted,
+    Error,
+    MaxTokens,
+    Refusal,
+}
+
+impl StopReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Completed => "completed",
+            StopReason::Aborted => "aborted",
+            StopReason::Error => "error",
+            StopReason::MaxTokens => "max-tokens",
+            StopReason::Refusal => "refusal",
+        }
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where in a run's life a failure happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Stage {
+    Spawn,
+    Initialize,
+    SessionNew,
+    Prompt,
+}
+
+impl Stage {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Stage::Spawn => "spawn",
+            Stage::Initialize => "initialize",
+            Stage::SessionNew => "session-new",
+            Stage::Prompt => "prompt",
+        }
+    }
+}
+
+/// What kind of failure it was (DESIGN.md's outcome table, plus the start-time kinds).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Category {
+    RemoteLimit,
+    RemoteCancel,
+    UnknownStopReason,
+    Rpc,
+    Auth,
+    ProcessExit,
+    Timeout,
+    Hung,
+    Protocol,
+    /// The executable could not be started (missing, not executable, …).
+    Spawn,
+    /// The child speaks another ACP protocol version.
+    ProtocolVersion,
+    /// A category named by the child's own typed failure record (`_meta.acpd.failure`),
+    /// restricted to `[a-z0-9-]`.
+    #[serde(untagged)]
+    Reported(String),
+}
+
+impl Category {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Category::RemoteLimit => "remote-limit",
+            Category::RemoteCancel => "remote-cancel",
+            Category::UnknownStopReason => "unknown-stop-reason",
+            Category::Rpc => "rpc",
+            Category::Auth => "auth",
+            Category::ProcessExit => "process-exit",
+            Category::Timeout => "timeout",
+            Category::Hung => "hung",
+            Category::Protocol => "protocol",
+            Category::Spawn => "spawn",
+            Category::ProtocolVersion => "protocol-version",
+            Category::Reported(s) => s,
+        }
+    }
+}
+
+/// The fixed facts of a non-completed result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Failure {
+    pub stage: Stage,
+    pub category: Category,
+    /// The JSON-RPC error code, when the child answered with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Signal name, such as `SIGKILL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+}
+
+/// The result of one turn of a published run. After publication a turn never fails: every
+/// outcome is one of these.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubagentResult {
+    pub run_id: String,
+    pub provider: String,
+    pub turn: u32,
+    pub stop_reason: StopReason,
+    pub output: Vec<ContentBlock>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_truncated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostic: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+}
+
+impl SubagentResult {
+    /// The output's text blocks joined, for terminals and logs.
+    pub fn output_text(&self) -> String {
+        self.output
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text(t) => Some(t.text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Sent when a turn starts: the first at publication, later ones for each follow-up.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Started {
+    pub run_id: String,
+    pub provider: String,
+    pub turn: u32,
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+/// Sent when that turn settles, carrying its result.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ended {
+    pub run_id: String,
+    pub provider: String,
+    pub turn: u32,
+    pub result: SubagentResult,
+}
+
+/// One lifecycle event; exactly one `Started` then one `Ended` per turn.
+#[derive(Debug, Clone)]
+pub enum Lifecycle {
+    Started(Started),
+    Ended(Box<Ended>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_serialises_camel_case_and_omits_absent_fields() {
+        let r = SubagentResult {
+            run_id: "r1".into(),
+            provider: "echo".into(),
+            turn: 1,
+            stop_reason: StopReason::MaxTokens,
+            output: vec![ContentBlock::from("hi".to_string())],
+            output_truncated: false,
+            structured: None,
+            diagnostic: None,
+            failure: None,
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["runId"], "r1");
+        assert_eq!(v["stopReason"], "max-tokens");
+        assert_eq!(v["output"][0]["type"], "text");
+        assert!(v.get("outputTruncated").is_none());
+        assert!(v.get("failure").is_none());
+    }
+
+    #[test]
+    fn start_request_rejects_unknown_fields_and_negative_depth() {
+        assert!(serde_json::from_str::<StartRequest>(r#"{"prompt":[],"bogus":1}"#).is_err());
+        assert!(serde_json::from_str::<StartRequest>(r#"{"prompt":[],"maxDepth":-1}"#).is_err());
+        let r: StartRequest = serde_json::from_str(
+            r#"{"prompt":[{"type":"text","text":"x"}],"maxDepth":1,"parentSessionId":"p"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.max_depth, Some(1));
+        assert_eq!(r.parent_session_id.as_deref(), Some("p"));
+    }
+
+    #[test]
+    fn categories_serialise_as_kebab_strings() {
+        let f = Failure {
+            stage: Stage::SessionNew,
+            category: Category::UnknownStopReason,
+            code: None,
+            exit_code: Some(3),
+            signal: None,
+        };
+        let v = serde_json::to_value(&f).unwrap();
+        assert_eq!(v["stage"], "session-new");
+        assert_eq!(v["category"], "unknown-stop-reason");
+        assert_eq!(v["exitCode"], 3);
+        let reported = serde_json::to_value(Category::Reported("quota".into())).unwrap();
+        assert_eq!(reported, "quota");
+    }
+}
