@@ -1,0 +1,6 @@
+//! acpd: an ACP bridge daemon with a subagent registry.
+
+pub mod config;
+pub mod wire;
+pub mod supervise;
+pub mod agent;

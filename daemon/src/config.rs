@@ -1,0 +1,558 @@
+//! Daemon configuration: discovery, parsing and validation of `config.toml`.
+//!
+//! Every field is deserialized wrapped in [`toml::Spanned`] so that validation
+//! errors found after parsing (relative `cwd`, bad names, bad sizes…) can still
+//! point at the exact line of the file, just like TOML's own syntax errors.
+//! Providers are kept in a [`BTreeMap`], so iteration order is sorted by name.
+
+use std::{
+    collections::BTreeMap,
+    io,
+    ops::Range,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+const ECHO: &str = "echo";
+const ECHO_DESCRIPTION: &str = "Built-in scripted ACP agent (acpd agent echo)";
+const ETC_CONFIG: &str = "/etc/acpd/config.toml";
+
+/// What acpd does with a child's `session/request_permission` calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PermissionPolicy {
+    /// Relay the request to acpd's own client.
+    Forward,
+    /// Answer with the first "allow" option without asking anyone.
+    Allow,
+    /// Answer with a "reject" option without asking anyone.
+    Reject,
+}
+
+/// One child agent acpd knows how to start, fully resolved and validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderConfig {
+    pub name: String,
+    /// argv, executed directly (never through a shell) so arguments need no quoting.
+    pub command: Vec<String>,
+    pub description: String,
+    pub cwd: Option<PathBuf>,
+    pub env: BTreeMap<String, String>,
+    pub env_passthrough: Vec<String>,
+    pub permission: PermissionPolicy,
+    pub handshake_timeout: Duration,
+    /// `None` when configured as `"0s"`: no idle limit.
+    pub idle_timeout: Option<Duration>,
+    /// `None` when configured as `"0s"`: no wall-clock limit.
+    pub run_timeout: Option<Duration>,
+    pub cancel_grace: Duration,
+    pub keep_alive: Duration,
+    pub eof_grace: Duration,
+    pub term_grace: Duration,
+    pub max_concurrent: usize,
+    /// True only for the built-in echo provider, so callers can tell it was not configured.
+    pub builtin: bool,
+}
+
+impl ProviderConfig {
+    /// A provider with every optional key at its default; `builtin` is false.
+    pub fn with_defaults(name: &str, command: Vec<String>) -> Self {
+        ProviderConfig {
+            name: name.to_owned(),
+            command,
+            description: String::new(),
+            cwd: None,
+            env: BTreeMap::new(),
+            env_passthrough: Vec::new(),
+            permission: PermissionPolicy::Forward,
+            handshake_timeout: Duration::from_secs(60),
+            idle_timeout: Some(Duration::from_secs(600)),
+            run_timeout: None,
+            cancel_grace: Duration::from_secs(2),
+            keep_alive: Duration::from_secs(600),
+            eof_grace: Duration::from_secs(2),
+            term_grace: Duration::from_secs(3),
+            max_concurrent: 64,
+            builtin: false,
+        }
+    }
+}
+
+/// The whole daemon configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file loaded, `None` for built-in defaults.
+    pub source: Option<PathBuf>,
+    pub default_provider: String,
+    pub max_depth: u32,
+    /// Per-turn output cap in bytes.
+    pub max_output: usize,
+    pub max_children: usize,
+    /// Sorted by name (the built-in echo is just the entry named `echo`).
+    pub providers: BTreeMap<String, Arc<ProviderConfig>>,
+}
+
+/// Everything that can go wrong finding, reading or validating the config.
+///
+/// Each variant carries the file path so the operator knows which file to fix
+/// even when several candidate locations exist.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file was named explicitly (flag or `ACPD_CONFIG`) but is absent;
+    /// silently falling back to defaults would hide a typo.
+    #[error("{}: config file named by {origin} does not exist", path.display())]
+    Missing { path: PathBuf, origin: &'static str },
+    #[error("{}: cannot read config file: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    /// `line` is 1-based; `None` only if TOML reported no position at all.
+    #[error("{}:{}: {key}: {message}", path.display(), line.map_or_else(|| "?".to_owned(), |l| l.to_string()))]
+    Invalid {
+        path: PathBuf,
+        line: Option<usize>,
+        key: String,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// The config file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            ConfigError::Missing { path, .. }
+            | ConfigError::Read { path, .. }
+            | ConfigError::Invalid { path, .. } => path,
+        }
+    }
+}
+
+/// Raw file shape; unknown keys are rejected so typos do not silently become defaults.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    default_provider: Option<Spanned<String>>,
+    max_depth: Option<u32>,
+    /// A `Value` because both `8388608` and `"8MiB"` are accepted.
+    max_output: Option<Spanned<toml::Value>>,
+    max_children: Option<Spanned<usize>>,
+    #[serde(default)]
+    providers: BTreeMap<Spanned<String>, RawProvider>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    command: Option<Spanned<Vec<Spanned<String>>>>,
+    description: Option<String>,
+    cwd: Option<Spanned<String>>,
+    #[serde(default)]
+    env: BTreeMap<Spanned<String>, Spanned<String>>,
+    #[serde(default)]
+    env_passthrough: Vec<Spanned<String>>,
+    permission: Option<PermissionPolicy>,
+    handshake_timeout: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    run_timeout: Option<Spanned<String>>,
+    cancel_grace: Option<Spanned<String>>,
+    keep_alive: Option<Spanned<String>>,
+    eof_grace: Option<Spanned<String>>,
+    term_grace: Option<Spanned<String>>,
+    max_concurrent: Option<Spanned<usize>>,
+}
+
+impl Config {
+    /// Built-in defaults: only the echo provider.
+    pub fn builtin(echo_command: Vec<String>) -> Config {
+        let mut echo = ProviderConfig::with_defaults(ECHO, echo_command);
+        echo.description = ECHO_DESCRIPTION.to_owned();
+        echo.builtin = true;
+        Config {
+            source: None,
+            default_provider: ECHO.to_owned(),
+            max_depth: 2,
+            max_output: 8 * 1024 * 1024,
+            max_children: 256,
+            providers: BTreeMap::from([(ECHO.to_owned(), Arc::new(echo))]),
+        }
+    }
+
+    /// Finds the file per the discovery order (reads env vars ACPD_CONFIG, XDG_CONFIG_HOME, HOME) and loads it, or returns builtin().
+    pub fn load(explicit: Option<&Path>, echo_command: Vec<String>) -> Result<Config, ConfigError> {
+        // A path whose existence cannot be determined (e.g. permission denied on
+        // a parent) counts as existing, so the read reports the real cause.
+        let exists = |p: &Path| p.try_exists().unwrap_or(true);
+        match Self::discover(explicit, |k| std::env::var(k).ok(), exists)? {
+            None => Ok(Self::builtin(echo_command)),
+            Some(path) => {
+                let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                Self::parse(&text, &path, echo_command)
+            }
+        }
+    }
+
+    /// The discovery order, as a pure function of the given env lookups, for testing.
+    ///
+    /// Empty variables count as unset. A relative `XDG_CONFIG_HOME` is ignored,
+    /// as the XDG Base Directory spec requires, and `$HOME/.config` is used instead.
+    pub fn discover(
+        explicit: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        exists: impl Fn(&Path) -> bool,
+    ) -> Result<Option<PathBuf>, ConfigError> {
+        let var = |k: &str| env(k).filter(|v| !v.is_empty());
+        let named = explicit
+            .map(|p| (p.to_path_buf(), "--config"))
+            .or_else(|| var("ACPD_CONFIG").map(|v| (PathBuf::from(v), "ACPD_CONFIG")));
+        if let Some((path, origin)) = named {
+            return if exists(&path) {
+                Ok(Some(path))
+            } else {
+                Err(ConfigError::Missing { path, origin })
+            };
+        }
+        let user_dir = var("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+            .or_else(|| var("HOME").map(|h| Path::new(&h).join(".config")));
+        let user = user_dir.map(|d| d.join("acpd").join("config.toml"));
+        let candidates = user.into_iter().chain([PathBuf::from(ETC_CONFIG)]);
+        Ok(candidates.into_iter().find(|p| exists(p)))
+    }
+
+    /// Parses and validates text as if read from `path`.
+    pub fn parse(
+        text: &str,
+        path: &Path,
+        echo_command: Vec<String>,
+    ) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(path, text, &e))?;
+        let at = |span: Range<usize>, key: &str, message: &str| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            line: Some(line_of(text, span.start)),
+            key: key.to_owned(),
+            message: message.to_owned(),
+        };
+        let mut config = Self::builtin(echo_command);
+        config.source = Some(path.to_path_buf());
+        if let Some(depth) = raw.max_depth {
+            config.max_depth = depth;
+        }
+        if let Some(value) = raw.max_output {
+            let size = match value.get_ref() {
+                toml::Value::Integer(n) => {
+                    usize::try_from(*n).map_err(|_| format!("must not be negative, got {n}"))
+                }
+                toml::Value::String(s) => parse_size(s),
+                other => Err(format!(
+                    "expected a byte size like \"8MiB\", got a {}",
+                    other.type_str()
+                )),
+            };
+            let size = size.and_then(|n| {
+                if n == 0 {
+                    Err("must be at least 1 byte".to_owned())
+                } else {
+                    Ok(n)
+                }
+            });
+            config.max_output = size.map_err(|msg| at(value.span(), "max_output", &msg))?;
+        }
+        if let Some(children) = raw.max_children {
+            config.max_children = at_least_one(children, "max_children", &at)?;
+        }
+        for (name, raw_provider) in raw.providers {
+            let provider = build_provider(&name, raw_provider, &at)?;
+            config
+                .providers
+                .insert(provider.name.clone(), Arc::new(provider));
+        }
+        if let Some(default) = raw.default_provider {
+            if !config.providers.contains_key(default.get_ref()) {
+                let known: Vec<&str> = config.providers.keys().map(String::as_str).collect();
+                let msg = format!(
+                    "no provider named {:?} (known: {})",
+                    default.get_ref(),
+                    known.join(", ")
+                );
+                return Err(at(default.span(), "default_provider", &msg));
+            }
+            config.default_provider = default.into_inner();
+        }
+        Ok(config)
+    }
+
+    pub fn provider(&self, name: &str) -> Option<&Arc<ProviderConfig>> {
+        self.providers.get(name)
+    }
+}
+
+/// Builds an [`ConfigError::Invalid`] from a span, key and message.
+type At<'a> = dyn Fn(Range<usize>, &str, &str) -> ConfigError + 'a;
+
+fn build_provider(
+    name: &Spanned<String>,
+    raw: RawProvider,
+    at: &At<'_>,
+) -> Result<ProviderConfig, ConfigError> {
+    let prefix = format!("providers.{}", key_segment(name.get_ref()));
+    let key = |k: &str| format!("{prefix}.{k}");
+    if !is_provider_name(name.get_ref()) {
+        let msg = "provider names may only contain A-Z, a-z, 0-9, '_', '.' and '-'";
+        return Err(at(name.span(), &prefix, msg));
+    }
+    let Some(command) = raw.command else {
+        return Err(at(name.span(), &key("command"), "is required"));
+    };
+    let argv_err = match command.get_ref().first() {
+        None => Some("must be a non-empty array of strings"),
+        Some(program) if program.get_ref().is_empty() => {
+            Some("the program (first element) must not be empty")
+        }
+        _ => None,
+    };
+    if let Some(msg) = argv_err {
+        return Err(at(command.span(), &key("command"), msg));
+    }
+    if let Some(arg) = command
+        .get_ref()
+        .iter()
+        .find(|a| a.get_ref().contains('\0'))
+    {
+        return Err(at(
+            arg.span(),
+            &key("command"),
+            "arguments must not contain NUL",
+        ));
+    }
+    let command = command
+        .into_inner()
+        .into_iter()
+        .map(Spanned::into_inner)
+        .collect();
+    let mut provider = ProviderConfig::with_defaults(name.get_ref(), command);
+    if let Some(description) = raw.description {
+        provider.description = description;
+    }
+    if let Some(cwd) = raw.cwd {
+        // Relative paths would silently depend on wherever acpd happened to start.
+        if !Path::new(cwd.get_ref()).is_absolute() || cwd.get_ref().contains('\0') {
+            let msg = format!("must be an absolute path, got {:?}", cwd.get_ref());
+            return Err(at(cwd.span(), &key("cwd"), &msg));
+        }
+        provider.cwd = Some(PathBuf::from(cwd.into_inner()));
+    }
+    for (k, v) in raw.env {
+        let env_key = key(&format!("env.{}", key_segment(k.get_ref())));
+        if let Err(msg) = check_env_name(k.get_ref()) {
+            return Err(at(k.span(), &env_key, &msg));
+        }
+        if v.get_ref().contains('\0') {
+            return Err(at(v.span(), &env_key, "values must not contain NUL"));
+        }
+        provider.env.insert(k.into_inner(), v.into_inner());
+    }
+    for name in raw.env_passthrough {
+        if let Err(msg) = check_env_name(name.get_ref()) {
+            return Err(at(name.span(), &key("env_passthrough"), &msg));
+        }
+        provider.env_passthrough.push(name.into_inner());
+    }
+    if let Some(permission) = raw.permission {
+        provider.permission = permission;
+    }
+    let dur = |value: Option<Spanned<String>>, k: &str, default: Duration| {
+        value.map_or(Ok(default), |v| parse_duration(&v, &key(k), at))
+    };
+    let handshake = provider.handshake_timeout;
+    provider.handshake_timeout = dur(raw.handshake_timeout, "handshake_timeout", handshake)?;
+    let none_if_zero = |d: Duration| (!d.is_zero()).then_some(d);
+    let idle = provider.idle_timeout.unwrap_or_default();
+    provider.idle_timeout = none_if_zero(dur(raw.idle_timeout, "idle_timeout", idle)?);
+    provider.run_timeout = none_if_zero(dur(raw.run_timeout, "run_timeout", Duration::ZERO)?);
+    provider.cancel_grace = dur(raw.cancel_grace, "cancel_grace", provider.cancel_grace)?;
+    provider.keep_alive = dur(raw.keep_alive, "keep_alive", provider.keep_alive)?;
+    provider.eof_grace = dur(raw.eof_grace, "eof_grace", provider.eof_grace)?;
+    provider.term_grace = dur(raw.term_grace, "term_grace", provider.term_grace)?;
+    if let Some(max) = raw.max_concurrent {
+        provider.max_concurrent = at_least_one(max, &key("max_concurrent"), at)?;
+    }
+    Ok(provider)
+}
+
+fn parse_duration(
+    value: &Spanned<String>,
+    key: &str,
+    at: &At<'_>,
+) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(value.get_ref()).map_err(|e| {
+        let msg = format!(
+            "invalid duration {:?} (like \"90s\" or \"10m\"): {e}",
+            value.get_ref()
+        );
+        at(value.span(), key, &msg)
+    })
+}
+
+/// Zero would make the limit unusable (nothing could ever start), so it is rejected.
+fn at_least_one(value: Spanned<usize>, key: &str, at: &At<'_>) -> Result<usize, ConfigError> {
+    match *value.get_ref() {
+        0 => Err(at(value.span(), key, "must be at least 1")),
+        n => Ok(n),
+    }
+}
+
+/// Byte size: a plain integer, or an integer followed by a unit
+/// (B, KB, KiB, MB, MiB, GB, GiB; case-insensitive, optional space between).
+/// Fractions are not accepted, so the result is always exact.
+fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with an integer"))?;
+    let multiplier: usize = match unit.trim_start().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1000,
+        "kib" => 1 << 10,
+        "mb" => 1000 * 1000,
+        "mib" => 1 << 20,
+        "gb" => 1000 * 1000 * 1000,
+        "gib" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?}; use B, KB, KiB, MB, MiB, GB or GiB"
+            ));
+        }
+    };
+    number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// True when `s` is non-empty and made of ASCII alphanumerics and `extra`.
+fn only(s: &str, extra: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+}
+
+fn is_provider_name(name: &str) -> bool {
+    only(name, "_.-")
+}
+
+/// Names that `setenv`/`Command::env` would reject or mangle.
+fn check_env_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains(['=', '\0']) {
+        Err(format!(
+            "invalid environment variable name {name:?}: must be non-empty without '=' or NUL"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Renders one key of a dotted path, quoting it when TOML would need quotes.
+fn key_segment(key: &str) -> String {
+    let bare = only(key, "_-");
+    if bare {
+        key.to_owned()
+    } else {
+        format!("{key:?}")
+    }
+}
+
+/// 1-based line number of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+/// Converts a TOML syntax or deserialization error, recovering the dotted key.
+///
+/// `toml` keeps the key path private but prints it as "in `a.b`" when no input
+/// is attached, so it is read back from that rendering. Unknown-field errors
+/// name the offending field only in the message. Syntax errors carry no path,
+/// so the key is reconstructed from the source line as a best effort.
+fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> ConfigError {
+    let mut bare = err.clone();
+    bare.set_input(None);
+    let shown = bare.to_string();
+    let table = shown
+        .strip_prefix(err.message())
+        .and_then(|rest| rest.trim().strip_prefix("in `"))
+        .and_then(|rest| rest.strip_suffix('`'))
+        .map(str::to_owned);
+    let unknown = err
+        .message()
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next());
+    let offset = err.span().map(|s| s.start);
+    let key = match (table, unknown) {
+        (Some(table), Some(field)) => format!("{table}.{field}"),
+        (Some(table), None) => table,
+        (None, Some(field)) => field.to_owned(),
+        (None, None) => offset.map_or_else(|| "(document)".to_owned(), |o| key_near(text, o)),
+    };
+    ConfigError::Invalid {
+        path: path.to_path_buf(),
+        line: offset.map(|o| line_of(text, o)),
+        key,
+        message: err.message().replace('\n', " "),
+    }
+}
+
+/// Best-effort dotted key for a syntax error at `offset`: a table header on
+/// that line, else the key left of `=` inside the enclosing table.
+fn key_near(text: &str, offset: usize) -> String {
+    let line_index = line_of(text, offset) - 1;
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(line) = lines.get(line_index) else {
+        return "(document)".to_owned();
+    };
+    if let Some(header) = table_header(line) {
+        return header.to_owned();
+    }
+    let enclosing = lines[..line_index]
+        .iter()
+        .rev()
+        .find_map(|l| table_header(l));
+    let local = line
+        .split('=')
+        .next()
+        .map(str::trim)
+        .filter(|k| looks_like_key(k));
+    match (enclosing, local) {
+        (Some(table), Some(k)) => format!("{table}.{k}"),
+        (None, Some(k)) => k.to_owned(),
+        (Some(table), None) => table.to_owned(),
+        (None, None) => "(document)".to_owned(),
+    }
+}
+
+fn table_header(line: &str) -> Option<&str> {
+    let line = line.split('#').next()?.trim();
+    let inner = line.strip_prefix('[')?.strip_suffix(']')?;
+    let inner = inner
+        .strip_prefix('[')
+        .and_then(|i| i.strip_suffix(']'))
+        .unwrap_or(inner);
+    let inner = inner.trim();
+    looks_like_key(inner).then_some(inner)
+}
+
+fn looks_like_key(key: &str) -> bool {
+    only(key, "_-.\"' ")
+}

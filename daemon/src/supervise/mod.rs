@@ -1,0 +1,15 @@
+//! Child processes: spawning into their own process group with PDEATHSIG from one long-lived
+//! thread, the allowlisted environment, the stderr tail, the idempotent teardown ladder, and
+//! reaping everything the tree leaves behind (acpd is a subreaper).
+
+mod env;
+mod reaper;
+mod spawn;
+mod stderr;
+mod tree;
+
+pub use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
+pub use reaper::init;
+pub use spawn::{SpawnError, SpawnSpec, Spawned, spawn};
+pub use stderr::StderrTail;
+pub use tree::{Graces, ProcessTree, TeardownOutcome, signal_name};

@@ -1,0 +1,153 @@
+//! Spawning children from one dedicated thread.
+//!
+//! `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not the process. A
+//! child forked from a tokio blocking-pool thread is killed when that thread idles out, so every
+//! child is forked from a thread that lives as long as acpd.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::sync::mpsc as std_mpsc;
+
+use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
+use tokio::sync::oneshot;
+
+use super::reaper;
+use super::tree::ProcessTree;
+
+/// What to run: argv (never a shell), an absolute cwd, and the complete environment.
+#[derive(Debug, Clone)]
+pub struct SpawnSpec {
+    pub argv: Vec<String>,
+    pub cwd: PathBuf,
+    pub env: Vec<(OsString, OsString)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("cannot start `{program}`: {source}")]
+    Io {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the command is empty")]
+    EmptyCommand,
+    #[error("the spawner thread is not running (supervise::init was not called)")]
+    NoSpawner,
+}
+
+/// A started child: its process tree and its three pipes.
+pub struct Spawned {
+    pub tree: ProcessTree,
+    pub stdin: ChildStdin,
+    pub stdout: ChildStdout,
+    pub stderr: ChildStderr,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+static JOBS: OnceLock<std_mpsc::Sender<Job>> = OnceLock::new();
+
+pub(super) fn start_thread() {
+    let handle = tokio::runtime::Handle::current();
+    let (tx, rx) = std_mpsc::channel::<Job>();
+    let started = std::thread::Builder::new()
+        .name("acpd-spawner".into())
+        .spawn(move || {
+            let _runtime = handle.enter();
+            for job in rx {
+                job();
+            }
+        });
+    match started {
+        Ok(_) => {
+            let _ = JOBS.set(tx);
+        }
+        Err(e) => tracing::error!("cannot start the spawner thread: {e}"),
+    }
+}
+
+/// Spawns `spec` in a new process group, with PDEATHSIG=SIGKILL and acpd's original
+/// `RLIMIT_NOFILE`, stdin/stdout/stderr piped.
+pub async fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
+    let (program, args) = spec.argv.split_first().ok_or(SpawnError::EmptyCommand)?;
+    let program = program.clone();
+    let args = args.to_vec();
+    let jobs = JOBS.get().ok_or(SpawnError::NoSpawner)?;
+    let (tx, rx) = oneshot::channel();
+    let job_program = program.clone();
+    let job: Job = Box::new(move || {
+        let _ = tx.send(spawn_here(&job_program, &args, spec.cwd, spec.env));
+    });
+    jobs.send(job).map_err(|_| SpawnError::NoSpawner)?;
+    let mut child = rx
+        .await
+        .map_err(|_| SpawnError::NoSpawner)?
+        .map_err(|source| SpawnError::Io {
+            program: program.clone(),
+            source,
+        })?;
+    let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+    let tree = ProcessTree::adopt(child);
+    match pipes {
+        (Some(stdin), Some(stdout), Some(stderr)) => Ok(Spawned {
+            tree,
+            stdin,
+            stdout,
+            stderr,
+        }),
+        _ => {
+            tree.kill_now();
+            Err(SpawnError::Io {
+                program,
+                source: std::io::Error::other("child pipes missing"),
+            })
+        }
+    }
+}
+
+/// Runs on the spawner thread. Holds the leader set's lock across fork and registration so the
+/// stray reaper can never mistake a fresh leader for a stray.
+fn spawn_here(
+    program: &str,
+    args: &[String],
+    cwd: PathBuf,
+    env: Vec<(OsString, OsString)>,
+) -> std::io::Result<Child> {
+    let parent = nix::unistd::getpid();
+    let nofile = reaper::original_nofile();
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe syscalls
+    // (prctl, getppid, setrlimit, sigprocmask); it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::other("acpd exited during spawn"));
+            }
+            if let Some((soft, hard)) = nofile {
+                setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
+            }
+            sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+            Ok(())
+        });
+    }
+    let mut leaders = reaper::leaders();
+    let child = cmd.spawn()?;
+    if let Some(pid) = child.id() {
+        leaders.insert(pid as i32);
+    }
+    Ok(child)
+}

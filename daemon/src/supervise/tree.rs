@@ -1,0 +1,185 @@
+//! One child's process tree: the leader's exit, and the idempotent teardown ladder for its
+//! whole process group.
+//!
+//! Ladder: close stdin (EOF is ACP's "end the session") → `eof_grace` → SIGTERM the group →
+//! `term_grace` → SIGKILL the group → reap. The leader is reaped by tokio (which needs its exit
+//! status), then the group by `waitpid(-pgid)` until no member is left; never `waitpid(-1)`.
+
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use tokio::process::Child;
+use tokio::sync::{OnceCell, watch};
+use tokio::time::Instant;
+
+use super::reaper;
+
+/// How long each rung of the ladder waits for the tree to exit.
+#[derive(Debug, Clone, Copy)]
+pub struct Graces {
+    pub eof: Duration,
+    pub term: Duration,
+}
+
+/// Which rung ended the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TeardownOutcome {
+    /// Gone after stdin closed (or already gone).
+    Exited,
+    /// Gone after SIGTERM.
+    Terminated,
+    /// Needed SIGKILL.
+    Killed,
+}
+
+/// A handle to a child's process tree. Clones share the same tree and teardown.
+#[derive(Clone)]
+pub struct ProcessTree {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pid: i32,
+    status: watch::Receiver<Option<ExitStatus>>,
+    teardown: OnceCell<TeardownOutcome>,
+}
+
+/// Upper bound on waiting for a SIGKILLed group to disappear; only zombies we cannot reap
+/// (their parent is alive and not us) can hold it, and we log them.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+impl ProcessTree {
+    pub(super) fn adopt(mut child: Child) -> Self {
+        let pid = child.id().map_or(-1, |p| p as i32);
+        let (tx, rx) = watch::channel(None);
+        tokio::spawn(async move {
+            let status = match child.wait().await {
+                Ok(status) => status,
+                Err(e) => {
+                    tracing::warn!(pid, "waiting for child failed: {e}");
+                    ExitStatus::from_raw(255 << 8)
+                }
+            };
+            reaper::leaders().remove(&pid);
+            let _ = tx.send(Some(status));
+        });
+        ProcessTree {
+            inner: Arc::new(Inner {
+                pid,
+                status: rx,
+                teardown: OnceCell::new(),
+            }),
+        }
+    }
+
+    /// The leader's pid, which is also the process group id.
+    pub fn pid(&self) -> i32 {
+        self.inner.pid
+    }
+
+    /// The leader's exit status, once it has exited and been reaped.
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        *self.inner.status.borrow()
+    }
+
+    /// Waits for the leader to exit.
+    pub async fn exited(&self) -> ExitStatus {
+        let mut rx = self.inner.status.clone();
+        loop {
+            if let Some(status) = *rx.borrow_and_update() {
+                return status;
+            }
+            if rx.changed().await.is_err() {
+                return ExitStatus::from_raw(255 << 8);
+            }
+        }
+    }
+
+    /// Runs the ladder once; concurrent and later callers get the same outcome. `close_stdin`
+    /// must drop the child's stdin writer.
+    pub async fn teardown(&self, close_stdin: impl FnOnce(), graces: Graces) -> TeardownOutcome {
+        *self
+            .inner
+            .teardown
+            .get_or_init(|| self.ladder(close_stdin, graces))
+            .await
+    }
+
+    async fn ladder(&self, close_stdin: impl FnOnce(), graces: Graces) -> TeardownOutcome {
+        let started = Instant::now();
+        close_stdin();
+        let outcome = if self.wait_tree(started + graces.eof).await {
+            TeardownOutcome::Exited
+        } else {
+            self.signal(Signal::SIGTERM);
+            if self.wait_tree(Instant::now() + graces.term).await {
+                TeardownOutcome::Terminated
+            } else {
+                self.signal(Signal::SIGKILL);
+                if !self.wait_tree(Instant::now() + KILL_WAIT).await {
+                    tracing::warn!(pgid = self.pid(), "process group still has members after SIGKILL");
+                }
+                TeardownOutcome::Killed
+            }
+        };
+        tracing::debug!(pgid = self.pid(), ?outcome, elapsed = ?started.elapsed(), "child tree torn down");
+        outcome
+    }
+
+    /// SIGKILLs the whole group at once (a second shutdown signal, or a spawn gone wrong).
+    pub fn kill_now(&self) {
+        self.signal(Signal::SIGKILL);
+    }
+
+    fn signal(&self, sig: Signal) {
+        if self.inner.pid > 0 {
+            let _ = killpg(Pid::from_raw(self.inner.pid), sig);
+        }
+    }
+
+    /// True once the leader is reaped and no process is left in the group; reaps members that
+    /// became ours on the way.
+    async fn wait_tree(&self, deadline: Instant) -> bool {
+        if tokio::time::timeout_at(deadline, self.exited()).await.is_err() {
+            return false;
+        }
+        let pgid = Pid::from_raw(self.inner.pid);
+        let mut delay = Duration::from_millis(1);
+        loop {
+            reap_group(pgid);
+            if killpg(pgid, None).is_err() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            tokio::time::sleep(delay.min(deadline - now)).await;
+            delay = (delay * 2).min(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Reaps every exited member of `pgid` that is our child (orphans adopted as subreaper).
+fn reap_group(pgid: Pid) {
+    while let Ok(status) = waitpid(Pid::from_raw(-pgid.as_raw()), Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+/// `SIGKILL`-style name of the signal that ended `status`, if one did.
+pub fn signal_name(status: &ExitStatus) -> Option<String> {
+    let sig = status.signal()?;
+    Some(
+        Signal::try_from(sig)
+            .map(|s| s.as_str().to_string())
+            .unwrap_or_else(|_| format!("SIG{sig}")),
+    )
+}
