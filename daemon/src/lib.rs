@@ -1,6 +1,9 @@
 //! acpd: an ACP bridge daemon with a subagent registry.
 
-pub mod config;
-pub mod wire;
-pub mod supervise;
 pub mod agent;
+pub mod child;
+pub mod cli;
+pub mod config;
+pub mod registry;
+pub mod supervise;
+pub mod wire;

@@ -154,7 +154,11 @@ impl Peer {
             .await
     }
 
-    pub async fn respond(&self, id: &Id, reply: Result<&RawValue, &RpcError>) -> Result<(), CallError> {
+    pub async fn respond(
+        &self,
+        id: &Id,
+        reply: Result<&RawValue, &RpcError>,
+    ) -> Result<(), CallError> {
         let line = match reply {
             Ok(result) => envelope::encode_result(id, result),
             Err(error) => envelope::encode_error(Some(id), error),
@@ -162,7 +166,11 @@ impl Peer {
         self.send_line(line).await
     }
 
-    pub async fn respond_ok<R: Serialize + ?Sized>(&self, id: &Id, result: &R) -> Result<(), CallError> {
+    pub async fn respond_ok<R: Serialize + ?Sized>(
+        &self,
+        id: &Id,
+        result: &R,
+    ) -> Result<(), CallError> {
         let raw = envelope::to_raw(result);
         self.respond(id, Ok(&raw)).await
     }
@@ -275,7 +283,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 continue;
             }
             Ok(Message::Request { id, method, params }) => Incoming::Request { id, method, params },
-            Ok(Message::Notification { method, params }) => Incoming::Notification { method, params },
+            Ok(Message::Notification { method, params }) => {
+                Incoming::Notification { method, params }
+            }
             Err(fault) => Incoming::Fault(fault),
         };
         if incoming.send(forward).await.is_err() {
@@ -335,13 +345,21 @@ mod tests {
         let (br, bw) = tokio::io::split(b);
         let left = connect(ar, aw, 1024);
         let mut right = connect(br, bw, 1024);
-        let call = left.peer.call("ping", &serde_json::json!({"n": 1})).await.unwrap();
+        let call = left
+            .peer
+            .call("ping", &serde_json::json!({"n": 1}))
+            .await
+            .unwrap();
         let Some(Incoming::Request { id, method, params }) = right.incoming.recv().await else {
             panic!("expected a request")
         };
         assert_eq!(method, "ping");
         assert_eq!(params.unwrap().get(), r#"{"n":1}"#);
-        right.peer.respond_ok(&id, &serde_json::json!("pong")).await.unwrap();
+        right
+            .peer
+            .respond_ok(&id, &serde_json::json!("pong"))
+            .await
+            .unwrap();
         assert_eq!(call.result().await.unwrap().get(), r#""pong""#);
         left.peer.close();
         assert!(right.incoming.recv().await.is_none(), "EOF after close");
@@ -354,13 +372,24 @@ mod tests {
         let (br, mut bw) = tokio::io::split(b);
         let mut left = connect(ar, aw, 16);
         let call = left.peer.call("x", &serde_json::json!({})).await.unwrap();
-        bw.write_all(b"{nope\n0123456789012345678901\n").await.unwrap();
-        let Some(Incoming::Fault(LineFault::Envelope(_))) = left.incoming.recv().await else { panic!() };
-        let Some(Incoming::Fault(LineFault::Frame(FrameError::Oversized { .. }))) = left.incoming.recv().await else { panic!() };
+        bw.write_all(b"{nope\n0123456789012345678901\n")
+            .await
+            .unwrap();
+        let Some(Incoming::Fault(LineFault::Envelope(_))) = left.incoming.recv().await else {
+            panic!()
+        };
+        let Some(Incoming::Fault(LineFault::Frame(FrameError::Oversized { .. }))) =
+            left.incoming.recv().await
+        else {
+            panic!()
+        };
         drop(bw);
         drop(br);
         assert!(matches!(call.result().await, Err(CallError::Closed)));
         assert!(left.incoming.recv().await.is_none());
-        assert!(matches!(left.peer.call("y", &()).await, Err(CallError::Closed)));
+        assert!(matches!(
+            left.peer.call("y", &()).await,
+            Err(CallError::Closed)
+        ));
     }
 }

@@ -152,7 +152,10 @@ mod tests {
     #[test]
     fn splits_lines_and_skips_blank_ones() {
         let mut dec = LineDecoder::new(64);
-        let out = decode_all(&mut dec, &[b"{\"a\":1}\n\n  \r\n{\"b\"", b":2}\r\n{\"c\":3}"]);
+        let out = decode_all(
+            &mut dec,
+            &[b"{\"a\":1}\n\n  \r\n{\"b\"", b":2}\r\n{\"c\":3}"],
+        );
         let lines: Vec<_> = out.into_iter().map(Result::unwrap).collect();
         assert_eq!(lines, vec![&b"{\"a\":1}"[..], b"{\"b\":2}", b"{\"c\":3}"]);
     }

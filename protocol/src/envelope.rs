@@ -314,8 +314,13 @@ mod tests {
 
     #[test]
     fn classifies_requests_notifications_and_responses() {
-        let m = parse(br#"{"jsonrpc":"2.0","id":"a-1","method":"session/prompt","params":{"x":[1,2]}}"#).unwrap();
-        let Message::Request { id, method, params } = m else { panic!("{m:?}") };
+        let m = parse(
+            br#"{"jsonrpc":"2.0","id":"a-1","method":"session/prompt","params":{"x":[1,2]}}"#,
+        )
+        .unwrap();
+        let Message::Request { id, method, params } = m else {
+            panic!("{m:?}")
+        };
         assert_eq!(id, Id::Str("a-1".into()));
         assert_eq!(method, "session/prompt");
         assert_eq!(params.unwrap().get(), r#"{"x":[1,2]}"#);
@@ -324,34 +329,51 @@ mod tests {
         assert!(matches!(m, Message::Notification { .. }));
 
         let m = parse(br#"{"jsonrpc":"2.0","id":7,"result":null}"#).unwrap();
-        let Message::Response { id, outcome } = m else { panic!() };
+        let Message::Response { id, outcome } = m else {
+            panic!()
+        };
         assert_eq!(id, Some(Id::Num(7)));
         assert_eq!(outcome.unwrap().get(), "null");
 
-        let m = parse(br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#).unwrap();
-        let Message::Response { id, outcome } = m else { panic!() };
+        let m =
+            parse(br#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#).unwrap();
+        let Message::Response { id, outcome } = m else {
+            panic!()
+        };
         assert_eq!(id, None);
         assert_eq!(outcome.unwrap_err().code, -32700);
     }
 
     #[test]
     fn malformed_lines_are_typed() {
-        assert!(matches!(parse(b"{not json"), Err(EnvelopeError::NotJson(_))));
-        assert!(matches!(parse(b"[1,2]"), Err(EnvelopeError::Invalid { .. })));
+        assert!(matches!(
+            parse(b"{not json"),
+            Err(EnvelopeError::NotJson(_))
+        ));
+        assert!(matches!(
+            parse(b"[1,2]"),
+            Err(EnvelopeError::Invalid { .. })
+        ));
         let e = parse(br#"{"jsonrpc":"1.0","id":3,"method":"x"}"#).unwrap_err();
         assert_eq!(e.id(), Some(&Id::Num(3)));
         assert_eq!(e.to_rpc_error().code, INVALID_REQUEST);
         assert!(parse(br#"{"id":3,"method":"x","params":5}"#).is_err());
         assert!(parse(br#"{"id":{"a":1},"method":"x"}"#).is_err());
         assert!(parse(br#"{"id":1}"#).is_err());
-        assert_eq!(parse(b"{oops").unwrap_err().to_rpc_error().code, PARSE_ERROR);
+        assert_eq!(
+            parse(b"{oops").unwrap_err().to_rpc_error().code,
+            PARSE_ERROR
+        );
     }
 
     #[test]
     fn raw_params_round_trip_byte_for_byte() {
-        let params = r#"{"sessionId":"s","update":{"sessionUpdate":"future_kind","weird":[1,{"a":null}]}}"#;
+        let params =
+            r#"{"sessionId":"s","update":{"sessionUpdate":"future_kind","weird":[1,{"a":null}]}}"#;
         let line = format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{params}}}"#);
-        let Message::Notification { method, params: p } = parse(line.as_bytes()).unwrap() else { panic!() };
+        let Message::Notification { method, params: p } = parse(line.as_bytes()).unwrap() else {
+            panic!()
+        };
         let out = encode_notification(&method, p.as_deref());
         assert_eq!(String::from_utf8(out).unwrap(), line);
     }

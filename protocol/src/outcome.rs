@@ -196,7 +196,10 @@ mod tests {
         let m = map_outcome(&stopped("refusal"), false);
         assert_eq!((m.stop_reason, cat(&m)), (StopReason::Refusal, None));
         let m = map_outcome(&stopped("max_turn_requests"), false);
-        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Error, Some("remote-limit")));
+        assert_eq!(
+            (m.stop_reason, cat(&m)),
+            (StopReason::Error, Some("remote-limit"))
+        );
     }
 
     #[test]
@@ -204,13 +207,19 @@ mod tests {
         let m = map_outcome(&stopped("cancelled"), true);
         assert_eq!((m.stop_reason, cat(&m)), (StopReason::Aborted, None));
         let m = map_outcome(&stopped("cancelled"), false);
-        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Aborted, Some("remote-cancel")));
+        assert_eq!(
+            (m.stop_reason, cat(&m)),
+            (StopReason::Aborted, Some("remote-cancel"))
+        );
     }
 
     #[test]
     fn unknown_stop_reason_is_an_error_value() {
         let m = map_outcome(&stopped("finished_early"), false);
-        assert_eq!((m.stop_reason, cat(&m)), (StopReason::Error, Some("unknown-stop-reason")));
+        assert_eq!(
+            (m.stop_reason, cat(&m)),
+            (StopReason::Error, Some("unknown-stop-reason"))
+        );
     }
 
     #[test]
@@ -231,7 +240,10 @@ mod tests {
         let m = map_outcome(&end, false);
         assert_eq!(m.stop_reason, StopReason::Error);
         let f = m.failure.unwrap();
-        assert_eq!((f.category.as_str(), f.exit_code), ("process-exit", Some(3)));
+        assert_eq!(
+            (f.category.as_str(), f.exit_code),
+            ("process-exit", Some(3))
+        );
     }
 
     #[test]
@@ -250,7 +262,10 @@ mod tests {
 
     #[test]
     fn local_cancel_wins_over_a_dying_child() {
-        assert_eq!(map_outcome(&TurnEnd::Abandoned, true).stop_reason, StopReason::Aborted);
+        assert_eq!(
+            map_outcome(&TurnEnd::Abandoned, true).stop_reason,
+            StopReason::Aborted
+        );
         let end = TurnEnd::ProcessExit {
             exit_code: None,
             signal: Some("SIGTERM".into()),

@@ -1,1 +1,206 @@
-//! placeholder: being written
+//! `acpd agent echo`: a small ACP v1 agent built into the acpd binary.
+//!
+//! It is the embedded default provider (so acpd works with nothing else installed), a demo, and
+//! the scripted child of acpd's own tests: its prompt text is a script whose directives make it
+//! misbehave in every way a real agent can (exit, die by signal, hang, flood, send garbage), so
+//! every failure path of acpd can be exercised against a real process.
+//!
+//! It speaks ACP on stdin/stdout and never writes anything else to stdout.
+
+mod echo;
+mod script;
+mod turn;
+
+use nix::sys::signal::{SigHandler, Signal, signal};
+
+/// A request the handshake flags can target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stage {
+    Initialize,
+    SessionNew,
+}
+
+const AFTER_HELP: &str = "\
+PROMPT SCRIPT
+  The text blocks of a prompt are concatenated and split into lines. A line starting with ':'
+  is a directive; every other line is echoed back as one agent_message_chunk (newline kept),
+  so a prompt without directives comes back verbatim and the turn ends with end_turn.
+  Directives run in order, at their position among the echoed lines:
+
+  :stop REASON          end the turn with stopReason REASON, verbatim (end_turn, max_tokens,
+                        max_turn_requests, refusal, cancelled, or any unknown value)
+  :error CODE [MESSAGE] answer session/prompt with JSON-RPC error CODE
+                        (message defaults to \"scripted error\")
+  :meta-failure CATEGORY
+                        end the turn with end_turn and _meta.acpd.failure.category CATEGORY
+  :crash CODE           flush what was sent, then exit with CODE without answering
+  :signal NAME          flush, then kill this process with signal NAME (SIGKILL, segv, 9...)
+  :chunks N SIZE        stream N agent_message_chunks of SIZE bytes of filler text
+  :update KIND          send a session/update {\"sessionUpdate\": KIND, \"acpdProbe\": true}
+  :thought TEXT         stream TEXT as an agent_thought_chunk
+  :image                stream an agent_message_chunk holding a tiny PNG image block
+  :hang                 wait for session/cancel, then end the turn with cancelled
+  :hang-deaf            wait forever, ignoring session/cancel
+  :sleep MS             sleep MS milliseconds (session/cancel interrupts it)
+  :ignore-eof           from now on, stdin EOF does not end the process
+  :ignore-term          from now on, ignore SIGTERM
+  :grandchild           spawn a sleeper grandchild that holds stdio and ignores SIGTERM;
+                        stream \"grandchild <PID>\"
+  :pid                  stream \"pid <PID>\"
+  :permission           ask session/request_permission (allow_once / reject_once); stream
+                        \"permission: selected <ID>\", \"permission: cancelled\" or
+                        \"permission: error <CODE>\"
+  :read PATH            call fs/read_text_file; stream \"read: <CONTENT>\" or
+                        \"read error: <CODE>\"
+  :cwd                  stream \"cwd <DIR>\"
+  :env NAME [NAME...]   stream \"NAME=value\" or \"NAME unset\" for each NAME
+  :garbage              write the line \"this is not json\" to stdout
+  :binary               write a line of invalid UTF-8 to stdout
+  :oversize BYTES       write one line of BYTES 'x' characters to stdout
+  :close-stdout         close stdout and keep running (as :hang-deaf)
+
+  An unknown directive streams \"unknown directive: <NAME>\"; a malformed one streams an
+  explanation; both are otherwise skipped. A session/cancel ends a running turn with
+  cancelled at the next step (or at once in :hang and :sleep), except in :hang-deaf.
+
+EXAMPLES
+  acpd run 'hello'                 echoes hello
+  acpd run ':chunks 3 10'          three chunks of 10 bytes
+  acpd run $'working\\n:stop refusal'
+  acpd agent echo --fail-at session-new --exit-code 7";
+
+/// clap arguments of `acpd agent echo`. The handshake faults are flags rather than directives
+/// because they happen before any prompt exists.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_long_help = AFTER_HELP)]
+pub struct EchoArgs {
+    /// Fail on receiving this request: exit with --exit-code, or answer with --error-code.
+    #[arg(long, value_enum, value_name = "REQUEST")]
+    pub fail_at: Option<Stage>,
+    /// Exit code used by --fail-at.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    pub exit_code: i32,
+    /// With --fail-at, answer the request with this JSON-RPC error code instead of exiting.
+    #[arg(long, allow_negative_numbers = true)]
+    pub error_code: Option<i64>,
+    /// Never answer this request.
+    #[arg(long, value_enum, value_name = "REQUEST")]
+    pub hang_at: Option<Stage>,
+    /// protocolVersion to answer initialize with.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub protocol_version: u16,
+    /// Do not exit on stdin EOF (keep running until killed).
+    #[arg(long)]
+    pub ignore_eof: bool,
+    /// Ignore SIGTERM.
+    #[arg(long)]
+    pub ignore_term: bool,
+    /// Write TEXT as a line to stderr at start.
+    #[arg(long, value_name = "TEXT")]
+    pub stderr: Option<String>,
+}
+
+/// Runs the agent until stdin closes; returns the process exit code.
+///
+/// Directives such as `:crash` and flags such as `--fail-at` end the process themselves with
+/// `std::process::exit`, so this only returns on stdin EOF. Callers should exit the process
+/// with the returned code without waiting for the runtime to drain: a write to a stdout nobody
+/// reads could otherwise hold the runtime's shutdown forever.
+pub async fn run_echo(args: EchoArgs) -> i32 {
+    if let Some(text) = &args.stderr {
+        eprintln!("{text}");
+    }
+    // Set the disposition explicitly either way: an inherited SIG_IGN would otherwise make a
+    // plain echo agent deaf to SIGTERM, which tests of acpd's teardown depend on.
+    set_sigterm(if args.ignore_term {
+        SigHandler::SigIgn
+    } else {
+        SigHandler::SigDfl
+    });
+    echo::serve(args).await
+}
+
+/// Hidden helper used by the `:grandchild` directive: sleeps forever with SIGTERM ignored.
+///
+/// It stands in for a stray descendant that a careless teardown would leave holding the
+/// agent's pipes; only SIGKILL of its process group ends it.
+pub fn run_sleeper() -> ! {
+    set_sigterm(SigHandler::SigIgn);
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+fn set_sigterm(handler: SigHandler) {
+    // SAFETY: SIG_IGN and SIG_DFL run no code in the process, so no handler can observe
+    // inconsistent state.
+    let _ = unsafe { signal(Signal::SIGTERM, handler) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Args, CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        echo: EchoArgs,
+    }
+
+    #[test]
+    fn flags_parse_including_negative_codes() {
+        let cli = Cli::parse_from([
+            "echo",
+            "--fail-at",
+            "session-new",
+            "--error-code",
+            "-32000",
+            "--protocol-version",
+            "2",
+        ]);
+        assert_eq!(cli.echo.fail_at, Some(Stage::SessionNew));
+        assert_eq!(cli.echo.error_code, Some(-32000));
+        assert_eq!(cli.echo.exit_code, 1);
+        assert_eq!(cli.echo.protocol_version, 2);
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_documents_every_directive() {
+        let cmd = EchoArgs::augment_args(clap::Command::new("echo"));
+        let help = cmd.get_after_long_help().map(|h| h.to_string());
+        let help = help.expect("after_long_help is set by the Args derive");
+        for name in [
+            "stop",
+            "error",
+            "meta-failure",
+            "crash",
+            "signal",
+            "chunks",
+            "update",
+            "thought",
+            "image",
+            "hang",
+            "hang-deaf",
+            "sleep",
+            "ignore-eof",
+            "ignore-term",
+            "grandchild",
+            "pid",
+            "permission",
+            "read",
+            "cwd",
+            "env",
+            "garbage",
+            "binary",
+            "oversize",
+            "close-stdout",
+        ] {
+            assert!(
+                help.contains(&format!("  :{name} ")),
+                "{name} is undocumented"
+            );
+        }
+    }
+}

@@ -69,7 +69,9 @@ mod tests {
     use super::*;
 
     fn get<'a>(env: &'a [(OsString, OsString)], k: &str) -> Option<&'a str> {
-        env.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.to_str())
+        env.iter()
+            .find(|(n, _)| n == k)
+            .and_then(|(_, v)| v.to_str())
     }
 
     #[test]

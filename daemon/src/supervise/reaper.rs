@@ -31,7 +31,9 @@ pub(super) fn original_nofile() -> Option<(u64, u64)> {
 pub fn init() {
     INIT.get_or_init(|| {
         if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-            tracing::warn!("cannot become a child subreaper ({e}); orphaned grandchildren may stay zombies");
+            tracing::warn!(
+                "cannot become a child subreaper ({e}); orphaned grandchildren may stay zombies"
+            );
         }
         if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
             let _ = ORIGINAL_NOFILE.set((soft, hard));
@@ -60,15 +62,23 @@ async fn stray_reaper() {
 pub(super) fn reap_strays() {
     let me = std::process::id() as i32;
     let leaders = leaders();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
         if leaders.contains(&pid) {
             continue;
         }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
         if let Some((state, ppid)) = parse_state_ppid(&stat)
             && state == 'Z'
             && ppid == me

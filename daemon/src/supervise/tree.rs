@@ -122,7 +122,10 @@ impl ProcessTree {
             } else {
                 self.signal(Signal::SIGKILL);
                 if !self.wait_tree(Instant::now() + KILL_WAIT).await {
-                    tracing::warn!(pgid = self.pid(), "process group still has members after SIGKILL");
+                    tracing::warn!(
+                        pgid = self.pid(),
+                        "process group still has members after SIGKILL"
+                    );
                 }
                 TeardownOutcome::Killed
             }
@@ -145,7 +148,10 @@ impl ProcessTree {
     /// True once the leader is reaped and no process is left in the group; reaps members that
     /// became ours on the way.
     async fn wait_tree(&self, deadline: Instant) -> bool {
-        if tokio::time::timeout_at(deadline, self.exited()).await.is_err() {
+        if tokio::time::timeout_at(deadline, self.exited())
+            .await
+            .is_err()
+        {
             return false;
         }
         let pgid = Pid::from_raw(self.inner.pid);

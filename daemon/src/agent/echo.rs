@@ -1,0 +1,286 @@
+//! The echo agent's connection: the incoming loop, the handshake, sessions and turn
+//! bookkeeping.
+//!
+//! The loop only ever answers quickly; a prompt's turn runs in its own task, so `session/cancel`
+//! and the answers to the agent's own requests (permission, file reads) keep flowing while a
+//! turn streams, sleeps or hangs.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use acpd_protocol::codec::{DEFAULT_MAX_LINE, FrameError};
+use acpd_protocol::envelope::{Id, RESOURCE_NOT_FOUND, RpcError};
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::turn::{self, TurnEnd};
+use super::{EchoArgs, Stage, script};
+use crate::wire::{self, Incoming, LineFault, Peer};
+
+/// How long an exit waits for queued output to reach stdout. Bounded because a client that
+/// stopped reading must not keep a scripted crash from happening.
+const FLUSH_GRACE: Duration = Duration::from_secs(2);
+
+/// State shared by the incoming loop and the turn tasks.
+pub(super) struct Agent {
+    pub peer: Peer,
+    sessions: Mutex<HashMap<String, Session>>,
+    next_session: AtomicU64,
+    next_turn: AtomicU64,
+    /// Set by `--ignore-eof` or `:ignore-eof`; read when stdin ends.
+    pub ignore_eof: AtomicBool,
+    /// The writer task, taken by whoever flushes before the process ends.
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Session {
+    turn: Option<RunningTurn>,
+}
+
+struct RunningTurn {
+    /// Distinguishes this turn from a later one, so a finishing turn only clears its own slot.
+    generation: u64,
+    cancel: CancellationToken,
+}
+
+impl Agent {
+    /// Closes stdout after everything queued so far has been written, waiting at most
+    /// [`FLUSH_GRACE`].
+    pub async fn flush_and_close(&self) {
+        self.peer.close();
+        let writer = lock(&self.writer).take();
+        if let Some(writer) = writer {
+            let _ = tokio::time::timeout(FLUSH_GRACE, writer).await;
+        }
+    }
+
+    /// Ends the process with `code` once queued output is out, as a crashing agent that had
+    /// already written its last lines would.
+    pub async fn exit(&self, code: i32) {
+        self.flush_and_close().await;
+        std::process::exit(code);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Serves one ACP connection on stdin/stdout; returns the exit code for stdin EOF.
+pub(super) async fn serve(args: EchoArgs) -> i32 {
+    let conn = wire::connect(tokio::io::stdin(), tokio::io::stdout(), DEFAULT_MAX_LINE);
+    let mut incoming = conn.incoming;
+    let agent = Arc::new(Agent {
+        peer: conn.peer,
+        sessions: Mutex::new(HashMap::new()),
+        next_session: AtomicU64::new(1),
+        next_turn: AtomicU64::new(1),
+        ignore_eof: AtomicBool::new(args.ignore_eof),
+        writer: Mutex::new(Some(conn.writer)),
+    });
+    while let Some(message) = incoming.recv().await {
+        match message {
+            Incoming::Request { id, method, params } => {
+                handle_request(&agent, &args, id, &method, params.as_deref()).await;
+            }
+            Incoming::Notification { method, params } => {
+                if method == "session/cancel" {
+                    cancel(&agent, params.as_deref());
+                }
+            }
+            Incoming::Fault(fault) => {
+                let (id, error) = match &fault {
+                    LineFault::Envelope(e) => (e.id(), e.to_rpc_error()),
+                    LineFault::Frame(e @ FrameError::NotUtf8) => (None, RpcError::parse_error(e)),
+                    LineFault::Frame(e @ FrameError::Oversized { .. }) => {
+                        (None, RpcError::invalid_request(e))
+                    }
+                };
+                let _ = agent.peer.respond_err(id, &error).await;
+            }
+        }
+    }
+    if agent.ignore_eof.load(Ordering::Acquire) {
+        std::future::pending::<()>().await;
+    }
+    // Let answers already queued reach the client, but do not wait for running turns.
+    agent.flush_and_close().await;
+    0
+}
+
+async fn handle_request(
+    agent: &Arc<Agent>,
+    args: &EchoArgs,
+    id: Id,
+    method: &str,
+    params: Option<&RawValue>,
+) {
+    let stage = match method {
+        "initialize" => Some(Stage::Initialize),
+        "session/new" => Some(Stage::SessionNew),
+        _ => None,
+    };
+    if let Some(stage) = stage {
+        if args.fail_at == Some(stage) {
+            match args.error_code {
+                Some(code) => {
+                    let error = RpcError::new(code, format!("scripted failure at {method}"));
+                    let _ = agent.peer.respond_err(Some(&id), &error).await;
+                }
+                None => agent.exit(args.exit_code).await,
+            }
+            return;
+        }
+        if args.hang_at == Some(stage) {
+            return;
+        }
+    }
+    let reply = match method {
+        "initialize" => Ok(initialize_result(args.protocol_version)),
+        "session/new" => new_session(agent, params),
+        "session/prompt" => match start_prompt(agent, &id, params) {
+            // The turn task answers.
+            Ok(()) => return,
+            Err(e) => Err(e),
+        },
+        other => Err(RpcError::method_not_found(other)),
+    };
+    let _ = match reply {
+        Ok(result) => agent.peer.respond_ok(&id, &result).await,
+        Err(error) => agent.peer.respond_err(Some(&id), &error).await,
+    };
+}
+
+fn initialize_result(protocol_version: u16) -> serde_json::Value {
+    json!({
+        "protocolVersion": protocol_version,
+        "agentCapabilities": {
+            "loadSession": false,
+            "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
+            "mcpCapabilities": {"http": false, "sse": false},
+            "sessionCapabilities": {},
+        },
+        "authMethods": [],
+        "agentInfo": {"name": "acpd-echo", "version": env!("CARGO_PKG_VERSION")},
+    })
+}
+
+fn parse_params<T: for<'de> Deserialize<'de>>(params: Option<&RawValue>) -> Result<T, RpcError> {
+    let raw = params.map_or("null", RawValue::get);
+    serde_json::from_str(raw).map_err(RpcError::invalid_params)
+}
+
+#[derive(Deserialize)]
+struct NewSessionParams {
+    cwd: Option<String>,
+}
+
+fn new_session(agent: &Agent, params: Option<&RawValue>) -> Result<serde_json::Value, RpcError> {
+    let params: NewSessionParams = parse_params(params)?;
+    match params.cwd {
+        Some(cwd) if Path::new(&cwd).is_absolute() => {}
+        Some(cwd) => {
+            return Err(RpcError::invalid_params(format!(
+                "cwd must be an absolute path, got {cwd:?}"
+            )));
+        }
+        None => return Err(RpcError::invalid_params("missing cwd")),
+    }
+    let n = agent.next_session.fetch_add(1, Ordering::Relaxed);
+    let session_id = format!("echo-{n}");
+    lock(&agent.sessions).insert(session_id.clone(), Session::default());
+    Ok(json!({ "sessionId": session_id }))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PromptParams {
+    session_id: String,
+    prompt: Vec<serde_json::Value>,
+}
+
+/// Validates a prompt and spawns its turn; an `Err` is the answer to send at once.
+fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Result<(), RpcError> {
+    let params: PromptParams = parse_params(params)?;
+    // Only text blocks carry script; other content is accepted and ignored, as an agent that
+    // does not understand an attachment would.
+    let text: String = params
+        .prompt
+        .iter()
+        .filter(|block| block.get("type").and_then(|t| t.as_str()) == Some("text"))
+        .filter_map(|block| block.get("text").and_then(|t| t.as_str()))
+        .collect();
+    let cancel = CancellationToken::new();
+    let generation = agent.next_turn.fetch_add(1, Ordering::Relaxed);
+    {
+        let mut sessions = lock(&agent.sessions);
+        let Some(session) = sessions.get_mut(&params.session_id) else {
+            return Err(RpcError::new(RESOURCE_NOT_FOUND, "Session not found")
+                .with_data(json!({ "sessionId": params.session_id })));
+        };
+        if session.turn.is_some() {
+            return Err(RpcError::invalid_request(format!(
+                "session {} already has a prompt in progress",
+                params.session_id
+            )));
+        }
+        session.turn = Some(RunningTurn {
+            generation,
+            cancel: cancel.clone(),
+        });
+    }
+    let agent = agent.clone();
+    let id = id.clone();
+    tokio::spawn(async move {
+        let steps = script::parse(&text);
+        let end = turn::run(&agent, &params.session_id, &cancel, steps).await;
+        // Free the session before answering, so a client that prompts again as soon as it
+        // reads the answer is not told the session is busy.
+        {
+            let mut sessions = lock(&agent.sessions);
+            if let Some(session) = sessions.get_mut(&params.session_id)
+                && session.turn.as_ref().map(|t| t.generation) == Some(generation)
+            {
+                session.turn = None;
+            }
+        }
+        let _ = match end {
+            TurnEnd::Stop { reason, failure } => {
+                let mut result = json!({ "stopReason": reason });
+                if let Some(category) = failure {
+                    result["_meta"] = json!({"acpd": {"failure": {"category": category}}});
+                }
+                agent.peer.respond_ok(&id, &result).await
+            }
+            TurnEnd::Error(error) => agent.peer.respond_err(Some(&id), &error).await,
+        };
+    });
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CancelParams {
+    session_id: String,
+}
+
+/// Cancels the session's running turn. A cancel for an unknown or idle session is a no-op, as
+/// notifications cannot be answered.
+fn cancel(agent: &Agent, params: Option<&RawValue>) {
+    let Ok(params) = parse_params::<CancelParams>(params) else {
+        return;
+    };
+    if let Some(turn) = lock(&agent.sessions)
+        .get(&params.session_id)
+        .and_then(|s| s.turn.as_ref())
+    {
+        turn.cancel.cancel();
+    }
+}

@@ -1,0 +1,295 @@
+//! The prompt script: a pure parse of a prompt's text into the steps of one turn.
+//!
+//! Kept free of I/O so the grammar (which tests of every other part of acpd rely on) can be
+//! checked in isolation, and so a malformed directive becomes a step that explains itself
+//! instead of an error path in the agent.
+
+use std::str::FromStr;
+
+use nix::sys::signal::Signal;
+
+/// Largest byte count `:chunks` and `:oversize` accept, so a typo cannot make the agent try to
+/// allocate more memory than a test machine has.
+pub const MAX_BYTES: usize = 256 * 1024 * 1024;
+
+/// One step of a turn, in prompt order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// A non-directive line, newline included, streamed as one `agent_message_chunk`.
+    Echo(String),
+    /// A line to stream explaining why a directive was not run (unknown or malformed).
+    Explain(String),
+    Stop(String),
+    Error {
+        code: i64,
+        message: String,
+    },
+    MetaFailure(String),
+    Crash(i32),
+    Signal(Signal),
+    Chunks {
+        count: u64,
+        size: usize,
+    },
+    Update(String),
+    Thought(String),
+    Image,
+    Hang,
+    HangDeaf,
+    Sleep(u64),
+    IgnoreEof,
+    IgnoreTerm,
+    Grandchild,
+    Pid,
+    Permission,
+    Read(String),
+    Cwd,
+    Env(Vec<String>),
+    Garbage,
+    Binary,
+    Oversize(usize),
+    CloseStdout,
+}
+
+/// Parses a prompt's text. Every line becomes exactly one step, so echo lines keep their
+/// position between directives and the echoed lines concatenate back to the non-directive text.
+pub fn parse(text: &str) -> Vec<Step> {
+    text.split_inclusive('\n').map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Step {
+    let Some(directive) = line.strip_prefix(':') else {
+        return Step::Echo(line.to_string());
+    };
+    let directive = directive.trim_end_matches('\n').trim_end_matches('\r');
+    let (name, rest) = match directive.find(char::is_whitespace) {
+        Some(at) => (&directive[..at], directive[at..].trim()),
+        None => (directive, ""),
+    };
+    parse_directive(name, rest).unwrap_or_else(|why| match why {
+        Bad::Unknown => Step::Explain(format!("unknown directive: {name}\n")),
+        Bad::Args(why) => Step::Explain(format!("malformed directive :{name}: {why}\n")),
+    })
+}
+
+enum Bad {
+    Unknown,
+    Args(String),
+}
+
+fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
+    let step = match name {
+        "stop" => Step::Stop(required(rest, "REASON")?),
+        "error" => {
+            let (code, message) = match rest.find(char::is_whitespace) {
+                Some(at) => (&rest[..at], rest[at..].trim()),
+                None => (rest, ""),
+            };
+            let message = if message.is_empty() {
+                "scripted error"
+            } else {
+                message
+            };
+            Step::Error {
+                code: number(code, "CODE")?,
+                message: message.to_string(),
+            }
+        }
+        "meta-failure" => Step::MetaFailure(required(rest, "CATEGORY")?),
+        "crash" => Step::Crash(number(&single(rest, "CODE")?, "CODE")?),
+        "signal" => Step::Signal(signal(&single(rest, "NAME")?)?),
+        "chunks" => {
+            let [count, size] = exact::<2>(rest, "N SIZE")?;
+            Step::Chunks {
+                count: number(count, "N")?,
+                size: bytes(size, "SIZE")?,
+            }
+        }
+        "update" => Step::Update(required(rest, "KIND")?),
+        "thought" => Step::Thought(rest.to_string()),
+        "image" => no_args(rest, Step::Image)?,
+        "hang" => no_args(rest, Step::Hang)?,
+        "hang-deaf" => no_args(rest, Step::HangDeaf)?,
+        "sleep" => Step::Sleep(number(&single(rest, "MS")?, "MS")?),
+        "ignore-eof" => no_args(rest, Step::IgnoreEof)?,
+        "ignore-term" => no_args(rest, Step::IgnoreTerm)?,
+        "grandchild" => no_args(rest, Step::Grandchild)?,
+        "pid" => no_args(rest, Step::Pid)?,
+        "permission" => no_args(rest, Step::Permission)?,
+        "read" => Step::Read(required(rest, "PATH")?),
+        "cwd" => no_args(rest, Step::Cwd)?,
+        "env" => {
+            let names: Vec<String> = rest.split_whitespace().map(str::to_string).collect();
+            if names.is_empty() {
+                return Err(Bad::Args("expected NAME [NAME...]".into()));
+            }
+            Step::Env(names)
+        }
+        "garbage" => no_args(rest, Step::Garbage)?,
+        "binary" => no_args(rest, Step::Binary)?,
+        "oversize" => Step::Oversize(bytes(&single(rest, "BYTES")?, "BYTES")?),
+        "close-stdout" => no_args(rest, Step::CloseStdout)?,
+        _ => return Err(Bad::Unknown),
+    };
+    Ok(step)
+}
+
+/// The rest of the line as one argument, spaces included (categories and paths may hold them).
+fn required(rest: &str, what: &str) -> Result<String, Bad> {
+    if rest.is_empty() {
+        Err(Bad::Args(format!("expected {what}")))
+    } else {
+        Ok(rest.to_string())
+    }
+}
+
+fn single(rest: &str, what: &str) -> Result<String, Bad> {
+    let [one] = exact::<1>(rest, what)?;
+    Ok(one.to_string())
+}
+
+fn exact<'a, const N: usize>(rest: &'a str, what: &str) -> Result<[&'a str; N], Bad> {
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    words
+        .try_into()
+        .map_err(|_| Bad::Args(format!("expected {what}, got {rest:?}")))
+}
+
+fn no_args(rest: &str, step: Step) -> Result<Step, Bad> {
+    if rest.is_empty() {
+        Ok(step)
+    } else {
+        Err(Bad::Args(format!("takes no arguments, got {rest:?}")))
+    }
+}
+
+fn number<T: FromStr>(word: &str, what: &str) -> Result<T, Bad> {
+    word.parse()
+        .map_err(|_| Bad::Args(format!("{what} must be an integer, got {word:?}")))
+}
+
+fn bytes(word: &str, what: &str) -> Result<usize, Bad> {
+    let n: usize = number(word, what)?;
+    if n > MAX_BYTES {
+        return Err(Bad::Args(format!("{what} must be at most {MAX_BYTES}")));
+    }
+    Ok(n)
+}
+
+/// Accepts `SIGKILL`, `kill` or a signal number, so scripts can name signals either way.
+fn signal(word: &str) -> Result<Signal, Bad> {
+    if let Ok(n) = word.parse::<i32>() {
+        return Signal::try_from(n).map_err(|_| Bad::Args(format!("no signal number {n}")));
+    }
+    let upper = word.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    Signal::from_str(&name).map_err(|_| Bad::Args(format!("unknown signal {word:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_text_is_echoed_line_by_line_verbatim() {
+        let text = "hello\r\n\n  :not a directive\nlast without newline";
+        let steps = parse(text);
+        let echoed: String = steps
+            .iter()
+            .map(|s| match s {
+                Step::Echo(line) => line.as_str(),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(echoed, text);
+        assert_eq!(steps.len(), 4);
+        assert!(parse("").is_empty());
+    }
+
+    #[test]
+    fn directives_keep_their_position_among_echo_lines() {
+        let steps = parse("before\n:chunks 3 10\n:sleep 5\r\nafter\n:stop max_tokens");
+        assert_eq!(
+            steps,
+            vec![
+                Step::Echo("before\n".into()),
+                Step::Chunks { count: 3, size: 10 },
+                Step::Sleep(5),
+                Step::Echo("after\n".into()),
+                Step::Stop("max_tokens".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn arguments_that_run_to_the_end_of_the_line() {
+        assert_eq!(
+            parse(":error -32000 quota gone\n:error 7\n:meta-failure Quota Exceeded!\n"),
+            vec![
+                Step::Error {
+                    code: -32000,
+                    message: "quota gone".into()
+                },
+                Step::Error {
+                    code: 7,
+                    message: "scripted error".into()
+                },
+                Step::MetaFailure("Quota Exceeded!".into()),
+            ]
+        );
+        assert_eq!(
+            parse(":read /tmp/a b.txt\n:thought deep  thoughts\n:thought"),
+            vec![
+                Step::Read("/tmp/a b.txt".into()),
+                Step::Thought("deep  thoughts".into()),
+                Step::Thought(String::new()),
+            ]
+        );
+        assert_eq!(
+            parse(":env HOME  NOPE\n:update future_kind"),
+            vec![
+                Step::Env(vec!["HOME".into(), "NOPE".into()]),
+                Step::Update("future_kind".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn signals_by_name_short_name_or_number() {
+        assert_eq!(
+            parse(":signal SIGKILL\n:signal segv\n:signal 15"),
+            vec![
+                Step::Signal(Signal::SIGKILL),
+                Step::Signal(Signal::SIGSEGV),
+                Step::Signal(Signal::SIGTERM),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_directives_explain_themselves() {
+        let explain = |text: &str| match parse(text).as_slice() {
+            [Step::Explain(why)] => why.clone(),
+            other => panic!("{text:?} parsed as {other:?}"),
+        };
+        assert_eq!(
+            explain(":frobnicate now\n"),
+            "unknown directive: frobnicate\n"
+        );
+        assert_eq!(explain(":"), "unknown directive: \n");
+        assert!(explain(":chunks three 10").starts_with("malformed directive :chunks: N must"));
+        assert!(explain(":chunks 3").starts_with("malformed directive :chunks: expected N SIZE"));
+        assert!(explain(":crash").contains("expected CODE"));
+        assert!(explain(":sleep -1").contains("MS must be an integer"));
+        assert!(explain(":stop").contains("expected REASON"));
+        assert!(explain(":signal SIGNOPE").contains("unknown signal"));
+        assert!(explain(":hang now").contains("takes no arguments"));
+        assert!(explain(":oversize 99999999999999").contains("at most"));
+        assert!(explain(":error x").contains("CODE must be an integer"));
+        assert!(explain(":env").contains("expected NAME"));
+    }
+}

@@ -1,0 +1,305 @@
+//! Running one prompt turn: each script step streamed, asked or acted out in order.
+//!
+//! A turn honours `session/cancel` the way ACP asks of an agent (it stops and answers
+//! `cancelled`), checking between steps, between `:chunks` chunks and while it hangs or
+//! sleeps; only `:hang-deaf` and `:close-stdout` ignore it, on purpose.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use acpd_protocol::envelope::{self, RpcError};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use nix::sys::signal::{SigHandler, Signal, kill, signal};
+use nix::unistd::Pid;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::echo::Agent;
+use super::script::Step;
+use crate::wire::CallError;
+
+/// Filler for `:chunks`: plain ASCII, so a chunk's byte count is its character count.
+const FILLER: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
+
+/// The tiny PNG (just its signature) that `:image` sends.
+const IMAGE_DATA: &str = "iVBORw0KGgo=";
+
+/// How a turn ended, i.e. how `session/prompt` is answered.
+pub(super) enum TurnEnd {
+    /// A result with this stop reason and, if set, a typed failure category in `_meta`.
+    Stop {
+        reason: String,
+        failure: Option<String>,
+    },
+    Error(RpcError),
+}
+
+fn stop(reason: &str) -> TurnEnd {
+    TurnEnd::Stop {
+        reason: reason.to_string(),
+        failure: None,
+    }
+}
+
+/// Runs the steps; never returns for turns that hang by design.
+pub(super) async fn run(
+    agent: &Agent,
+    session_id: &str,
+    cancel: &CancellationToken,
+    steps: Vec<Step>,
+) -> TurnEnd {
+    let turn = Turn {
+        agent,
+        session_id,
+        cancel,
+    };
+    for step in steps {
+        if cancel.is_cancelled() {
+            return stop("cancelled");
+        }
+        if let Some(end) = turn.step(step).await {
+            return end;
+        }
+    }
+    if cancel.is_cancelled() {
+        stop("cancelled")
+    } else {
+        stop("end_turn")
+    }
+}
+
+struct Turn<'a> {
+    agent: &'a Agent,
+    session_id: &'a str,
+    cancel: &'a CancellationToken,
+}
+
+impl Turn<'_> {
+    /// Runs one step; `Some` ends the turn.
+    async fn step(&self, step: Step) -> Option<TurnEnd> {
+        match step {
+            Step::Echo(text) | Step::Explain(text) => self.text(&text).await,
+            Step::Stop(reason) => return Some(stop(&reason)),
+            Step::Error { code, message } => {
+                return Some(TurnEnd::Error(RpcError::new(code, message)));
+            }
+            Step::MetaFailure(category) => {
+                return Some(TurnEnd::Stop {
+                    reason: "end_turn".into(),
+                    failure: Some(category),
+                });
+            }
+            Step::Crash(code) => self.agent.exit(code).await,
+            Step::Signal(sig) => self.kill_self(sig).await,
+            Step::Chunks { count, size } => self.chunks(count, size).await,
+            Step::Update(kind) => {
+                self.update(json!({"sessionUpdate": kind, "acpdProbe": true}))
+                    .await
+            }
+            Step::Thought(text) => {
+                self.update(json!({
+                    "sessionUpdate": "agent_thought_chunk",
+                    "content": {"type": "text", "text": text},
+                }))
+                .await
+            }
+            Step::Image => {
+                self.update(json!({
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "image", "mimeType": "image/png", "data": IMAGE_DATA},
+                }))
+                .await
+            }
+            Step::Hang => {
+                self.cancel.cancelled().await;
+                return Some(stop("cancelled"));
+            }
+            Step::HangDeaf => std::future::pending::<()>().await,
+            Step::Sleep(ms) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                    _ = self.cancel.cancelled() => return Some(stop("cancelled")),
+                }
+            }
+            Step::IgnoreEof => self
+                .agent
+                .ignore_eof
+                .store(true, std::sync::atomic::Ordering::Release),
+            Step::IgnoreTerm => super::set_sigterm(SigHandler::SigIgn),
+            Step::Grandchild => self.grandchild().await,
+            Step::Pid => self.text(&format!("pid {}\n", std::process::id())).await,
+            Step::Permission => self.permission().await,
+            Step::Read(path) => self.read(&path).await,
+            Step::Cwd => {
+                let line = match std::env::current_dir() {
+                    Ok(dir) => format!("cwd {}\n", dir.display()),
+                    Err(e) => format!("cwd error: {e}\n"),
+                };
+                self.text(&line).await
+            }
+            Step::Env(names) => {
+                let mut out = String::new();
+                for name in names {
+                    match std::env::var_os(&name) {
+                        Some(value) => {
+                            out.push_str(&format!("{name}={}\n", value.to_string_lossy()))
+                        }
+                        None => out.push_str(&format!("{name} unset\n")),
+                    }
+                }
+                self.text(&out).await
+            }
+            Step::Garbage => self.raw(b"this is not json".to_vec()).await,
+            Step::Binary => self.raw(vec![0xff, 0xfe, 0xfd]).await,
+            Step::Oversize(bytes) => self.raw(vec![b'x'; bytes]).await,
+            Step::CloseStdout => {
+                self.agent.peer.close();
+                std::future::pending::<()>().await
+            }
+        }
+        None
+    }
+
+    /// Encodes a `session/update` notification for this session.
+    fn update_line(&self, update: serde_json::Value) -> Vec<u8> {
+        let params = json!({"sessionId": self.session_id, "update": update});
+        envelope::encode_notification("session/update", Some(&envelope::to_raw(&params)))
+    }
+
+    /// Sends one update. Send failures mean stdout is gone; the turn carries on regardless, as
+    /// the process ends with stdin or by a later directive.
+    async fn update(&self, update: serde_json::Value) {
+        let _ = self.agent.peer.send_line(self.update_line(update)).await;
+    }
+
+    async fn text(&self, text: &str) {
+        self.update(json!({
+            "sessionUpdate": "agent_message_chunk",
+            "content": {"type": "text", "text": text},
+        }))
+        .await
+    }
+
+    async fn raw(&self, line: Vec<u8>) {
+        let _ = self.agent.peer.send_line(line).await;
+    }
+
+    /// Streams `count` identical chunks from one pre-encoded line, so a flood of a hundred
+    /// thousand chunks costs a copy per chunk rather than a JSON encoding.
+    async fn chunks(&self, count: u64, size: usize) {
+        let filler: String = FILLER
+            .iter()
+            .cycle()
+            .take(size)
+            .map(|&b| char::from(b))
+            .collect();
+        let line = self.update_line(json!({
+            "sessionUpdate": "agent_message_chunk",
+            "content": {"type": "text", "text": filler},
+        }));
+        for _ in 0..count {
+            if self.cancel.is_cancelled() {
+                return;
+            }
+            // One spare byte, for the newline `send_line` appends, avoids a reallocation.
+            let mut copy = Vec::with_capacity(line.len() + 1);
+            copy.extend_from_slice(&line);
+            if self.agent.peer.send_line(copy).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Dies by `sig` after flushing what was already sent. Should the signal not end the
+    /// process (a stop signal, or one whose default is to ignore), stdout is already closed,
+    /// so the turn then hangs as `:close-stdout` does.
+    async fn kill_self(&self, sig: Signal) {
+        // A scripted SIGSEGV or SIGABRT must not litter the test's directory with core files.
+        if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_CORE) {
+            let _ = setrlimit(Resource::RLIMIT_CORE, 0, hard);
+        }
+        // The default action is what a test expects to observe, even for a signal this process
+        // ignores (Rust ignores SIGPIPE; `:ignore-term` ignores SIGTERM). SIGCHLD is left alone:
+        // tokio reaps the grandchild through it, and its default ends nothing anyway.
+        if !matches!(sig, Signal::SIGKILL | Signal::SIGSTOP | Signal::SIGCHLD) {
+            // SAFETY: SIG_DFL runs no code in the process.
+            let _ = unsafe { signal(sig, SigHandler::SigDfl) };
+        }
+        self.agent.flush_and_close().await;
+        let _ = kill(Pid::this(), sig);
+        std::future::pending::<()>().await
+    }
+
+    /// Spawns the sleeper holding our stdio, in our process group, as a stray descendant would.
+    async fn grandchild(&self) {
+        let spawned = std::env::current_exe().and_then(|exe| {
+            tokio::process::Command::new(exe)
+                .args(["agent", "sleeper"])
+                .stdin(Stdio::inherit())
+                .stdout(Stdio::inherit())
+                .stderr(Stdio::inherit())
+                .spawn()
+        });
+        let line = match spawned {
+            Ok(mut child) => {
+                let pid = child.id().unwrap_or_default();
+                // Reap it if it ever dies, so it does not linger as a zombie of ours.
+                tokio::spawn(async move {
+                    let _ = child.wait().await;
+                });
+                format!("grandchild {pid}\n")
+            }
+            Err(e) => format!("grandchild error: {e}\n"),
+        };
+        self.text(&line).await
+    }
+
+    async fn permission(&self) {
+        let params = json!({
+            "sessionId": self.session_id,
+            "toolCall": {"toolCallId": "perm-1", "title": "scripted permission"},
+            "options": [
+                {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+            ],
+        });
+        let answer = self
+            .agent
+            .peer
+            .request("session/request_permission", &params)
+            .await;
+        let line = match answer {
+            Ok(result) => {
+                let result: serde_json::Value =
+                    serde_json::from_str(result.get()).unwrap_or_default();
+                let outcome = &result["outcome"];
+                match (outcome["outcome"].as_str(), outcome["optionId"].as_str()) {
+                    (Some("selected"), Some(option)) => format!("permission: selected {option}\n"),
+                    (Some("cancelled"), _) => "permission: cancelled\n".to_string(),
+                    _ => format!("permission: error invalid answer {result}\n"),
+                }
+            }
+            Err(CallError::Rpc(e)) => format!("permission: error {}\n", e.code),
+            Err(CallError::Closed) => "permission: error closed\n".to_string(),
+        };
+        self.text(&line).await
+    }
+
+    async fn read(&self, path: &str) {
+        let params = json!({"sessionId": self.session_id, "path": path});
+        let answer = self.agent.peer.request("fs/read_text_file", &params).await;
+        let line = match answer {
+            Ok(result) => {
+                let result: serde_json::Value =
+                    serde_json::from_str(result.get()).unwrap_or_default();
+                match result["content"].as_str() {
+                    Some(content) => format!("read: {content}\n"),
+                    None => format!("read error: invalid answer {result}\n"),
+                }
+            }
+            Err(CallError::Rpc(e)) => format!("read error: {}\n", e.code),
+            Err(CallError::Closed) => "read error: closed\n".to_string(),
+        };
+        self.text(&line).await
+    }
+}

@@ -1,0 +1,116 @@
+//! The command line: `acpd [--config FILE] <command>`. Each command returns its exit code; a
+//! config or usage error is 2 everywhere.
+
+mod run;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::agent::EchoArgs;
+use crate::config::{Config, ConfigError};
+
+pub const EXIT_USAGE: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "acpd",
+    version,
+    about = "An ACP bridge daemon with a subagent registry"
+)]
+pub struct Cli {
+    /// Config file (default: $ACPD_CONFIG, $XDG_CONFIG_HOME/acpd/config.toml,
+    /// /etc/acpd/config.toml, else built-in defaults).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one delegation through the registry and print its output.
+    Run(run::RunArgs),
+    /// List the configured providers and their capabilities.
+    Providers {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Built-in ACP agents.
+    #[command(subcommand)]
+    Agent(AgentCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// A small scripted ACP agent on stdin/stdout: the default provider and the test child.
+    Echo(EchoArgs),
+    /// Sleeps forever ignoring SIGTERM (the grandchild of the echo agent's `:grandchild`).
+    #[command(hide = true)]
+    Sleeper,
+}
+
+/// The built-in echo provider's argv: this very binary.
+pub fn echo_command() -> Vec<String> {
+    let exe = std::env::current_exe()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "acpd".into());
+    vec![exe, "agent".into(), "echo".into()]
+}
+
+pub fn load_config(cli_path: Option<&std::path::Path>) -> Result<Config, ConfigError> {
+    Config::load(cli_path, echo_command())
+}
+
+/// Runs a command that needs the runtime.
+pub async fn dispatch(cli: Cli) -> u8 {
+    match cli.command {
+        Command::Run(args) => run::run(cli.config.as_deref(), args).await,
+        Command::Providers { json } => providers(cli.config.as_deref(), json),
+        Command::Agent(AgentCommand::Echo(args)) => {
+            crate::agent::run_echo(args).await.clamp(0, 255) as u8
+        }
+        Command::Agent(AgentCommand::Sleeper) => crate::agent::run_sleeper(),
+    }
+}
+
+fn providers(config: Option<&std::path::Path>, json: bool) -> u8 {
+    let config = match load_config(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("acpd: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let registry = crate::registry::Registry::new(config, Default::default());
+    let providers = registry.providers();
+    if json {
+        println!("{}", serde_json::json!({ "providers": providers }));
+        return 0;
+    }
+    for p in providers {
+        let c = p.capabilities;
+        let caps: Vec<&str> = [
+            (c.output_schema, "outputSchema"),
+            (c.depth_limit, "depthLimit"),
+            (c.tool_filter, "toolFilter"),
+            (c.persona, "persona"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        println!(
+            "{}{}\t{}\tcapabilities: {}",
+            p.name,
+            if p.default { " (default)" } else { "" },
+            p.description,
+            if caps.is_empty() {
+                "none".to_string()
+            } else {
+                caps.join(", ")
+            }
+        );
+    }
+    0
+}

@@ -1,0 +1,256 @@
+//! `acpd run`: one delegation, streamed to stdout, disposed at the end, mapped to an exit code.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use acpd_protocol::acp::{ContentBlock, RequestPermissionResponse};
+use acpd_protocol::subagent::{StartRequest, StopReason, SubagentResult};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{EXIT_USAGE, load_config};
+use crate::child::{PermissionAsk, decide_permission, permission_cancelled};
+use crate::registry::{DepthContext, Registry, StartOptions};
+
+const EXIT_ERROR: u8 = 1;
+const EXIT_START_FAILED: u8 = 3;
+const EXIT_REFUSAL: u8 = 4;
+const EXIT_MAX_TOKENS: u8 = 5;
+const EXIT_ABORTED: u8 = 6;
+const EXIT_INTERRUPTED: u8 = 130;
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Provider to delegate to (default: the config's default_provider).
+    #[arg(long)]
+    provider: Option<String>,
+    /// Working directory for the child (default: the current directory).
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+    /// Print exactly one JSON object (the result, or {"error":…}) and nothing else on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Overrides the provider's run_timeout (e.g. "30s"); reached: error, category timeout.
+    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
+    /// The prompt; `-` reads it from stdin.
+    #[arg(required = true, num_args = 1.., value_name = "PROMPT")]
+    prompt: Vec<String>,
+}
+
+pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
+    let config = match load_config(config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("acpd: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let from_stdin = args.prompt.len() == 1 && args.prompt[0] == "-";
+    let prompt = if from_stdin {
+        let mut text = String::new();
+        if let Err(e) = std::io::stdin().read_to_string(&mut text) {
+            eprintln!("acpd: cannot read the prompt from stdin: {e}");
+            return EXIT_USAGE;
+        }
+        text
+    } else {
+        args.prompt.join(" ")
+    };
+    let caller_cwd = match std::env::current_dir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("acpd: cannot read the current directory: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let cwd = args.cwd.as_ref().map(|d| caller_cwd.join(d));
+
+    crate::supervise::init();
+    let registry = Registry::new(config, DepthContext::from_env());
+    let interrupted = CancellationToken::new();
+    tokio::spawn(watch_signals(interrupted.clone()));
+
+    let (sink, printer) = if args.json {
+        (None, None)
+    } else {
+        let (tx, rx) = mpsc::channel::<String>(64);
+        (Some(tx), Some(tokio::spawn(print_stream(rx))))
+    };
+    let interactive =
+        !from_stdin && std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
+    let asker = interactive.then(|| {
+        let (tx, rx) = mpsc::channel::<PermissionAsk>(4);
+        tokio::spawn(ask_on_terminal(rx));
+        tx
+    });
+
+    let request = StartRequest {
+        provider: args.provider.clone(),
+        prompt: vec![ContentBlock::from(prompt)],
+        cwd,
+        ..Default::default()
+    };
+    let started = registry
+        .start(StartOptions {
+            request,
+            caller_cwd: Some(caller_cwd),
+            run_timeout: args.timeout,
+            sink,
+            asker,
+            cancel: interrupted.clone(),
+            ..Default::default()
+        })
+        .await;
+    let published = match started {
+        Ok(p) => p,
+        Err(e) => {
+            if args.json {
+                println!("{}", serde_json::json!({ "error": e.body() }));
+            } else {
+                eprintln!("acpd: {e}");
+            }
+            return if interrupted.is_cancelled() {
+                EXIT_INTERRUPTED
+            } else {
+                EXIT_START_FAILED
+            };
+        }
+    };
+
+    let canceller = {
+        let registry = registry.clone();
+        let run_id = published.run_id.clone();
+        let interrupted = interrupted.clone();
+        tokio::spawn(async move {
+            interrupted.cancelled().await;
+            let _ = registry.cancel(0, &run_id);
+        })
+    };
+    let result = registry.wait(0, &published.run_id).await;
+    let _ = registry.dispose(0, &published.run_id).await;
+    canceller.abort();
+    // Every sender of the output stream is gone with the run; the printer drains and ends.
+    drop(registry);
+    if let Some(printer) = printer {
+        let _ = printer.await;
+    }
+    let result = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("acpd: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    report(&result, args.json);
+    if interrupted.is_cancelled() {
+        return EXIT_INTERRUPTED;
+    }
+    match result.stop_reason {
+        StopReason::Completed => 0,
+        StopReason::Error => EXIT_ERROR,
+        StopReason::Refusal => EXIT_REFUSAL,
+        StopReason::MaxTokens => EXIT_MAX_TOKENS,
+        StopReason::Aborted => EXIT_ABORTED,
+    }
+}
+
+fn report(result: &SubagentResult, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(result).unwrap_or_default());
+        return;
+    }
+    if result.output_truncated {
+        eprintln!("acpd: output truncated at max_output");
+    }
+    if let Some(d) = &result.diagnostic {
+        eprintln!("acpd: {} — {d}", result.stop_reason);
+    }
+}
+
+/// Streams text to stdout as it arrives, ending with a newline if the text did not.
+async fn print_stream(mut rx: mpsc::Receiver<String>) {
+    let mut last = b'\n';
+    while let Some(text) = rx.recv().await {
+        if let Some(&b) = text.as_bytes().last() {
+            last = b;
+        }
+        let mut out = std::io::stdout().lock();
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
+            return;
+        }
+    }
+    if last != b'\n' {
+        println!();
+    }
+}
+
+/// Ctrl-C or SIGTERM cancels the run (the child is asked to cancel, then torn down).
+async fn watch_signals(interrupted: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("acpd: interrupted; cancelling the run");
+    interrupted.cancel();
+}
+
+/// Asks the user on the terminal about each forwarded permission request.
+async fn ask_on_terminal(mut rx: mpsc::Receiver<PermissionAsk>) {
+    while let Some(ask) = rx.recv().await {
+        let request = ask.request;
+        let title = request
+            .tool_call
+            .fields
+            .title
+            .clone()
+            .unwrap_or_else(|| "a tool call".into());
+        let mut prompt = format!("\nacpd: the agent asks permission for {title}:\n");
+        for (i, o) in request.options.iter().enumerate() {
+            prompt.push_str(&format!("  {}) {}\n", i + 1, o.name));
+        }
+        prompt.push_str("choose a number (anything else rejects): ");
+        let answer = tokio::task::spawn_blocking(move || {
+            eprint!("{prompt}");
+            let mut line = String::new();
+            std::fs::File::open("/dev/tty")
+                .and_then(|mut tty| {
+                    let mut buf = [0u8; 64];
+                    let n = tty.read(&mut buf)?;
+                    line.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    Ok(())
+                })
+                .ok();
+            line.trim().parse::<usize>().ok()
+        })
+        .await
+        .ok()
+        .flatten();
+        let response: RequestPermissionResponse = match answer
+            .and_then(|n| request.options.get(n.wrapping_sub(1)))
+        {
+            Some(option) => RequestPermissionResponse::new(
+                acpd_protocol::acp::RequestPermissionOutcome::Selected(
+                    acpd_protocol::acp::SelectedPermissionOutcome::new(option.option_id.clone()),
+                ),
+            ),
+            None => match request.options.is_empty() {
+                true => permission_cancelled(),
+                false => decide_permission(&request, crate::child::Decision::Reject),
+            },
+        };
+        let _ = ask.reply.send(response);
+    }
+}

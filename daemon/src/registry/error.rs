@@ -1,0 +1,83 @@
+//! The registry's errors: each maps to one stable name and code of acpd's error table.
+
+use acpd_protocol::errors::{ErrorBody, ErrorName};
+use acpd_protocol::subagent::Failure;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RegistryError {
+    #[error("no provider named \"{name}\" is configured (see `acpd providers`)")]
+    NoProvider { name: String },
+    #[error("provider \"{provider}\" does not support the \"{capability}\" capability")]
+    UnsupportedCapability {
+        provider: String,
+        capability: &'static str,
+    },
+    #[error("invalid cwd: {reason}")]
+    InvalidCwd { reason: String },
+    #[error("run depth {depth} exceeds the depth limit {max}")]
+    DepthExceeded { depth: u32, max: u32 },
+    #[error("capacity reached: {scope} = {limit} live children")]
+    Capacity { scope: String, limit: usize },
+    #[error(
+        "provider \"{provider}\" failed to start: {diagnostic} (acpd's log has the child's stderr)"
+    )]
+    StartFailed {
+        provider: String,
+        failure: Box<Failure>,
+        diagnostic: String,
+    },
+    #[error("the start of a \"{provider}\" run was cancelled before it was published")]
+    StartCancelled { provider: String },
+    #[error("no run \"{run_id}\" (it never existed or belongs to another connection)")]
+    UnknownRun { run_id: String },
+    #[error("run \"{run_id}\" is still running turn {turn}; wait for it first")]
+    RunBusy { run_id: String, turn: u32 },
+    #[error("run \"{run_id}\" has no live child any more ({reason})")]
+    RunEnded {
+        run_id: String,
+        reason: &'static str,
+    },
+    #[error("invalid request: {reason}")]
+    InvalidRequest { reason: String },
+}
+
+impl RegistryError {
+    pub fn name(&self) -> ErrorName {
+        match self {
+            RegistryError::NoProvider { .. } => ErrorName::NoProvider,
+            RegistryError::UnsupportedCapability { .. } => ErrorName::UnsupportedCapability,
+            RegistryError::InvalidCwd { .. } => ErrorName::InvalidCwd,
+            RegistryError::DepthExceeded { .. } => ErrorName::DepthExceeded,
+            RegistryError::Capacity { .. } => ErrorName::Capacity,
+            RegistryError::StartFailed { .. } => ErrorName::StartFailed,
+            RegistryError::StartCancelled { .. } => ErrorName::StartCancelled,
+            RegistryError::UnknownRun { .. } => ErrorName::UnknownRun,
+            RegistryError::RunBusy { .. } => ErrorName::RunBusy,
+            RegistryError::RunEnded { .. } => ErrorName::RunEnded,
+            RegistryError::InvalidRequest { .. } => ErrorName::InvalidRequest,
+        }
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            name: self.name(),
+            code: self.name().code(),
+            message: self.to_string(),
+        }
+    }
+
+    /// Structured facts for `error.data`, beyond the name.
+    pub fn data(&self) -> serde_json::Value {
+        let mut data = serde_json::json!({ "code": self.name().as_str() });
+        if let RegistryError::StartFailed {
+            failure,
+            diagnostic,
+            ..
+        } = self
+        {
+            data["failure"] = serde_json::to_value(failure).unwrap_or_default();
+            data["diagnostic"] = serde_json::Value::String(diagnostic.clone());
+        }
+        data
+    }
+}

@@ -1,0 +1,417 @@
+//! The subagent registry: named providers, the start-time gate (provider, capabilities, depth,
+//! cwd, capacity — all checked before anything is spawned), the run table, and run ids.
+//! Everything after publication lives in [`run`].
+
+mod error;
+mod run;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use acpd_protocol::acp::ClientCapabilities;
+use acpd_protocol::codec::DEFAULT_MAX_LINE;
+use acpd_protocol::diagnostic;
+use acpd_protocol::subagent::{
+    Capabilities, Lifecycle, ProviderInfo, StartRequest, Started, SubagentResult,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::child::{AcpChild, ChildSpec, PermissionAsk, StartFailure};
+use crate::config::{Config, ProviderConfig};
+use crate::supervise;
+
+pub use error::RegistryError;
+pub use run::{Run, RunState};
+
+/// Who started a run; only its owner may wait on, cancel, send to or dispose it.
+pub type Owner = u64;
+
+/// Where this acpd sits in a delegation chain, read from its own environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DepthContext {
+    /// `ACPD_DEPTH` of this process (0 at the top).
+    pub depth: u32,
+    /// `ACPD_MAX_DEPTH` an outer acpd imposed, if any.
+    pub inherited_max: Option<u32>,
+}
+
+impl DepthContext {
+    pub fn from_env() -> Self {
+        let read = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        };
+        DepthContext {
+            depth: read(supervise::DEPTH_VAR).unwrap_or(0),
+            inherited_max: read(supervise::MAX_DEPTH_VAR),
+        }
+    }
+}
+
+/// Everything a start needs besides the request itself.
+#[derive(Default)]
+pub struct StartOptions {
+    pub request: StartRequest,
+    /// The caller's working directory (`acpd run`, `acpd stdio`); `None` over a socket.
+    pub caller_cwd: Option<PathBuf>,
+    /// Overrides the provider's `run_timeout`.
+    pub run_timeout: Option<Duration>,
+    pub client_capabilities: ClientCapabilities,
+    pub owner: Owner,
+    /// Receives the `started`/`ended` pair of every turn, without loss.
+    pub events: Option<mpsc::Sender<Lifecycle>>,
+    /// Receives output text as it streams.
+    pub sink: Option<mpsc::Sender<String>>,
+    pub asker: Option<mpsc::Sender<PermissionAsk>>,
+    /// Abandons the start before publication.
+    pub cancel: CancellationToken,
+}
+
+/// A run that passed the publication boundary.
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub run_id: String,
+    pub session_id: String,
+}
+
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RwLock<Arc<Config>>,
+    depth: DepthContext,
+    table: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    runs: HashMap<String, Arc<Run>>,
+    live_by_provider: HashMap<String, usize>,
+    live_total: usize,
+}
+
+/// One live child's claim on the limits; released when dropped.
+pub(crate) struct Slot {
+    inner: Arc<Inner>,
+    provider: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut table = lock(&self.inner.table);
+        table.live_total = table.live_total.saturating_sub(1);
+        if let Some(n) = table.live_by_provider.get_mut(&self.provider) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What acpd can enforce for an ACP child: depth (through `ACPD_DEPTH`), nothing else yet.
+pub fn capabilities(_provider: &ProviderConfig) -> Capabilities {
+    Capabilities {
+        output_schema: false,
+        depth_limit: true,
+        tool_filter: false,
+        persona: false,
+    }
+}
+
+impl Registry {
+    pub fn new(config: Config, depth: DepthContext) -> Self {
+        Registry {
+            inner: Arc::new(Inner {
+                config: RwLock::new(Arc::new(config)),
+                depth,
+                table: Mutex::new(Table::default()),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.inner
+            .config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Swaps in a new config: new starts use it, running runs keep their provider.
+    pub fn reload(&self, config: Config) {
+        *self.inner.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+    }
+
+    pub fn providers(&self) -> Vec<ProviderInfo> {
+        let config = self.config();
+        config
+            .providers
+            .values()
+            .map(|p| ProviderInfo {
+                name: p.name.clone(),
+                description: p.description.clone(),
+                capabilities: capabilities(p),
+                inherits_parent_context: false,
+                default: p.name == config.default_provider,
+            })
+            .collect()
+    }
+
+    /// Validates, spawns, handshakes and publishes a run; its first turn starts at once.
+    pub async fn start(&self, opts: StartOptions) -> Result<Published, RegistryError> {
+        let config = self.config();
+        let req = &opts.request;
+        let name = req
+            .provider
+            .clone()
+            .unwrap_or_else(|| config.default_provider.clone());
+        let provider = config
+            .provider(&name)
+            .cloned()
+            .ok_or_else(|| RegistryError::NoProvider { name: name.clone() })?;
+        check_capabilities(&provider, req)?;
+        let (depth, max_depth) = self.check_depth(&config, req.max_depth)?;
+        let cwd = resolve_cwd(&provider, req.cwd.as_deref(), opts.caller_cwd.as_deref())?;
+        let slot = self.claim(&config, &provider)?;
+
+        let run_id = uuid::Uuid::new_v4().to_string();
+        let env = supervise::child_env(
+            std::env::vars_os(),
+            &provider.env_passthrough,
+            &provider.env,
+            depth,
+            max_depth,
+        );
+        let spec = ChildSpec {
+            provider: provider.clone(),
+            run_id: run_id.clone(),
+            cwd,
+            env,
+            max_line: DEFAULT_MAX_LINE,
+        };
+        let child = AcpChild::start(spec, opts.client_capabilities.clone(), &opts.cancel)
+            .await
+            .map_err(|e| start_failed(&provider, e))?;
+
+        let session_id = format!("sub-{}", uuid::Uuid::new_v4());
+        let run = Run::new(run::RunInit {
+            run_id: run_id.clone(),
+            owner: opts.owner,
+            provider,
+            label: req.label.clone(),
+            session_id: session_id.clone(),
+            depth,
+            run_timeout: opts.run_timeout,
+            max_output: config.max_output,
+            events: opts.events,
+            sink: opts.sink,
+            asker: opts.asker,
+        });
+        lock(&self.inner.table)
+            .runs
+            .insert(run_id.clone(), run.clone());
+        if let Some(events) = &run.events {
+            let started = Started {
+                run_id: run_id.clone(),
+                provider: run.provider.name.clone(),
+                turn: 1,
+                session_id: session_id.clone(),
+                label: run.label.clone(),
+            };
+            let _ = events.send(Lifecycle::Started(started)).await;
+        }
+        run.begin_turn(child, slot, opts.request.prompt);
+        Ok(Published { run_id, session_id })
+    }
+
+    fn check_depth(
+        &self,
+        config: &Config,
+        requested: Option<u32>,
+    ) -> Result<(u32, u32), RegistryError> {
+        let depth = self.inner.depth.depth.saturating_add(1);
+        let max = [
+            Some(config.max_depth),
+            self.inner.depth.inherited_max,
+            requested,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(config.max_depth);
+        if depth > max {
+            return Err(RegistryError::DepthExceeded { depth, max });
+        }
+        Ok((depth, max))
+    }
+
+    fn claim(&self, config: &Config, provider: &ProviderConfig) -> Result<Slot, RegistryError> {
+        let mut table = lock(&self.inner.table);
+        if table.live_total >= config.max_children {
+            return Err(RegistryError::Capacity {
+                scope: "max_children".into(),
+                limit: config.max_children,
+            });
+        }
+        let live = table
+            .live_by_provider
+            .entry(provider.name.clone())
+            .or_default();
+        if *live >= provider.max_concurrent {
+            return Err(RegistryError::Capacity {
+                scope: format!("providers.{}.max_concurrent", provider.name),
+                limit: provider.max_concurrent,
+            });
+        }
+        *live += 1;
+        table.live_total += 1;
+        Ok(Slot {
+            inner: self.inner.clone(),
+            provider: provider.name.clone(),
+        })
+    }
+
+    fn find(&self, owner: Owner, run_id: &str) -> Result<Arc<Run>, RegistryError> {
+        lock(&self.inner.table)
+            .runs
+            .get(run_id)
+            .filter(|r| r.owner == owner)
+            .cloned()
+            .ok_or_else(|| RegistryError::UnknownRun {
+                run_id: run_id.to_string(),
+            })
+    }
+
+    /// Waits until the run's current turn settles and returns its result.
+    pub async fn wait(
+        &self,
+        owner: Owner,
+        run_id: &str,
+    ) -> Result<Arc<SubagentResult>, RegistryError> {
+        self.find(owner, run_id)?.wait().await
+    }
+
+    /// Cancels the run's current turn (no-op when it is settled).
+    pub fn cancel(&self, owner: Owner, run_id: &str) -> Result<(), RegistryError> {
+        self.find(owner, run_id)?.cancel();
+        Ok(())
+    }
+
+    /// Starts a follow-up turn on a settled run whose child is still alive.
+    pub async fn send(
+        &self,
+        owner: Owner,
+        run_id: &str,
+        prompt: Vec<acpd_protocol::acp::ContentBlock>,
+    ) -> Result<u32, RegistryError> {
+        self.find(owner, run_id)?.send(prompt).await
+    }
+
+    /// Cancels what runs, tears the child's tree down and reaps it. A repeat succeeds.
+    pub async fn dispose(&self, owner: Owner, run_id: &str) -> Result<(), RegistryError> {
+        self.find(owner, run_id)?.dispose().await;
+        Ok(())
+    }
+
+    /// Disposes every run of `owner` in parallel (its connection ended) and forgets them.
+    pub async fn dispose_owner(&self, owner: Owner) {
+        let runs: Vec<Arc<Run>> = lock(&self.inner.table)
+            .runs
+            .values()
+            .filter(|r| r.owner == owner)
+            .cloned()
+            .collect();
+        futures::future::join_all(runs.iter().map(|r| r.dispose())).await;
+        lock(&self.inner.table).runs.retain(|_, r| r.owner != owner);
+    }
+
+    /// Every run in the table.
+    pub fn runs(&self) -> Vec<Arc<Run>> {
+        lock(&self.inner.table).runs.values().cloned().collect()
+    }
+
+    /// Live children across all providers.
+    pub fn live_children(&self) -> usize {
+        lock(&self.inner.table).live_total
+    }
+}
+
+fn check_capabilities(provider: &ProviderConfig, req: &StartRequest) -> Result<(), RegistryError> {
+    let caps = capabilities(provider);
+    let asked = [
+        (
+            "outputSchema",
+            req.output_schema.is_some(),
+            caps.output_schema,
+        ),
+        ("depthLimit", req.max_depth.is_some(), caps.depth_limit),
+        ("toolFilter", req.tool_filter.is_some(), caps.tool_filter),
+        ("persona", req.persona.is_some(), caps.persona),
+    ];
+    for (capability, requested, supported) in asked {
+        if requested && !supported {
+            return Err(RegistryError::UnsupportedCapability {
+                provider: provider.name.clone(),
+                capability,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The request's cwd, else the provider's, else the caller's; absolute and enterable, never a
+/// silent fallback to acpd's own directory.
+fn resolve_cwd(
+    provider: &ProviderConfig,
+    requested: Option<&Path>,
+    caller: Option<&Path>,
+) -> Result<PathBuf, RegistryError> {
+    let (cwd, origin) = match (requested, provider.cwd.as_deref(), caller) {
+        (Some(p), _, _) => (p, "the request's cwd"),
+        (None, Some(p), _) => (p, "the provider's cwd"),
+        (None, None, Some(p)) => (p, "the caller's working directory"),
+        (None, None, None) => {
+            return Err(RegistryError::InvalidCwd {
+                reason: "no cwd given and no caller working directory to fall back on".into(),
+            });
+        }
+    };
+    if !cwd.is_absolute() {
+        return Err(RegistryError::InvalidCwd {
+            reason: format!("{origin} must be absolute"),
+        });
+    }
+    if !cwd.is_dir() || nix::unistd::access(cwd, nix::unistd::AccessFlags::X_OK).is_err() {
+        return Err(RegistryError::InvalidCwd {
+            reason: format!("{origin} is not an existing, enterable directory"),
+        });
+    }
+    Ok(cwd.to_path_buf())
+}
+
+fn start_failed(provider: &ProviderConfig, e: StartFailure) -> RegistryError {
+    if let StartFailure::Cancelled { .. } = e {
+        return RegistryError::StartCancelled {
+            provider: provider.name.clone(),
+        };
+    }
+    let failure = e.failure();
+    let diagnostic = diagnostic::build(&diagnostic::Facts {
+        provider: &provider.name,
+        failure: Some(&failure),
+        ..Default::default()
+    });
+    RegistryError::StartFailed {
+        provider: provider.name.clone(),
+        failure: Box::new(failure),
+        diagnostic,
+    }
+}

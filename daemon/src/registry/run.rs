@@ -1,0 +1,372 @@
+//! A published run: it owns its child until dispose, runs one turn at a time, turns every
+//! outcome into a [`SubagentResult`], emits the `started`/`ended` pair of each turn without
+//! loss, and keeps a settled child alive for `keep_alive` so a follow-up can reuse it.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use acpd_protocol::acp::ContentBlock;
+use acpd_protocol::diagnostic::{self, Facts};
+use acpd_protocol::outcome::map_outcome;
+use acpd_protocol::subagent::{Category, Ended, Lifecycle, Started, StopReason, SubagentResult};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{Owner, RegistryError, Slot};
+use crate::child::{AcpChild, ChildHandle, PermissionAsk, TurnControl, TurnReport};
+use crate::config::ProviderConfig;
+
+/// Where a run is in its life.
+#[derive(Clone, Debug)]
+pub enum RunState {
+    Running {
+        turn: u32,
+    },
+    Settled {
+        turn: u32,
+        result: Arc<SubagentResult>,
+    },
+    Disposed {
+        last: Option<Arc<SubagentResult>>,
+    },
+}
+
+impl RunState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            RunState::Running { .. } => "running",
+            RunState::Settled { .. } => "settled",
+            RunState::Disposed { .. } => "disposed",
+        }
+    }
+}
+
+pub(super) struct RunInit {
+    pub run_id: String,
+    pub owner: Owner,
+    pub provider: Arc<ProviderConfig>,
+    pub label: Option<String>,
+    pub session_id: String,
+    pub depth: u32,
+    pub run_timeout: Option<Duration>,
+    pub max_output: usize,
+    pub events: Option<mpsc::Sender<Lifecycle>>,
+    pub sink: Option<mpsc::Sender<String>>,
+    pub asker: Option<mpsc::Sender<PermissionAsk>>,
+}
+
+pub struct Run {
+    pub run_id: String,
+    pub owner: Owner,
+    pub provider: Arc<ProviderConfig>,
+    pub label: Option<String>,
+    /// The parent-facing session id acpd minted (never the child's own).
+    pub session_id: String,
+    pub depth: u32,
+    pub started_at: std::time::Instant,
+    run_timeout: Option<Duration>,
+    max_output: usize,
+    pub(super) events: Option<mpsc::Sender<Lifecycle>>,
+    sink: Option<mpsc::Sender<String>>,
+    asker: Option<mpsc::Sender<PermissionAsk>>,
+    state: watch::Sender<RunState>,
+    slot: Mutex<Holding>,
+}
+
+/// What the run holds between and during turns.
+#[derive(Default)]
+struct Holding {
+    /// The idle child, between turns.
+    child: Option<AcpChild>,
+    /// Always set while a child is alive, even during a turn, so dispose can end it.
+    handle: Option<ChildHandle>,
+    pid: Option<i32>,
+    capacity: Option<Slot>,
+    turn: u32,
+    turn_cancel: CancellationToken,
+    keep_alive: Option<tokio::task::JoinHandle<()>>,
+    disposed: bool,
+    /// Why the child is gone, when it is.
+    gone: Option<&'static str>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Run {
+    pub(super) fn new(init: RunInit) -> Arc<Run> {
+        let (state, _) = watch::channel(RunState::Running { turn: 1 });
+        Arc::new(Run {
+            run_id: init.run_id,
+            owner: init.owner,
+            provider: init.provider,
+            label: init.label,
+            session_id: init.session_id,
+            depth: init.depth,
+            started_at: std::time::Instant::now(),
+            run_timeout: init.run_timeout,
+            max_output: init.max_output,
+            events: init.events,
+            sink: init.sink,
+            asker: init.asker,
+            state,
+            slot: Mutex::new(Holding::default()),
+        })
+    }
+
+    pub fn state(&self) -> RunState {
+        self.state.borrow().clone()
+    }
+
+    /// The child's pid while it is alive.
+    pub fn pid(&self) -> Option<i32> {
+        lock(&self.slot).pid
+    }
+
+    /// Starts turn 1 on a freshly published child.
+    pub(super) fn begin_turn(
+        self: &Arc<Self>,
+        child: AcpChild,
+        capacity: Slot,
+        prompt: Vec<ContentBlock>,
+    ) {
+        let cancel = {
+            let mut h = lock(&self.slot);
+            h.handle = Some(child.handle());
+            h.pid = Some(child.pid());
+            h.capacity = Some(capacity);
+            h.turn = 1;
+            h.turn_cancel = CancellationToken::new();
+            h.turn_cancel.clone()
+        };
+        tokio::spawn(self.clone().turn_task(child, 1, prompt, cancel));
+    }
+
+    /// A follow-up turn on a settled, still-live child.
+    pub(super) async fn send(
+        self: &Arc<Self>,
+        prompt: Vec<ContentBlock>,
+    ) -> Result<u32, RegistryError> {
+        let (child, turn, cancel) = {
+            let mut h = lock(&self.slot);
+            if let RunState::Running { turn } = *self.state.borrow() {
+                return Err(RegistryError::RunBusy {
+                    run_id: self.run_id.clone(),
+                    turn,
+                });
+            }
+            let Some(child) = h.child.take() else {
+                return Err(RegistryError::RunEnded {
+                    run_id: self.run_id.clone(),
+                    reason: h.gone.unwrap_or(if h.disposed {
+                        "disposed"
+                    } else {
+                        "child exited"
+                    }),
+                });
+            };
+            if let Some(k) = h.keep_alive.take() {
+                k.abort();
+            }
+            h.turn += 1;
+            h.turn_cancel = CancellationToken::new();
+            self.state.send_replace(RunState::Running { turn: h.turn });
+            (child, h.turn, h.turn_cancel.clone())
+        };
+        if let Some(events) = &self.events {
+            let started = Started {
+                run_id: self.run_id.clone(),
+                provider: self.provider.name.clone(),
+                turn,
+                session_id: self.session_id.clone(),
+                label: self.label.clone(),
+            };
+            let _ = events.send(Lifecycle::Started(started)).await;
+        }
+        tokio::spawn(self.clone().turn_task(child, turn, prompt, cancel));
+        Ok(turn)
+    }
+
+    async fn turn_task(
+        self: Arc<Self>,
+        mut child: AcpChild,
+        turn: u32,
+        prompt: Vec<ContentBlock>,
+        cancel: CancellationToken,
+    ) {
+        let ctl = TurnControl {
+            cancel,
+            run_timeout: self.run_timeout.or(self.provider.run_timeout),
+            max_output: self.max_output,
+            sink: self.sink.clone(),
+            asker: self.asker.clone(),
+        };
+        let report = child.turn(prompt, ctl).await;
+        let result = Arc::new(self.result(turn, &report, &child));
+        if result.stop_reason != StopReason::Completed {
+            tracing::warn!(
+                provider = %self.provider.name, run = %self.run_id, turn,
+                stop_reason = %result.stop_reason,
+                category = result.failure.as_ref().map(|f| f.category.as_str()).unwrap_or("-"),
+                stderr_tail = ?child.stderr_tail(),
+                "turn did not complete"
+            );
+        }
+        let keep = {
+            let mut h = lock(&self.slot);
+            let keep = !report.child_spent && !h.disposed;
+            self.state.send_replace(RunState::Settled {
+                turn,
+                result: result.clone(),
+            });
+            if keep {
+                h.keep_alive = Some(tokio::spawn(self.clone().keep_alive(child.handle())));
+                h.child = Some(child);
+                None
+            } else {
+                h.gone = Some(if report.child_spent {
+                    "child spent by its last turn"
+                } else {
+                    "disposed"
+                });
+                Some(child)
+            }
+        };
+        if let Some(events) = &self.events {
+            let ended = Ended {
+                run_id: self.run_id.clone(),
+                provider: self.provider.name.clone(),
+                turn,
+                result: (*result).clone(),
+            };
+            let _ = events.send(Lifecycle::Ended(Box::new(ended))).await;
+        }
+        if let Some(child) = keep {
+            child.teardown().await;
+            self.release();
+        }
+    }
+
+    /// Ends an idle child after `keep_alive`, or as soon as it exits by itself.
+    async fn keep_alive(self: Arc<Self>, handle: ChildHandle) {
+        tokio::select! {
+            _ = tokio::time::sleep(self.provider.keep_alive) => {}
+            _ = handle.tree().exited() => {}
+        }
+        let child = {
+            let mut h = lock(&self.slot);
+            h.keep_alive = None;
+            h.gone = Some("keep_alive expired or the child exited");
+            h.child.take()
+        };
+        if let Some(child) = child {
+            child.teardown().await;
+            self.release();
+        }
+    }
+
+    fn release(&self) {
+        let mut h = lock(&self.slot);
+        h.handle = None;
+        h.pid = None;
+        h.capacity = None;
+    }
+
+    pub(super) async fn wait(&self) -> Result<Arc<SubagentResult>, RegistryError> {
+        let mut rx = self.state.subscribe();
+        loop {
+            match &*rx.borrow_and_update() {
+                RunState::Running { .. } => {}
+                RunState::Settled { result, .. } => return Ok(result.clone()),
+                RunState::Disposed { last: Some(result) } => return Ok(result.clone()),
+                RunState::Disposed { last: None } => {
+                    return Err(RegistryError::RunEnded {
+                        run_id: self.run_id.clone(),
+                        reason: "disposed",
+                    });
+                }
+            }
+            if rx.changed().await.is_err() {
+                return Err(RegistryError::RunEnded {
+                    run_id: self.run_id.clone(),
+                    reason: "disposed",
+                });
+            }
+        }
+    }
+
+    pub(super) fn cancel(&self) {
+        lock(&self.slot).turn_cancel.cancel();
+    }
+
+    /// Cancels the current turn, waits for it to settle, tears the tree down. Idempotent:
+    /// concurrent and repeated calls all return once the tree is gone.
+    pub(super) async fn dispose(&self) {
+        let (handle, idle_child) = {
+            let mut h = lock(&self.slot);
+            h.disposed = true;
+            h.turn_cancel.cancel();
+            if let Some(k) = h.keep_alive.take() {
+                k.abort();
+            }
+            (h.handle.clone(), h.child.take())
+        };
+        let _ = self.wait().await;
+        if let Some(handle) = handle {
+            handle.teardown().await;
+        }
+        drop(idle_child);
+        self.release();
+        let last = match self.state() {
+            RunState::Settled { result, .. } => Some(result),
+            RunState::Disposed { last } => last,
+            RunState::Running { .. } => None,
+        };
+        self.state.send_replace(RunState::Disposed { last });
+    }
+
+    fn result(&self, turn: u32, report: &TurnReport, child: &AcpChild) -> SubagentResult {
+        let mapped = map_outcome(&report.end, report.cancel_requested);
+        let is_auth = matches!(
+            mapped.failure.as_ref().map(|f| &f.category),
+            Some(Category::Auth)
+        );
+        let missing_env: Vec<String> = if is_auth {
+            self.provider
+                .env_passthrough
+                .iter()
+                .filter(|n| std::env::var_os(n).is_none())
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let auth_methods: &[String] = if is_auth {
+            &child.agent().auth_method_ids
+        } else {
+            &[]
+        };
+        let diagnostic = (mapped.stop_reason != StopReason::Completed).then(|| {
+            diagnostic::build(&Facts {
+                provider: &self.provider.name,
+                failure: mapped.failure.as_ref(),
+                stop_reason: report.child_stop_reason.as_deref(),
+                auth_methods,
+                env_names: &missing_env,
+                notes: &report.notes,
+            })
+        });
+        SubagentResult {
+            run_id: self.run_id.clone(),
+            provider: self.provider.name.clone(),
+            turn,
+            stop_reason: mapped.stop_reason,
+            output: report.output.clone(),
+            output_truncated: report.output_truncated,
+            structured: None,
+            diagnostic,
+            failure: mapped.failure,
+        }
+    }
+}
