@@ -61,6 +61,17 @@ impl Agent {
         }
     }
 
+    /// Closes stdout for real. Dropping tokio's `Stdout` leaves descriptor 1 open, so after the
+    /// queued lines are out it is pointed at `/dev/null`: the client sees its pipe close while
+    /// this process lives on, and nothing written later can reach whatever reuses the number.
+    pub async fn close_stdout(&self) {
+        self.flush_and_close().await;
+        let null = std::fs::OpenOptions::new().write(true).open("/dev/null");
+        if let Ok(null) = null {
+            let _ = nix::unistd::dup2_stdout(&null);
+        }
+    }
+
     /// Ends the process with `code` once queued output is out, as a crashing agent that had
     /// already written its last lines would.
     pub async fn exit(&self, code: i32) {

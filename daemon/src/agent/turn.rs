@@ -153,7 +153,7 @@ impl Turn<'_> {
             Step::Binary => self.raw(vec![0xff, 0xfe, 0xfd]).await,
             Step::Oversize(bytes) => self.raw(vec![b'x'; bytes]).await,
             Step::CloseStdout => {
-                self.agent.peer.close();
+                self.agent.close_stdout().await;
                 std::future::pending::<()>().await
             }
         }

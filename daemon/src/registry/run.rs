@@ -213,6 +213,17 @@ impl Run {
                 "turn did not complete"
             );
         }
+        // `ended` goes out before the run is seen as settled, so a follow-up's `started` can
+        // never overtake it.
+        if let Some(events) = &self.events {
+            let ended = Ended {
+                run_id: self.run_id.clone(),
+                provider: self.provider.name.clone(),
+                turn,
+                result: (*result).clone(),
+            };
+            let _ = events.send(Lifecycle::Ended(Box::new(ended))).await;
+        }
         let keep = {
             let mut h = lock(&self.slot);
             let keep = !report.child_spent && !h.disposed;
@@ -233,15 +244,6 @@ impl Run {
                 Some(child)
             }
         };
-        if let Some(events) = &self.events {
-            let ended = Ended {
-                run_id: self.run_id.clone(),
-                provider: self.provider.name.clone(),
-                turn,
-                result: (*result).clone(),
-            };
-            let _ = events.send(Lifecycle::Ended(Box::new(ended))).await;
-        }
         if let Some(child) = keep {
             child.teardown().await;
             self.release();

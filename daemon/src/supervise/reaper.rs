@@ -26,8 +26,8 @@ pub(super) fn original_nofile() -> Option<(u64, u64)> {
     ORIGINAL_NOFILE.get().copied()
 }
 
-/// Prepares the process for supervising children. Call once, inside the tokio runtime, before
-/// the first spawn; later calls do nothing.
+/// Prepares the process for supervising children. Call once before the first spawn; later
+/// calls do nothing.
 pub fn init() {
     INIT.get_or_init(|| {
         if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
@@ -43,7 +43,21 @@ pub fn init() {
             }
         }
         super::spawn::start_thread();
-        tokio::spawn(stray_reaper());
+        // Its own thread and runtime, so it outlives whichever runtime called init.
+        let reaper = std::thread::Builder::new()
+            .name("acpd-reaper".into())
+            .spawn(|| {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt.block_on(stray_reaper()),
+                    Err(e) => tracing::warn!("cannot start the stray reaper: {e}"),
+                }
+            });
+        if let Err(e) = reaper {
+            tracing::warn!("cannot start the stray reaper thread: {e}");
+        }
     });
 }
 

@@ -53,12 +53,10 @@ type Job = Box<dyn FnOnce() + Send>;
 static JOBS: OnceLock<std_mpsc::Sender<Job>> = OnceLock::new();
 
 pub(super) fn start_thread() {
-    let handle = tokio::runtime::Handle::current();
     let (tx, rx) = std_mpsc::channel::<Job>();
     let started = std::thread::Builder::new()
         .name("acpd-spawner".into())
         .spawn(move || {
-            let _runtime = handle.enter();
             for job in rx {
                 job();
             }
@@ -80,7 +78,10 @@ pub async fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
     let jobs = JOBS.get().ok_or(SpawnError::NoSpawner)?;
     let (tx, rx) = oneshot::channel();
     let job_program = program.clone();
+    // The child is registered with the caller's runtime (its reaper and pipes live there).
+    let runtime = tokio::runtime::Handle::current();
     let job: Job = Box::new(move || {
+        let _entered = runtime.enter();
         let _ = tx.send(spawn_here(&job_program, &args, spec.cwd, spec.env));
     });
     jobs.send(job).map_err(|_| SpawnError::NoSpawner)?;
