@@ -24,7 +24,12 @@ impl Output {
     /// Appends text, keeping at most `max` bytes in all (cut on a char boundary). Returns the
     /// part that was kept, for whoever streams it.
     pub fn push_text<'a>(&mut self, text: &'a str) -> &'a str {
-        let room = self.max.saturating_sub(self.bytes);
+        // Once cut, stay cut: later text must not appear after a hole.
+        let room = if self.truncated {
+            0
+        } else {
+            self.max.saturating_sub(self.bytes)
+        };
         let kept = if text.len() <= room {
             text
         } else {
@@ -43,7 +48,7 @@ impl Output {
     /// Appends a non-text block; its serialised size counts against the cap.
     pub fn push_block(&mut self, block: ContentBlock) {
         let size = serde_json::to_vec(&block).map_or(0, |v| v.len());
-        if self.bytes + size > self.max {
+        if self.truncated || self.bytes + size > self.max {
             self.truncated = true;
             return;
         }
@@ -95,10 +100,10 @@ mod tests {
     fn caps_on_a_char_boundary() {
         let mut out = Output::new(5);
         assert_eq!(out.push_text("abc"), "abc");
-        assert_eq!(out.push_text("dé€"), "dé");
+        assert_eq!(out.push_text("dé€"), "d", "é would cross the cap");
         assert_eq!(out.push_text("more"), "");
         let (blocks, truncated) = out.finish();
-        assert_eq!(text_of(&blocks[0]), "abcdé");
+        assert_eq!(text_of(&blocks[0]), "abcd");
         assert!(truncated);
     }
 }
