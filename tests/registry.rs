@@ -7,10 +7,10 @@ mod common;
 use std::time::Duration;
 
 use acpd::config::{Config, ProviderConfig};
-use acpd::registry::{DepthContext, Registry, StartOptions};
+use acpd::registry::{DepthContext, Registry, RunEvent, StartOptions};
 use acpd_protocol::acp::ContentBlock;
 use acpd_protocol::errors::ErrorName;
-use acpd_protocol::subagent::{Lifecycle, StartRequest, StopReason};
+use acpd_protocol::subagent::{StartRequest, StopReason};
 use common::*;
 use tokio::sync::mpsc;
 
@@ -36,7 +36,7 @@ fn request(text: &str) -> StartRequest {
     }
 }
 
-fn opts(text: &str, events: Option<mpsc::Sender<Lifecycle>>) -> StartOptions {
+fn opts(text: &str, events: Option<mpsc::Sender<RunEvent>>) -> StartOptions {
     StartOptions {
         request: request(text),
         caller_cwd: Some(std::env::temp_dir()),
@@ -72,11 +72,12 @@ async fn one_started_and_one_ended_per_turn_in_order() {
     let mut seen = Vec::new();
     while let Ok(event) = rx.try_recv() {
         seen.push(match event {
-            Lifecycle::Started(s) => {
+            RunEvent::Started(s) => {
                 assert_eq!(s.session_id, published.session_id);
                 format!("started {}", s.turn)
             }
-            Lifecycle::Ended(e) => format!("ended {} {}", e.turn, e.result.stop_reason),
+            RunEvent::Ended(e) => format!("ended {} {}", e.turn, e.result.stop_reason),
+            _ => continue,
         });
     }
     assert_eq!(

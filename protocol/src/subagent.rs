@@ -219,13 +219,6 @@ pub struct Ended {
     pub result: SubagentResult,
 }
 
-/// One lifecycle event; exactly one `Started` then one `Ended` per turn.
-#[derive(Debug, Clone)]
-pub enum Lifecycle {
-    Started(Started),
-    Ended(Box<Ended>),
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,10 +11,8 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use acpd_protocol::acp::{
-    ClientCapabilities, Implementation, InitializeRequest, NewSessionRequest,
-};
-use acpd_protocol::envelope::{AUTH_REQUIRED, Id, RpcError};
+use acpd_protocol::acp::{ClientCapabilities, Implementation, InitializeRequest};
+use acpd_protocol::envelope::{self, AUTH_REQUIRED, Id, RpcError};
 use acpd_protocol::subagent::{Category, Failure, Stage};
 use agent_client_protocol::schema::ProtocolVersion;
 use serde::Deserialize;
@@ -30,7 +28,7 @@ use crate::supervise::{
 use crate::wire::{self, CallError, Incoming, Peer, PendingCall};
 
 pub use permission::{Decision, cancelled as permission_cancelled, decide as decide_permission};
-pub use turn::{PermissionAsk, TurnControl, TurnReport};
+pub use turn::{PermissionAsk, Tap, TurnControl, TurnReport};
 
 /// How a child is started.
 #[derive(Debug, Clone)]
@@ -41,6 +39,16 @@ pub struct ChildSpec {
     pub cwd: PathBuf,
     pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
     pub max_line: usize,
+    pub session: SessionParams,
+}
+
+/// What goes into the child's `session/new` besides the cwd.
+#[derive(Debug, Clone, Default)]
+pub struct SessionParams {
+    /// The parent's `mcpServers`, forwarded unchanged; none for a delegated run.
+    pub mcp_servers: Option<Box<RawValue>>,
+    /// Sent as `systemPrompt` (mode `append`); only for agents that advertise it.
+    pub system_prompt: Option<String>,
 }
 
 /// Why a child could not be published.
@@ -94,8 +102,22 @@ pub struct AcpChild {
     incoming: mpsc::Receiver<Incoming>,
     incoming_open: bool,
     session_id: String,
+    /// The child's `session/new` result, for bridges that pass `modes`, `configOptions` and
+    /// `models` through.
+    session_reply: Box<RawValue>,
     stderr: StderrTail,
     agent: AgentInfo,
+}
+
+/// The pieces of a started child, for a bridge session that drives the connection itself.
+pub struct BridgeParts {
+    pub peer: Peer,
+    pub incoming: mpsc::Receiver<Incoming>,
+    pub handle: ChildHandle,
+    pub session_id: String,
+    pub session_reply: Box<RawValue>,
+    pub agent: AgentInfo,
+    pub stderr: StderrTail,
 }
 
 /// Something that stopped us waiting for a reply.
@@ -154,11 +176,12 @@ impl AcpChild {
             incoming: conn.incoming,
             incoming_open: true,
             session_id: String::new(),
+            session_reply: envelope::to_raw(&serde_json::Value::Null),
             stderr,
             agent: AgentInfo::default(),
         };
         match child
-            .handshake(&spec.cwd, client_capabilities, cancel)
+            .handshake(&spec.cwd, &spec.session, client_capabilities, cancel)
             .await
         {
             Ok(()) => Ok(child),
@@ -176,6 +199,7 @@ impl AcpChild {
     async fn handshake(
         &mut self,
         cwd: &std::path::Path,
+        session: &SessionParams,
         client_capabilities: ClientCapabilities,
         cancel: &CancellationToken,
     ) -> Result<(), StartFailure> {
@@ -207,7 +231,13 @@ impl AcpChild {
             auth_method_ids: reply.auth_methods.into_iter().map(|m| m.id).collect(),
             capabilities: reply.agent_capabilities,
         };
-        let new = NewSessionRequest::new(cwd);
+        let mut new = serde_json::json!({ "cwd": cwd, "mcpServers": [] });
+        if let Some(servers) = &session.mcp_servers {
+            new["mcpServers"] = serde_json::from_str(servers.get()).unwrap_or_default();
+        }
+        if let Some(prompt) = &session.system_prompt {
+            new["systemPrompt"] = serde_json::json!({ "mode": "append", "content": [{ "type": "text", "text": prompt }] });
+        }
         let raw = self
             .exchange(Stage::SessionNew, "session/new", &new, deadline, cancel)
             .await?;
@@ -218,6 +248,7 @@ impl AcpChild {
                 format!("bad session/new result: {e}"),
             )
         })?;
+        self.session_reply = raw;
         self.session_id = reply.session_id;
         Ok(())
     }
@@ -354,6 +385,20 @@ impl AcpChild {
     /// Runs the teardown ladder with the provider's graces. Idempotent.
     pub async fn teardown(&self) -> TeardownOutcome {
         self.handle().teardown().await
+    }
+
+    /// Hands the connection to a bridge session.
+    pub fn into_bridge(self) -> BridgeParts {
+        let handle = self.handle();
+        BridgeParts {
+            peer: self.peer,
+            incoming: self.incoming,
+            handle,
+            session_id: self.session_id,
+            session_reply: self.session_reply,
+            agent: self.agent,
+            stderr: self.stderr,
+        }
     }
 
     /// A handle that can tear the child down while someone else owns it (a running turn).

@@ -23,6 +23,7 @@ use super::AcpChild;
 use super::output::Output;
 use super::permission::{self, Decision};
 use crate::config::PermissionPolicy;
+use crate::registry::RunEvent;
 use crate::supervise;
 use crate::wire::{CallError, Incoming};
 
@@ -40,8 +41,19 @@ pub struct TurnControl {
     pub max_output: usize,
     /// Receives output text as it streams (bounded: a slow reader slows the child).
     pub sink: Option<mpsc::Sender<String>>,
-    /// Where `permission = "forward"` sends requests; `None` means nobody can answer.
-    pub asker: Option<mpsc::Sender<PermissionAsk>>,
+    /// The owner's event channel; without it `permission = "forward"` has nobody to ask.
+    pub tap: Option<Tap>,
+}
+
+/// Where a turn sends raw updates and permission requests.
+#[derive(Clone)]
+pub struct Tap {
+    pub run_id: String,
+    pub tx: mpsc::Sender<RunEvent>,
+    /// Send every `session/update` `update` object.
+    pub updates: bool,
+    /// Send permission requests (policy `forward`).
+    pub asks: bool,
 }
 
 /// What happened in a turn, before mapping to a result.
@@ -65,7 +77,7 @@ const LAST_WORDS: Duration = Duration::from_millis(200);
 #[derive(Deserialize)]
 struct UpdateParams<'a> {
     #[serde(borrow)]
-    update: UpdateHead<'a>,
+    update: &'a RawValue,
 }
 
 #[derive(Deserialize)]
@@ -272,16 +284,25 @@ impl AcpChild {
 
     async fn on_update(&mut self, params: Option<&RawValue>, ctl: &TurnControl, t: &mut Turn) {
         let Some(params) = params else { return };
-        let Ok(head) = serde_json::from_str::<UpdateParams<'_>>(params.get()) else {
+        let Ok(UpdateParams { update }) = serde_json::from_str::<UpdateParams<'_>>(params.get())
+        else {
             tracing::debug!(run = %self.run_id, "ignoring a malformed session/update");
             return;
         };
-        if head.update.session_update != "agent_message_chunk" {
-            return;
+        if let Some(tap) = ctl.tap.as_ref().filter(|t| t.updates) {
+            let event = RunEvent::Update {
+                run_id: tap.run_id.clone(),
+                update: update.to_owned(),
+            };
+            let _ = tap.tx.send(event).await;
         }
-        let Some(content) = head.update.content else {
+        let Ok(head) = serde_json::from_str::<UpdateHead<'_>>(update.get()) else {
             return;
         };
+        if head.session_update != "agent_message_chunk" {
+            return;
+        }
+        let Some(content) = head.content else { return };
         match serde_json::from_str::<ContentBlock>(content.get()) {
             Ok(ContentBlock::Text(text)) => {
                 let kept = t.output.push_text(&text.text);
@@ -336,15 +357,15 @@ impl AcpChild {
         let decision = match self.provider.permission {
             PermissionPolicy::Allow => Decision::Allow,
             PermissionPolicy::Reject => Decision::Reject,
-            PermissionPolicy::Forward => match &ctl.asker {
-                Some(asker) => {
+            PermissionPolicy::Forward => match ctl.tap.as_ref().filter(|t| t.asks) {
+                Some(tap) => {
                     let (tx, rx) = oneshot::channel();
                     let fallback = permission::decide(&request, Decision::Reject);
-                    if asker
-                        .send(PermissionAsk { request, reply: tx })
-                        .await
-                        .is_ok()
-                    {
+                    let event = RunEvent::Ask {
+                        run_id: tap.run_id.clone(),
+                        ask: PermissionAsk { request, reply: tx },
+                    };
+                    if tap.tx.send(event).await.is_ok() {
                         t.pending_asks.insert(id.clone());
                         t.asks
                             .spawn(async move { (id, rx.await.unwrap_or(fallback)) });

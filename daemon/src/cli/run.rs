@@ -10,8 +10,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_USAGE, load_config};
-use crate::child::{PermissionAsk, decide_permission, permission_cancelled};
-use crate::registry::{DepthContext, Registry, StartOptions};
+use crate::child::{decide_permission, permission_cancelled};
+use crate::registry::{DepthContext, Registry, RunEvent, StartOptions};
 
 const EXIT_ERROR: u8 = 1;
 const EXIT_START_FAILED: u8 = 3;
@@ -80,8 +80,8 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
     };
     let interactive =
         !from_stdin && std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
-    let asker = interactive.then(|| {
-        let (tx, rx) = mpsc::channel::<PermissionAsk>(4);
+    let events = interactive.then(|| {
+        let (tx, rx) = mpsc::channel::<RunEvent>(4);
         tokio::spawn(ask_on_terminal(rx));
         tx
     });
@@ -98,7 +98,8 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
             caller_cwd: Some(caller_cwd),
             run_timeout: args.timeout,
             sink,
-            asker,
+            forward_permissions: events.is_some(),
+            events,
             cancel: interrupted.clone(),
             ..Default::default()
         })
@@ -208,8 +209,11 @@ async fn watch_signals(interrupted: CancellationToken) {
 }
 
 /// Asks the user on the terminal about each forwarded permission request.
-async fn ask_on_terminal(mut rx: mpsc::Receiver<PermissionAsk>) {
-    while let Some(ask) = rx.recv().await {
+async fn ask_on_terminal(mut rx: mpsc::Receiver<RunEvent>) {
+    while let Some(event) = rx.recv().await {
+        let RunEvent::Ask { ask, .. } = event else {
+            continue;
+        };
         let request = ask.request;
         let title = request
             .tool_call

@@ -3,6 +3,7 @@
 //! Everything after publication lives in [`run`].
 
 mod error;
+mod events;
 mod run;
 
 use std::collections::HashMap;
@@ -13,17 +14,16 @@ use std::time::Duration;
 use acpd_protocol::acp::ClientCapabilities;
 use acpd_protocol::codec::DEFAULT_MAX_LINE;
 use acpd_protocol::diagnostic;
-use acpd_protocol::subagent::{
-    Capabilities, Lifecycle, ProviderInfo, StartRequest, Started, SubagentResult,
-};
+use acpd_protocol::subagent::{Capabilities, ProviderInfo, StartRequest, Started, SubagentResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::child::{AcpChild, ChildSpec, PermissionAsk, StartFailure};
+use crate::child::{AcpChild, ChildSpec, SessionParams, StartFailure};
 use crate::config::{Config, ProviderConfig};
 use crate::supervise;
 
 pub use error::RegistryError;
+pub use events::RunEvent;
 pub use run::{Run, RunState};
 
 /// Who started a run; only its owner may wait on, cancel, send to or dispose it.
@@ -62,11 +62,15 @@ pub struct StartOptions {
     pub run_timeout: Option<Duration>,
     pub client_capabilities: ClientCapabilities,
     pub owner: Owner,
-    /// Receives the `started`/`ended` pair of every turn, without loss.
-    pub events: Option<mpsc::Sender<Lifecycle>>,
+    /// Receives the `started`/`ended` pair of every turn without loss, and the traffic the
+    /// flags below ask for, in order.
+    pub events: Option<mpsc::Sender<RunEvent>>,
+    /// Send the child's raw `session/update`s on `events`.
+    pub forward_updates: bool,
+    /// Send permission requests on `events` (policy `forward`); else nobody can answer them.
+    pub forward_permissions: bool,
     /// Receives output text as it streams.
     pub sink: Option<mpsc::Sender<String>>,
-    pub asker: Option<mpsc::Sender<PermissionAsk>>,
     /// Abandons the start before publication.
     pub cancel: CancellationToken,
 }
@@ -196,6 +200,7 @@ impl Registry {
             cwd,
             env,
             max_line: DEFAULT_MAX_LINE,
+            session: SessionParams::default(),
         };
         let child = AcpChild::start(spec, opts.client_capabilities.clone(), &opts.cancel)
             .await
@@ -212,8 +217,9 @@ impl Registry {
             run_timeout: opts.run_timeout,
             max_output: config.max_output,
             events: opts.events,
+            forward_updates: opts.forward_updates,
+            forward_permissions: opts.forward_permissions,
             sink: opts.sink,
-            asker: opts.asker,
         });
         lock(&self.inner.table)
             .runs
@@ -226,7 +232,7 @@ impl Registry {
                 session_id: session_id.clone(),
                 label: run.label.clone(),
             };
-            let _ = events.send(Lifecycle::Started(started)).await;
+            let _ = events.send(RunEvent::Started(started)).await;
         }
         run.begin_turn(child, slot, opts.request.prompt);
         Ok(Published { run_id, session_id })

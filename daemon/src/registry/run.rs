@@ -8,12 +8,13 @@ use std::time::Duration;
 use acpd_protocol::acp::ContentBlock;
 use acpd_protocol::diagnostic::{self, Facts};
 use acpd_protocol::outcome::map_outcome;
-use acpd_protocol::subagent::{Category, Ended, Lifecycle, Started, StopReason, SubagentResult};
+use acpd_protocol::subagent::{Category, Ended, Started, StopReason, SubagentResult};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::RunEvent;
 use super::{Owner, RegistryError, Slot};
-use crate::child::{AcpChild, ChildHandle, PermissionAsk, TurnControl, TurnReport};
+use crate::child::{AcpChild, ChildHandle, Tap, TurnControl, TurnReport};
 use crate::config::ProviderConfig;
 
 /// Where a run is in its life.
@@ -50,9 +51,10 @@ pub(super) struct RunInit {
     pub depth: u32,
     pub run_timeout: Option<Duration>,
     pub max_output: usize,
-    pub events: Option<mpsc::Sender<Lifecycle>>,
+    pub events: Option<mpsc::Sender<RunEvent>>,
+    pub forward_updates: bool,
+    pub forward_permissions: bool,
     pub sink: Option<mpsc::Sender<String>>,
-    pub asker: Option<mpsc::Sender<PermissionAsk>>,
 }
 
 pub struct Run {
@@ -66,9 +68,10 @@ pub struct Run {
     pub started_at: std::time::Instant,
     run_timeout: Option<Duration>,
     max_output: usize,
-    pub(super) events: Option<mpsc::Sender<Lifecycle>>,
+    pub(super) events: Option<mpsc::Sender<RunEvent>>,
+    forward_updates: bool,
+    forward_permissions: bool,
     sink: Option<mpsc::Sender<String>>,
-    asker: Option<mpsc::Sender<PermissionAsk>>,
     state: watch::Sender<RunState>,
     slot: Mutex<Holding>,
 }
@@ -108,8 +111,9 @@ impl Run {
             run_timeout: init.run_timeout,
             max_output: init.max_output,
             events: init.events,
+            forward_updates: init.forward_updates,
+            forward_permissions: init.forward_permissions,
             sink: init.sink,
-            asker: init.asker,
             state,
             slot: Mutex::new(Holding::default()),
         })
@@ -182,7 +186,7 @@ impl Run {
                 session_id: self.session_id.clone(),
                 label: self.label.clone(),
             };
-            let _ = events.send(Lifecycle::Started(started)).await;
+            let _ = events.send(RunEvent::Started(started)).await;
         }
         tokio::spawn(self.clone().turn_task(child, turn, prompt, cancel));
         Ok(turn)
@@ -200,7 +204,12 @@ impl Run {
             run_timeout: self.run_timeout.or(self.provider.run_timeout),
             max_output: self.max_output,
             sink: self.sink.clone(),
-            asker: self.asker.clone(),
+            tap: self.events.clone().map(|tx| Tap {
+                run_id: self.run_id.clone(),
+                tx,
+                updates: self.forward_updates,
+                asks: self.forward_permissions,
+            }),
         };
         let report = child.turn(prompt, ctl).await;
         let result = Arc::new(self.result(turn, &report, &child));
@@ -222,7 +231,7 @@ impl Run {
                 turn,
                 result: (*result).clone(),
             };
-            let _ = events.send(Lifecycle::Ended(Box::new(ended))).await;
+            let _ = events.send(RunEvent::Ended(Box::new(ended))).await;
         }
         let keep = {
             let mut h = lock(&self.slot);
