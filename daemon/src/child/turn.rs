@@ -363,7 +363,7 @@ impl AcpChild {
                     let fallback = permission::decide(&request, Decision::Reject);
                     let event = RunEvent::Ask {
                         run_id: tap.run_id.clone(),
-                        ask: PermissionAsk { request, reply: tx },
+                        ask: Box::new(PermissionAsk { request, reply: tx }),
                     };
                     if tap.tx.send(event).await.is_ok() {
                         t.pending_asks.insert(id.clone());

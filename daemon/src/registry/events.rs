@@ -18,6 +18,6 @@ pub enum RunEvent {
     /// A permission request for the owner to answer (policy `forward`).
     Ask {
         run_id: String,
-        ask: PermissionAsk,
+        ask: Box<PermissionAsk>,
     },
 }
