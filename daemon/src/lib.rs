@@ -5,5 +5,6 @@ pub mod child;
 pub mod cli;
 pub mod config;
 pub mod registry;
+pub mod server;
 pub mod supervise;
 pub mod wire;

@@ -75,6 +75,7 @@ pub struct Peer {
     out: mpsc::Sender<Bytes>,
     shared: Arc<Shared>,
     close: CancellationToken,
+    broken: CancellationToken,
 }
 
 /// A call that has been sent; await [`PendingCall::result`] for the answer. Dropping it sends
@@ -194,6 +195,11 @@ impl Peer {
         self.close.cancel();
     }
 
+    /// Cancelled when writing to the peer failed (a broken pipe): nothing more can reach it.
+    pub fn broken(&self) -> CancellationToken {
+        self.broken.clone()
+    }
+
     /// True once the peer's side has ended (EOF or read error).
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
@@ -227,13 +233,15 @@ where
         closed: AtomicBool::new(false),
     });
     let close = CancellationToken::new();
+    let broken = CancellationToken::new();
     let reader = tokio::spawn(read_loop(reader, max_line, shared.clone(), in_tx));
-    let writer = tokio::spawn(write_loop(writer, out_rx, close.clone()));
+    let writer = tokio::spawn(write_loop(writer, out_rx, close.clone(), broken.clone()));
     Connection {
         peer: Peer {
             out: out_tx,
             shared,
             close,
+            broken,
         },
         incoming: in_rx,
         reader,
@@ -300,9 +308,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
 
 async fn write_loop<W: AsyncWrite + Unpin>(
     writer: W,
+    out: mpsc::Receiver<Bytes>,
+    close: CancellationToken,
+    broken: CancellationToken,
+) {
+    if write_all_queued(writer, out, close).await.is_err() {
+        broken.cancel();
+    }
+}
+
+async fn write_all_queued<W: AsyncWrite + Unpin>(
+    writer: W,
     mut out: mpsc::Receiver<Bytes>,
     close: CancellationToken,
-) {
+) -> std::io::Result<()> {
     let mut writer = BufWriter::with_capacity(WRITE_BUFFER, writer);
     loop {
         let line = tokio::select! {
@@ -311,27 +330,20 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             _ = close.cancelled() => None,
         };
         let Some(line) = line else { break };
-        if writer.write_all(&line).await.is_err() {
-            return;
-        }
+        writer.write_all(&line).await?;
         // Batch whatever else is already queued into the same flush.
         while let Ok(more) = out.try_recv() {
-            if writer.write_all(&more).await.is_err() {
-                return;
-            }
+            writer.write_all(&more).await?;
         }
-        if writer.flush().await.is_err() {
-            return;
-        }
+        writer.flush().await?;
     }
     // Send what was queued before the close, then drop the write half.
     while let Ok(more) = out.try_recv() {
-        if writer.write_all(&more).await.is_err() {
-            return;
-        }
+        writer.write_all(&more).await?;
     }
-    let _ = writer.flush().await;
+    writer.flush().await?;
     let _ = writer.shutdown().await;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -31,6 +31,8 @@ pub struct Cli {
 pub enum Command {
     /// Run one delegation through the registry and print its output.
     Run(run::RunArgs),
+    /// Serve ACP on stdin/stdout: the agent command an editor or parent agent runs.
+    Stdio,
     /// List the configured providers and their capabilities.
     Providers {
         /// Print JSON instead of a table.
@@ -68,11 +70,32 @@ pub async fn dispatch(cli: Cli) -> u8 {
     match cli.command {
         Command::Run(args) => run::run(cli.config.as_deref(), args).await,
         Command::Providers { json } => providers(cli.config.as_deref(), json),
+        Command::Stdio => stdio(cli.config.as_deref()).await,
         Command::Agent(AgentCommand::Echo(args)) => {
             crate::agent::run_echo(args).await.clamp(0, 255) as u8
         }
         Command::Agent(AgentCommand::Sleeper) => crate::agent::run_sleeper(),
     }
+}
+
+/// `acpd stdio`: one parent on stdin/stdout; exits 0 when it disconnects, after every child it
+/// started is reaped.
+async fn stdio(config: Option<&std::path::Path>) -> u8 {
+    let config = match load_config(config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("acpd: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    crate::supervise::init();
+    let ctx = crate::server::ServerContext {
+        registry: crate::registry::Registry::new(config, crate::registry::DepthContext::from_env()),
+        caller_cwd: std::env::current_dir().ok(),
+        max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
+    };
+    crate::server::serve(tokio::io::stdin(), tokio::io::stdout(), ctx).await;
+    0
 }
 
 fn providers(config: Option<&std::path::Path>, json: bool) -> u8 {

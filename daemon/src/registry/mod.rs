@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::child::{AcpChild, ChildSpec, SessionParams, StartFailure};
+
 use crate::config::{Config, ProviderConfig};
 use crate::supervise;
 
@@ -73,6 +74,35 @@ pub struct StartOptions {
     pub sink: Option<mpsc::Sender<String>>,
     /// Abandons the start before publication.
     pub cancel: CancellationToken,
+    /// A run id minted by the caller, so it can file the run before its first event.
+    pub run_id: Option<String>,
+}
+
+/// What a bridge session asks for.
+pub struct BridgeRequest<'a> {
+    pub provider: Option<&'a str>,
+    pub cwd: &'a Path,
+    pub session: SessionParams,
+    pub client_capabilities: ClientCapabilities,
+    pub cancel: &'a CancellationToken,
+}
+
+/// A started child with its claim on the limits (released when the slot is dropped).
+pub struct Launched {
+    pub child: AcpChild,
+    pub slot: Slot,
+    pub provider: Arc<ProviderConfig>,
+    pub depth: u32,
+}
+
+struct Launch<'a> {
+    log_id: &'a str,
+    max_depth: Option<u32>,
+    cwd: Option<&'a Path>,
+    caller_cwd: Option<&'a Path>,
+    session: SessionParams,
+    client_capabilities: ClientCapabilities,
+    cancel: &'a CancellationToken,
 }
 
 /// A run that passed the publication boundary.
@@ -101,7 +131,7 @@ struct Table {
 }
 
 /// One live child's claim on the limits; released when dropped.
-pub(crate) struct Slot {
+pub struct Slot {
     inner: Arc<Inner>,
     provider: String,
 }
@@ -173,38 +203,33 @@ impl Registry {
     pub async fn start(&self, opts: StartOptions) -> Result<Published, RegistryError> {
         let config = self.config();
         let req = &opts.request;
-        let name = req
-            .provider
-            .clone()
-            .unwrap_or_else(|| config.default_provider.clone());
-        let provider = config
-            .provider(&name)
-            .cloned()
-            .ok_or_else(|| RegistryError::NoProvider { name: name.clone() })?;
+        let provider = self.provider(&config, req.provider.as_deref())?;
         check_capabilities(&provider, req)?;
-        let (depth, max_depth) = self.check_depth(&config, req.max_depth)?;
-        let cwd = resolve_cwd(&provider, req.cwd.as_deref(), opts.caller_cwd.as_deref())?;
-        let slot = self.claim(&config, &provider)?;
-
-        let run_id = uuid::Uuid::new_v4().to_string();
-        let env = supervise::child_env(
-            std::env::vars_os(),
-            &provider.env_passthrough,
-            &provider.env,
-            depth,
-            max_depth,
+        let run_id = opts
+            .run_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let launched = self
+            .launch(
+                &config,
+                provider,
+                Launch {
+                    log_id: &run_id,
+                    max_depth: req.max_depth,
+                    cwd: req.cwd.as_deref(),
+                    caller_cwd: opts.caller_cwd.as_deref(),
+                    session: SessionParams::default(),
+                    client_capabilities: opts.client_capabilities.clone(),
+                    cancel: &opts.cancel,
+                },
+            )
+            .await?;
+        let (child, slot, provider, depth) = (
+            launched.child,
+            launched.slot,
+            launched.provider,
+            launched.depth,
         );
-        let spec = ChildSpec {
-            provider: provider.clone(),
-            run_id: run_id.clone(),
-            cwd,
-            env,
-            max_line: DEFAULT_MAX_LINE,
-            session: SessionParams::default(),
-        };
-        let child = AcpChild::start(spec, opts.client_capabilities.clone(), &opts.cancel)
-            .await
-            .map_err(|e| start_failed(&provider, e))?;
 
         let session_id = format!("sub-{}", uuid::Uuid::new_v4());
         let run = Run::new(run::RunInit {
@@ -236,6 +261,77 @@ impl Registry {
         }
         run.begin_turn(child, slot, opts.request.prompt);
         Ok(Published { run_id, session_id })
+    }
+
+    fn provider(
+        &self,
+        config: &Config,
+        name: Option<&str>,
+    ) -> Result<Arc<ProviderConfig>, RegistryError> {
+        let name = name.unwrap_or(&config.default_provider);
+        config
+            .provider(name)
+            .cloned()
+            .ok_or_else(|| RegistryError::NoProvider {
+                name: name.to_string(),
+            })
+    }
+
+    /// Opens a child for a bridge session: the same gate as a delegation (provider, depth,
+    /// cwd, capacity), the parent's capabilities and `mcpServers` passed on.
+    pub async fn open_bridge(&self, req: BridgeRequest<'_>) -> Result<Launched, RegistryError> {
+        let config = self.config();
+        let provider = self.provider(&config, req.provider)?;
+        let log_id = format!("bridge-{}", uuid::Uuid::new_v4());
+        self.launch(
+            &config,
+            provider,
+            Launch {
+                log_id: &log_id,
+                max_depth: None,
+                cwd: Some(req.cwd),
+                caller_cwd: None,
+                session: req.session,
+                client_capabilities: req.client_capabilities,
+                cancel: req.cancel,
+            },
+        )
+        .await
+    }
+
+    async fn launch(
+        &self,
+        config: &Config,
+        provider: Arc<ProviderConfig>,
+        l: Launch<'_>,
+    ) -> Result<Launched, RegistryError> {
+        let (depth, max_depth) = self.check_depth(config, l.max_depth)?;
+        let cwd = resolve_cwd(&provider, l.cwd, l.caller_cwd)?;
+        let slot = self.claim(config, &provider)?;
+        let env = supervise::child_env(
+            std::env::vars_os(),
+            &provider.env_passthrough,
+            &provider.env,
+            depth,
+            max_depth,
+        );
+        let spec = ChildSpec {
+            provider: provider.clone(),
+            run_id: l.log_id.to_string(),
+            cwd,
+            env,
+            max_line: DEFAULT_MAX_LINE,
+            session: l.session,
+        };
+        let child = AcpChild::start(spec, l.client_capabilities, l.cancel)
+            .await
+            .map_err(|e| start_failed(&provider, e))?;
+        Ok(Launched {
+            child,
+            slot,
+            provider,
+            depth,
+        })
     }
 
     fn check_depth(

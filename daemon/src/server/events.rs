@@ -1,0 +1,213 @@
+//! Forwarding what a connection's runs report: the `_acpd/subagent/started|ended`
+//! notifications, and — when the parent advertised `clientCapabilities.subagents` and the run
+//! was started under one of its sessions — the Subagent Session: a `subagent_update`
+//! announcement before any of the run's traffic, its updates under its minted session id,
+//! `requires_action` while a permission request waits on the parent, and `idle` with the stop
+//! reason at the end of each turn.
+
+use std::sync::Arc;
+
+use acpd_protocol::acp::RequestPermissionResponse;
+use acpd_protocol::envelope::INTERNAL_ERROR;
+use acpd_protocol::session_id::with_session_id;
+use acpd_protocol::subagent::{Category, StopReason, SubagentResult};
+use serde_json::json;
+use serde_json::value::RawValue;
+use tokio::sync::mpsc;
+
+use super::{Conn, SessionRef, lock, raw};
+use crate::child::{Decision, PermissionAsk, decide_permission};
+use crate::registry::RunEvent;
+
+/// What the connection remembers about one of its runs.
+pub struct RunMeta {
+    pub parent_session: Option<String>,
+    /// Shown to the parent as a Subagent Session.
+    pub subagent: bool,
+    /// The minted session id, known from the run's first `started`.
+    pub session_id: Option<String>,
+    pub title: String,
+    /// A turn is running (so an answered permission request returns it to `running`).
+    pub running: bool,
+}
+
+pub async fn pump(conn: Arc<Conn>, mut events: mpsc::Receiver<RunEvent>) {
+    let (answered_tx, mut answered) = mpsc::unbounded_channel::<String>();
+    loop {
+        tokio::select! {
+            event = events.recv() => match event {
+                Some(event) => on_event(&conn, event, &answered_tx).await,
+                None => break,
+            },
+            Some(run_id) = answered.recv() => {
+                let target = subagent_target(&conn, &run_id).filter(|_| {
+                    lock(&conn.runs).get(&run_id).is_some_and(|m| m.running)
+                });
+                if let Some((parent, child, _)) = target {
+                    state(&conn, &parent, &child, json!({ "state": "running" })).await;
+                }
+            }
+            _ = conn.closing.cancelled() => break,
+        }
+    }
+}
+
+/// `(parent session, child session, title)` when the run is shown as a Subagent Session.
+fn subagent_target(conn: &Conn, run_id: &str) -> Option<(String, String, String)> {
+    let runs = lock(&conn.runs);
+    let meta = runs.get(run_id).filter(|m| m.subagent)?;
+    Some((
+        meta.parent_session.clone()?,
+        meta.session_id.clone()?,
+        meta.title.clone(),
+    ))
+}
+
+async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::UnboundedSender<String>) {
+    match event {
+        RunEvent::Started(s) => {
+            if s.turn == 1 {
+                lock(&conn.sessions).insert(
+                    s.session_id.clone(),
+                    SessionRef::Run {
+                        run_id: s.run_id.clone(),
+                    },
+                );
+            }
+            if let Some(meta) = lock(&conn.runs).get_mut(&s.run_id) {
+                meta.session_id = Some(s.session_id.clone());
+                meta.running = true;
+            }
+            if let Some((parent, child, title)) = subagent_target(conn, &s.run_id) {
+                if s.turn == 1 {
+                    let description = conn
+                        .ctx
+                        .registry
+                        .config()
+                        .provider(&s.provider)
+                        .map(|p| p.description.clone())
+                        .filter(|d| !d.is_empty())
+                        .unwrap_or_else(|| format!("delegated to {}", s.provider));
+                    let update = json!({
+                        "sessionUpdate": "subagent_update",
+                        "sessionId": child,
+                        "title": title,
+                        "description": description,
+                        "capabilities": { "cancel": {} },
+                        "state": { "state": "running" },
+                    });
+                    notify_update(conn, &parent, &raw(&update)).await;
+                } else {
+                    state(conn, &parent, &child, json!({ "state": "running" })).await;
+                }
+            }
+            let _ = conn.peer.notify("_acpd/subagent/started", &s).await;
+        }
+        RunEvent::Update { run_id, update } => {
+            if let Some((_, child, _)) = subagent_target(conn, &run_id) {
+                notify_update(conn, &child, &update).await;
+            }
+        }
+        RunEvent::Ask { run_id, ask } => {
+            let target = subagent_target(conn, &run_id);
+            let session = match &target {
+                Some((parent, child, _)) => {
+                    state(conn, parent, child, json!({ "state": "requires_action" })).await;
+                    Some(child.clone())
+                }
+                None => lock(&conn.runs)
+                    .get(&run_id)
+                    .and_then(|m| m.session_id.clone()),
+            };
+            ask_parent(conn, run_id, *ask, session, answered.clone());
+        }
+        RunEvent::Ended(e) => {
+            if let Some(meta) = lock(&conn.runs).get_mut(&e.run_id) {
+                meta.running = false;
+            }
+            if let Some((parent, child, _)) = subagent_target(conn, &e.run_id) {
+                state(conn, &parent, &child, idle_state(&e.result)).await;
+            }
+            let _ = conn.peer.notify("_acpd/subagent/ended", &*e).await;
+        }
+    }
+}
+
+/// Relays a run's permission request to the parent without holding up other events.
+fn ask_parent(
+    conn: &Arc<Conn>,
+    run_id: String,
+    ask: PermissionAsk,
+    session: Option<String>,
+    answered: mpsc::UnboundedSender<String>,
+) {
+    let conn2 = conn.clone();
+    conn.tracker.spawn(async move {
+        let fallback = decide_permission(&ask.request, Decision::Reject);
+        let params = raw(&ask.request);
+        let params = session
+            .as_deref()
+            .and_then(|s| with_session_id(&params, s))
+            .unwrap_or(params);
+        let answer = match conn2
+            .peer
+            .call_raw("session/request_permission", Some(&params))
+            .await
+        {
+            Ok(call) => match call.result().await {
+                Ok(raw) => {
+                    serde_json::from_str::<RequestPermissionResponse>(raw.get()).unwrap_or(fallback)
+                }
+                Err(_) => fallback,
+            },
+            Err(_) => fallback,
+        };
+        let _ = ask.reply.send(answer);
+        let _ = answered.send(run_id);
+    });
+}
+
+async fn notify_update(conn: &Conn, session: &str, update: &RawValue) {
+    let params = format!(
+        "{{\"sessionId\":{},\"update\":{}}}",
+        serde_json::to_string(session).unwrap_or_default(),
+        update.get()
+    );
+    if let Ok(params) = RawValue::from_string(params) {
+        let _ = conn.peer.notify_raw("session/update", Some(&params)).await;
+    }
+}
+
+async fn state(conn: &Conn, parent: &str, child: &str, state: serde_json::Value) {
+    let update = json!({ "sessionUpdate": "subagent_update", "sessionId": child, "state": state });
+    notify_update(conn, parent, &raw(&update)).await;
+}
+
+/// The `idle` state for a settled turn, in ACP's stop-reason vocabulary.
+fn idle_state(result: &SubagentResult) -> serde_json::Value {
+    let category = result.failure.as_ref().map(|f| &f.category);
+    let stop = match (result.stop_reason, category) {
+        (StopReason::Completed, _) => "end_turn",
+        (StopReason::MaxTokens, _) => "max_tokens",
+        (StopReason::Refusal, _) => "refusal",
+        (StopReason::Aborted, _) => "cancelled",
+        (StopReason::Error, Some(Category::RemoteLimit)) => "max_turn_requests",
+        (StopReason::Error, _) => {
+            let code = result
+                .failure
+                .as_ref()
+                .and_then(|f| f.code)
+                .unwrap_or(INTERNAL_ERROR);
+            let message = result
+                .diagnostic
+                .clone()
+                .unwrap_or_else(|| "subagent failed".into());
+            return json!({
+                "state": "idle",
+                "stopReason": "error",
+                "error": { "code": code, "message": message },
+            });
+        }
+    };
+    json!({ "state": "idle", "stopReason": stop })
+}

@@ -1,0 +1,331 @@
+//! The ACP agent toward parents: one connection per parent (stdio or an accepted socket). The
+//! router reads the parent's messages and never waits on a turn: anything that takes time —
+//! opening a child, a prompt, a start, a wait, a dispose — runs in its own task, so
+//! `session/cancel` is always handled at once.
+//!
+//! Three ways in: bridge sessions ([`bridge`]), delegation through `_acpd/*` ([`delegate`]),
+//! and Subagent Sessions announced on the parent's sessions ([`events`]).
+
+mod bridge;
+mod delegate;
+mod events;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use acpd_protocol::envelope::{self, Id, RESOURCE_NOT_FOUND, RpcError};
+use acpd_protocol::session_id::session_id;
+use serde_json::json;
+use serde_json::value::RawValue;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::registry::{Owner, Registry, RunEvent};
+use crate::wire::{self, Incoming, LineFault, Peer};
+
+/// Extension methods acpd serves, advertised under `agentCapabilities._meta.acpd`.
+pub const METHODS: &[&str] = &[
+    "_acpd/providers",
+    "_acpd/subagent/start",
+    "_acpd/subagent/wait",
+    "_acpd/subagent/cancel",
+    "_acpd/subagent/dispose",
+    "_acpd/subagent/send",
+    "_acpd/subagent/list",
+];
+
+/// What every connection shares.
+#[derive(Clone)]
+pub struct ServerContext {
+    pub registry: Registry,
+    /// The working directory of `acpd stdio`'s caller; `None` over a socket.
+    pub caller_cwd: Option<PathBuf>,
+    pub max_line: usize,
+}
+
+static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+
+/// What the parent said about itself in `initialize`.
+#[derive(Debug, Clone, Default)]
+struct ClientInfo {
+    /// `clientCapabilities` as sent (missing means all false).
+    capabilities: serde_json::Value,
+    subagents: bool,
+}
+
+impl ClientInfo {
+    fn has(&self, pointer: &str) -> bool {
+        self.capabilities
+            .pointer(pointer)
+            .is_some_and(|v| v.as_bool().unwrap_or(!v.is_null()))
+    }
+}
+
+/// A parent-facing session id and what it names.
+#[derive(Clone)]
+enum SessionRef {
+    Bridge(bridge::BridgeHandle),
+    /// A delegated run shown as a Subagent Session (or just addressable by its minted id).
+    Run {
+        run_id: String,
+    },
+}
+
+/// One parent connection's state, shared by the router and the tasks it spawns.
+pub(crate) struct Conn {
+    peer: Peer,
+    ctx: ServerContext,
+    owner: Owner,
+    client: Mutex<Option<ClientInfo>>,
+    sessions: Mutex<HashMap<String, SessionRef>>,
+    /// Per run: the parent session it was started under, for Subagent Sessions and cascades.
+    runs: Mutex<HashMap<String, events::RunMeta>>,
+    events: mpsc::Sender<RunEvent>,
+    tracker: TaskTracker,
+    closing: CancellationToken,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Serves one parent until it disconnects, then cancels and reaps everything it started.
+pub async fn serve<R, W>(reader: R, writer: W, ctx: ServerContext)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let wire::Connection {
+        peer,
+        mut incoming,
+        writer: writer_task,
+        ..
+    } = wire::connect(reader, writer, ctx.max_line);
+    let (events_tx, events_rx) = mpsc::channel(wire::QUEUE_DEPTH);
+    let conn = Arc::new(Conn {
+        peer,
+        ctx,
+        owner: NEXT_OWNER.fetch_add(1, Ordering::Relaxed),
+        client: Mutex::new(None),
+        sessions: Mutex::new(HashMap::new()),
+        runs: Mutex::new(HashMap::new()),
+        events: events_tx,
+        tracker: TaskTracker::new(),
+        closing: CancellationToken::new(),
+    });
+    conn.tracker.spawn(events::pump(conn.clone(), events_rx));
+    let broken = conn.peer.broken();
+    loop {
+        let msg = tokio::select! {
+            msg = incoming.recv() => msg,
+            // A broken pipe toward the parent ends the connection like EOF does.
+            _ = broken.cancelled() => None,
+        };
+        let Some(msg) = msg else { break };
+        match msg {
+            Incoming::Request { id, method, params } => conn.on_request(id, method, params).await,
+            Incoming::Notification { method, params } => {
+                conn.on_notification(&method, params.as_deref())
+            }
+            Incoming::Fault(fault) => conn.on_fault(fault).await,
+        }
+    }
+    conn.shutdown().await;
+    conn.peer.close();
+    let _ = writer_task.await;
+}
+
+impl Conn {
+    async fn on_request(self: &Arc<Self>, id: Id, method: String, params: Option<Box<RawValue>>) {
+        if method == "initialize" {
+            return self.initialize(&id, params.as_deref()).await;
+        }
+        if lock(&self.client).is_none() {
+            let e = RpcError::invalid_request(format!("initialize must complete before {method}"));
+            return self.reply_err(&id, &e).await;
+        }
+        match method.as_str() {
+            "session/new" => {
+                let conn = self.clone();
+                self.tracker
+                    .spawn(async move { bridge::open(conn, id, params).await });
+            }
+            "session/load" | "session/resume" => {
+                self.reply_err(&id, &RpcError::method_not_found(&method))
+                    .await;
+            }
+            m if m.starts_with("_acpd/") => delegate::handle(self, id, &method, params).await,
+            "session/prompt"
+            | "session/close"
+            | "session/set_mode"
+            | "session/set_config_option" => {
+                self.to_session(id, method, params).await;
+            }
+            m if m.starts_with('_') => self.to_session(id, method, params).await,
+            _ => {
+                self.reply_err(&id, &RpcError::method_not_found(&method))
+                    .await
+            }
+        }
+    }
+
+    fn on_notification(self: &Arc<Self>, method: &str, params: Option<&RawValue>) {
+        if method != "session/cancel" {
+            // Unknown notifications are ignored, as JSON-RPC and ACP ask.
+            return;
+        }
+        let Some(sid) = params.and_then(session_id) else {
+            return;
+        };
+        let target = lock(&self.sessions).get(&sid).cloned();
+        match target {
+            Some(SessionRef::Bridge(b)) => {
+                b.cancel();
+                self.cascade(&sid, false);
+            }
+            Some(SessionRef::Run { run_id }) => {
+                let _ = self.ctx.registry.cancel(self.owner, &run_id);
+            }
+            None => {}
+        }
+    }
+
+    async fn on_fault(&self, fault: LineFault) {
+        tracing::warn!(owner = self.owner, "parent sent a bad line: {fault}");
+        let (id, error) = match &fault {
+            LineFault::Envelope(e) => (e.id().cloned(), e.to_rpc_error()),
+            LineFault::Frame(e) => (None, RpcError::parse_error(e)),
+        };
+        let _ = self.peer.respond_err(id.as_ref(), &error).await;
+    }
+
+    async fn initialize(&self, id: &Id, params: Option<&RawValue>) {
+        let params: serde_json::Value = params
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .unwrap_or_default();
+        let capabilities = params
+            .get("clientCapabilities")
+            .cloned()
+            .unwrap_or(json!({}));
+        let subagents = capabilities.get("subagents").is_some_and(|v| !v.is_null());
+        *lock(&self.client) = Some(ClientInfo {
+            capabilities,
+            subagents,
+        });
+        let providers: Vec<String> = self
+            .ctx
+            .registry
+            .providers()
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        let result = json!({
+            "protocolVersion": 1,
+            "agentCapabilities": {
+                "loadSession": false,
+                "promptCapabilities": { "image": false, "audio": false, "embeddedContext": false },
+                "mcpCapabilities": { "http": false, "sse": false },
+                "sessionCapabilities": {},
+                "_meta": { "acpd": {
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "methods": METHODS,
+                    "providers": providers,
+                }},
+            },
+            "authMethods": [],
+            "agentInfo": { "name": "acpd", "version": env!("CARGO_PKG_VERSION") },
+        });
+        let _ = self.peer.respond_ok(id, &result).await;
+    }
+
+    /// Routes a request that names a session to that session.
+    async fn to_session(self: &Arc<Self>, id: Id, method: String, params: Option<Box<RawValue>>) {
+        let sid = params.as_deref().and_then(session_id);
+        let target = sid
+            .as_ref()
+            .and_then(|s| lock(&self.sessions).get(s).cloned());
+        match (target, sid) {
+            (Some(SessionRef::Bridge(b)), Some(sid)) => {
+                if method == "session/close" {
+                    self.cascade(&sid, true);
+                }
+                b.forward(id, method, params);
+            }
+            (Some(SessionRef::Run { .. }), _) => {
+                let e = RpcError::invalid_request(format!(
+                    "{method}: a subagent session can only be cancelled by its parent"
+                ));
+                self.reply_err(&id, &e).await;
+            }
+            (None, Some(sid)) if method.starts_with("session/") => {
+                self.reply_err(&id, &session_not_found(&sid)).await;
+            }
+            _ => {
+                self.reply_err(&id, &RpcError::method_not_found(&method))
+                    .await
+            }
+        }
+    }
+
+    /// Cancels (or, on close, disposes) the runs started under a parent session.
+    fn cascade(self: &Arc<Self>, parent_session: &str, dispose: bool) {
+        let children: Vec<String> = lock(&self.runs)
+            .iter()
+            .filter(|(_, m)| m.parent_session.as_deref() == Some(parent_session))
+            .map(|(run_id, _)| run_id.clone())
+            .collect();
+        for run_id in children {
+            if dispose {
+                let conn = self.clone();
+                self.tracker.spawn(async move {
+                    let _ = conn.ctx.registry.dispose(conn.owner, &run_id).await;
+                });
+            } else {
+                let _ = self.ctx.registry.cancel(self.owner, &run_id);
+            }
+        }
+    }
+
+    fn client(&self) -> ClientInfo {
+        lock(&self.client).clone().unwrap_or_default()
+    }
+
+    async fn reply_err(&self, id: &Id, error: &RpcError) {
+        let _ = self.peer.respond_err(Some(id), error).await;
+    }
+
+    /// The parent is gone: cancel and reap every bridge and run of this connection.
+    async fn shutdown(&self) {
+        self.closing.cancel();
+        let bridges: Vec<bridge::BridgeHandle> = lock(&self.sessions)
+            .drain()
+            .filter_map(|(_, s)| match s {
+                SessionRef::Bridge(b) => Some(b),
+                SessionRef::Run { .. } => None,
+            })
+            .collect();
+        let closing_bridges = futures::future::join_all(bridges.iter().map(|b| b.shut()));
+        let disposing_runs = self.ctx.registry.dispose_owner(self.owner);
+        futures::join!(closing_bridges, disposing_runs);
+        self.tracker.close();
+        // Tasks still holding the parent's peer end once they notice the closed connection.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), self.tracker.wait()).await;
+    }
+}
+
+pub(crate) fn session_not_found(sid: &str) -> RpcError {
+    RpcError::new(RESOURCE_NOT_FOUND, "Session not found").with_data(json!({ "sessionId": sid }))
+}
+
+/// An error with acpd's typed code, `data.code` the stable name.
+pub(crate) fn typed_error(e: &crate::registry::RegistryError) -> RpcError {
+    RpcError::new(e.name().code(), e.to_string()).with_data(e.data())
+}
+
+pub(crate) fn raw(value: &impl serde::Serialize) -> Box<RawValue> {
+    envelope::to_raw(value)
+}

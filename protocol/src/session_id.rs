@@ -1,0 +1,119 @@
+//! Rewriting the `sessionId` of a message's params without re-serialising anything else.
+//!
+//! A bridge maps one parent-facing session id to one child session id; every forwarded
+//! `session/*` message differs from its original only in that field. The common shape —
+//! `sessionId` first, a plain string — is spliced as text; anything else goes through an
+//! order-preserving parse of the top-level object whose values stay raw.
+
+use std::fmt;
+
+use serde::Deserializer;
+use serde::de::{MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+const PREFIX: &str = "{\"sessionId\":\"";
+
+/// The `sessionId` of `params`, if it has a string one.
+pub fn session_id(params: &RawValue) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Only {
+        #[serde(rename = "sessionId")]
+        session_id: Option<String>,
+    }
+    serde_json::from_str::<Only>(params.get()).ok()?.session_id
+}
+
+/// `params` with its top-level `sessionId` set to `to`. `None` when `params` is not an object
+/// or has no `sessionId`.
+pub fn with_session_id(params: &RawValue, to: &str) -> Option<Box<RawValue>> {
+    let text = params.get();
+    if let Some(rest) = text.strip_prefix(PREFIX)
+        && let Some(end) = rest.find('"')
+        && !rest[..end].contains('\\')
+    {
+        let mut out = String::with_capacity(text.len() + to.len());
+        out.push_str("{\"sessionId\":");
+        out.push_str(&serde_json::to_string(to).ok()?);
+        out.push_str(&rest[end + 1..]);
+        return RawValue::from_string(out).ok();
+    }
+    let fields = parse_fields(text)?;
+    let mut found = false;
+    let mut out = String::with_capacity(text.len() + to.len());
+    out.push('{');
+    for (i, (key, value)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::to_string(key).ok()?);
+        out.push(':');
+        if key == "sessionId" {
+            found = true;
+            out.push_str(&serde_json::to_string(to).ok()?);
+        } else {
+            out.push_str(value.get());
+        }
+    }
+    out.push('}');
+    if !found {
+        return None;
+    }
+    RawValue::from_string(out).ok()
+}
+
+fn parse_fields(text: &str) -> Option<Vec<(String, &RawValue)>> {
+    struct Fields;
+    impl<'de> Visitor<'de> for Fields {
+        type Value = Vec<(String, &'de RawValue)>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
+                out.push((k, v));
+            }
+            Ok(out)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    (&mut de).deserialize_map(Fields).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_string()).unwrap()
+    }
+
+    #[test]
+    fn fast_path_splices_the_leading_id() {
+        let p =
+            raw(r#"{"sessionId":"child-1","update":{"sessionUpdate":"x","sessionId":"inner"}}"#);
+        let out = with_session_id(&p, "acpd-9").unwrap();
+        assert_eq!(
+            out.get(),
+            r#"{"sessionId":"acpd-9","update":{"sessionUpdate":"x","sessionId":"inner"}}"#
+        );
+    }
+
+    #[test]
+    fn slow_path_keeps_order_and_raw_values() {
+        let p = raw(r#"{ "prompt": [ {"type":"text","text":"a\"b"} ], "sessionId" : "c\u0031" }"#);
+        let out = with_session_id(&p, "m").unwrap();
+        assert_eq!(
+            out.get(),
+            r#"{"prompt":[ {"type":"text","text":"a\"b"} ],"sessionId":"m"}"#
+        );
+        assert_eq!(session_id(&p).as_deref(), Some("c1"));
+    }
+
+    #[test]
+    fn no_session_id_is_none() {
+        assert!(with_session_id(&raw(r#"{"a":1}"#), "m").is_none());
+        assert!(with_session_id(&raw(r#"[1]"#), "m").is_none());
+        assert!(session_id(&raw(r#"{"a":1}"#)).is_none());
+    }
+}
