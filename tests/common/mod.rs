@@ -2,6 +2,8 @@
 //! process checks through /proc.
 #![allow(dead_code)]
 
+pub mod client;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

@@ -213,14 +213,18 @@ impl Run {
         };
         let report = child.turn(prompt, ctl).await;
         let result = Arc::new(self.result(turn, &report, &child));
-        if result.stop_reason != StopReason::Completed {
-            tracing::warn!(
+        match result.stop_reason {
+            StopReason::Completed => {}
+            StopReason::Error => tracing::warn!(
                 provider = %self.provider.name, run = %self.run_id, turn,
-                stop_reason = %result.stop_reason,
                 category = result.failure.as_ref().map(|f| f.category.as_str()).unwrap_or("-"),
                 stderr_tail = ?child.stderr_tail(),
-                "turn did not complete"
-            );
+                "turn failed"
+            ),
+            other => tracing::info!(
+                provider = %self.provider.name, run = %self.run_id, turn,
+                stop_reason = %other, "turn ended"
+            ),
         }
         // `ended` goes out before the run is seen as settled, so a follow-up's `started` can
         // never overtake it.
