@@ -40,16 +40,22 @@ fn slow_parent_keeps_acpd_memory_bounded() {
         stdin.write_all(format!("{msg}\n").as_bytes()).unwrap();
         stdin.flush().unwrap();
     };
-    send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}));
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}),
+    );
     stdout.read_line(&mut line).unwrap();
-    send(serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
-        "params": {"cwd": env.path(), "mcpServers": [], "_meta": {"acpd": {"provider": "fast"}}}}));
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+        "params": {"cwd": env.path(), "mcpServers": [], "_meta": {"acpd": {"provider": "fast"}}}}),
+    );
     line.clear();
     stdout.read_line(&mut line).unwrap();
     let v: serde_json::Value = serde_json::from_str(&line).unwrap();
     let sid = v["result"]["sessionId"].as_str().unwrap().to_string();
-    send(serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
-        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": format!(":chunks {CHUNKS} {CHUNK}")}]}}));
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": format!(":chunks {CHUNKS} {CHUNK}")}]}}),
+    );
 
     // Read slowly: 64 KiB at a time with a pause, so the child out-produces the parent.
     let mut buf = vec![0u8; 64 * 1024];
@@ -76,6 +82,12 @@ fn slow_parent_keeps_acpd_memory_bounded() {
     assert!(total >= CHUNKS * CHUNK, "received {total} bytes");
     drop(stdin);
     assert!(acpd.wait().unwrap().success());
-    eprintln!("acpd peak RSS {peak} KiB after forwarding {} MiB", total >> 20);
-    assert!(peak < BOUND_KIB, "acpd peaked at {peak} KiB while forwarding {total} bytes");
+    eprintln!(
+        "acpd peak RSS {peak} KiB after forwarding {} MiB",
+        total >> 20
+    );
+    assert!(
+        peak < BOUND_KIB,
+        "acpd peaked at {peak} KiB while forwarding {total} bytes"
+    );
 }
