@@ -74,7 +74,7 @@ fn slow_parent_keeps_acpd_memory_bounded() {
             break;
         }
         reads += 1;
-        if reads % 8 == 0 {
+        if reads.is_multiple_of(8) {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
