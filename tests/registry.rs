@@ -100,7 +100,7 @@ async fn failed_start_emits_nothing_and_leaves_no_run() {
     let err = reg.start(o).await.unwrap_err();
     assert_eq!(err.name(), ErrorName::NoProvider);
     let mut o = opts("x", None);
-    o.request.output_schema = Some(serde_json::json!({"type": "object"}));
+    o.request.tool_filter = Some(serde_json::json!({"allow": ["read"]}));
     assert_eq!(
         reg.start(o).await.unwrap_err().name(),
         ErrorName::UnsupportedCapability

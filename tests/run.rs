@@ -468,5 +468,6 @@ fn providers_lists_capabilities() {
     assert_eq!(names, ["echo", "fast"]);
     assert_eq!(v["providers"][0]["default"], true);
     assert_eq!(v["providers"][0]["capabilities"]["depthLimit"], true);
-    assert_eq!(v["providers"][0]["capabilities"]["outputSchema"], false);
+    assert_eq!(v["providers"][0]["capabilities"]["outputSchema"], true);
+    assert_eq!(v["providers"][0]["capabilities"]["toolFilter"], false);
 }

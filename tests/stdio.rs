@@ -643,3 +643,89 @@ async fn parent_eof_mid_turn_leaves_no_process() {
         );
     }
 }
+
+#[tokio::test]
+async fn output_schema_is_enforced_by_acpd() {
+    let env = Env::new("");
+    let client = ready(&env, json!({})).await;
+    let schema =
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+    let run = |text: &str| json!({"provider": "fast", "prompt": text_prompt(text), "outputSchema": schema});
+    let a = client
+        .request("_acpd/subagent/start", run("{\"n\": 3}"))
+        .await
+        .unwrap();
+    let r = client
+        .request("_acpd/subagent/wait", json!({"runId": a["runId"]}))
+        .await
+        .unwrap();
+    assert_eq!(r["stopReason"], "completed", "{r}");
+    assert_eq!(r["structured"], json!({"n": 3}));
+    let b = client
+        .request("_acpd/subagent/start", run("{\"n\": \"three\"}"))
+        .await
+        .unwrap();
+    let r = client
+        .request("_acpd/subagent/wait", json!({"runId": b["runId"]}))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r["stopReason"].as_str(), r["failure"]["category"].as_str()),
+        (Some("error"), Some("output-schema"))
+    );
+    assert!(r.get("structured").is_none());
+    assert!(r["diagnostic"].as_str().unwrap().contains("outputSchema"));
+    let remote = json!({"provider": "fast", "prompt": [], "outputSchema": {"$ref": "https://example.com/schema.json"}});
+    expect_typed(
+        &client,
+        "_acpd/subagent/start",
+        remote,
+        "UNSUPPORTED_SCHEMA",
+        -33003,
+    )
+    .await;
+    client.close().await;
+}
+
+#[tokio::test]
+async fn persona_goes_to_agents_that_take_a_system_prompt() {
+    let env = Env::new(&format!(
+        "[providers.sp]\ncommand = [\"{BIN}\", \"agent\", \"echo\", \"--system-prompt\"]\n"
+    ));
+    let client = ready(&env, json!({})).await;
+    let before = client.request("_acpd/providers", json!({})).await.unwrap();
+    let sp = |v: &Value| {
+        v["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "sp")
+            .unwrap()["capabilities"]["persona"]
+            .clone()
+    };
+    assert_eq!(sp(&before), false, "unknown until probed");
+    let a = client
+        .request(
+            "_acpd/subagent/start",
+            json!({"provider": "sp", "prompt": text_prompt("hi"), "persona": "be terse"}),
+        )
+        .await
+        .unwrap();
+    let r = client
+        .request("_acpd/subagent/wait", json!({"runId": a["runId"]}))
+        .await
+        .unwrap();
+    assert_eq!(r["output"][0]["text"], "system: be terse\nhi");
+    let after = client.request("_acpd/providers", json!({})).await.unwrap();
+    assert_eq!(sp(&after), true, "learned by the probe");
+    let fast = json!({"provider": "fast", "prompt": [], "persona": "be terse"});
+    expect_typed(
+        &client,
+        "_acpd/subagent/start",
+        fast,
+        "UNSUPPORTED_CAPABILITY",
+        -33002,
+    )
+    .await;
+    client.close().await;
+}

@@ -123,6 +123,8 @@ pub enum Category {
     Spawn,
     /// The child speaks another ACP protocol version.
     ProtocolVersion,
+    /// The final output is not JSON that validates against the run's `outputSchema`.
+    OutputSchema,
     /// A category named by the child's own typed failure record (`_meta.acpd.failure`),
     /// restricted to `[a-z0-9-]`.
     #[serde(untagged)]
@@ -143,6 +145,7 @@ impl Category {
             Category::Protocol => "protocol",
             Category::Spawn => "spawn",
             Category::ProtocolVersion => "protocol-version",
+            Category::OutputSchema => "output-schema",
             Category::Reported(s) => s,
         }
     }

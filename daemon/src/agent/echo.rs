@@ -42,6 +42,8 @@ pub(super) struct Agent {
 #[derive(Default)]
 struct Session {
     turn: Option<RunningTurn>,
+    /// The `systemPrompt` text given at `session/new` (only offered with `--system-prompt`).
+    system_prompt: Option<String>,
 }
 
 struct RunningTurn {
@@ -154,7 +156,7 @@ async fn handle_request(
         }
     }
     let reply = match method {
-        "initialize" => Ok(initialize_result(args.protocol_version)),
+        "initialize" => Ok(initialize_result(args.protocol_version, args.system_prompt)),
         "session/new" => new_session(agent, params),
         "session/prompt" => match start_prompt(agent, &id, params) {
             // The turn task answers.
@@ -169,14 +171,19 @@ async fn handle_request(
     };
 }
 
-fn initialize_result(protocol_version: u16) -> serde_json::Value {
+fn initialize_result(protocol_version: u16, system_prompt: bool) -> serde_json::Value {
+    let session_capabilities = if system_prompt {
+        json!({ "systemPrompt": {} })
+    } else {
+        json!({})
+    };
     json!({
         "protocolVersion": protocol_version,
         "agentCapabilities": {
             "loadSession": false,
             "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
             "mcpCapabilities": {"http": false, "sse": false},
-            "sessionCapabilities": {},
+            "sessionCapabilities": session_capabilities,
         },
         "authMethods": [],
         "agentInfo": {"name": "acpd-echo", "version": env!("CARGO_PKG_VERSION")},
@@ -189,8 +196,16 @@ fn parse_params<T: for<'de> Deserialize<'de>>(params: Option<&RawValue>) -> Resu
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct NewSessionParams {
     cwd: Option<String>,
+    #[serde(default)]
+    system_prompt: Option<SystemPrompt>,
+}
+
+#[derive(Deserialize)]
+struct SystemPrompt {
+    content: Vec<serde_json::Value>,
 }
 
 fn new_session(agent: &Agent, params: Option<&RawValue>) -> Result<serde_json::Value, RpcError> {
@@ -206,7 +221,14 @@ fn new_session(agent: &Agent, params: Option<&RawValue>) -> Result<serde_json::V
     }
     let n = agent.next_session.fetch_add(1, Ordering::Relaxed);
     let session_id = format!("echo-{n}");
-    lock(&agent.sessions).insert(session_id.clone(), Session::default());
+    let system_prompt = params.system_prompt.map(|p| text_of(&p.content));
+    lock(&agent.sessions).insert(
+        session_id.clone(),
+        Session {
+            system_prompt,
+            ..Session::default()
+        },
+    );
     Ok(json!({ "sessionId": session_id }))
 }
 
@@ -217,20 +239,26 @@ struct PromptParams {
     prompt: Vec<serde_json::Value>,
 }
 
+/// The text blocks of `blocks`, joined. Only text carries script; other content is accepted and
+/// ignored, as an agent that does not understand an attachment would. Blocks acpd marks as its
+/// own instructions (`_meta.acpd.instruction`) are skipped, so the echo shows what the caller
+/// wrote, not what acpd added.
+fn text_of(blocks: &[serde_json::Value]) -> String {
+    blocks
+        .iter()
+        .filter(|block| block.get("type").and_then(|t| t.as_str()) == Some("text"))
+        .filter(|block| block.pointer("/_meta/acpd/instruction") != Some(&json!(true)))
+        .filter_map(|block| block.get("text").and_then(|t| t.as_str()))
+        .collect()
+}
+
 /// Validates a prompt and spawns its turn; an `Err` is the answer to send at once.
 fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Result<(), RpcError> {
     let params: PromptParams = parse_params(params)?;
-    // Only text blocks carry script; other content is accepted and ignored, as an agent that
-    // does not understand an attachment would.
-    let text: String = params
-        .prompt
-        .iter()
-        .filter(|block| block.get("type").and_then(|t| t.as_str()) == Some("text"))
-        .filter_map(|block| block.get("text").and_then(|t| t.as_str()))
-        .collect();
+    let text = text_of(&params.prompt);
     let cancel = CancellationToken::new();
     let generation = agent.next_turn.fetch_add(1, Ordering::Relaxed);
-    {
+    let system_prompt = {
         let mut sessions = lock(&agent.sessions);
         let Some(session) = sessions.get_mut(&params.session_id) else {
             return Err(RpcError::new(RESOURCE_NOT_FOUND, "Session not found")
@@ -246,11 +274,15 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
             generation,
             cancel: cancel.clone(),
         });
-    }
+        session.system_prompt.clone()
+    };
     let agent = agent.clone();
     let id = id.clone();
     tokio::spawn(async move {
-        let steps = script::parse(&text);
+        let mut steps = script::parse(&text);
+        if let Some(system) = system_prompt {
+            steps.insert(0, script::Step::Echo(format!("system: {system}\n")));
+        }
         let end = turn::run(&agent, &params.session_id, &cancel, steps).await;
         // Free the session before answering, so a client that prompts again as soon as it
         // reads the answer is not told the session is busy.

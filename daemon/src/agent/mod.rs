@@ -98,6 +98,10 @@ pub struct EchoArgs {
     /// Write TEXT as a line to stderr at start.
     #[arg(long, value_name = "TEXT")]
     pub stderr: Option<String>,
+    /// Advertise sessionCapabilities.systemPrompt; a session's system prompt is then streamed
+    /// as "system: TEXT" at the start of each turn.
+    #[arg(long)]
+    pub system_prompt: bool,
 }
 
 /// Runs the agent until stdin closes; returns the process exit code.

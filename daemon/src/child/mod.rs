@@ -158,32 +158,17 @@ impl AcpChild {
         client_capabilities: ClientCapabilities,
         cancel: &CancellationToken,
     ) -> Result<AcpChild, StartFailure> {
-        let provider = spec.provider.clone();
-        let spawned = supervise::spawn(SpawnSpec {
-            argv: provider.command.clone(),
-            cwd: spec.cwd.clone(),
-            env: spec.env,
-        })
-        .await?;
-        let stderr =
-            StderrTail::drain(spawned.stderr, format!("{}/{}", provider.name, spec.run_id));
-        let conn = wire::connect(spawned.stdout, spawned.stdin, spec.max_line);
-        let mut child = AcpChild {
-            provider,
-            run_id: spec.run_id,
-            tree: spawned.tree,
-            peer: conn.peer,
-            incoming: conn.incoming,
-            incoming_open: true,
-            session_id: String::new(),
-            session_reply: envelope::to_raw(&serde_json::Value::Null),
-            stderr,
-            agent: AgentInfo::default(),
+        let mut child = Self::spawn(&spec).await?;
+        let deadline = Instant::now() + child.provider.handshake_timeout;
+        let handshake = async {
+            child
+                .initialize(client_capabilities, deadline, cancel)
+                .await?;
+            child
+                .new_session(&spec.cwd, &spec.session, deadline, cancel)
+                .await
         };
-        match child
-            .handshake(&spec.cwd, &spec.session, client_capabilities, cancel)
-            .await
-        {
+        match handshake.await {
             Ok(()) => Ok(child),
             Err(e) => {
                 tracing::warn!(
@@ -196,14 +181,52 @@ impl AcpChild {
         }
     }
 
-    async fn handshake(
+    /// Spawns the child, runs `initialize` only, and tears it down: what the agent says about
+    /// itself, learned before a run's own child is spawned.
+    pub async fn probe(
+        spec: ChildSpec,
+        cancel: &CancellationToken,
+    ) -> Result<AgentInfo, StartFailure> {
+        let mut child = Self::spawn(&spec).await?;
+        let deadline = Instant::now() + child.provider.handshake_timeout;
+        let result = child
+            .initialize(ClientCapabilities::default(), deadline, cancel)
+            .await;
+        child.teardown().await;
+        result.map(|()| child.agent.clone())
+    }
+
+    async fn spawn(spec: &ChildSpec) -> Result<AcpChild, StartFailure> {
+        let provider = spec.provider.clone();
+        let spawned = supervise::spawn(SpawnSpec {
+            argv: provider.command.clone(),
+            cwd: spec.cwd.clone(),
+            env: spec.env.clone(),
+        })
+        .await?;
+        let stderr =
+            StderrTail::drain(spawned.stderr, format!("{}/{}", provider.name, spec.run_id));
+        let conn = wire::connect(spawned.stdout, spawned.stdin, spec.max_line);
+        Ok(AcpChild {
+            provider,
+            run_id: spec.run_id.clone(),
+            tree: spawned.tree,
+            peer: conn.peer,
+            incoming: conn.incoming,
+            incoming_open: true,
+            session_id: String::new(),
+            session_reply: envelope::to_raw(&serde_json::Value::Null),
+            stderr,
+            agent: AgentInfo::default(),
+        })
+    }
+
+    async fn initialize(
         &mut self,
-        cwd: &std::path::Path,
-        session: &SessionParams,
         client_capabilities: ClientCapabilities,
+        deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<(), StartFailure> {
-        let deadline = Instant::now() + self.provider.handshake_timeout;
         let init = InitializeRequest::new(ProtocolVersion::V1)
             .client_capabilities(client_capabilities)
             .client_info(Implementation::new("acpd", env!("CARGO_PKG_VERSION")));
@@ -231,12 +254,25 @@ impl AcpChild {
             auth_method_ids: reply.auth_methods.into_iter().map(|m| m.id).collect(),
             capabilities: reply.agent_capabilities,
         };
+        Ok(())
+    }
+
+    async fn new_session(
+        &mut self,
+        cwd: &std::path::Path,
+        session: &SessionParams,
+        deadline: Instant,
+        cancel: &CancellationToken,
+    ) -> Result<(), StartFailure> {
         let mut new = serde_json::json!({ "cwd": cwd, "mcpServers": [] });
         if let Some(servers) = &session.mcp_servers {
             new["mcpServers"] = serde_json::from_str(servers.get()).unwrap_or_default();
         }
         if let Some(prompt) = &session.system_prompt {
-            new["systemPrompt"] = serde_json::json!({ "mode": "append", "content": [{ "type": "text", "text": prompt }] });
+            new["systemPrompt"] = serde_json::json!({
+                "mode": "append",
+                "content": [{ "type": "text", "text": prompt }],
+            });
         }
         let raw = self
             .exchange(Stage::SessionNew, "session/new", &new, deadline, cancel)

@@ -12,6 +12,8 @@ pub enum RegistryError {
         provider: String,
         capability: &'static str,
     },
+    #[error("unsupported outputSchema: {reason}")]
+    UnsupportedSchema { reason: String },
     #[error("invalid cwd: {reason}")]
     InvalidCwd { reason: String },
     #[error("run depth {depth} exceeds the depth limit {max}")]
@@ -46,6 +48,7 @@ impl RegistryError {
         match self {
             RegistryError::NoProvider { .. } => ErrorName::NoProvider,
             RegistryError::UnsupportedCapability { .. } => ErrorName::UnsupportedCapability,
+            RegistryError::UnsupportedSchema { .. } => ErrorName::UnsupportedSchema,
             RegistryError::InvalidCwd { .. } => ErrorName::InvalidCwd,
             RegistryError::DepthExceeded { .. } => ErrorName::DepthExceeded,
             RegistryError::Capacity { .. } => ErrorName::Capacity,

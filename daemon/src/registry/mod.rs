@@ -5,6 +5,7 @@
 mod error;
 mod events;
 mod run;
+mod schema;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,7 +19,9 @@ use acpd_protocol::subagent::{Capabilities, ProviderInfo, StartRequest, Started,
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::child::{AcpChild, ChildSpec, SessionParams, StartFailure};
+use crate::child::{AcpChild, AgentInfo, ChildSpec, SessionParams, StartFailure};
+use schema::OutputSchema;
+use tokio::sync::OnceCell;
 
 use crate::config::{Config, ProviderConfig};
 use crate::supervise;
@@ -121,6 +124,8 @@ struct Inner {
     config: RwLock<Arc<Config>>,
     depth: DepthContext,
     table: Mutex<Table>,
+    /// What each provider's agent said in `initialize`, learned once by a probe.
+    probes: Mutex<HashMap<String, Arc<OnceCell<Option<AgentInfo>>>>>,
 }
 
 #[derive(Default)]
@@ -150,14 +155,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What acpd can enforce for an ACP child: depth (through `ACPD_DEPTH`), nothing else yet.
-pub fn capabilities(_provider: &ProviderConfig) -> Capabilities {
+/// What acpd can enforce for an ACP child: depth (through `ACPD_DEPTH`), an output schema
+/// (checked by acpd itself), and a persona when the agent takes a `systemPrompt` (known once
+/// probed). Tool filters cannot be enforced across the process boundary.
+fn capabilities(persona: bool) -> Capabilities {
     Capabilities {
-        output_schema: false,
+        output_schema: true,
         depth_limit: true,
         tool_filter: false,
-        persona: false,
+        persona,
     }
+}
+
+fn takes_system_prompt(agent: &AgentInfo) -> bool {
+    agent
+        .capabilities
+        .pointer("/sessionCapabilities/systemPrompt")
+        .is_some_and(|v| !v.is_null())
 }
 
 impl Registry {
@@ -167,6 +181,7 @@ impl Registry {
                 config: RwLock::new(Arc::new(config)),
                 depth,
                 table: Mutex::new(Table::default()),
+                probes: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -182,6 +197,7 @@ impl Registry {
     /// Swaps in a new config: new starts use it, running runs keep their provider.
     pub fn reload(&self, config: Config) {
         *self.inner.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        lock(&self.inner.probes).clear();
     }
 
     pub fn providers(&self) -> Vec<ProviderInfo> {
@@ -192,7 +208,7 @@ impl Registry {
             .map(|p| ProviderInfo {
                 name: p.name.clone(),
                 description: p.description.clone(),
-                capabilities: capabilities(p),
+                capabilities: capabilities(self.cached_persona(&p.name)),
                 inherits_parent_context: false,
                 default: p.name == config.default_provider,
             })
@@ -205,6 +221,19 @@ impl Registry {
         let req = &opts.request;
         let provider = self.provider(&config, req.provider.as_deref())?;
         check_capabilities(&provider, req)?;
+        if req.persona.is_some() {
+            let cwd = resolve_cwd(&provider, req.cwd.as_deref(), opts.caller_cwd.as_deref())?;
+            if !self.probe_persona(&provider, &cwd, &opts.cancel).await {
+                return Err(RegistryError::UnsupportedCapability {
+                    provider: provider.name.clone(),
+                    capability: "persona",
+                });
+            }
+        }
+        let schema = match &req.output_schema {
+            Some(s) => Some(Arc::new(OutputSchema::compile(s)?)),
+            None => None,
+        };
         let run_id = opts
             .run_id
             .clone()
@@ -218,7 +247,10 @@ impl Registry {
                     max_depth: req.max_depth,
                     cwd: req.cwd.as_deref(),
                     caller_cwd: opts.caller_cwd.as_deref(),
-                    session: SessionParams::default(),
+                    session: SessionParams {
+                        mcp_servers: None,
+                        system_prompt: req.persona.clone(),
+                    },
                     client_capabilities: opts.client_capabilities.clone(),
                     cancel: &opts.cancel,
                 },
@@ -245,6 +277,7 @@ impl Registry {
             forward_updates: opts.forward_updates,
             forward_permissions: opts.forward_permissions,
             sink: opts.sink,
+            schema,
         });
         lock(&self.inner.table)
             .runs
@@ -261,6 +294,58 @@ impl Registry {
         }
         run.begin_turn(child, slot, opts.request.prompt);
         Ok(Published { run_id, session_id })
+    }
+
+    /// Whether a probe found the provider's agent taking a `systemPrompt`; false if not probed.
+    fn cached_persona(&self, provider: &str) -> bool {
+        lock(&self.inner.probes)
+            .get(provider)
+            .and_then(|cell| cell.get().cloned())
+            .flatten()
+            .is_some_and(|agent| takes_system_prompt(&agent))
+    }
+
+    /// Probes the provider once (spawn, `initialize`, teardown) and caches what it said.
+    async fn probe_persona(
+        &self,
+        provider: &Arc<ProviderConfig>,
+        cwd: &Path,
+        cancel: &CancellationToken,
+    ) -> bool {
+        let cell = lock(&self.inner.probes)
+            .entry(provider.name.clone())
+            .or_default()
+            .clone();
+        let agent = cell
+            .get_or_init(|| async {
+                let (depth, max_depth) = (
+                    self.inner.depth.depth.saturating_add(1),
+                    self.config().max_depth,
+                );
+                let spec = ChildSpec {
+                    provider: provider.clone(),
+                    run_id: format!("probe-{}", provider.name),
+                    cwd: cwd.to_path_buf(),
+                    env: supervise::child_env(
+                        std::env::vars_os(),
+                        &provider.env_passthrough,
+                        &provider.env,
+                        depth,
+                        max_depth,
+                    ),
+                    max_line: DEFAULT_MAX_LINE,
+                    session: SessionParams::default(),
+                };
+                match AcpChild::probe(spec, cancel).await {
+                    Ok(agent) => Some(agent),
+                    Err(e) => {
+                        tracing::warn!(provider = %provider.name, "capability probe failed: {e}");
+                        None
+                    }
+                }
+            })
+            .await;
+        agent.as_ref().is_some_and(takes_system_prompt)
     }
 
     fn provider(
@@ -446,8 +531,9 @@ impl Registry {
     }
 }
 
+/// The fixed-order gate for what needs no probe; persona is probed afterwards.
 fn check_capabilities(provider: &ProviderConfig, req: &StartRequest) -> Result<(), RegistryError> {
-    let caps = capabilities(provider);
+    let caps = capabilities(true);
     let asked = [
         (
             "outputSchema",

@@ -8,11 +8,14 @@ use std::time::Duration;
 use acpd_protocol::acp::ContentBlock;
 use acpd_protocol::diagnostic::{self, Facts};
 use acpd_protocol::outcome::map_outcome;
-use acpd_protocol::subagent::{Category, Ended, Started, StopReason, SubagentResult};
+use acpd_protocol::subagent::{
+    Category, Ended, Failure, Stage, Started, StopReason, SubagentResult,
+};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::RunEvent;
+use super::schema::OutputSchema;
 use super::{Owner, RegistryError, Slot};
 use crate::child::{AcpChild, ChildHandle, Tap, TurnControl, TurnReport};
 use crate::config::ProviderConfig;
@@ -55,6 +58,7 @@ pub(super) struct RunInit {
     pub forward_updates: bool,
     pub forward_permissions: bool,
     pub sink: Option<mpsc::Sender<String>>,
+    pub schema: Option<Arc<OutputSchema>>,
 }
 
 pub struct Run {
@@ -72,6 +76,8 @@ pub struct Run {
     forward_updates: bool,
     forward_permissions: bool,
     sink: Option<mpsc::Sender<String>>,
+    /// Every turn's output must validate against it; its instruction rides on every prompt.
+    schema: Option<Arc<OutputSchema>>,
     state: watch::Sender<RunState>,
     slot: Mutex<Holding>,
 }
@@ -114,6 +120,7 @@ impl Run {
             forward_updates: init.forward_updates,
             forward_permissions: init.forward_permissions,
             sink: init.sink,
+            schema: init.schema,
             state,
             slot: Mutex::new(Holding::default()),
         })
@@ -144,6 +151,7 @@ impl Run {
             h.turn_cancel = CancellationToken::new();
             h.turn_cancel.clone()
         };
+        let prompt = self.with_instruction(prompt);
         tokio::spawn(self.clone().turn_task(child, 1, prompt, cancel));
     }
 
@@ -188,6 +196,7 @@ impl Run {
             };
             let _ = events.send(RunEvent::Started(started)).await;
         }
+        let prompt = self.with_instruction(prompt);
         tokio::spawn(self.clone().turn_task(child, turn, prompt, cancel));
         Ok(turn)
     }
@@ -341,8 +350,44 @@ impl Run {
         self.state.send_replace(RunState::Disposed { last });
     }
 
+    fn with_instruction(&self, mut prompt: Vec<ContentBlock>) -> Vec<ContentBlock> {
+        if let Some(schema) = &self.schema {
+            prompt.push(schema.instruction());
+        }
+        prompt
+    }
+
     fn result(&self, turn: u32, report: &TurnReport, child: &AcpChild) -> SubagentResult {
-        let mapped = map_outcome(&report.end, report.cancel_requested);
+        let mut mapped = map_outcome(&report.end, report.cancel_requested);
+        let mut notes = report.notes.clone();
+        let mut structured = None;
+        if let Some(schema) = &self.schema
+            && mapped.stop_reason == StopReason::Completed
+        {
+            let text: String = report
+                .output
+                .iter()
+                .filter_map(|b| match b {
+                    ContentBlock::Text(t) => Some(t.text.as_str()),
+                    _ => None,
+                })
+                .collect();
+            match schema.check(&text) {
+                Ok(value) => structured = Some(value),
+                Err(reason) => {
+                    tracing::info!(provider = %self.provider.name, run = %self.run_id, turn, "{reason}");
+                    mapped.stop_reason = StopReason::Error;
+                    mapped.failure = Some(Failure {
+                        stage: Stage::Prompt,
+                        category: Category::OutputSchema,
+                        code: None,
+                        exit_code: None,
+                        signal: None,
+                    });
+                    notes.push("output: not JSON that validates against the outputSchema");
+                }
+            }
+        }
         let is_auth = matches!(
             mapped.failure.as_ref().map(|f| &f.category),
             Some(Category::Auth)
@@ -369,7 +414,7 @@ impl Run {
                 stop_reason: report.child_stop_reason.as_deref(),
                 auth_methods,
                 env_names: &missing_env,
-                notes: &report.notes,
+                notes: &notes,
             })
         });
         SubagentResult {
@@ -379,7 +424,7 @@ impl Run {
             stop_reason: mapped.stop_reason,
             output: report.output.clone(),
             output_truncated: report.output_truncated,
-            structured: None,
+            structured,
             diagnostic,
             failure: mapped.failure,
         }
