@@ -29,7 +29,11 @@ impl Parent {
             .expect("spawn acpd");
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::with_capacity(256 * 1024, child.stdout.take().unwrap());
-        Parent { child, stdin, stdout }
+        Parent {
+            child,
+            stdin,
+            stdout,
+        }
     }
 
     fn send(&mut self, v: Value) {
@@ -41,7 +45,10 @@ impl Parent {
         let mut line = String::new();
         loop {
             line.clear();
-            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "EOF waiting for {id}");
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "EOF waiting for {id}"
+            );
             let v: Value = serde_json::from_str(&line).unwrap();
             if v["id"] == id && v.get("method").is_none() {
                 return v;
@@ -54,14 +61,19 @@ impl Parent {
         self.answer(1);
         let cwd = std::env::temp_dir();
         self.send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": cwd, "mcpServers": []}}));
-        self.answer(2)["result"]["sessionId"].as_str().unwrap().to_string()
+        self.answer(2)["result"]["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_string()
     }
 
     /// Streams `n` chunks of `size` bytes; returns the elapsed time and the arrival gaps.
     fn stream(&mut self, sid: &str, n: usize, size: usize, id: u64) -> (Duration, usize) {
         let prompt = format!(":chunks {n} {size}");
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
-            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": prompt}]}}));
+        self.send(
+            json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
+            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": prompt}]}}),
+        );
         let started = Instant::now();
         let needle = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},");
         let mut line = Vec::with_capacity(size + 256);
@@ -103,7 +115,10 @@ pub fn run(opts: &Opts) -> Value {
     let rounds = if opts.quick { 1 } else { 3 };
     let mut out = Vec::new();
     println!("streaming {n} agent_message_chunk updates (best of {rounds})");
-    println!("{:>8} {:>14} {:>14} {:>8} {:>12}", "chunk", "direct", "acpd stdio", "ratio", "added/msg");
+    println!(
+        "{:>8} {:>14} {:>14} {:>8} {:>12}",
+        "chunk", "direct", "acpd stdio", "ratio", "added/msg"
+    );
     for size in [100usize, 4096] {
         let direct = measure(&["agent", "echo"], n, size, rounds);
         let bridged = measure(&["stdio"], n, size, rounds);

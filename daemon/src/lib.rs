@@ -5,6 +5,7 @@ pub mod child;
 pub mod cli;
 pub mod config;
 pub mod registry;
+pub mod runtime;
 pub mod server;
 pub mod supervise;
 pub mod wire;

@@ -155,6 +155,12 @@ impl Peer {
             .await
     }
 
+    /// A notification whose params are JSON text known to be valid.
+    pub async fn notify_text(&self, method: &str, params: &str) -> Result<(), CallError> {
+        self.send_line(envelope::encode_notification_text(method, params))
+            .await
+    }
+
     pub async fn respond(
         &self,
         id: &Id,

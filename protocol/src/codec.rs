@@ -86,7 +86,9 @@ impl LineDecoder {
                             limit: self.max_line,
                         }));
                     }
-                    if line.iter().all(u8::is_ascii_whitespace) {
+                    if line.first().is_none_or(u8::is_ascii_whitespace)
+                        && line.iter().all(u8::is_ascii_whitespace)
+                    {
                         continue;
                     }
                     if std::str::from_utf8(&line).is_err() {
@@ -119,7 +121,7 @@ impl LineDecoder {
 }
 
 fn memchr_newline(haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&b| b == b'\n')
+    memchr::memchr(b'\n', haystack)
 }
 
 /// Appends one message and its newline. JSON produced by serde never contains a raw newline.

@@ -279,6 +279,19 @@ pub fn encode_notification(method: &str, params: Option<&RawValue>) -> Vec<u8> {
     })
 }
 
+/// A notification whose params are already JSON text (valid by construction), written without
+/// another parse: the bridge's hot path.
+pub fn encode_notification_text(method: &str, params: &str) -> Vec<u8> {
+    let method = json_string(method);
+    let mut out = Vec::with_capacity(params.len() + method.len() + 40);
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
+    out.extend_from_slice(method.as_bytes());
+    out.extend_from_slice(b",\"params\":");
+    out.extend_from_slice(params.as_bytes());
+    out.push(b'}');
+    out
+}
+
 pub fn encode_result(id: &Id, result: &RawValue) -> Vec<u8> {
     to_vec(&Out {
         jsonrpc: "2.0",
@@ -300,6 +313,22 @@ pub fn encode_error(id: Option<&Id>, error: &RpcError) -> Vec<u8> {
         result: None,
         error: Some(error),
     })
+}
+
+/// `s` as a JSON string literal; plain ASCII (method names, minted ids) needs no escaping pass.
+pub fn json_string(s: &str) -> std::borrow::Cow<'static, str> {
+    let plain = s
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\' || b == b' ');
+    if plain {
+        let mut out = String::with_capacity(s.len() + 2);
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+        out.into()
+    } else {
+        serde_json::to_string(s).unwrap_or_default().into()
+    }
 }
 
 /// Serialises a typed value into raw JSON for `params` or `result`.
@@ -376,6 +405,15 @@ mod tests {
         };
         let out = encode_notification(&method, p.as_deref());
         assert_eq!(String::from_utf8(out).unwrap(), line);
+    }
+
+    #[test]
+    fn text_notification_matches_the_serde_encoding() {
+        let raw = RawValue::from_string(r#"{"a":[1,"x"]}"#.into()).unwrap();
+        assert_eq!(
+            encode_notification_text("m/x", raw.get()),
+            encode_notification("m/x", Some(&raw))
+        );
     }
 
     #[test]

@@ -26,16 +26,21 @@ pub fn session_id(params: &RawValue) -> Option<String> {
 /// `params` with its top-level `sessionId` set to `to`. `None` when `params` is not an object
 /// or has no `sessionId`.
 pub fn with_session_id(params: &RawValue, to: &str) -> Option<Box<RawValue>> {
-    let text = params.get();
+    RawValue::from_string(splice_session_id(params.get(), to)?).ok()
+}
+
+/// The text of `params` (valid JSON) with its top-level `sessionId` set to `to`. The result is
+/// valid JSON by construction, so the hot path can send it without parsing it again.
+pub fn splice_session_id(text: &str, to: &str) -> Option<String> {
     if let Some(rest) = text.strip_prefix(PREFIX)
         && let Some(end) = rest.find('"')
         && !rest[..end].contains('\\')
     {
         let mut out = String::with_capacity(text.len() + to.len());
         out.push_str("{\"sessionId\":");
-        out.push_str(&serde_json::to_string(to).ok()?);
+        out.push_str(&crate::envelope::json_string(to));
         out.push_str(&rest[end + 1..]);
-        return RawValue::from_string(out).ok();
+        return Some(out);
     }
     let fields = parse_fields(text)?;
     let mut found = false;
@@ -55,10 +60,7 @@ pub fn with_session_id(params: &RawValue, to: &str) -> Option<Box<RawValue>> {
         }
     }
     out.push('}');
-    if !found {
-        return None;
-    }
-    RawValue::from_string(out).ok()
+    found.then_some(out)
 }
 
 fn parse_fields(text: &str) -> Option<Vec<(String, &RawValue)>> {

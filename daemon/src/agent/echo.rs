@@ -88,7 +88,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Serves one ACP connection on stdin/stdout; returns the exit code for stdin EOF.
 pub(super) async fn serve(args: EchoArgs) -> i32 {
-    let conn = wire::connect(tokio::io::stdin(), tokio::io::stdout(), DEFAULT_MAX_LINE);
+    let (stdin, stdout) = crate::runtime::stdio();
+    let conn = wire::connect(stdin, stdout, DEFAULT_MAX_LINE);
     let mut incoming = conn.incoming;
     let agent = Arc::new(Agent {
         peer: conn.peer,

@@ -94,7 +94,8 @@ async fn stdio(config: Option<&std::path::Path>) -> u8 {
         caller_cwd: std::env::current_dir().ok(),
         max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
     };
-    crate::server::serve(tokio::io::stdin(), tokio::io::stdout(), ctx).await;
+    let (reader, writer) = crate::runtime::stdio();
+    crate::server::serve(reader, writer, ctx).await;
     0
 }
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acpd_protocol::acp::{ClientCapabilities, RequestPermissionRequest};
-use acpd_protocol::envelope::{INTERNAL_ERROR, Id, RpcError};
-use acpd_protocol::session_id::with_session_id;
+use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, RpcError};
+use acpd_protocol::session_id::{splice_session_id, with_session_id};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -131,9 +131,11 @@ pub async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
         return;
     }
     lock(&conn.sessions).insert(minted.clone(), SessionRef::Bridge(handle));
+    let update_fast_path = UpdateSplice::new(&parts.session_id, &minted);
     let pump = Pump {
         conn: conn.clone(),
         minted,
+        update_fast_path,
         provider,
         child: parts.peer,
         child_sid: parts.session_id,
@@ -160,6 +162,7 @@ enum Tag {
 struct Pump {
     conn: Arc<Conn>,
     minted: String,
+    update_fast_path: UpdateSplice,
     provider: Arc<ProviderConfig>,
     child: Peer,
     child_sid: String,
@@ -381,12 +384,20 @@ impl Pump {
 
     async fn on_child_message(&mut self, msg: Incoming, pending: &mut Pending) {
         match msg {
-            Incoming::Notification { method, params } => {
-                let params = params
-                    .as_deref()
-                    .map(|p| with_session_id(p, &self.minted).unwrap_or_else(|| p.to_owned()));
-                let _ = self.conn.peer.notify_raw(&method, params.as_deref()).await;
-            }
+            Incoming::Notification { method, params } => match params {
+                Some(p) if method == "session/update" && self.update_fast_path.applies(p.get()) => {
+                    let line = self.update_fast_path.line(p.get());
+                    let _ = self.conn.peer.send_line(line).await;
+                }
+                Some(p) => {
+                    let text = splice_session_id(p.get(), &self.minted);
+                    let text = text.as_deref().unwrap_or(p.get());
+                    let _ = self.conn.peer.notify_text(&method, text).await;
+                }
+                None => {
+                    let _ = self.conn.peer.notify_raw(&method, None).await;
+                }
+            },
             Incoming::Request { id, method, params } => {
                 self.child_request(id, method, params, pending).await;
             }
@@ -447,5 +458,45 @@ impl Pump {
             };
             (Tag::Child { id, ask }, result)
         }));
+    }
+}
+
+/// The hot path: a child's `session/update` params almost always start with its own session
+/// id, so the forwarded line is a fixed prefix (with the minted id) plus the rest of the params,
+/// copied once, with no JSON work beyond the envelope parse that already validated it.
+struct UpdateSplice {
+    child_prefix: String,
+    line_prefix: Vec<u8>,
+}
+
+impl UpdateSplice {
+    fn new(child_sid: &str, minted: &str) -> Self {
+        let child_prefix = format!("{{\"sessionId\":{}", envelope::json_string(child_sid));
+        let line_prefix = format!(
+            "{{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{{\"sessionId\":{}",
+            envelope::json_string(minted)
+        )
+        .into_bytes();
+        UpdateSplice {
+            child_prefix,
+            line_prefix,
+        }
+    }
+
+    fn applies(&self, params: &str) -> bool {
+        params.starts_with(&self.child_prefix)
+            && matches!(
+                params.as_bytes().get(self.child_prefix.len()),
+                Some(b',' | b'}')
+            )
+    }
+
+    fn line(&self, params: &str) -> Vec<u8> {
+        let rest = &params.as_bytes()[self.child_prefix.len()..];
+        let mut line = Vec::with_capacity(self.line_prefix.len() + rest.len() + 2);
+        line.extend_from_slice(&self.line_prefix);
+        line.extend_from_slice(rest);
+        line.push(b'}');
+        line
     }
 }

@@ -1,0 +1,59 @@
+//! How acpd talks to the outside world: stdio as async pipes (tokio's own stdin/stdout hand
+//! every read and write to a blocking thread, a hop per flush on the hot path).
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+pub type Reader = Box<dyn AsyncRead + Unpin + Send>;
+pub type Writer = Box<dyn AsyncWrite + Unpin + Send>;
+
+/// acpd's stdin and stdout. Pipes and sockets (what an editor or a parent agent gives a child)
+/// are driven by the reactor directly; anything else (a terminal, a file) falls back to tokio's
+/// blocking-thread stdio. The descriptors are duplicated so 0 and 1 themselves stay open.
+pub fn stdio() -> (Reader, Writer) {
+    let reader = dup(std::io::stdin().as_fd())
+        .and_then(async_reader)
+        .unwrap_or_else(|| Box::new(tokio::io::stdin()));
+    let writer = dup(std::io::stdout().as_fd())
+        .and_then(async_writer)
+        .unwrap_or_else(|| Box::new(tokio::io::stdout()));
+    (reader, writer)
+}
+
+fn dup(fd: std::os::fd::BorrowedFd<'_>) -> Option<OwnedFd> {
+    fd.try_clone_to_owned().ok()
+}
+
+fn kind(fd: &OwnedFd) -> Option<nix::sys::stat::SFlag> {
+    let mode = nix::sys::stat::fstat(fd).ok()?.st_mode;
+    Some(nix::sys::stat::SFlag::from_bits_truncate(mode) & nix::sys::stat::SFlag::S_IFMT)
+}
+
+fn async_reader(fd: OwnedFd) -> Option<Reader> {
+    use nix::sys::stat::SFlag;
+    match kind(&fd)? {
+        SFlag::S_IFIFO => tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
+            .ok()
+            .map(|r| Box::new(r) as Reader),
+        SFlag::S_IFSOCK => socket(fd).map(|s| Box::new(s) as Reader),
+        _ => None,
+    }
+}
+
+fn async_writer(fd: OwnedFd) -> Option<Writer> {
+    use nix::sys::stat::SFlag;
+    match kind(&fd)? {
+        SFlag::S_IFIFO => tokio::net::unix::pipe::Sender::from_owned_fd(fd)
+            .ok()
+            .map(|w| Box::new(w) as Writer),
+        SFlag::S_IFSOCK => socket(fd).map(|s| Box::new(s) as Writer),
+        _ => None,
+    }
+}
+
+fn socket(fd: OwnedFd) -> Option<tokio::net::UnixStream> {
+    let std = std::os::unix::net::UnixStream::from(fd);
+    std.set_nonblocking(true).ok()?;
+    tokio::net::UnixStream::from_std(std).ok()
+}
