@@ -92,6 +92,10 @@ pub struct Config {
     /// Per-turn output cap in bytes.
     pub max_output: usize,
     pub max_children: usize,
+    /// How long a start waits for a free slot when a limit is reached; `None` fails at once.
+    pub queue_timeout: Option<Duration>,
+    /// A group whose members may connect to a system-wide daemon's socket besides its own user.
+    pub allow_group: Option<String>,
     /// Sorted by name (the built-in echo is just the entry named `echo`).
     pub providers: BTreeMap<String, Arc<ProviderConfig>>,
 }
@@ -138,6 +142,8 @@ struct RawConfig {
     /// A `Value` because both `8388608` and `"8MiB"` are accepted.
     max_output: Option<Spanned<toml::Value>>,
     max_children: Option<Spanned<usize>>,
+    queue_timeout: Option<Spanned<String>>,
+    allow_group: Option<Spanned<String>>,
     #[serde(default)]
     providers: BTreeMap<Spanned<String>, RawProvider>,
 }
@@ -175,6 +181,8 @@ impl Config {
             max_depth: 2,
             max_output: 8 * 1024 * 1024,
             max_children: 256,
+            queue_timeout: None,
+            allow_group: None,
             providers: BTreeMap::from([(ECHO.to_owned(), Arc::new(echo))]),
         }
     }
@@ -266,6 +274,16 @@ impl Config {
         }
         if let Some(children) = raw.max_children {
             config.max_children = at_least_one(children, "max_children", &at)?;
+        }
+        if let Some(wait) = raw.queue_timeout {
+            let d = parse_duration(&wait, "queue_timeout", &at)?;
+            config.queue_timeout = (!d.is_zero()).then_some(d);
+        }
+        if let Some(group) = raw.allow_group {
+            if group.get_ref().is_empty() {
+                return Err(at(group.span(), "allow_group", "must name a group"));
+            }
+            config.allow_group = Some(group.into_inner());
         }
         for (name, raw_provider) in raw.providers {
             let provider = build_provider(&name, raw_provider, &at)?;

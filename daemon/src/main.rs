@@ -9,6 +9,11 @@ fn main() -> ExitCode {
     if let Command::Agent(AgentCommand::Sleeper) = cli.command {
         acpd::agent::run_sleeper();
     }
+    // LISTEN_FDS is read (and the environment cleaned) before any thread exists.
+    let activated = match cli.command {
+        Command::Serve(_) => take_activated(),
+        _ => None,
+    };
     init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -20,19 +25,60 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = runtime.block_on(cli::dispatch(cli));
+    let code = runtime.block_on(cli::dispatch(cli, activated));
     // Children are torn down by the commands themselves; don't wait on blocking reads.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     ExitCode::from(code)
 }
 
-/// Logs go to stderr only (stdout carries ACP or the run's output). `ACPD_LOG` takes an
-/// env-filter directive; the default shows warnings.
+/// The Unix listener systemd passed through socket activation, if any.
+fn take_activated() -> Option<std::os::unix::net::UnixListener> {
+    let mut fds = listenfd::ListenFd::from_env();
+    match fds.take_unix_listener(0) {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("acpd: ignoring the socket systemd passed: {e}");
+            None
+        }
+    }
+}
+
+/// Logs go to stderr only (stdout carries ACP or the run's output): journald-native with
+/// structured fields (PROVIDER, RUN, SESSION…) when stderr is systemd's journal stream, plain
+/// text otherwise. `ACPD_LOG` takes an env-filter directive; the default shows warnings.
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+    };
+    if stderr_is_journal()
+        && let Ok(journal) = tracing_journald::layer()
+    {
+        tracing_subscriber::registry()
+            .with(filter())
+            .with(journal)
+            .init();
+        return;
+    }
     tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(filter())
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
+
+/// systemd's "automatic protocol upgrade": `JOURNAL_STREAM` names stderr's device and inode.
+fn stderr_is_journal() -> bool {
+    use std::os::fd::AsFd;
+    let Some((dev, ino)) = std::env::var("JOURNAL_STREAM").ok().and_then(|v| {
+        let (d, i) = v.split_once(':')?;
+        Some((d.parse::<u64>().ok()?, i.parse::<u64>().ok()?))
+    }) else {
+        return false;
+    };
+    nix::sys::stat::fstat(std::io::stderr().as_fd())
+        .is_ok_and(|st| st.st_dev == dev && st.st_ino == ino)
 }

@@ -88,6 +88,9 @@ impl StartFailure {
 /// What the child said about itself in `initialize`.
 #[derive(Debug, Clone, Default)]
 pub struct AgentInfo {
+    pub protocol_version: serde_json::Value,
+    /// `agentInfo` as the child sent it (name, version, title).
+    pub agent_info: serde_json::Value,
     pub auth_method_ids: Vec<String>,
     /// `agentCapabilities` as the child sent them.
     pub capabilities: serde_json::Value,
@@ -137,6 +140,8 @@ struct InitializeReply {
     agent_capabilities: serde_json::Value,
     #[serde(default)]
     auth_methods: Vec<AuthMethodId>,
+    #[serde(default)]
+    agent_info: serde_json::Value,
 }
 
 #[derive(Deserialize)]
@@ -251,6 +256,8 @@ impl AcpChild {
             ));
         }
         self.agent = AgentInfo {
+            protocol_version: reply.protocol_version,
+            agent_info: reply.agent_info,
             auth_method_ids: reply.auth_methods.into_iter().map(|m| m.id).collect(),
             capabilities: reply.agent_capabilities,
         };

@@ -1,6 +1,7 @@
 //! The command line: `acpd [--config FILE] <command>`. Each command returns its exit code; a
 //! config or usage error is 2 everywhere.
 
+mod daemon;
 mod run;
 
 use std::path::PathBuf;
@@ -33,6 +34,19 @@ pub enum Command {
     Run(run::RunArgs),
     /// Serve ACP on stdin/stdout: the agent command an editor or parent agent runs.
     Stdio,
+    /// Run the long-lived daemon on a Unix socket (systemd: Type=notify, socket activation).
+    Serve(daemon::SocketArg),
+    /// Bridge stdin/stdout to the daemon's socket: the agent command editors launch.
+    Connect(daemon::ConnectArgs),
+    /// Show the daemon's status.
+    Status(daemon::QueryArgs),
+    /// List the daemon's runs.
+    Runs(daemon::QueryArgs),
+    /// Start each provider, run `initialize`, report what it says, and tear it down.
+    Doctor {
+        /// Only this provider.
+        provider: Option<String>,
+    },
     /// List the configured providers and their capabilities.
     Providers {
         /// Print JSON instead of a table.
@@ -65,12 +79,18 @@ pub fn load_config(cli_path: Option<&std::path::Path>) -> Result<Config, ConfigE
     Config::load(cli_path, echo_command())
 }
 
-/// Runs a command that needs the runtime.
-pub async fn dispatch(cli: Cli) -> u8 {
+/// Runs a command that needs the runtime. `activated` is the listener systemd passed, taken
+/// before the runtime started.
+pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListener>) -> u8 {
     match cli.command {
         Command::Run(args) => run::run(cli.config.as_deref(), args).await,
         Command::Providers { json } => providers(cli.config.as_deref(), json),
         Command::Stdio => stdio(cli.config.as_deref()).await,
+        Command::Serve(socket) => daemon::serve(cli.config.as_deref(), socket, activated).await,
+        Command::Connect(args) => daemon::connect(cli.config.as_deref(), args).await,
+        Command::Status(args) => daemon::status(args).await,
+        Command::Runs(args) => daemon::runs(args).await,
+        Command::Doctor { provider } => daemon::doctor(cli.config.as_deref(), provider).await,
         Command::Agent(AgentCommand::Echo(args)) => {
             crate::agent::run_echo(args).await.clamp(0, 255) as u8
         }
@@ -80,7 +100,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
 
 /// `acpd stdio`: one parent on stdin/stdout; exits 0 when it disconnects, after every child it
 /// started is reaped.
-async fn stdio(config: Option<&std::path::Path>) -> u8 {
+pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
     let config = match load_config(config) {
         Ok(c) => c,
         Err(e) => {
@@ -93,6 +113,8 @@ async fn stdio(config: Option<&std::path::Path>) -> u8 {
         registry: crate::registry::Registry::new(config, crate::registry::DepthContext::from_env()),
         caller_cwd: std::env::current_dir().ok(),
         max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
+        daemon: Default::default(),
+        shutdown: Default::default(),
     };
     let (reader, writer) = crate::runtime::stdio();
     crate::server::serve(reader, writer, ctx).await;

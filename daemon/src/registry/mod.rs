@@ -124,6 +124,8 @@ struct Inner {
     config: RwLock<Arc<Config>>,
     depth: DepthContext,
     table: Mutex<Table>,
+    /// Woken whenever a slot is released, for starts queued by `queue_timeout`.
+    freed: tokio::sync::Notify,
     /// What each provider's agent said in `initialize`, learned once by a probe.
     probes: Mutex<HashMap<String, Arc<OnceCell<Option<AgentInfo>>>>>,
 }
@@ -148,6 +150,8 @@ impl Drop for Slot {
         if let Some(n) = table.live_by_provider.get_mut(&self.provider) {
             *n = n.saturating_sub(1);
         }
+        drop(table);
+        self.inner.freed.notify_waiters();
     }
 }
 
@@ -182,6 +186,7 @@ impl Registry {
                 depth,
                 table: Mutex::new(Table::default()),
                 probes: Mutex::new(HashMap::new()),
+                freed: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -392,7 +397,7 @@ impl Registry {
     ) -> Result<Launched, RegistryError> {
         let (depth, max_depth) = self.check_depth(config, l.max_depth)?;
         let cwd = resolve_cwd(&provider, l.cwd, l.caller_cwd)?;
-        let slot = self.claim(config, &provider)?;
+        let slot = self.claim(config, &provider, l.cancel).await?;
         let env = supervise::child_env(
             std::env::vars_os(),
             &provider.env_passthrough,
@@ -440,7 +445,36 @@ impl Registry {
         Ok((depth, max))
     }
 
-    fn claim(&self, config: &Config, provider: &ProviderConfig) -> Result<Slot, RegistryError> {
+    /// Claims a slot, waiting up to `queue_timeout` for one to free up when configured.
+    async fn claim(
+        &self,
+        config: &Config,
+        provider: &ProviderConfig,
+        cancel: &CancellationToken,
+    ) -> Result<Slot, RegistryError> {
+        let deadline = config
+            .queue_timeout
+            .map(|d| tokio::time::Instant::now() + d);
+        loop {
+            let freed = self.inner.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let err = match self.try_claim(config, provider) {
+                Ok(slot) => return Ok(slot),
+                Err(e) => e,
+            };
+            let Some(deadline) = deadline else {
+                return Err(err);
+            };
+            tokio::select! {
+                _ = &mut freed => {}
+                _ = tokio::time::sleep_until(deadline) => return Err(err),
+                _ = cancel.cancelled() => return Err(err),
+            }
+        }
+    }
+
+    fn try_claim(&self, config: &Config, provider: &ProviderConfig) -> Result<Slot, RegistryError> {
         let mut table = lock(&self.inner.table);
         if table.live_total >= config.max_children {
             return Err(RegistryError::Capacity {
@@ -523,6 +557,15 @@ impl Registry {
     /// Every run in the table.
     pub fn runs(&self) -> Vec<Arc<Run>> {
         lock(&self.inner.table).runs.values().cloned().collect()
+    }
+
+    /// Live children of one provider.
+    pub fn live_children_of(&self, provider: &str) -> usize {
+        lock(&self.inner.table)
+            .live_by_provider
+            .get(provider)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Live children across all providers.

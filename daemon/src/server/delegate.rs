@@ -135,11 +135,72 @@ pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<R
                 .collect();
             let _ = conn.peer.respond_ok(&id, &json!({ "runs": runs })).await;
         }
+        "_acpd/status" => {
+            let _ = conn.peer.respond_ok(&id, &status(conn)).await;
+        }
+        "_acpd/runs" => {
+            let runs: Vec<serde_json::Value> = conn
+                .ctx
+                .registry
+                .runs()
+                .into_iter()
+                .filter(|r| !matches!(r.state(), RunState::Disposed { .. }))
+                .map(|r| {
+                    json!({
+                        "runId": r.run_id,
+                        "provider": r.provider.name,
+                        "label": r.label,
+                        "state": r.state().name(),
+                        "ageS": r.started_at.elapsed().as_secs(),
+                        "pid": r.pid(),
+                        "depth": r.depth,
+                        "connection": r.owner,
+                    })
+                })
+                .collect();
+            let _ = conn.peer.respond_ok(&id, &json!({ "runs": runs })).await;
+        }
         _ => {
             conn.reply_err(&id, &RpcError::method_not_found(method))
                 .await
         }
     }
+}
+
+/// `_acpd/status`: daemon-wide, any connection may ask.
+fn status(conn: &Conn) -> serde_json::Value {
+    let registry = &conn.ctx.registry;
+    let config = registry.config();
+    let runs = registry
+        .runs()
+        .iter()
+        .filter(|r| !matches!(r.state(), RunState::Disposed { .. }))
+        .count();
+    let providers: serde_json::Map<String, serde_json::Value> = config
+        .providers
+        .values()
+        .map(|p| {
+            let live = registry.live_children_of(&p.name);
+            (
+                p.name.clone(),
+                json!({ "maxConcurrent": p.max_concurrent, "live": live }),
+            )
+        })
+        .collect();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "pid": std::process::id(),
+        "uptimeS": conn.ctx.daemon.started.elapsed().as_secs(),
+        "connections": conn.ctx.daemon.connections.load(std::sync::atomic::Ordering::Relaxed),
+        "runs": runs,
+        "providers": config.providers.keys().collect::<Vec<_>>(),
+        "limits": {
+            "maxChildren": config.max_children,
+            "liveChildren": registry.live_children(),
+            "queueTimeoutS": config.queue_timeout.map(|d| d.as_secs_f64()),
+            "providers": providers,
+        },
+    })
 }
 
 async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {

@@ -36,6 +36,8 @@ pub const METHODS: &[&str] = &[
     "_acpd/subagent/dispose",
     "_acpd/subagent/send",
     "_acpd/subagent/list",
+    "_acpd/status",
+    "_acpd/runs",
 ];
 
 /// What every connection shares.
@@ -45,6 +47,24 @@ pub struct ServerContext {
     /// The working directory of `acpd stdio`'s caller; `None` over a socket.
     pub caller_cwd: Option<PathBuf>,
     pub max_line: usize,
+    pub daemon: Arc<DaemonInfo>,
+    /// Cancelled when acpd shuts down: every connection cancels and reaps what it started.
+    pub shutdown: CancellationToken,
+}
+
+/// Daemon-wide facts for `_acpd/status`.
+pub struct DaemonInfo {
+    pub started: std::time::Instant,
+    pub connections: std::sync::atomic::AtomicUsize,
+}
+
+impl Default for DaemonInfo {
+    fn default() -> Self {
+        DaemonInfo {
+            started: std::time::Instant::now(),
+            connections: Default::default(),
+        }
+    }
 }
 
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
@@ -118,12 +138,15 @@ where
         closing: CancellationToken::new(),
     });
     conn.tracker.spawn(events::pump(conn.clone(), events_rx));
+    conn.ctx.daemon.connections.fetch_add(1, Ordering::Relaxed);
     let broken = conn.peer.broken();
+    let shutdown = conn.ctx.shutdown.clone();
     loop {
         let msg = tokio::select! {
             msg = incoming.recv() => msg,
             // A broken pipe toward the parent ends the connection like EOF does.
             _ = broken.cancelled() => None,
+            _ = shutdown.cancelled() => None,
         };
         let Some(msg) = msg else { break };
         match msg {
@@ -135,6 +158,7 @@ where
         }
     }
     conn.shutdown().await;
+    conn.ctx.daemon.connections.fetch_sub(1, Ordering::Relaxed);
     conn.peer.close();
     let _ = writer_task.await;
 }

@@ -92,6 +92,9 @@ pub async fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
             program: program.clone(),
             source,
         })?;
+    if let Some(pid) = child.id() {
+        super::records::add(pid as i32);
+    }
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let tree = ProcessTree::adopt(child);
     match pipes {

@@ -130,6 +130,7 @@ impl ProcessTree {
                 TeardownOutcome::Killed
             }
         };
+        super::records::remove(self.pid());
         tracing::debug!(pgid = self.pid(), ?outcome, elapsed = ?started.elapsed(), "child tree torn down");
         outcome
     }

@@ -1,4 +1,4 @@
-//! How acpd talks to the outside world: stdio as async pipes (tokio's own stdin/stdout hand
+//! acpd's own stdin and stdout as async pipes (tokio's own stdin/stdout hand
 //! every read and write to a blocking thread, a hop per flush on the hot path).
 
 use std::os::fd::{AsFd, OwnedFd};

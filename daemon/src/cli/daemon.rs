@@ -1,0 +1,283 @@
+//! The daemon's commands: `serve`, `connect` (the stdio↔socket shim editors launch), `status`,
+//! `runs` and `doctor`.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+use super::{EXIT_USAGE, load_config};
+use crate::child::{AcpChild, ChildSpec, SessionParams};
+use crate::runtime::{self, ServeOptions};
+use crate::wire;
+
+#[derive(Debug, clap::Args)]
+pub struct SocketArg {
+    /// The daemon's socket (default: $XDG_RUNTIME_DIR/acpd/acpd.sock).
+    #[arg(long, value_name = "PATH", env = "ACPD_SOCKET")]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ConnectArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// With no daemon running, serve this one connection in-process instead of failing.
+    #[arg(long)]
+    pub or_stdio: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct QueryArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn socket_path(arg: &SocketArg) -> Result<PathBuf, u8> {
+    match &arg.socket {
+        Some(p) => Ok(p.clone()),
+        None => runtime::default_socket_path().map_err(|e| {
+            eprintln!("acpd: {e}");
+            EXIT_USAGE
+        }),
+    }
+}
+
+pub async fn serve(
+    config_path: Option<&Path>,
+    socket: SocketArg,
+    activated: Option<std::os::unix::net::UnixListener>,
+) -> u8 {
+    let config = match load_config(config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("acpd: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let explicit = config_path.map(Path::to_path_buf);
+    let opts = ServeOptions {
+        activated,
+        socket: socket.socket,
+        load: Box::new(move || load_config(explicit.as_deref())),
+    };
+    match runtime::serve(opts, config).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("acpd: {e}");
+            1
+        }
+    }
+}
+
+/// Bridges stdin/stdout to the daemon byte for byte: no ACP parsing, so the daemon sees the
+/// editor's own bytes.
+pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
+    let path = match socket_path(&args.socket) {
+        Ok(p) => p,
+        Err(_) if args.or_stdio => return super::stdio(config_path).await,
+        Err(code) => return code,
+    };
+    let stream = match tokio::net::UnixStream::connect(&path).await {
+        Ok(s) => s,
+        Err(_) if args.or_stdio => return super::stdio(config_path).await,
+        Err(e) => {
+            eprintln!(
+                "acpd: no acpd daemon at {} ({e}); start one with `acpd serve` or \
+                 `systemctl --user start acpd.socket`, or use `acpd connect --or-stdio`",
+                path.display()
+            );
+            return 1;
+        }
+    };
+    let (mut from_daemon, mut to_daemon) = stream.into_split();
+    let (mut stdin, mut stdout) = runtime::stdio();
+    let upstream = async {
+        let _ = tokio::io::copy(&mut stdin, &mut to_daemon).await;
+        // The editor is done: let the daemon see EOF, and keep reading its last words.
+        let _ = to_daemon.shutdown().await;
+        std::future::pending::<()>().await;
+    };
+    let downstream = async {
+        let _ = tokio::io::copy(&mut from_daemon, &mut stdout).await;
+        let _ = stdout.flush().await;
+    };
+    tokio::select! {
+        _ = upstream => {}
+        _ = downstream => {}
+    }
+    0
+}
+
+/// One request to the daemon over its socket, as an ACP client.
+async fn query(path: &Path, method: &str) -> Result<Value, String> {
+    let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| {
+        format!(
+            "no acpd daemon at {} ({e}); start one with `acpd serve`",
+            path.display()
+        )
+    })?;
+    let (reader, writer) = stream.into_split();
+    let conn = wire::connect(reader, writer, acpd_protocol::codec::DEFAULT_MAX_LINE);
+    let call = |m: &'static str, p: Value| {
+        let peer = conn.peer.clone();
+        async move { peer.request(m, &p).await.map_err(|e| e.to_string()) }
+    };
+    call(
+        "initialize",
+        json!({ "protocolVersion": 1, "clientCapabilities": {} }),
+    )
+    .await?;
+    let method: &'static str = if method == "_acpd/status" {
+        "_acpd/status"
+    } else {
+        "_acpd/runs"
+    };
+    let raw = call(method, json!({})).await?;
+    conn.peer.close();
+    serde_json::from_str(raw.get()).map_err(|e| e.to_string())
+}
+
+pub async fn status(args: QueryArgs) -> u8 {
+    let path = match socket_path(&args.socket) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let v = match query(&path, "_acpd/status").await {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("acpd: {e}");
+            return 1;
+        }
+    };
+    if args.json {
+        println!("{v}");
+        return 0;
+    }
+    let limits = &v["limits"];
+    println!(
+        "acpd {} (pid {}), up {}s",
+        v["version"].as_str().unwrap_or("?"),
+        v["pid"],
+        v["uptimeS"]
+    );
+    println!(
+        "connections: {}   runs: {}   live children: {}/{}",
+        v["connections"], v["runs"], limits["liveChildren"], limits["maxChildren"]
+    );
+    let providers: Vec<String> = limits["providers"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(name, p)| format!("{name} ({}/{})", p["live"], p["maxConcurrent"]))
+                .collect()
+        })
+        .unwrap_or_default();
+    println!("providers: {}", providers.join(", "));
+    0
+}
+
+pub async fn runs(args: QueryArgs) -> u8 {
+    let path = match socket_path(&args.socket) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let v = match query(&path, "_acpd/runs").await {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("acpd: {e}");
+            return 1;
+        }
+    };
+    if args.json {
+        println!("{v}");
+        return 0;
+    }
+    println!(
+        "{:<38} {:<12} {:<16} {:<9} {:>6} {:>8} {:>5} {:>5}",
+        "RUN", "PROVIDER", "LABEL", "STATE", "AGE", "PID", "DEPTH", "CONN"
+    );
+    for r in v["runs"].as_array().into_iter().flatten() {
+        let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
+        println!(
+            "{:<38} {:<12} {:<16} {:<9} {:>5}s {:>8} {:>5} {:>5}",
+            s("runId"),
+            s("provider"),
+            s("label"),
+            s("state"),
+            r["ageS"],
+            r["pid"].as_i64().map_or("-".into(), |p| p.to_string()),
+            r["depth"],
+            r["connection"]
+        );
+    }
+    0
+}
+
+/// For each provider: spawn it, run `initialize`, report what it says, tear it down.
+pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
+    let config = match load_config(config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("acpd: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    crate::supervise::init();
+    let providers: Vec<_> = config
+        .providers
+        .values()
+        .filter(|p| only.as_ref().is_none_or(|o| *o == p.name))
+        .cloned()
+        .collect();
+    if providers.is_empty() {
+        eprintln!("acpd: no provider named {:?}", only.unwrap_or_default());
+        return EXIT_USAGE;
+    }
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let mut healthy = true;
+    for provider in providers {
+        let env = crate::supervise::child_env(
+            std::env::vars_os(),
+            &provider.env_passthrough,
+            &provider.env,
+            1,
+            config.max_depth,
+        );
+        let spec = ChildSpec {
+            provider: provider.clone(),
+            run_id: format!("doctor-{}", provider.name),
+            cwd: provider.cwd.clone().unwrap_or_else(|| cwd.clone()),
+            env,
+            max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
+            session: SessionParams::default(),
+        };
+        match AcpChild::probe(spec, &CancellationToken::new()).await {
+            Ok(agent) => {
+                let name = agent.agent_info["name"].as_str().unwrap_or("?");
+                let version = agent.agent_info["version"].as_str().unwrap_or("?");
+                let auth = if agent.auth_method_ids.is_empty() {
+                    "none".to_string()
+                } else {
+                    format!(
+                        "{} (whether this environment satisfies them: unknown)",
+                        agent.auth_method_ids.join(", ")
+                    )
+                };
+                println!(
+                    "{}: OK — ACP protocol {}, agent {name} {version}, auth methods: {auth}",
+                    provider.name, agent.protocol_version
+                );
+            }
+            Err(e) => {
+                healthy = false;
+                println!("{}: FAIL — {e}", provider.name);
+            }
+        }
+    }
+    if healthy { 0 } else { 1 }
+}

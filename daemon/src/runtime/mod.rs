@@ -1,0 +1,11 @@
+//! How acpd meets the outside world: its own stdio, the daemon's Unix socket, systemd's
+//! notifications, signals, reload and shutdown.
+
+mod notify;
+mod serve;
+mod socket;
+mod stdio;
+
+pub use serve::{ServeError, ServeOptions, serve};
+pub use socket::{admit, default_socket_path};
+pub use stdio::{Reader, Writer, stdio};

@@ -1,0 +1,206 @@
+//! Crash safety outside systemd. If acpd is SIGKILLed, its direct children die by PDEATHSIG,
+//! but grandchildren in their process groups survive. So each acpd process keeps a record of
+//! the process groups it owns — a file named by its pid and start time in the state directory —
+//! and a starting acpd sweeps only records whose owner is dead: it kills a recorded group's
+//! members whose start time is not earlier than the recorded child's (so a reused pid or pgid
+//! is never hit), then deletes the record. Several acpd processes share the directory safely.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+/// Live groups (pgid → leader start time), kept whether or not a state directory is used: the
+/// emergency kill of a second shutdown signal walks them too.
+static LIVE: Mutex<BTreeMap<i32, u64>> = Mutex::new(BTreeMap::new());
+static FILE: OnceLock<PathBuf> = OnceLock::new();
+
+fn live() -> MutexGuard<'static, BTreeMap<i32, u64>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a sweep did.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    pub records: usize,
+    pub killed: usize,
+}
+
+/// Where acpd keeps its records: `$STATE_DIRECTORY` (systemd), else `$XDG_STATE_HOME/acpd`,
+/// else `~/.local/state/acpd`.
+pub fn default_state_dir() -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(dir) = env("STATE_DIRECTORY") {
+        // systemd may pass several, separated by ':'; the first is ours.
+        let first = dir
+            .to_string_lossy()
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        return Some(PathBuf::from(first));
+    }
+    if let Some(dir) = env("XDG_STATE_HOME").filter(|d| d.is_absolute()) {
+        return Some(dir.join("acpd"));
+    }
+    env("HOME").map(|h| h.join(".local/state/acpd"))
+}
+
+/// Sweeps dead owners' records in `dir`, then starts this process's own record there.
+pub fn enable(dir: &Path) -> std::io::Result<Sweep> {
+    std::fs::create_dir_all(dir)?;
+    let sweep = sweep(dir);
+    let me = std::process::id() as i32;
+    let start = start_time(me).unwrap_or(0);
+    let _ = FILE.set(dir.join(format!("acpd-{me}-{start}.json")));
+    write();
+    Ok(sweep)
+}
+
+pub(super) fn add(pgid: i32) {
+    let start = start_time(pgid).unwrap_or(0);
+    live().insert(pgid, start);
+    write();
+}
+
+pub(super) fn remove(pgid: i32) {
+    live().remove(&pgid);
+    write();
+}
+
+/// SIGKILLs every live group at once (the second shutdown signal).
+pub fn kill_all() {
+    for pgid in live().keys() {
+        let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
+    }
+}
+
+/// Removes this process's record on a clean exit.
+pub fn forget() {
+    if let Some(path) = FILE.get() {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+fn write() {
+    let Some(path) = FILE.get() else { return };
+    let groups: Vec<serde_json::Value> = live()
+        .iter()
+        .map(|(pgid, start)| serde_json::json!({ "pgid": pgid, "start": start }))
+        .collect();
+    let body = serde_json::json!({ "groups": groups }).to_string();
+    // Write then rename, so a sweeper never reads half a record.
+    let tmp = path.with_extension("tmp");
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(body.as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        tracing::warn!("cannot write the child record {}: {e}", path.display());
+    }
+}
+
+fn sweep(dir: &Path) -> Sweep {
+    let mut result = Sweep::default();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return result;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((pid, start)) = parse_name(&name) else {
+            continue;
+        };
+        if start_time(pid) == Some(start) {
+            continue; // its owner is alive
+        }
+        result.records += 1;
+        let groups = std::fs::read_to_string(entry.path())
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["groups"].as_array().cloned())
+            .unwrap_or_default();
+        for g in groups {
+            let (Some(pgid), Some(child_start)) = (g["pgid"].as_i64(), g["start"].as_u64()) else {
+                continue;
+            };
+            result.killed += kill_members(pgid as i32, child_start);
+        }
+        let _ = std::fs::remove_file(entry.path());
+    }
+    if result.records > 0 {
+        tracing::warn!(
+            records = result.records,
+            killed = result.killed,
+            "swept process groups left by a dead acpd"
+        );
+    }
+    result
+}
+
+fn parse_name(name: &str) -> Option<(i32, u64)> {
+    let rest = name.strip_prefix("acpd-")?.strip_suffix(".json")?;
+    let (pid, start) = rest.split_once('-')?;
+    Some((pid.parse().ok()?, start.parse().ok()?))
+}
+
+/// Kills members of `pgid` that started no earlier than the recorded child did.
+fn kill_members(pgid: i32, child_start: u64) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut killed = 0;
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Some(stat) = read_stat(pid) else { continue };
+        if stat.pgrp == pgid && stat.start >= child_start {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+            killed += 1;
+        }
+    }
+    killed
+}
+
+struct Stat {
+    pgrp: i32,
+    start: u64,
+}
+
+fn read_stat(pid: i32) -> Option<Stat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    Some(Stat {
+        pgrp: fields.get(2)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// A process's start time in clock ticks since boot (`/proc/PID/stat` field 22).
+pub fn start_time(pid: i32) -> Option<u64> {
+    read_stat(pid).map(|s| s.start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_start_time_and_names() {
+        let me = std::process::id() as i32;
+        assert!(start_time(me).is_some());
+        assert_eq!(parse_name("acpd-12-345.json"), Some((12, 345)));
+        assert_eq!(parse_name("acpd-12.json"), None);
+        assert_eq!(parse_name("other-1-2.json"), None);
+    }
+}
