@@ -49,10 +49,15 @@ pub const TIMEOUT: Duration = Duration::from_secs(20);
 impl AcpClient {
     /// Starts `acpd stdio` with `env`'s config and connects the SDK client to it.
     pub fn spawn(env: &Env) -> AcpClient {
+        Self::spawn_with(env, &["stdio"])
+    }
+
+    /// Starts `acpd <args>` (`stdio`, or `connect --socket …`) and connects the SDK client.
+    pub fn spawn_with(env: &Env, args: &[&str]) -> AcpClient {
         let mut process = tokio::process::Command::new(BIN)
             .arg("--config")
             .arg(&env.config)
-            .arg("stdio")
+            .args(args)
             .current_dir(env.path())
             .env_remove("ACPD_CONFIG")
             .env_remove("ACPD_DEPTH")

@@ -1,0 +1,557 @@
+//! `acpd serve` end to end with the real binary: socket activation, `acpd connect`, peer
+//! credentials, sd_notify, SIGHUP reload, SIGTERM with a TERM-deaf child, crash recovery of
+//! strays, capacity, status and doctor. This binary makes itself a subreaper (PID 1 here reaps
+//! nothing), so orphans it adopts are reaped by pid before survivors are counted.
+
+mod common;
+
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::client::AcpClient;
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+struct Daemon {
+    env: Env,
+    socket: PathBuf,
+    state: PathBuf,
+    child: Child,
+}
+
+impl Daemon {
+    fn start(env: Env) -> Daemon {
+        Self::start_with(env, |_| {})
+    }
+
+    fn start_with(env: Env, tweak: impl FnOnce(&mut Command)) -> Daemon {
+        let socket = env.path().join("run/acpd.sock");
+        let state = env.path().join("state");
+        let mut cmd = env.acpd();
+        cmd.args(["serve", "--socket"])
+            .arg(&socket)
+            .env("STATE_DIRECTORY", &state)
+            .env("ACPD_LOG", "info")
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(env.path().join("daemon.log")).unwrap());
+        tweak(&mut cmd);
+        let child = cmd.spawn().unwrap();
+        let d = Daemon {
+            env,
+            socket,
+            state,
+            child,
+        };
+        assert!(
+            eventually(Duration::from_secs(10), || UnixStream::connect(&d.socket)
+                .is_ok()),
+            "daemon did not listen: {}",
+            d.log()
+        );
+        d
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.env.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        self.env
+            .acpd()
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .unwrap()
+    }
+
+    fn status(&self) -> Value {
+        let out = self.cli(&["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn client(&self) -> AcpClient {
+        AcpClient::spawn_with(
+            &self.env,
+            &["connect", "--socket", self.socket.to_str().unwrap()],
+        )
+    }
+
+    /// SIGTERM and wait; returns how long the exit took.
+    fn terminate(mut self) -> Duration {
+        let started = Instant::now();
+        kill(self.pid(), Signal::SIGTERM).unwrap();
+        self.child.wait().unwrap();
+        started.elapsed()
+    }
+}
+
+fn subreaper() {
+    nix::sys::prctl::set_child_subreaper(true).unwrap();
+}
+
+/// Gone, reaping it first if it was orphaned to this (subreaper) test process.
+fn gone(pid: i32) -> bool {
+    eventually(Duration::from_secs(10), || {
+        let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+        !exists(pid)
+    })
+}
+
+fn fast_env(extra: &str) -> Env {
+    Env::new(extra)
+}
+
+async fn start_run(client: &AcpClient, text: &str) -> Value {
+    client
+        .request(
+            "_acpd/subagent/start",
+            json!({"provider": "fast", "prompt": [{"type": "text", "text": text}], "cwd": "/tmp"}),
+        )
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn two_clients_at_once_through_connect() {
+    let d = Daemon::start(fast_env(""));
+    let mut a = d.client();
+    let mut b = d.client();
+    a.initialize(json!({})).await;
+    b.initialize(json!({})).await;
+    let sa = a.new_session(Path::new("/tmp"), None).await;
+    let sb = b.new_session(Path::new("/tmp"), None).await;
+    let ra = a.send(
+        "session/prompt",
+        json!({"sessionId": sa, "prompt": [{"type": "text", "text": "from a\n:sleep 300"}]}),
+    );
+    let rb = b.send(
+        "session/prompt",
+        json!({"sessionId": sb, "prompt": [{"type": "text", "text": "from b\n:sleep 300"}]}),
+    );
+    assert_eq!(
+        d.status()["connections"],
+        3,
+        "two clients and this status query"
+    );
+    assert_eq!(ra.await.unwrap().unwrap()["stopReason"], "end_turn");
+    assert_eq!(rb.await.unwrap().unwrap()["stopReason"], "end_turn");
+    assert_eq!(a.drain_text(&sa), "from a\n");
+    assert_eq!(b.drain_text(&sb), "from b\n");
+    // One client leaving does not touch the other.
+    a.close().await;
+    assert_eq!(
+        b.prompt(&sb, "still").await.unwrap()["stopReason"],
+        "end_turn"
+    );
+    b.close().await;
+    d.terminate();
+}
+
+#[test]
+fn connect_without_a_daemon_says_how_to_start_one() {
+    let env = Env::new("");
+    let out = env
+        .acpd()
+        .args(["connect", "--socket", "/nonexistent/acpd.sock"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("acpd serve"), "{err}");
+}
+
+#[tokio::test]
+async fn connect_or_stdio_serves_in_process() {
+    let env = Env::new("");
+    let client = AcpClient::spawn_with(
+        &env,
+        &[
+            "connect",
+            "--socket",
+            "/nonexistent/acpd.sock",
+            "--or-stdio",
+        ],
+    );
+    client.initialize(json!({})).await;
+    let sid = client.new_session(env.path(), None).await;
+    assert_eq!(
+        client.prompt(&sid, "hi").await.unwrap()["stopReason"],
+        "end_turn"
+    );
+    assert!(client.close().await.success());
+}
+
+#[test]
+fn socket_is_private_and_a_second_daemon_refuses() {
+    let d = Daemon::start(fast_env(""));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&d.socket), 0o600);
+    assert_eq!(mode(d.socket.parent().unwrap()), 0o700);
+    let out = d
+        .env
+        .acpd()
+        .args(["serve", "--socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already serving"));
+    d.terminate();
+}
+
+#[test]
+fn foreign_uid_is_refused() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!(
+            "SKIPPED: needs root to act as another uid; the rule is unit-tested in runtime::socket"
+        );
+        return;
+    }
+    let d = Daemon::start(fast_env(""));
+    // Open the path up so only the peer-credential check stands between uid 65534 and acpd.
+    use std::os::unix::fs::PermissionsExt;
+    for p in [d.env.path(), d.socket.parent().unwrap()] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["status", "--socket"]).arg(&d.socket);
+    std::os::unix::process::CommandExt::uid(&mut cmd, 65534);
+    std::os::unix::process::CommandExt::gid(&mut cmd, 65534);
+    let out = cmd.output().unwrap();
+    assert_ne!(
+        code(&out),
+        0,
+        "uid 65534 got an answer: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || d
+            .log()
+            .contains("refused a connection")),
+        "{}",
+        d.log()
+    );
+    assert!(
+        d.status()["version"].is_string(),
+        "acpd's own user still gets in"
+    );
+    d.terminate();
+}
+
+#[test]
+fn socket_activation_through_systemd_socket_activate() {
+    if Command::new("systemd-socket-activate")
+        .arg("--help")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: systemd-socket-activate is not installed (Debian package systemd)");
+        return;
+    }
+    let env = fast_env("");
+    let socket = env.path().join("activated.sock");
+    let mut activator = Command::new("systemd-socket-activate")
+        .arg("-l")
+        .arg(&socket)
+        .args(["--", BIN, "--config"])
+        .arg(&env.config)
+        .args(["serve"])
+        .env("XDG_CONFIG_HOME", "/nonexistent-acpd-test-config")
+        .env("STATE_DIRECTORY", env.path().join("state"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || socket.exists()));
+    let out = env
+        .acpd()
+        .args(["status", "--json", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["pid"],
+        activator.id(),
+        "systemd-socket-activate execs acpd in place"
+    );
+    kill(Pid::from_raw(activator.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(activator.wait().unwrap().success());
+}
+
+fn notifications(sock: &UnixDatagram, until: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(n) = sock.recv(&mut buf) {
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let done = msg.contains(until);
+            seen.push(msg);
+            if done {
+                return seen;
+            }
+        }
+    }
+    panic!("no {until} in {seen:?}");
+}
+
+#[tokio::test]
+async fn sighup_reloads_valid_files_rejects_invalid_ones_and_notifies() {
+    let env = fast_env("");
+    let notify_path = env.path().join("notify.sock");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let d = Daemon::start_with(env, |c| {
+        c.env("NOTIFY_SOCKET", &notify_path)
+            .env("WATCHDOG_USEC", "200000");
+    });
+    let seen = notifications(&notify, "READY=1");
+    assert!(seen.iter().any(|m| m.contains("READY=1")));
+    notifications(&notify, "WATCHDOG=1");
+    let providers = |d: &Daemon| -> Vec<String> {
+        let v = d.status();
+        v["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(providers(&d), ["echo", "fast"]);
+
+    let original = std::fs::read_to_string(&d.env.config).unwrap();
+    std::fs::write(
+        &d.env.config,
+        format!("{original}\n[providers.added]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n"),
+    )
+    .unwrap();
+    kill(d.pid(), Signal::SIGHUP).unwrap();
+    let seen = notifications(&notify, "READY=1");
+    assert!(
+        seen.iter()
+            .any(|m| m.contains("RELOADING=1") && m.contains("MONOTONIC_USEC=")),
+        "{seen:?}"
+    );
+    assert!(eventually(Duration::from_secs(5), || providers(&d)
+        == ["added", "echo", "fast"]));
+
+    std::fs::write(&d.env.config, "this is = = not toml").unwrap();
+    kill(d.pid(), Signal::SIGHUP).unwrap();
+    notifications(&notify, "READY=1");
+    assert!(eventually(Duration::from_secs(5), || d
+        .log()
+        .contains("config reload rejected")));
+    assert_eq!(
+        providers(&d),
+        ["added", "echo", "fast"],
+        "the old config stays"
+    );
+    assert!(
+        d.log().contains(&d.env.config.display().to_string()),
+        "the log names the file"
+    );
+
+    let pid = d.pid();
+    kill(pid, Signal::SIGTERM).unwrap();
+    notifications(&notify, "STOPPING=1");
+    let mut child = d.child;
+    assert!(child.wait().unwrap().success());
+}
+
+#[tokio::test]
+async fn sigterm_mid_run_tears_everything_down_within_the_bound() {
+    subreaper();
+    let d = Daemon::start(fast_env(""));
+    let mut client = d.client();
+    client.initialize(json!({})).await;
+    let sid = client
+        .new_session(
+            Path::new("/tmp"),
+            Some(json!({"acpd": {"provider": "fast"}})),
+        )
+        .await;
+    let _turn = client.send("session/prompt", json!({"sessionId": sid, "prompt": [{"type": "text", "text": ":pid\n:grandchild\n:ignore-eof\n:ignore-term\n:hang-deaf"}]}));
+    let (_, n1) = client.next_note().await;
+    let (_, n2) = client.next_note().await;
+    let leader = pid_after(n1["update"]["content"]["text"].as_str().unwrap(), "pid ");
+    let grandchild = pid_after(
+        n2["update"]["content"]["text"].as_str().unwrap(),
+        "grandchild ",
+    );
+    let run = start_run(&client, ":pid\n:ignore-term\n:hang-deaf").await;
+    assert!(run["runId"].is_string());
+    let status = d.status();
+    assert_eq!(status["limits"]["liveChildren"], 2, "{status}");
+    // fast: cancel_grace + eof_grace + term_grace = 0.9 s; the bound adds a 2 s margin.
+    let took = d.terminate();
+    assert!(
+        took < Duration::from_secs(3) + Duration::from_secs(2),
+        "shutdown took {took:?}"
+    );
+    for pid in [leader, grandchild] {
+        assert!(gone(pid), "{pid} survived the daemon's SIGTERM");
+    }
+    client.close().await;
+}
+
+#[tokio::test]
+async fn strays_of_a_sigkilled_daemon_are_swept_at_the_next_start() {
+    subreaper();
+    let env = fast_env("");
+    let d = Daemon::start(env);
+    let mut client = d.client();
+    client.initialize(json!({})).await;
+    let sid = client
+        .new_session(
+            Path::new("/tmp"),
+            Some(json!({"acpd": {"provider": "fast"}})),
+        )
+        .await;
+    let _turn = client.send(
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": ":grandchild\n:hang-deaf"}]}),
+    );
+    let (_, note) = client.next_note().await;
+    let grandchild = pid_after(
+        note["update"]["content"]["text"].as_str().unwrap(),
+        "grandchild ",
+    );
+    let records = std::fs::read_dir(&d.state).unwrap().count();
+    assert_eq!(records, 1, "one record for the live daemon");
+
+    let Daemon {
+        env,
+        socket,
+        state,
+        mut child,
+    } = d;
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    client.close().await;
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        exists(grandchild),
+        "the grandchild outlives a SIGKILLed acpd (PDEATHSIG reaches only the child)"
+    );
+
+    let _ = std::fs::remove_file(&socket);
+    let d = Daemon::start(env);
+    assert_eq!(d.state, state);
+    assert!(
+        gone(grandchild),
+        "the restarted daemon swept the stray {grandchild}"
+    );
+    assert!(d.log().contains("swept process groups"), "{}", d.log());
+    d.terminate();
+}
+
+#[tokio::test]
+async fn capacity_at_the_limit_and_status_while_runs_are_live() {
+    let d = Daemon::start(fast_env("max_children = 1"));
+    let client = d.client();
+    client.initialize(json!({})).await;
+    let first = start_run(&client, ":hang").await;
+    let e = client
+        .request(
+            "_acpd/subagent/start",
+            json!({"provider": "fast", "prompt": [], "cwd": "/tmp"}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.data.as_ref().unwrap()["code"],
+        "CAPACITY",
+        "{}",
+        e.message
+    );
+    let status = d.status();
+    assert_eq!(
+        (
+            status["runs"].as_u64(),
+            status["limits"]["liveChildren"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    let runs: Value = serde_json::from_slice(&d.cli(&["runs", "--json"]).stdout).unwrap();
+    assert_eq!(runs["runs"][0]["runId"], first["runId"]);
+    assert!(runs["runs"][0]["pid"].as_i64().is_some());
+    client
+        .request("_acpd/subagent/dispose", json!({"runId": first["runId"]}))
+        .await
+        .unwrap();
+    start_run(&client, "again").await;
+    client.close().await;
+    d.terminate();
+}
+
+#[tokio::test]
+async fn queue_timeout_waits_for_a_free_slot() {
+    let d = Daemon::start(fast_env("max_children = 1\nqueue_timeout = \"10s\""));
+    let client = d.client();
+    client.initialize(json!({})).await;
+    let first = start_run(&client, ":hang").await;
+    let queued = client.send(
+        "_acpd/subagent/start",
+        json!({"provider": "fast", "prompt": [{"type": "text", "text": "queued"}], "cwd": "/tmp"}),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    client
+        .request("_acpd/subagent/dispose", json!({"runId": first["runId"]}))
+        .await
+        .unwrap();
+    let second = queued.await.unwrap().unwrap();
+    let r = client
+        .request("_acpd/subagent/wait", json!({"runId": second["runId"]}))
+        .await
+        .unwrap();
+    assert_eq!(r["output"][0]["text"], "queued");
+    client.close().await;
+    d.terminate();
+}
+
+#[test]
+fn doctor_reports_each_provider() {
+    let env = Env::raw(&format!(
+        "[providers.good]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n[providers.missing]\ncommand = [\"/nonexistent/agent\"]\n"
+    ));
+    let out = env.acpd().args(["doctor", "good"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 0, "{text}");
+    assert!(
+        text.contains("good: OK") && text.contains("ACP protocol 1") && text.contains("acpd-echo"),
+        "{text}"
+    );
+    let out = env.acpd().args(["doctor"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(code(&out), 1, "{text}");
+    assert!(
+        text.contains("missing: FAIL") && text.contains("/nonexistent/agent"),
+        "{text}"
+    );
+    assert!(text.contains("echo: OK"), "{text}");
+}
