@@ -55,7 +55,7 @@ fn init_logging() {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
     };
     if stderr_is_journal()
-        && let Ok(journal) = tracing_journald::layer()
+        && let Ok(journal) = tracing_journald::layer().map(|l| l.with_field_prefix(None))
     {
         tracing_subscriber::registry()
             .with(filter())

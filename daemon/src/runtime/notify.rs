@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use sd_notify::NotifyState;
-use tokio_util::sync::CancellationToken;
 
 fn send(states: &[NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(states) {
@@ -32,19 +31,11 @@ pub fn reloading() {
     }
 }
 
-/// Pings WATCHDOG=1 at half the interval systemd asked for, until `stop`.
-pub fn spawn_watchdog(stop: CancellationToken) {
-    let Some(interval) = sd_notify::watchdog_enabled() else {
-        return;
-    };
-    let period = (interval / 2).max(Duration::from_millis(10));
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(period);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => send(&[NotifyState::Watchdog]),
-                _ = stop.cancelled() => return,
-            }
-        }
-    });
+/// The interval at which to ping WATCHDOG=1 (half what systemd asked for), if it asked.
+pub fn watchdog_period() -> Option<Duration> {
+    sd_notify::watchdog_enabled().map(|interval| (interval / 2).max(Duration::from_millis(10)))
+}
+
+pub fn watchdog() {
+    send(&[NotifyState::Watchdog]);
 }

@@ -85,8 +85,12 @@ pub async fn serve(opts: ServeOptions, config: Config) -> Result<(), ServeError>
     let tracker = TaskTracker::new();
     let own_uid = Uid::effective();
     notify::ready();
-    notify::spawn_watchdog(shutdown.clone());
-    tracing::info!(socket = ?bound_path, "acpd serving");
+    // Pinged from the supervisor loop itself, so a wedged loop stops the pings.
+    let mut watchdog = notify::watchdog_period().map(tokio::time::interval);
+    match &bound_path {
+        Some(path) => tracing::info!(socket = %path.display(), "acpd serving"),
+        None => tracing::info!("acpd serving on the socket systemd passed"),
+    }
     let mut status_tick = tokio::time::interval(Duration::from_secs(5));
     loop {
         tokio::select! {
@@ -112,6 +116,7 @@ pub async fn serve(opts: ServeOptions, config: Config) -> Result<(), ServeError>
                 report_status(&ctx);
             }
             _ = status_tick.tick() => report_status(&ctx),
+            _ = async { watchdog.as_mut()?.tick().await; Some(()) }, if watchdog.is_some() => notify::watchdog(),
             _ = hup.recv() => reload(&registry, &opts.load),
             _ = term.recv() => break,
             _ = int.recv() => break,
