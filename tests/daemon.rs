@@ -21,7 +21,17 @@ struct Daemon {
     env: Env,
     socket: PathBuf,
     state: PathBuf,
-    child: Child,
+    child: Option<Child>,
+}
+
+/// A failed test must not leave a daemon behind.
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 impl Daemon {
@@ -40,7 +50,7 @@ impl Daemon {
             .stdin(Stdio::null())
             .stderr(std::fs::File::create(env.path().join("daemon.log")).unwrap());
         tweak(&mut cmd);
-        let child = cmd.spawn().unwrap();
+        let child = Some(cmd.spawn().unwrap());
         let d = Daemon {
             env,
             socket,
@@ -57,7 +67,12 @@ impl Daemon {
     }
 
     fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.id() as i32)
+        Pid::from_raw(self.child.as_ref().expect("running").id() as i32)
+    }
+
+    /// Waits for the daemon to exit by itself.
+    fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.take().expect("running").wait().unwrap()
     }
 
     fn log(&self) -> String {
@@ -95,7 +110,7 @@ impl Daemon {
     fn terminate(mut self) -> Duration {
         let started = Instant::now();
         kill(self.pid(), Signal::SIGTERM).unwrap();
-        self.child.wait().unwrap();
+        self.wait();
         started.elapsed()
     }
 }
@@ -376,11 +391,10 @@ async fn sighup_reloads_valid_files_rejects_invalid_ones_and_notifies() {
         "the log names the file"
     );
 
-    let pid = d.pid();
-    kill(pid, Signal::SIGTERM).unwrap();
+    let mut d = d;
+    kill(d.pid(), Signal::SIGTERM).unwrap();
     notifications(&notify, "STOPPING=1");
-    let mut child = d.child;
-    assert!(child.wait().unwrap().success());
+    assert!(d.wait().success());
 }
 
 #[tokio::test]
@@ -444,14 +458,9 @@ async fn strays_of_a_sigkilled_daemon_are_swept_at_the_next_start() {
     let records = std::fs::read_dir(&d.state).unwrap().count();
     assert_eq!(records, 1, "one record for the live daemon");
 
-    let Daemon {
-        env,
-        socket,
-        state,
-        mut child,
-    } = d;
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
-    child.wait().unwrap();
+    let mut d = d;
+    kill(d.pid(), Signal::SIGKILL).unwrap();
+    d.wait();
     client.close().await;
     std::thread::sleep(Duration::from_millis(300));
     assert!(
@@ -459,7 +468,10 @@ async fn strays_of_a_sigkilled_daemon_are_swept_at_the_next_start() {
         "the grandchild outlives a SIGKILLed acpd (PDEATHSIG reaches only the child)"
     );
 
-    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(&d.socket);
+    let state = d.state.clone();
+    let env = std::mem::replace(&mut d.env, Env::new(""));
+    drop(d);
     let d = Daemon::start(env);
     assert_eq!(d.state, state);
     assert!(
@@ -554,4 +566,35 @@ fn doctor_reports_each_provider() {
         "{text}"
     );
     assert!(text.contains("echo: OK"), "{text}");
+}
+
+#[tokio::test]
+async fn a_second_sigterm_kills_the_children_at_once() {
+    subreaper();
+    let slow = format!(
+        "[providers.slow]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\ncancel_grace = \"20s\"\neof_grace = \"20s\"\nterm_grace = \"20s\"\n"
+    );
+    let d = Daemon::start(Env::raw(&slow));
+    let mut client = d.client();
+    client.initialize(json!({})).await;
+    let run = client
+        .request("_acpd/subagent/start", json!({"provider": "slow", "prompt": [{"type": "text", "text": ":pid\n:ignore-eof\n:ignore-term\n:hang-deaf"}], "cwd": "/tmp"}))
+        .await
+        .unwrap();
+    assert!(run["runId"].is_string());
+    let runs: Value = serde_json::from_slice(&d.cli(&["runs", "--json"]).stdout).unwrap();
+    let child = runs["runs"][0]["pid"].as_i64().unwrap() as i32;
+    let started = Instant::now();
+    let mut d = d;
+    kill(d.pid(), Signal::SIGTERM).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    kill(d.pid(), Signal::SIGTERM).unwrap();
+    d.wait();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the graces (60 s) were not skipped: {:?}",
+        started.elapsed()
+    );
+    assert!(gone(child), "child {child} survived the second SIGTERM");
+    client.close().await;
 }
