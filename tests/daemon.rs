@@ -575,7 +575,7 @@ async fn a_second_sigterm_kills_the_children_at_once() {
         "[providers.slow]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\ncancel_grace = \"20s\"\neof_grace = \"20s\"\nterm_grace = \"20s\"\n"
     );
     let d = Daemon::start(Env::raw(&slow));
-    let mut client = d.client();
+    let client = d.client();
     client.initialize(json!({})).await;
     let run = client
         .request("_acpd/subagent/start", json!({"provider": "slow", "prompt": [{"type": "text", "text": ":pid\n:ignore-eof\n:ignore-term\n:hang-deaf"}], "cwd": "/tmp"}))
