@@ -1,9 +1,11 @@
-//! acpd's benchmarks: what acpd costs on top of a direct connection. Every figure is measured
-//! side by side with its baseline in the same run and reported as a ratio, because these
-//! machines are noisy; absolute numbers are printed too.
+//! acpd's benchmarks: what acpd costs on top of a direct connection, and how it scales. Every
+//! figure is measured side by side with its baseline in the same run and reported as a ratio or
+//! a difference, because these machines are noisy; absolute numbers are printed too.
 //!
 //! `cargo bench -p acpd --bench acpd -- [--quick] [--json FILE]`
 
+mod parent;
+mod scale;
 mod stream;
 
 use std::path::PathBuf;
@@ -15,7 +17,8 @@ pub struct Opts {
     pub json: Option<PathBuf>,
 }
 
-fn main() {
+#[tokio::main]
+async fn main() {
     let mut opts = Opts {
         quick: false,
         json: None,
@@ -25,15 +28,23 @@ fn main() {
         match a.as_str() {
             "--quick" => opts.quick = true,
             "--json" => opts.json = args.next().map(PathBuf::from),
-            // cargo bench passes --bench; libtest filters are not used here.
+            // cargo passes --bench; there are no libtest filters here.
             _ => {}
         }
     }
-    let mut report = serde_json::Map::new();
-    report.insert("streaming".into(), stream::run(&opts));
-    let report = serde_json::Value::Object(report);
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!("acpd {} bench on {cores} cores{}", env!("CARGO_PKG_VERSION"), if opts.quick { " (quick)" } else { "" });
+    let report = serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "cores": cores,
+        "quick": opts.quick,
+        "streaming": stream::run(&opts).await,
+        "start": scale::start(&opts).await,
+        "scale": scale::scale(&opts).await,
+        "teardown": scale::teardown(&opts).await,
+    });
     if let Some(path) = &opts.json {
         std::fs::write(path, serde_json::to_string_pretty(&report).unwrap()).unwrap();
-        eprintln!("results written to {}", path.display());
+        println!("\nresults written to {}", path.display());
     }
 }

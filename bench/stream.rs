@@ -1,142 +1,164 @@
-//! Streaming: a parent receives N `agent_message_chunk` updates from `acpd agent echo`,
-//! directly and through `acpd stdio` (a bridge session).
+//! (1) Streaming and (5) its memory: a parent (SDK client) receives N `agent_message_chunk`
+//! updates from `acpd agent echo` directly, through `acpd stdio`, through `acpd serve` +
+//! `acpd connect`, and through the SDK's conductor when it is installed.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::parent::{self, percentile, peak_rss_kib};
 use crate::{ACPD, Opts};
 
-/// A raw line client: no JSON parsing on the hot path, only a check for the prompt's answer.
-struct Parent {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+/// `acpd serve` on a private socket, for the `serve + connect` path.
+pub struct Daemon {
+    pub child: std::process::Child,
+    pub socket: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
-impl Parent {
-    fn spawn(args: &[&str]) -> Parent {
-        let mut child = Command::new(ACPD)
-            .args(args)
-            .env("XDG_CONFIG_HOME", "/nonexistent-acpd-bench")
-            .env_remove("ACPD_CONFIG")
-            .env_remove("ACPD_DEPTH")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+impl Daemon {
+    pub fn start(config: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("acpd.sock");
+        let config_path = dir.path().join("config.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let child = Command::new(ACPD)
+            .arg("--config")
+            .arg(&config_path)
+            .args(["serve", "--socket"])
+            .arg(&socket)
+            .env("STATE_DIRECTORY", dir.path().join("state"))
+            .stdin(Stdio::null())
             .spawn()
-            .expect("spawn acpd");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::with_capacity(256 * 1024, child.stdout.take().unwrap());
-        Parent {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn send(&mut self, v: Value) {
-        writeln!(self.stdin, "{v}").unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    fn answer(&mut self, id: u64) -> Value {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(
-                self.stdout.read_line(&mut line).unwrap() > 0,
-                "EOF waiting for {id}"
-            );
-            let v: Value = serde_json::from_str(&line).unwrap();
-            if v["id"] == id && v.get("method").is_none() {
-                return v;
-            }
-        }
-    }
-
-    fn session(&mut self) -> String {
-        self.send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}));
-        self.answer(1);
-        let cwd = std::env::temp_dir();
-        self.send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": cwd, "mcpServers": []}}));
-        self.answer(2)["result"]["sessionId"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    }
-
-    /// Streams `n` chunks of `size` bytes; returns the elapsed time and the arrival gaps.
-    fn stream(&mut self, sid: &str, n: usize, size: usize, id: u64) -> (Duration, usize) {
-        let prompt = format!(":chunks {n} {size}");
-        self.send(
-            json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
-            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": prompt}]}}),
-        );
-        let started = Instant::now();
-        let needle = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},");
-        let mut line = Vec::with_capacity(size + 256);
-        let mut chunks = 0;
-        loop {
-            line.clear();
-            assert!(self.stdout.read_until(b'\n', &mut line).unwrap() > 0);
-            if line.starts_with(needle.as_bytes()) {
+            .unwrap();
+        for _ in 0..500 {
+            if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
                 break;
             }
-            chunks += 1;
+            std::thread::sleep(Duration::from_millis(10));
         }
-        (started.elapsed(), chunks)
+        Daemon { child, socket, _dir: dir }
     }
+}
 
-    fn close(mut self) {
-        drop(self.stdin);
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let _ = self.child.wait();
     }
 }
 
-fn measure(args: &[&str], n: usize, size: usize, rounds: usize) -> Duration {
-    let mut parent = Parent::spawn(args);
-    let sid = parent.session();
-    // One warm-up round, then the best of `rounds`.
-    parent.stream(&sid, n / 10 + 1, size, 10);
-    let mut best = Duration::MAX;
-    for r in 0..rounds {
-        let (t, chunks) = parent.stream(&sid, n, size, 100 + r as u64);
-        assert_eq!(chunks, n, "every chunk arrives");
-        best = best.min(t);
+/// The conductor binary, if the bench's setup installed it (or it is on PATH).
+fn conductor() -> Option<String> {
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-tools/bin/agent-client-protocol-conductor");
+    if local.exists() {
+        return Some(local.to_string_lossy().into_owned());
     }
-    parent.close();
-    best
+    let found = Command::new("agent-client-protocol-conductor").arg("--help").output().is_ok();
+    found.then(|| "agent-client-protocol-conductor".to_string())
 }
 
-pub fn run(opts: &Opts) -> Value {
-    let n = if opts.quick { 5_000 } else { 100_000 };
+pub async fn run(opts: &Opts) -> Value {
+    let n: u64 = if opts.quick { 5_000 } else { 100_000 };
     let rounds = if opts.quick { 1 } else { 3 };
-    let mut out = Vec::new();
-    println!("streaming {n} agent_message_chunk updates (best of {rounds})");
-    println!(
-        "{:>8} {:>14} {:>14} {:>8} {:>12}",
-        "chunk", "direct", "acpd stdio", "ratio", "added/msg"
-    );
-    for size in [100usize, 4096] {
-        let direct = measure(&["agent", "echo"], n, size, rounds);
-        let bridged = measure(&["stdio"], n, size, rounds);
-        let ratio = direct.as_secs_f64() / bridged.as_secs_f64();
-        let added_us = (bridged.as_secs_f64() - direct.as_secs_f64()) / n as f64 * 1e6;
-        println!(
-            "{:>7}B {:>11.1} ms {:>11.1} ms {:>7.2}x {:>9.2} µs",
-            size,
-            direct.as_secs_f64() * 1e3,
-            bridged.as_secs_f64() * 1e3,
-            ratio,
-            added_us
-        );
-        out.push(json!({
-            "chunkBytes": size, "messages": n,
-            "directMs": direct.as_secs_f64() * 1e3, "stdioMs": bridged.as_secs_f64() * 1e3,
-            "throughputRatio": ratio, "addedMicrosPerMessage": added_us,
-        }));
+    let paced: u64 = if opts.quick { 200 } else { 2_000 };
+    let daemon = Daemon::start("");
+    let socket = daemon.socket.to_string_lossy().into_owned();
+    let mut paths: Vec<(&str, Vec<String>, Option<u32>)> = vec![
+        ("direct", vec![ACPD.into(), "agent".into(), "echo".into()], None),
+        ("acpd stdio", vec![ACPD.into(), "stdio".into()], None),
+        ("acpd serve+connect", vec![ACPD.into(), "connect".into(), "--socket".into(), socket], Some(daemon.child.id())),
+    ];
+    match conductor() {
+        Some(c) => paths.push(("conductor 5.0.0", vec![c, "agent".into(), format!("{ACPD} agent echo")], None)),
+        None => eprintln!("conductor not installed (bench/setup-conductor installs it): skipped"),
     }
-    Value::Array(out)
+    println!("\n(1) streaming {n} agent_message_chunk updates to an SDK client (best of {rounds}); latency: {paced} stamped chunks 1 ms apart");
+    println!(
+        "{:<20} {:>6} {:>11} {:>8} {:>11} {:>11} {:>11} {:>11}",
+        "path", "chunk", "time", "ratio", "p50 µs", "p99 µs", "+p50 µs", "+p99 µs"
+    );
+    let mut out = Vec::new();
+    for size in [100usize, 4096] {
+        let mut base: Option<(f64, f64, f64)> = None;
+        for (label, argv, watch) in &paths {
+            let s = parent::stream(argv, n, size, rounds, paced, *watch).await;
+            let mut lat = s.latencies.clone();
+            lat.sort_by(f64::total_cmp);
+            let (p50, p99) = (percentile(&lat, 0.5), percentile(&lat, 0.99));
+            let secs = s.elapsed.as_secs_f64();
+            let (b_secs, b50, b99) = *base.get_or_insert((secs, p50, p99));
+            let ratio = b_secs / secs;
+            println!(
+                "{:<20} {:>5}B {:>8.1} ms {:>7.2}x {:>11.1} {:>11.1} {:>11.1} {:>11.1}",
+                label, size, secs * 1e3, ratio, p50, p99, p50 - b50, p99 - b99
+            );
+            out.push(json!({
+                "path": label, "chunkBytes": size, "messages": n,
+                "ms": secs * 1e3, "throughputRatio": ratio,
+                "latencyP50Us": p50, "latencyP99Us": p99,
+                "addedP50Us": p50 - b50, "addedP99Us": p99 - b99,
+                "peakRssKiB": if *label == "direct" { None } else { s.peak_kib },
+            }));
+        }
+    }
+    drop(daemon);
+    let slow = slow_parent(if opts.quick { 5_000 } else { 51_200 });
+    println!("(5) acpd stdio peak RSS with a parent reading slowly: {} KiB after {} MiB", slow.0, slow.1 >> 20);
+    json!({ "runs": out, "slowParent": { "peakRssKiB": slow.0, "bytes": slow.1 } })
+}
+
+/// acpd stdio's peak RSS while a raw parent reads 4 KiB chunks slowly.
+fn slow_parent(chunks: usize) -> (u64, usize) {
+    let mut acpd = Command::new(ACPD)
+        .arg("stdio")
+        .env("XDG_CONFIG_HOME", "/nonexistent-acpd-bench")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = acpd.stdin.take().unwrap();
+    let mut stdout = BufReader::with_capacity(64 * 1024, acpd.stdout.take().unwrap());
+    let mut send = |v: Value| {
+        writeln!(stdin, "{v}").unwrap();
+        stdin.flush().unwrap();
+    };
+    let mut line = String::new();
+    send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}));
+    stdout.read_line(&mut line).unwrap();
+    send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": std::env::temp_dir(), "mcpServers": []}}));
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    let sid = serde_json::from_str::<Value>(&line).unwrap()["result"]["sessionId"].clone();
+    send(json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": format!(":chunks {chunks} 4096")}]}}));
+    let mut buf = vec![0u8; 64 * 1024];
+    let (mut total, mut tail) = (0usize, Vec::new());
+    let mut reads = 0u64;
+    loop {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0);
+        total += n;
+        tail.extend_from_slice(&buf[..n]);
+        if tail.len() > 4096 {
+            tail.drain(..tail.len() - 4096);
+        }
+        if String::from_utf8_lossy(&tail).contains("\"id\":3,\"result\"") {
+            break;
+        }
+        reads += 1;
+        if reads.is_multiple_of(8) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let peak = peak_rss_kib(acpd.id()).unwrap_or_default();
+    drop(stdin);
+    let _ = acpd.wait();
+    (peak, total)
 }

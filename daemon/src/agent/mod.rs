@@ -36,6 +36,7 @@ PROMPT SCRIPT
   :crash CODE           flush what was sent, then exit with CODE without answering
   :signal NAME          flush, then kill this process with signal NAME (SIGKILL, segv, 9...)
   :chunks N SIZE        stream N agent_message_chunks of SIZE bytes of filler text
+  :timed N SIZE MS      N chunks of SIZE bytes starting with t=<monotonic ns>; MS ms apart
   :update KIND          send a session/update {\"sessionUpdate\": KIND, \"acpdProbe\": true}
   :thought TEXT         stream TEXT as an agent_thought_chunk
   :image                stream an agent_message_chunk holding a tiny PNG image block

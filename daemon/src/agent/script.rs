@@ -31,6 +31,13 @@ pub enum Step {
         count: u64,
         size: usize,
     },
+    /// Chunks stamped with the system-wide monotonic clock at send time, `every_ms` apart:
+    /// what a benchmark needs to measure per-message latency across processes.
+    Timed {
+        count: u64,
+        size: usize,
+        every_ms: u64,
+    },
     Update(String),
     Thought(String),
     Image,
@@ -103,6 +110,14 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
             Step::Chunks {
                 count: number(count, "N")?,
                 size: bytes(size, "SIZE")?,
+            }
+        }
+        "timed" => {
+            let [count, size, every] = exact::<3>(rest, "N SIZE MS")?;
+            Step::Timed {
+                count: number(count, "N")?,
+                size: bytes(size, "SIZE")?,
+                every_ms: number(every, "MS")?,
             }
         }
         "update" => Step::Update(required(rest, "KIND")?),

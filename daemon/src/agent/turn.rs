@@ -92,6 +92,11 @@ impl Turn<'_> {
             Step::Crash(code) => self.agent.exit(code).await,
             Step::Signal(sig) => self.kill_self(sig).await,
             Step::Chunks { count, size } => self.chunks(count, size).await,
+            Step::Timed {
+                count,
+                size,
+                every_ms,
+            } => self.timed(count, size, every_ms).await,
             Step::Update(kind) => {
                 self.update(json!({"sessionUpdate": kind, "acpdProbe": true}))
                     .await
@@ -206,6 +211,30 @@ impl Turn<'_> {
             copy.extend_from_slice(&line);
             if self.agent.peer.send_line(copy).await.is_err() {
                 return;
+            }
+        }
+    }
+
+    /// `count` chunks whose text starts `t=<CLOCK_MONOTONIC ns>;`, padded to `size`.
+    async fn timed(&self, count: u64, size: usize, every_ms: u64) {
+        for _ in 0..count {
+            if self.cancel.is_cancelled() {
+                return;
+            }
+            let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+                .map(|t| t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128)
+                .unwrap_or_default();
+            let mut text = format!("t={now};");
+            text.extend(FILLER.iter().cycle().take(size.saturating_sub(text.len())).map(|&b| char::from(b)));
+            let line = self.update_line(json!({
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": text},
+            }));
+            if self.agent.peer.send_line(line).await.is_err() {
+                return;
+            }
+            if every_ms > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(every_ms)).await;
             }
         }
     }
