@@ -27,13 +27,21 @@ async fn main() {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => opts.quick = true,
-            "--json" => opts.json = args.next().map(PathBuf::from),
+            // Relative to the workspace root (cargo runs benches from the package directory).
+            "--json" => {
+                let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+                opts.json = args.next().map(|p| root.join(p));
+            }
             // cargo passes --bench; there are no libtest filters here.
             _ => {}
         }
     }
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!("acpd {} bench on {cores} cores{}", env!("CARGO_PKG_VERSION"), if opts.quick { " (quick)" } else { "" });
+    println!(
+        "acpd {} bench on {cores} cores{}",
+        env!("CARGO_PKG_VERSION"),
+        if opts.quick { " (quick)" } else { "" }
+    );
     let report = serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "cores": cores,

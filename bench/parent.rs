@@ -96,7 +96,10 @@ pub async fn stream(
                 .await?
                 .session_id;
             let prompt = |text: String| {
-                PromptRequest::new(session.clone(), vec![ContentBlock::Text(TextContent::new(text))])
+                PromptRequest::new(
+                    session.clone(),
+                    vec![ContentBlock::Text(TextContent::new(text))],
+                )
             };
             // Warm-up, then the measured rounds.
             cx.send_request(prompt(format!(":chunks {} {size}", n / 10 + 1)))

@@ -31,23 +31,38 @@ impl Ctl {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let conn = wire::connect(child.stdout.take().unwrap(), child.stdin.take().unwrap(), 1 << 24);
+        let conn = wire::connect(
+            child.stdout.take().unwrap(),
+            child.stdin.take().unwrap(),
+            1 << 24,
+        );
         let mut incoming = conn.incoming;
         // Lifecycle notifications must be read, or the bounded queue would stall the replies.
         tokio::spawn(async move { while incoming.recv().await.is_some() {} });
-        let ctl = Ctl { child, peer: conn.peer, _dir: dir };
+        let ctl = Ctl {
+            child,
+            peer: conn.peer,
+            _dir: dir,
+        };
         ctl.call("initialize", json!({"protocolVersion": 1})).await;
         ctl
     }
 
     async fn call(&self, method: &str, params: Value) -> Value {
-        let raw = self.peer.request(method, &params).await.unwrap_or_else(|e| panic!("{method}: {e}"));
+        let raw = self
+            .peer
+            .request(method, &params)
+            .await
+            .unwrap_or_else(|e| panic!("{method}: {e}"));
         serde_json::from_str(raw.get()).unwrap()
     }
 
     async fn start(&self, provider: &str, text: &str) -> String {
         let r = self
-            .call("_acpd/subagent/start", json!({"provider": provider, "prompt": [{"type": "text", "text": text}]}))
+            .call(
+                "_acpd/subagent/start",
+                json!({"provider": provider, "prompt": [{"type": "text", "text": text}]}),
+            )
             .await;
         r["runId"].as_str().unwrap().to_string()
     }
@@ -70,8 +85,12 @@ impl Ctl {
         let me = self.pid() as i32;
         let (mut all, mut zombies) = (0, 0);
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { continue };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
             let fields: Vec<&str> = rest.split_whitespace().collect();
             if fields.get(1).and_then(|p| p.parse::<i32>().ok()) == Some(me) {
                 all += 1;
@@ -110,10 +129,20 @@ pub async fn start(opts: &Opts) -> Value {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        let conn = wire::connect(child.stdout.take().unwrap(), child.stdin.take().unwrap(), 1 << 24);
-        conn.peer.request("initialize", &json!({"protocolVersion": 1})).await.unwrap();
+        let conn = wire::connect(
+            child.stdout.take().unwrap(),
+            child.stdin.take().unwrap(),
+            1 << 24,
+        );
         conn.peer
-            .request("session/new", &json!({"cwd": std::env::temp_dir(), "mcpServers": []}))
+            .request("initialize", &json!({"protocolVersion": 1}))
+            .await
+            .unwrap();
+        conn.peer
+            .request(
+                "session/new",
+                &json!({"cwd": std::env::temp_dir(), "mcpServers": []}),
+            )
             .await
             .unwrap();
         direct.push(started.elapsed().as_secs_f64() * 1e3);
@@ -126,36 +155,62 @@ pub async fn start(opts: &Opts) -> Value {
         let started = Instant::now();
         let run = ctl.start("echo", "").await;
         via.push(started.elapsed().as_secs_f64() * 1e3);
-        ctl.call("_acpd/subagent/dispose", json!({"runId": run})).await;
+        ctl.call("_acpd/subagent/dispose", json!({"runId": run}))
+            .await;
     }
     let (d, v) = (median(direct), median(via));
-    println!("\n(2) start (median of {reps}): direct spawn+initialize+session/new {d:.2} ms, through acpd {v:.2} ms, added {:.2} ms", v - d);
+    println!(
+        "\n(2) start (median of {reps}): direct spawn+initialize+session/new {d:.2} ms, through acpd {v:.2} ms, added {:.2} ms",
+        v - d
+    );
     json!({ "directMs": d, "acpdMs": v, "addedMs": v - d })
 }
 
 /// (3) Scale and (5) memory under it: K live children idle after one turn.
 pub async fn scale(opts: &Opts) -> Value {
-    let sizes: &[usize] = if opts.quick { &[1, 16] } else { &[1, 16, 64, 256] };
+    let sizes: &[usize] = if opts.quick {
+        &[1, 16]
+    } else {
+        &[1, 16, 64, 256]
+    };
     println!("\n(3) scale: K concurrent live children (idle after one turn)");
-    println!("{:>5} {:>12} {:>12} {:>14} {:>12} {:>12} {:>8}", "K", "start all", "dispose all", "RSS", "per run", "peak RSS", "zombies");
+    println!(
+        "{:>5} {:>12} {:>12} {:>14} {:>12} {:>12} {:>8}",
+        "K", "start all", "dispose all", "RSS", "per run", "peak RSS", "zombies"
+    );
     let mut out = Vec::new();
     for &k in sizes {
         let ctl = Ctl::spawn(&config(k.max(1))).await;
         let base = ctl.rss_kib();
         let started = Instant::now();
-        let runs: Vec<String> = futures::future::join_all((0..k).map(|_| ctl.start("echo", "x"))).await;
+        let runs: Vec<String> =
+            futures::future::join_all((0..k).map(|_| ctl.start("echo", "x"))).await;
         let start_all = started.elapsed();
-        futures::future::join_all(runs.iter().map(|r| ctl.call("_acpd/subagent/wait", json!({"runId": r})))).await;
+        futures::future::join_all(
+            runs.iter()
+                .map(|r| ctl.call("_acpd/subagent/wait", json!({"runId": r}))),
+        )
+        .await;
         let rss = ctl.rss_kib();
         let per_run = (rss.saturating_sub(base)) as f64 / k as f64;
         let started = Instant::now();
-        futures::future::join_all(runs.iter().map(|r| ctl.call("_acpd/subagent/dispose", json!({"runId": r})))).await;
+        futures::future::join_all(
+            runs.iter()
+                .map(|r| ctl.call("_acpd/subagent/dispose", json!({"runId": r}))),
+        )
+        .await;
         let dispose_all = started.elapsed();
         let peak = peak_rss_kib(ctl.pid()).unwrap_or_default();
         let (left, zombies) = ctl.children();
         println!(
             "{:>5} {:>9.1} ms {:>9.1} ms {:>10} KiB {:>8.1} KiB {:>8} KiB {:>8}",
-            k, start_all.as_secs_f64() * 1e3, dispose_all.as_secs_f64() * 1e3, rss, per_run, peak, zombies
+            k,
+            start_all.as_secs_f64() * 1e3,
+            dispose_all.as_secs_f64() * 1e3,
+            rss,
+            per_run,
+            peak,
+            zombies
         );
         assert_eq!(left, 0, "every child of acpd is gone after dispose");
         out.push(json!({
@@ -175,11 +230,15 @@ pub async fn teardown(opts: &Opts) -> Value {
     let mut coop = Vec::new();
     let mut deaf = Vec::new();
     for _ in 0..reps {
-        for (provider, text, into) in [("echo", "x", &mut coop), ("deaf", ":ignore-eof\n:ignore-term", &mut deaf)] {
+        for (provider, text, into) in [
+            ("echo", "x", &mut coop),
+            ("deaf", ":ignore-eof\n:ignore-term", &mut deaf),
+        ] {
             let run = ctl.start(provider, text).await;
             ctl.call("_acpd/subagent/wait", json!({"runId": run})).await;
             let started = Instant::now();
-            ctl.call("_acpd/subagent/dispose", json!({"runId": run})).await;
+            ctl.call("_acpd/subagent/dispose", json!({"runId": run}))
+                .await;
             into.push(started.elapsed().as_secs_f64() * 1e3);
         }
     }

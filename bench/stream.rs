@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::parent::{self, percentile, peak_rss_kib};
+use crate::parent::{self, peak_rss_kib, percentile};
 use crate::{ACPD, Opts};
 
 /// `acpd serve` on a private socket, for the `serve + connect` path.
@@ -40,7 +40,11 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Daemon { child, socket, _dir: dir }
+        Daemon {
+            child,
+            socket,
+            _dir: dir,
+        }
     }
 }
 
@@ -56,11 +60,15 @@ impl Drop for Daemon {
 
 /// The conductor binary, if the bench's setup installed it (or it is on PATH).
 fn conductor() -> Option<String> {
-    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-tools/bin/agent-client-protocol-conductor");
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/bench-tools/bin/agent-client-protocol-conductor");
     if local.exists() {
         return Some(local.to_string_lossy().into_owned());
     }
-    let found = Command::new("agent-client-protocol-conductor").arg("--help").output().is_ok();
+    let found = Command::new("agent-client-protocol-conductor")
+        .arg("--help")
+        .output()
+        .is_ok();
     found.then(|| "agent-client-protocol-conductor".to_string())
 }
 
@@ -71,15 +79,29 @@ pub async fn run(opts: &Opts) -> Value {
     let daemon = Daemon::start("");
     let socket = daemon.socket.to_string_lossy().into_owned();
     let mut paths: Vec<(&str, Vec<String>, Option<u32>)> = vec![
-        ("direct", vec![ACPD.into(), "agent".into(), "echo".into()], None),
+        (
+            "direct",
+            vec![ACPD.into(), "agent".into(), "echo".into()],
+            None,
+        ),
         ("acpd stdio", vec![ACPD.into(), "stdio".into()], None),
-        ("acpd serve+connect", vec![ACPD.into(), "connect".into(), "--socket".into(), socket], Some(daemon.child.id())),
+        (
+            "acpd serve+connect",
+            vec![ACPD.into(), "connect".into(), "--socket".into(), socket],
+            Some(daemon.child.id()),
+        ),
     ];
     match conductor() {
-        Some(c) => paths.push(("conductor 5.0.0", vec![c, "agent".into(), format!("{ACPD} agent echo")], None)),
+        Some(c) => paths.push((
+            "conductor 5.0.0",
+            vec![c, "agent".into(), format!("{ACPD} agent echo")],
+            None,
+        )),
         None => eprintln!("conductor not installed (bench/setup-conductor installs it): skipped"),
     }
-    println!("\n(1) streaming {n} agent_message_chunk updates to an SDK client (best of {rounds}); latency: {paced} stamped chunks 1 ms apart");
+    println!(
+        "\n(1) streaming {n} agent_message_chunk updates to an SDK client (best of {rounds}); latency: {paced} stamped chunks 1 ms apart"
+    );
     println!(
         "{:<20} {:>6} {:>11} {:>8} {:>11} {:>11} {:>11} {:>11}",
         "path", "chunk", "time", "ratio", "p50 µs", "p99 µs", "+p50 µs", "+p99 µs"
@@ -97,7 +119,14 @@ pub async fn run(opts: &Opts) -> Value {
             let ratio = b_secs / secs;
             println!(
                 "{:<20} {:>5}B {:>8.1} ms {:>7.2}x {:>11.1} {:>11.1} {:>11.1} {:>11.1}",
-                label, size, secs * 1e3, ratio, p50, p99, p50 - b50, p99 - b99
+                label,
+                size,
+                secs * 1e3,
+                ratio,
+                p50,
+                p99,
+                p50 - b50,
+                p99 - b99
             );
             out.push(json!({
                 "path": label, "chunkBytes": size, "messages": n,
@@ -110,7 +139,11 @@ pub async fn run(opts: &Opts) -> Value {
     }
     drop(daemon);
     let slow = slow_parent(if opts.quick { 5_000 } else { 51_200 });
-    println!("(5) acpd stdio peak RSS with a parent reading slowly: {} KiB after {} MiB", slow.0, slow.1 >> 20);
+    println!(
+        "(5) acpd stdio peak RSS with a parent reading slowly: {} KiB after {} MiB",
+        slow.0,
+        slow.1 >> 20
+    );
     json!({ "runs": out, "slowParent": { "peakRssKiB": slow.0, "bytes": slow.1 } })
 }
 
@@ -130,14 +163,20 @@ fn slow_parent(chunks: usize) -> (u64, usize) {
         stdin.flush().unwrap();
     };
     let mut line = String::new();
-    send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}));
+    send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}),
+    );
     stdout.read_line(&mut line).unwrap();
-    send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": std::env::temp_dir(), "mcpServers": []}}));
+    send(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": std::env::temp_dir(), "mcpServers": []}}),
+    );
     line.clear();
     stdout.read_line(&mut line).unwrap();
     let sid = serde_json::from_str::<Value>(&line).unwrap()["result"]["sessionId"].clone();
-    send(json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
-        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": format!(":chunks {chunks} 4096")}]}}));
+    send(
+        json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": format!(":chunks {chunks} 4096")}]}}),
+    );
     let mut buf = vec![0u8; 64 * 1024];
     let (mut total, mut tail) = (0usize, Vec::new());
     let mut reads = 0u64;

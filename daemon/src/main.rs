@@ -15,10 +15,16 @@ fn main() -> ExitCode {
         _ => None,
     };
     init_logging();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // One connection's pipeline (reader → router → writer) runs best on one thread: a message
+    // moves between tasks without waking another thread, which is most of a hop's latency.
+    // The daemon and `acpd run` (which writes to a terminal with blocking calls) use workers.
+    let mut builder = match cli.command {
+        Command::Stdio | Command::Connect(_) | Command::Agent(_) => {
+            tokio::runtime::Builder::new_current_thread()
+        }
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("acpd: cannot start the async runtime: {e}");

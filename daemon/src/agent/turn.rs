@@ -225,7 +225,13 @@ impl Turn<'_> {
                 .map(|t| t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128)
                 .unwrap_or_default();
             let mut text = format!("t={now};");
-            text.extend(FILLER.iter().cycle().take(size.saturating_sub(text.len())).map(|&b| char::from(b)));
+            text.extend(
+                FILLER
+                    .iter()
+                    .cycle()
+                    .take(size.saturating_sub(text.len()))
+                    .map(|&b| char::from(b)),
+            );
             let line = self.update_line(json!({
                 "sessionUpdate": "agent_message_chunk",
                 "content": {"type": "text", "text": text},

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_USAGE, load_config};
+use super::{EXIT_USAGE, config_or_usage, load_config};
 use crate::child::{AcpChild, ChildSpec, SessionParams};
 use crate::runtime::{self, ServeOptions};
 use crate::wire;
@@ -52,12 +52,9 @@ pub async fn serve(
     socket: SocketArg,
     activated: Option<std::os::unix::net::UnixListener>,
 ) -> u8 {
-    let config = match load_config(config_path) {
+    let config = match config_or_usage(config_path) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("acpd: {e}");
-            return EXIT_USAGE;
-        }
+        Err(code) => return code,
     };
     let explicit = config_path.map(Path::to_path_buf);
     let opts = ServeOptions {
@@ -114,7 +111,7 @@ pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
 }
 
 /// One request to the daemon over its socket, as an ACP client.
-async fn query(path: &Path, method: &str) -> Result<Value, String> {
+async fn query(path: &Path, method: &'static str) -> Result<Value, String> {
     let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| {
         format!(
             "no acpd daemon at {} ({e}); start one with `acpd serve`",
@@ -132,32 +129,32 @@ async fn query(path: &Path, method: &str) -> Result<Value, String> {
         json!({ "protocolVersion": 1, "clientCapabilities": {} }),
     )
     .await?;
-    let method: &'static str = if method == "_acpd/status" {
-        "_acpd/status"
-    } else {
-        "_acpd/runs"
-    };
     let raw = call(method, json!({})).await?;
     conn.peer.close();
     serde_json::from_str(raw.get()).map_err(|e| e.to_string())
 }
 
-pub async fn status(args: QueryArgs) -> u8 {
-    let path = match socket_path(&args.socket) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let v = match query(&path, "_acpd/status").await {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("acpd: {e}");
-            return 1;
-        }
-    };
+/// Asks the daemon; `Err` is the exit code, with the reason already on stderr. With `--json`
+/// the answer is printed here and `None` returned.
+async fn ask(args: &QueryArgs, method: &'static str) -> Result<Option<Value>, u8> {
+    let path = socket_path(&args.socket)?;
+    let v = query(&path, method).await.map_err(|e| {
+        eprintln!("acpd: {e}");
+        1
+    })?;
     if args.json {
         println!("{v}");
-        return 0;
+        return Ok(None);
     }
+    Ok(Some(v))
+}
+
+pub async fn status(args: QueryArgs) -> u8 {
+    let v = match ask(&args, "_acpd/status").await {
+        Ok(Some(v)) => v,
+        Ok(None) => return 0,
+        Err(code) => return code,
+    };
     let limits = &v["limits"];
     println!(
         "acpd {} (pid {}), up {}s",
@@ -182,21 +179,11 @@ pub async fn status(args: QueryArgs) -> u8 {
 }
 
 pub async fn runs(args: QueryArgs) -> u8 {
-    let path = match socket_path(&args.socket) {
-        Ok(p) => p,
+    let v = match ask(&args, "_acpd/runs").await {
+        Ok(Some(v)) => v,
+        Ok(None) => return 0,
         Err(code) => return code,
     };
-    let v = match query(&path, "_acpd/runs").await {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("acpd: {e}");
-            return 1;
-        }
-    };
-    if args.json {
-        println!("{v}");
-        return 0;
-    }
     println!(
         "{:<38} {:<12} {:<16} {:<9} {:>6} {:>8} {:>5} {:>5}",
         "RUN", "PROVIDER", "LABEL", "STATE", "AGE", "PID", "DEPTH", "CONN"
@@ -220,12 +207,9 @@ pub async fn runs(args: QueryArgs) -> u8 {
 
 /// For each provider: spawn it, run `initialize`, report what it says, tear it down.
 pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
-    let config = match load_config(config_path) {
+    let config = match config_or_usage(config_path) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("acpd: {e}");
-            return EXIT_USAGE;
-        }
+        Err(code) => return code,
     };
     crate::supervise::init();
     let providers: Vec<_> = config

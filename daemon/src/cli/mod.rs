@@ -79,6 +79,14 @@ pub fn load_config(cli_path: Option<&std::path::Path>) -> Result<Config, ConfigE
     Config::load(cli_path, echo_command())
 }
 
+/// The config, or exit code 2 with the error (file, line, key) on stderr.
+fn config_or_usage(cli_path: Option<&std::path::Path>) -> Result<Config, u8> {
+    load_config(cli_path).map_err(|e| {
+        eprintln!("acpd: {e}");
+        EXIT_USAGE
+    })
+}
+
 /// Runs a command that needs the runtime. `activated` is the listener systemd passed, taken
 /// before the runtime started.
 pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListener>) -> u8 {
@@ -101,12 +109,9 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
 /// `acpd stdio`: one parent on stdin/stdout; exits 0 when it disconnects, after every child it
 /// started is reaped.
 pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
-    let config = match load_config(config) {
+    let config = match config_or_usage(config) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("acpd: {e}");
-            return EXIT_USAGE;
-        }
+        Err(code) => return code,
     };
     crate::supervise::init();
     let ctx = crate::server::ServerContext {
@@ -122,12 +127,9 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
 }
 
 fn providers(config: Option<&std::path::Path>, json: bool) -> u8 {
-    let config = match load_config(config) {
+    let config = match config_or_usage(config) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("acpd: {e}");
-            return EXIT_USAGE;
-        }
+        Err(code) => return code,
     };
     let registry = crate::registry::Registry::new(config, Default::default());
     let providers = registry.providers();

@@ -9,7 +9,7 @@ use acpd_protocol::subagent::{StartRequest, StopReason, SubagentResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_USAGE, load_config};
+use super::{EXIT_USAGE, config_or_usage};
 use crate::child::{decide_permission, permission_cancelled};
 use crate::registry::{DepthContext, Registry, RunEvent, StartOptions};
 
@@ -40,12 +40,9 @@ pub struct RunArgs {
 }
 
 pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
-    let config = match load_config(config_path) {
+    let config = match config_or_usage(config_path) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("acpd: {e}");
-            return EXIT_USAGE;
-        }
+        Err(code) => return code,
     };
     let from_stdin = args.prompt.len() == 1 && args.prompt[0] == "-";
     let prompt = if from_stdin {

@@ -76,46 +76,12 @@ async fn stray_reaper() {
 pub(super) fn reap_strays() {
     let me = std::process::id() as i32;
     let leaders = leaders();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if leaders.contains(&pid) {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        if let Some((state, ppid)) = parse_state_ppid(&stat)
-            && state == 'Z'
-            && ppid == me
+    for pid in super::procfs::pids().filter(|p| !leaders.contains(p)) {
+        if let Some(stat) = super::procfs::stat(pid)
+            && stat.state == 'Z'
+            && stat.ppid == me
         {
             let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
         }
-    }
-}
-
-/// `(state, ppid)` from a `/proc/PID/stat` line; the command name may hold spaces and parens.
-pub(crate) fn parse_state_ppid(stat: &str) -> Option<(char, i32)> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    Some((state, ppid))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn parses_stat_with_odd_names() {
-        let stat = "123 (a (b) c) Z 45 123 123 0 -1";
-        assert_eq!(super::parse_state_ppid(stat), Some(('Z', 45)));
     }
 }

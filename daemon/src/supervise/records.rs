@@ -13,6 +13,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+use super::procfs;
+
 /// Live groups (pgid → leader start time), kept whether or not a state directory is used: the
 /// emergency kill of a second shutdown signal walks them too.
 static LIVE: Mutex<BTreeMap<i32, u64>> = Mutex::new(BTreeMap::new());
@@ -151,20 +153,12 @@ fn parse_name(name: &str) -> Option<(i32, u64)> {
 
 /// Kills members of `pgid` that started no earlier than the recorded child did.
 fn kill_members(pgid: i32, child_start: u64) -> usize {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
     let mut killed = 0;
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Some(stat) = read_stat(pid) else { continue };
-        if stat.pgrp == pgid && stat.start >= child_start {
+    for pid in procfs::pids() {
+        if let Some(stat) = procfs::stat(pid)
+            && stat.pgrp == pgid
+            && stat.start >= child_start
+        {
             let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
             killed += 1;
         }
@@ -172,23 +166,9 @@ fn kill_members(pgid: i32, child_start: u64) -> usize {
     killed
 }
 
-struct Stat {
-    pgrp: i32,
-    start: u64,
-}
-
-fn read_stat(pid: i32) -> Option<Stat> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    Some(Stat {
-        pgrp: fields.get(2)?.parse().ok()?,
-        start: fields.get(19)?.parse().ok()?,
-    })
-}
-
 /// A process's start time in clock ticks since boot (`/proc/PID/stat` field 22).
 pub fn start_time(pid: i32) -> Option<u64> {
-    read_stat(pid).map(|s| s.start)
+    procfs::stat(pid).map(|s| s.start)
 }
 
 #[cfg(test)]

@@ -1,0 +1,44 @@
+//! The few `/proc/PID/stat` fields acpd reads: state, parent, process group, start time.
+
+pub struct Stat {
+    pub state: char,
+    pub ppid: i32,
+    pub pgrp: i32,
+    /// Clock ticks since boot (field 22).
+    pub start: u64,
+}
+
+/// Parses a `stat` line; the command name may hold spaces and parentheses.
+pub fn parse(line: &str) -> Option<Stat> {
+    let fields: Vec<&str> = line[line.rfind(')')? + 1..].split_whitespace().collect();
+    Some(Stat {
+        state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
+        pgrp: fields.get(2)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+    })
+}
+
+pub fn stat(pid: i32) -> Option<Stat> {
+    parse(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Every pid in `/proc`.
+pub fn pids() -> impl Iterator<Item = i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_stat_with_odd_names() {
+        let line = "123 (a (b) c) Z 45 77 77 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 9876 0 0";
+        let s = super::parse(line).unwrap();
+        assert_eq!((s.state, s.ppid, s.pgrp, s.start), ('Z', 45, 77, 9876));
+        assert!(super::stat(std::process::id() as i32).is_some());
+    }
+}
