@@ -2,9 +2,10 @@
 //! figure is measured side by side with its baseline in the same run and reported as a ratio or
 //! a difference, because these machines are noisy; absolute numbers are printed too.
 //!
-//! `cargo bench -p acpd --bench acpd -- [--quick] [--json FILE]`
+//! `cargo bench -p acpd --bench acpd -- [--quick] [--json FILE] [--readme]`
 
 mod parent;
+mod report;
 mod scale;
 mod stream;
 
@@ -15,6 +16,8 @@ pub const ACPD: &str = env!("CARGO_BIN_EXE_acpd");
 pub struct Opts {
     pub quick: bool,
     pub json: Option<PathBuf>,
+    /// Rewrite README.md's results table from this run.
+    pub readme: bool,
 }
 
 #[tokio::main]
@@ -22,11 +25,13 @@ async fn main() {
     let mut opts = Opts {
         quick: false,
         json: None,
+        readme: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => opts.quick = true,
+            "--readme" => opts.readme = true,
             // Relative to the workspace root (cargo runs benches from the package directory).
             "--json" => {
                 let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -51,6 +56,11 @@ async fn main() {
         "scale": scale::scale(&opts).await,
         "teardown": scale::teardown(&opts).await,
     });
+    if opts.readme {
+        let readme = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+        report::update_readme(&readme, &report::markdown(&report)).unwrap();
+        println!("README.md results table regenerated");
+    }
     if let Some(path) = &opts.json {
         std::fs::write(path, serde_json::to_string_pretty(&report).unwrap()).unwrap();
         println!("\nresults written to {}", path.display());

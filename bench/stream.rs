@@ -144,7 +144,10 @@ pub async fn run(opts: &Opts) -> Value {
         slow.0,
         slow.1 >> 20
     );
-    json!({ "runs": out, "slowParent": { "peakRssKiB": slow.0, "bytes": slow.1 } })
+    json!({
+        "messages": n, "rounds": rounds, "pacedMessages": paced,
+        "runs": out, "slowParent": { "peakRssKiB": slow.0, "bytes": slow.1 },
+    })
 }
 
 /// acpd stdio's peak RSS while a raw parent reads 4 KiB chunks slowly.

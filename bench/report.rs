@@ -1,0 +1,107 @@
+//! The results table in README.md, regenerated from a run (`--readme`), so the published
+//! numbers are always what the command printed.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::Value;
+
+const BEGIN: &str = "<!-- bench:begin -->";
+const END: &str = "<!-- bench:end -->";
+
+fn f(v: &Value, digits: usize) -> String {
+    v.as_f64().map_or("–".into(), |x| format!("{x:.digits$}"))
+}
+
+pub fn markdown(r: &Value) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "Measured by `cargo bench -p acpd --bench acpd -- --readme{}` on this machine ({} cores), acpd {}.\n",
+        if r["quick"] == true { " --quick" } else { "" },
+        r["cores"],
+        r["version"].as_str().unwrap_or("?")
+    );
+    let st = &r["streaming"];
+    let _ = writeln!(
+        md,
+        "**Streaming** ({} `agent_message_chunk` updates to an ACP Rust SDK client, best of {}; latency of {} stamped chunks sent 1 ms apart):\n",
+        st["messages"], st["rounds"], st["pacedMessages"]
+    );
+    let _ = writeln!(
+        md,
+        "| path | chunk | time | throughput vs direct | p50 | p99 | added p50 | added p99 | peak RSS |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for run in r["streaming"]["runs"].as_array().into_iter().flatten() {
+        let rss = run["peakRssKiB"]
+            .as_u64()
+            .map_or("–".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
+        let _ = writeln!(
+            md,
+            "| {} | {} B | {} ms | {}× | {} µs | {} µs | {} µs | {} µs | {} |",
+            run["path"].as_str().unwrap_or("?"),
+            run["chunkBytes"],
+            f(&run["ms"], 0),
+            f(&run["throughputRatio"], 2),
+            f(&run["latencyP50Us"], 0),
+            f(&run["latencyP99Us"], 0),
+            f(&run["addedP50Us"], 0),
+            f(&run["addedP99Us"], 0),
+            rss
+        );
+    }
+    let slow = &r["streaming"]["slowParent"];
+    let _ = writeln!(
+        md,
+        "\nPeak RSS of `acpd stdio` while a parent reads {} MiB of 4 KiB chunks slowly: **{:.1} MiB**.\n",
+        slow["bytes"].as_u64().unwrap_or(0) >> 20,
+        slow["peakRssKiB"].as_f64().unwrap_or(0.0) / 1024.0
+    );
+    let s = &r["start"];
+    let _ = writeln!(
+        md,
+        "**Start**: `_acpd/subagent/start` to published {} ms vs the child's own spawn + initialize + session/new {} ms: **+{} ms**.\n",
+        f(&s["acpdMs"], 2),
+        f(&s["directMs"], 2),
+        f(&s["addedMs"], 2)
+    );
+    let _ = writeln!(md, "**Scale** (K live children, idle after one turn):\n");
+    let _ = writeln!(
+        md,
+        "| K | start all | dispose all | acpd RSS | per run | zombies after |"
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|");
+    for k in r["scale"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "| {} | {} ms | {} ms | {:.1} MiB | {} KiB | {} |",
+            k["children"],
+            f(&k["startAllMs"], 1),
+            f(&k["disposeAllMs"], 1),
+            k["rssKiB"].as_f64().unwrap_or(0.0) / 1024.0,
+            f(&k["perRunKiB"], 1),
+            k["zombies"]
+        );
+    }
+    let t = &r["teardown"];
+    let _ = writeln!(
+        md,
+        "\n**Teardown**: dispose of a cooperative child {} ms; of an EOF-deaf, SIGTERM-ignoring one {} ms = eof_grace + term_grace ({} ms) **+ {} ms**.",
+        f(&t["cooperativeMs"], 2),
+        f(&t["deafMs"], 1),
+        f(&t["gracesMs"], 0),
+        f(&t["deafOverGracesMs"], 2)
+    );
+    md
+}
+
+/// Replaces the block between the markers in `readme` with `table`.
+pub fn update_readme(readme: &Path, table: &str) -> std::io::Result<()> {
+    let text = std::fs::read_to_string(readme)?;
+    let (Some(a), Some(b)) = (text.find(BEGIN), text.find(END)) else {
+        return Err(std::io::Error::other("README.md has no bench markers"));
+    };
+    let updated = format!("{}{BEGIN}\n{table}{}", &text[..a], &text[b..]);
+    std::fs::write(readme, updated)
+}
