@@ -63,6 +63,7 @@ impl AcpClient {
             .env_remove("ACPD_DEPTH")
             .env_remove("ACPD_MAX_DEPTH")
             .env("ACPD_LOG", "warn")
+            .env("STATE_DIRECTORY", env.path().join("state"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)

@@ -37,6 +37,7 @@ impl Env {
         let mut cmd = base();
         cmd.arg("--config").arg(&self.config);
         cmd.current_dir(self.dir.path());
+        cmd.env("STATE_DIRECTORY", self.dir.path().join("state"));
         cmd
     }
 
@@ -52,6 +53,11 @@ pub fn base() -> Command {
         .env_remove("ACPD_DEPTH")
         .env_remove("ACPD_MAX_DEPTH")
         .env("XDG_CONFIG_HOME", "/nonexistent-acpd-test-config")
+        // Child records go to a scratch directory, not the user's state directory.
+        .env(
+            "STATE_DIRECTORY",
+            std::env::temp_dir().join("acpd-test-state"),
+        )
         .env("ACPD_LOG", "warn");
     cmd
 }

@@ -114,6 +114,7 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
         Err(code) => return code,
     };
     crate::supervise::init();
+    crate::supervise::keep_records();
     let ctx = crate::server::ServerContext {
         registry: crate::registry::Registry::new(config, crate::registry::DepthContext::from_env()),
         caller_cwd: std::env::current_dir().ok(),
@@ -123,6 +124,7 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
     };
     let (reader, writer) = crate::runtime::stdio();
     crate::server::serve(reader, writer, ctx).await;
+    crate::supervise::forget_records();
     0
 }
 

@@ -65,6 +65,7 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
     let cwd = args.cwd.as_ref().map(|d| caller_cwd.join(d));
 
     crate::supervise::init();
+    crate::supervise::keep_records();
     let registry = Registry::new(config, DepthContext::from_env());
     let interrupted = CancellationToken::new();
     tokio::spawn(watch_signals(interrupted.clone()));
@@ -141,6 +142,7 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
             return EXIT_ERROR;
         }
     };
+    crate::supervise::forget_records();
     report(&result, args.json);
     if interrupted.is_cancelled() {
         return EXIT_INTERRUPTED;

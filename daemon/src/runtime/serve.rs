@@ -50,11 +50,7 @@ const SHUTDOWN_MARGIN: Duration = Duration::from_secs(2);
 
 pub async fn serve(opts: ServeOptions, config: Config) -> Result<(), ServeError> {
     supervise::init();
-    if let Some(dir) = supervise::default_state_dir()
-        && let Err(e) = supervise::enable_records(&dir)
-    {
-        tracing::warn!("cannot keep child records in {}: {e}", dir.display());
-    }
+    supervise::keep_records();
     let (std_listener, bound_path) = match opts.activated {
         Some(l) => (l, None),
         None => {

@@ -55,6 +55,17 @@ pub fn default_state_dir() -> Option<PathBuf> {
     env("HOME").map(|h| h.join(".local/state/acpd"))
 }
 
+/// Keeps records in the default state directory, logging (not failing) when it cannot.
+pub fn enable_default() {
+    let Some(dir) = default_state_dir() else {
+        tracing::debug!("no state directory (no STATE_DIRECTORY, XDG_STATE_HOME or HOME)");
+        return;
+    };
+    if let Err(e) = enable(&dir) {
+        tracing::warn!("cannot keep child records in {}: {e}", dir.display());
+    }
+}
+
 /// Sweeps dead owners' records in `dir`, then starts this process's own record there.
 pub fn enable(dir: &Path) -> std::io::Result<Sweep> {
     std::fs::create_dir_all(dir)?;
