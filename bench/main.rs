@@ -20,8 +20,52 @@ pub struct Opts {
     pub readme: bool,
 }
 
+/// `--relay CMD…`: a plain byte relay between this process's stdio and CMD's, one thread per
+/// direction. The bench puts it in the path as the floor for "one more process hop".
+fn relay(argv: &[String]) -> ! {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the relayed command");
+    let mut to_child = child.stdin.take().unwrap();
+    let mut from_child = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut to_child);
+    });
+    let _ = copy_unbuffered(&mut from_child, &mut std::io::stdout());
+    let _ = child.kill();
+    std::process::exit(0)
+}
+
+/// `io::copy` into a locked, line-buffered stdout would hold bytes back; write each read.
+fn copy_unbuffered(
+    from: &mut impl std::io::Read,
+    to: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = from.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        to.write_all(&buf[..n])?;
+        to.flush()?;
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--relay") {
+        relay(&args[i + 1..]);
+    }
+    bench();
+}
+
 #[tokio::main]
-async fn main() {
+async fn bench() {
     let mut opts = Opts {
         quick: false,
         json: None,

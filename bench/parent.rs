@@ -53,6 +53,10 @@ pub async fn stream(
     let mut child = tokio::process::Command::new(&argv[0])
         .args(&argv[1..])
         .env("XDG_CONFIG_HOME", "/nonexistent-acpd-bench")
+        .env(
+            "STATE_DIRECTORY",
+            std::env::temp_dir().join("acpd-bench-state"),
+        )
         .env_remove("ACPD_CONFIG")
         .env_remove("ACPD_DEPTH")
         .stdin(Stdio::piped())
@@ -126,7 +130,8 @@ pub async fn stream(
         })
         .await;
     let peak_kib = peak_rss_kib(watch);
-    drop(child);
+    // The transport is closed: let the process exit on its own (a kill would leave a record).
+    let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
     let (elapsed, latencies) = result.unwrap_or_else(|e| panic!("{argv:?}: {e}"));
     Streamed {
         elapsed,

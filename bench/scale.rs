@@ -26,6 +26,7 @@ impl Ctl {
             .arg(&path)
             .arg("stdio")
             .current_dir(dir.path())
+            .env("STATE_DIRECTORY", dir.path().join("state"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)

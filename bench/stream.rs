@@ -72,6 +72,20 @@ fn conductor() -> Option<String> {
     found.then(|| "agent-client-protocol-conductor".to_string())
 }
 
+fn relay_argv() -> Vec<String> {
+    let me = std::env::current_exe()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    vec![
+        me,
+        "--relay".into(),
+        ACPD.into(),
+        "agent".into(),
+        "echo".into(),
+    ]
+}
+
 pub async fn run(opts: &Opts) -> Value {
     let n: u64 = if opts.quick { 5_000 } else { 100_000 };
     let rounds = if opts.quick { 1 } else { 3 };
@@ -84,6 +98,8 @@ pub async fn run(opts: &Opts) -> Value {
             vec![ACPD.into(), "agent".into(), "echo".into()],
             None,
         ),
+        // The floor: the same agent behind one more process that only copies bytes.
+        ("raw pipe hop", relay_argv(), None),
         ("acpd stdio", vec![ACPD.into(), "stdio".into()], None),
         (
             "acpd serve+connect",
@@ -155,6 +171,10 @@ fn slow_parent(chunks: usize) -> (u64, usize) {
     let mut acpd = Command::new(ACPD)
         .arg("stdio")
         .env("XDG_CONFIG_HOME", "/nonexistent-acpd-bench")
+        .env(
+            "STATE_DIRECTORY",
+            std::env::temp_dir().join("acpd-bench-state"),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

@@ -146,11 +146,16 @@ fn sweep(dir: &Path) -> Sweep {
         }
         let _ = std::fs::remove_file(entry.path());
     }
-    if result.records > 0 {
+    if result.killed > 0 {
         tracing::warn!(
             records = result.records,
             killed = result.killed,
             "swept process groups left by a dead acpd"
+        );
+    } else if result.records > 0 {
+        tracing::info!(
+            records = result.records,
+            "removed records of dead acpd processes"
         );
     }
     result
