@@ -1,0 +1,328 @@
+//! Config parsing, validation and discovery.
+use super::*;
+use std::collections::HashMap;
+
+const FILE: &str = "/tmp/x/config.toml";
+const CODEX: &str = "[providers.codex]\ncommand = [\"codex-acp\"]\n";
+
+fn echo_command() -> Vec<String> {
+    vec!["/usr/bin/acpd".into(), "agent".into(), "echo".into()]
+}
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new(FILE), echo_command())
+}
+
+fn codex(extra: &str) -> String {
+    format!("{CODEX}{extra}\n")
+}
+
+/// Asserts `text` is rejected with one line `FILE:line: key: …` and returns it.
+fn fails(text: &str, line: usize, key: &str) -> String {
+    let err = parse(text).expect_err("should be rejected").to_string();
+    let at = format!("{FILE}:{line}: {key}: ");
+    assert!(err.starts_with(&at), "{err:?} is not at {at:?}");
+    assert!(!err.contains('\n'), "error spans several lines: {err:?}");
+    err
+}
+
+#[test]
+fn unknown_keys_are_rejected() {
+    let err = fails("max_depth = 1\nbogus = 2\n", 2, "bogus");
+    assert!(err.contains("unknown field `bogus`"), "{err}");
+    let err = fails(&codex("colour = 1"), 3, "providers.codex.colour");
+    assert!(err.contains("unknown field `colour`"), "{err}");
+}
+
+#[test]
+fn duplicate_provider_is_rejected() {
+    let err = fails(&format!("{CODEX}\n{CODEX}"), 4, "providers.codex");
+    assert!(err.contains("duplicate"), "{err}");
+}
+
+#[test]
+fn relative_cwd_is_rejected() {
+    let text = format!("\n\n\n\n\n{CODEX}cwd = \"rel/dir\"");
+    let err = fails(&text, 8, "providers.codex.cwd");
+    assert!(err.ends_with("an absolute path, got \"rel/dir\""), "{err}");
+}
+
+#[test]
+fn bad_argv_is_rejected() {
+    let key = "providers.codex.command";
+    fails("[providers.codex]\ncommand = []\n", 2, key);
+    fails("[providers.codex]\n\ncommand = [\"\", \"x\"]", 3, key);
+    fails("[providers.codex]\ncommand = \"codex --x\"", 2, key);
+    let err = fails("[providers.codex]\ndescription = \"d\"\n", 1, key);
+    assert!(err.ends_with("is required"), "{err}");
+}
+
+#[test]
+fn bad_durations_are_rejected() {
+    let text = codex("idle_timeout = \"10 parsecs\"");
+    let err = fails(&text, 3, "providers.codex.idle_timeout");
+    assert!(err.contains("invalid duration \"10 parsecs\""), "{err}");
+    let err = fails(
+        &codex("cancel_grace = 5"),
+        3,
+        "providers.codex.cancel_grace",
+    );
+    assert!(err.contains("expected a string"), "{err}");
+}
+
+#[test]
+fn bad_sizes_are_rejected() {
+    fails("max_output = \"8 MiBs\"\n", 1, "max_output");
+    fails("max_depth = 1\nmax_output = -1\n", 2, "max_output");
+    fails("max_output = true\n", 1, "max_output");
+    fails("max_output = \"0KiB\"\n", 1, "max_output");
+}
+
+#[test]
+fn bad_names_are_rejected() {
+    let bad_provider = "[providers.\"a b\"]\ncommand = [\"x\"]\n";
+    fails(bad_provider, 1, "providers.\"a b\"");
+    let text = codex("env = { \"A=B\" = \"x\" }");
+    fails(&text, 3, "providers.codex.env.\"A=B\"");
+    let text = codex("env = { A = \"x\\u0000\" }");
+    fails(&text, 3, "providers.codex.env.A");
+    let text = codex("env_passthrough = [\"OK\", \"\"]");
+    fails(&text, 3, "providers.codex.env_passthrough");
+}
+
+#[test]
+fn unknown_default_provider_is_rejected() {
+    let text = format!("\ndefault_provider = \"no\"\n{CODEX}");
+    let err = fails(&text, 2, "default_provider");
+    assert!(err.contains("\"no\" (known: codex, echo)"), "{err}");
+    let config = parse(&format!("default_provider = \"codex\"\n{CODEX}"));
+    assert_eq!(
+        config.map(|c| c.default_provider).ok(),
+        Some("codex".into())
+    );
+}
+
+#[test]
+fn zero_limits_are_rejected() {
+    let err = fails(
+        &codex("max_concurrent = 0"),
+        3,
+        "providers.codex.max_concurrent",
+    );
+    assert!(err.ends_with("must be at least 1"), "{err}");
+    fails("max_children = 0\n", 1, "max_children");
+}
+
+#[test]
+fn wrong_types_and_syntax_errors_name_the_key() {
+    fails("max_depth = -1\n", 1, "max_depth");
+    let err = fails("providers.codex = 3\n", 1, "providers.codex");
+    assert!(err.contains("expected a provider table"), "{err}");
+    let err = fails(
+        &codex("permission = \"maybe\""),
+        3,
+        "providers.codex.permission",
+    );
+    assert!(err.contains("unknown variant `maybe`"), "{err}");
+    fails("max_depth = \n", 1, "max_depth");
+    fails(
+        &codex("cwd = \"/a\"\ncwd = \"/b\""),
+        4,
+        "providers.codex.cwd",
+    );
+}
+
+#[test]
+fn missing_or_unreadable_files_name_the_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("nope.toml");
+    let err = Config::load(Some(&missing), echo_command()).expect_err("missing file");
+    assert!(matches!(err, ConfigError::Missing { .. }), "{err:?}");
+    assert_eq!(err.path(), missing);
+    let err = Config::load(Some(dir.path()), echo_command()).expect_err("a directory");
+    assert!(matches!(err, ConfigError::Read { .. }), "{err:?}");
+    let shown = err.to_string();
+    assert!(
+        shown.starts_with(&format!("{}: ", dir.path().display())),
+        "{shown}"
+    );
+}
+
+#[test]
+fn full_file_round_trips() {
+    let text = r#"
+default_provider = "codex"
+max_depth = 5
+max_output = "16MiB"
+max_children = 12
+
+[providers.codex]
+command = ["codex-acp", "--flag"]
+description = "Codex"
+cwd = "/srv/work"
+env = { RUST_LOG = "debug", "X.Y" = "1" }
+env_passthrough = ["OPENAI_API_KEY"]
+permission = "reject"
+handshake_timeout = "90s"
+idle_timeout = "0s"
+run_timeout = "1h"
+cancel_grace = "500ms"
+keep_alive = "0s"
+eof_grace = "1s"
+term_grace = "4s"
+max_concurrent = 3
+"#;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, text).expect("write config");
+    let c = Config::load(Some(&path), echo_command()).expect("valid config");
+    assert_eq!(c.source.as_deref(), Some(path.as_path()));
+    assert_eq!(c.default_provider, "codex");
+    assert_eq!(
+        (c.max_depth, c.max_output, c.max_children),
+        (5, 16 << 20, 12)
+    );
+    assert_eq!(c.providers.keys().collect::<Vec<_>>(), ["codex", "echo"]);
+    let secs = Duration::from_secs;
+    let expected = ProviderConfig {
+        name: "codex".into(),
+        command: vec!["codex-acp".into(), "--flag".into()],
+        description: "Codex".into(),
+        cwd: Some(PathBuf::from("/srv/work")),
+        env: BTreeMap::from([
+            ("RUST_LOG".into(), "debug".into()),
+            ("X.Y".into(), "1".into()),
+        ]),
+        env_passthrough: vec!["OPENAI_API_KEY".into()],
+        permission: PermissionPolicy::Reject,
+        handshake_timeout: secs(90),
+        idle_timeout: None,
+        run_timeout: Some(secs(3600)),
+        cancel_grace: Duration::from_millis(500),
+        keep_alive: Duration::ZERO,
+        eof_grace: secs(1),
+        term_grace: secs(4),
+        max_concurrent: 3,
+        builtin: false,
+    };
+    assert_eq!(c.provider("codex").map(|p| p.as_ref()), Some(&expected));
+    assert!(c.provider("echo").is_some_and(|p| p.builtin));
+}
+
+#[test]
+fn builtin_echo_exists_without_a_file_and_can_be_replaced() {
+    let c = Config::builtin(echo_command());
+    assert_eq!(c.source, None);
+    assert_eq!(
+        (c.max_depth, c.max_output, c.max_children),
+        (2, 8 << 20, 256)
+    );
+    let mut expected = ProviderConfig::with_defaults("echo", echo_command());
+    expected.description = ECHO_DESCRIPTION.into();
+    expected.builtin = true;
+    assert_eq!(c.providers.len(), 1);
+    assert_eq!(
+        c.provider(&c.default_provider).map(|p| p.as_ref()),
+        Some(&expected)
+    );
+    assert_eq!(
+        parse("").expect("empty").provider("echo"),
+        c.provider("echo")
+    );
+
+    let c = parse("[providers.echo]\ncommand = [\"my-echo\"]\n").expect("echo override");
+    let own = ProviderConfig::with_defaults("echo", vec!["my-echo".into()]);
+    assert_eq!(c.provider("echo").map(|p| p.as_ref()), Some(&own));
+}
+
+/// Runs discovery with `vars` as the environment and `existing` as the
+/// only files; renders the outcome as the path, "" for none, or the error.
+fn found(explicit: Option<&str>, vars: &[(&str, &str)], existing: &[&str]) -> String {
+    let vars: HashMap<&str, &str> = vars.iter().copied().collect();
+    let env = |k: &str| vars.get(k).map(|v| v.to_string());
+    let exists = |p: &Path| existing.iter().any(|e| Path::new(e) == p);
+    match Config::discover(explicit.map(Path::new), env, exists) {
+        Ok(path) => path.map(|p| p.display().to_string()).unwrap_or_default(),
+        Err(err) => err.to_string(),
+    }
+}
+
+#[test]
+fn discovery_order() {
+    let vars = [
+        ("ACPD_CONFIG", "/e.toml"),
+        ("XDG_CONFIG_HOME", "/x"),
+        ("HOME", "/h"),
+    ];
+    let home = "/h/.config/acpd/config.toml";
+    let all = [
+        "/f.toml",
+        "/e.toml",
+        "/x/acpd/config.toml",
+        home,
+        ETC_CONFIG,
+    ];
+    assert_eq!(found(Some("/f.toml"), &vars, &all), "/f.toml");
+    assert_eq!(found(None, &vars, &all), "/e.toml");
+    assert_eq!(found(None, &vars[1..], &all), "/x/acpd/config.toml");
+    // XDG_CONFIG_HOME replaces ~/.config rather than adding to it.
+    assert_eq!(found(None, &vars[1..], &all[3..]), ETC_CONFIG);
+    let empty = [("ACPD_CONFIG", ""), ("XDG_CONFIG_HOME", ""), ("HOME", "/h")];
+    assert_eq!(found(None, &empty, &all), home);
+    assert_eq!(
+        found(None, &[("XDG_CONFIG_HOME", "rel"), ("HOME", "/h")], &all),
+        home
+    );
+    assert_eq!(found(None, &vars[2..], &all[4..]), ETC_CONFIG);
+    assert_eq!(found(None, &[], &all[4..]), ETC_CONFIG);
+    assert_eq!(found(None, &vars[1..], &[]), "");
+}
+
+#[test]
+fn explicitly_named_files_must_exist() {
+    let err = found(Some("/f.toml"), &[], &[ETC_CONFIG]);
+    assert_eq!(err, "/f.toml: config file named by --config does not exist");
+    let err = found(None, &[("ACPD_CONFIG", "/e.toml")], &[ETC_CONFIG]);
+    assert_eq!(
+        err,
+        "/e.toml: config file named by ACPD_CONFIG does not exist"
+    );
+}
+
+#[test]
+fn sizes() {
+    let kib = [
+        ("0", 0),
+        ("123", 123),
+        ("10B", 10),
+        ("1kb", 1000),
+        ("1KiB", 1024),
+    ];
+    let big = [
+        ("8 MiB", 8 << 20),
+        ("2MB", 2_000_000),
+        ("3GB", 3_000_000_000),
+    ];
+    for (text, bytes) in kib
+        .into_iter()
+        .chain(big)
+        .chain([("1gib", 1 << 30), (" 7 ", 7)])
+    {
+        assert_eq!(parse_size(text), Ok(bytes), "{text}");
+    }
+    for bad in [
+        "",
+        "MiB",
+        "1.5MiB",
+        "-1",
+        "8 MiBs",
+        "8K",
+        "9999999999999999999999B",
+    ] {
+        assert!(parse_size(bad).is_err(), "{bad} should be rejected");
+    }
+    assert_eq!(
+        parse("max_output = 4096\n").map(|c| c.max_output).ok(),
+        Some(4096)
+    );
+}

@@ -1,0 +1,131 @@
+//! The start-time gate: everything decided before a child is spawned — the capabilities a
+//! provider can enforce, the depth limits, the working directory — and the typed error for a
+//! child that failed before publication.
+
+use std::path::{Path, PathBuf};
+
+use acpd_protocol::diagnostic;
+use acpd_protocol::subagent::{Capabilities, StartRequest};
+
+use super::RegistryError;
+use crate::child::{AgentInfo, StartFailure};
+use crate::config::ProviderConfig;
+use crate::supervise;
+
+/// Where this acpd sits in a delegation chain, read from its own environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DepthContext {
+    /// `ACPD_DEPTH` of this process (0 at the top).
+    pub depth: u32,
+    /// `ACPD_MAX_DEPTH` an outer acpd imposed, if any.
+    pub inherited_max: Option<u32>,
+}
+
+impl DepthContext {
+    pub fn from_env() -> Self {
+        let read = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        };
+        DepthContext {
+            depth: read(supervise::DEPTH_VAR).unwrap_or(0),
+            inherited_max: read(supervise::MAX_DEPTH_VAR),
+        }
+    }
+}
+
+/// What acpd can enforce for an ACP child: depth (through `ACPD_DEPTH`), an output schema
+/// (checked by acpd itself), and a persona when the agent takes a `systemPrompt` (known once
+/// probed). Tool filters cannot be enforced across the process boundary.
+pub(super) fn capabilities(persona: bool) -> Capabilities {
+    Capabilities {
+        output_schema: true,
+        depth_limit: true,
+        tool_filter: false,
+        persona,
+    }
+}
+
+pub(super) fn takes_system_prompt(agent: &AgentInfo) -> bool {
+    agent
+        .capabilities
+        .pointer("/sessionCapabilities/systemPrompt")
+        .is_some_and(|v| !v.is_null())
+}
+
+/// The fixed-order gate for what needs no probe; persona is probed afterwards.
+pub(super) fn check_capabilities(
+    provider: &ProviderConfig,
+    req: &StartRequest,
+) -> Result<(), RegistryError> {
+    let caps = capabilities(true);
+    let asked = [
+        (
+            "outputSchema",
+            req.output_schema.is_some(),
+            caps.output_schema,
+        ),
+        ("depthLimit", req.max_depth.is_some(), caps.depth_limit),
+        ("toolFilter", req.tool_filter.is_some(), caps.tool_filter),
+        ("persona", req.persona.is_some(), caps.persona),
+    ];
+    for (capability, requested, supported) in asked {
+        if requested && !supported {
+            return Err(RegistryError::UnsupportedCapability {
+                provider: provider.name.clone(),
+                capability,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The request's cwd, else the provider's, else the caller's; absolute and enterable, never a
+/// silent fallback to acpd's own directory.
+pub(super) fn resolve_cwd(
+    provider: &ProviderConfig,
+    requested: Option<&Path>,
+    caller: Option<&Path>,
+) -> Result<PathBuf, RegistryError> {
+    let (cwd, origin) = match (requested, provider.cwd.as_deref(), caller) {
+        (Some(p), _, _) => (p, "the request's cwd"),
+        (None, Some(p), _) => (p, "the provider's cwd"),
+        (None, None, Some(p)) => (p, "the caller's working directory"),
+        (None, None, None) => {
+            return Err(RegistryError::InvalidCwd {
+                reason: "no cwd given and no caller working directory to fall back on".into(),
+            });
+        }
+    };
+    if !cwd.is_absolute() {
+        return Err(RegistryError::InvalidCwd {
+            reason: format!("{origin} must be absolute"),
+        });
+    }
+    if !cwd.is_dir() || nix::unistd::access(cwd, nix::unistd::AccessFlags::X_OK).is_err() {
+        return Err(RegistryError::InvalidCwd {
+            reason: format!("{origin} is not an existing, enterable directory"),
+        });
+    }
+    Ok(cwd.to_path_buf())
+}
+
+pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> RegistryError {
+    if let StartFailure::Cancelled { .. } = e {
+        return RegistryError::StartCancelled {
+            provider: provider.name.clone(),
+        };
+    }
+    let failure = e.failure();
+    let diagnostic = diagnostic::build(&diagnostic::Facts {
+        provider: &provider.name,
+        failure: Some(&failure),
+        ..Default::default()
+    });
+    RegistryError::StartFailed {
+        provider: provider.name.clone(),
+        failure: Box::new(failure),
+        diagnostic,
+    }
+}
