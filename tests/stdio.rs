@@ -729,3 +729,43 @@ async fn persona_goes_to_agents_that_take_a_system_prompt() {
     .await;
     client.close().await;
 }
+
+#[tokio::test]
+async fn an_escaped_descendant_is_reaped_by_the_stray_reaper() {
+    let env = Env::new("");
+    let client = ready(&env, json!({})).await;
+    let acpd = client.process.id().unwrap() as i32;
+    let run = client
+        .request(
+            "_acpd/subagent/start",
+            json!({"provider": "fast", "prompt": text_prompt(":escapee 1500")}),
+        )
+        .await
+        .unwrap();
+    let r = client
+        .request("_acpd/subagent/wait", json!({"runId": run["runId"]}))
+        .await
+        .unwrap();
+    let escapee = pid_after(r["output"][0]["text"].as_str().unwrap(), "escapee ");
+    client
+        .request("_acpd/subagent/dispose", json!({"runId": run["runId"]}))
+        .await
+        .unwrap();
+    // Out of the group, so teardown did not signal it; its parent is gone, so acpd (a
+    // subreaper) adopted it.
+    let stat = std::fs::read_to_string(format!("/proc/{escapee}/stat")).unwrap();
+    let ppid: i32 = stat[stat.rfind(')').unwrap() + 2..]
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(ppid, acpd, "the escapee was adopted by acpd");
+    // When it exits, acpd reaps it: no zombie stays behind while acpd lives on.
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || !exists(escapee)),
+        "escapee {escapee} left a zombie"
+    );
+    assert!(client.process.id().is_some());
+    client.close().await;
+}

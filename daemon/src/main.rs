@@ -6,8 +6,8 @@ use acpd::cli::{self, AgentCommand, Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Agent(AgentCommand::Sleeper) = cli.command {
-        acpd::agent::run_sleeper();
+    if let Command::Agent(AgentCommand::Sleeper { exit_after }) = cli.command {
+        acpd::agent::run_sleeper(exit_after);
     }
     // LISTEN_FDS is read (and the environment cleaned) before any thread exists.
     let activated = match cli.command {

@@ -45,6 +45,8 @@ PROMPT SCRIPT
   :sleep MS             sleep MS milliseconds (session/cancel interrupts it)
   :ignore-eof           from now on, stdin EOF does not end the process
   :ignore-term          from now on, ignore SIGTERM
+  :escapee MS           spawn a sleeper in its own process group (not waited for) that
+                        exits after MS ms; stream \"escapee <PID>\"
   :grandchild           spawn a sleeper grandchild that holds stdio and ignores SIGTERM;
                         stream \"grandchild <PID>\"
   :pid                  stream \"pid <PID>\"
@@ -129,8 +131,12 @@ pub async fn run_echo(args: EchoArgs) -> i32 {
 ///
 /// It stands in for a stray descendant that a careless teardown would leave holding the
 /// agent's pipes; only SIGKILL of its process group ends it.
-pub fn run_sleeper() -> ! {
+pub fn run_sleeper(exit_after_ms: Option<u64>) -> ! {
     set_sigterm(SigHandler::SigIgn);
+    if let Some(ms) = exit_after_ms {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        std::process::exit(0);
+    }
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));
     }

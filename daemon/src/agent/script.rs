@@ -47,6 +47,8 @@ pub enum Step {
     IgnoreEof,
     IgnoreTerm,
     Grandchild,
+    /// A sleeper in its own process group that exits after the given milliseconds.
+    Escapee(u64),
     Pid,
     Permission,
     Read(String),
@@ -129,6 +131,7 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
         "ignore-eof" => no_args(rest, Step::IgnoreEof)?,
         "ignore-term" => no_args(rest, Step::IgnoreTerm)?,
         "grandchild" => no_args(rest, Step::Grandchild)?,
+        "escapee" => Step::Escapee(number(&single(rest, "MS")?, "MS")?),
         "pid" => no_args(rest, Step::Pid)?,
         "permission" => no_args(rest, Step::Permission)?,
         "read" => Step::Read(required(rest, "PATH")?),

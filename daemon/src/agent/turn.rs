@@ -132,6 +132,7 @@ impl Turn<'_> {
                 .store(true, std::sync::atomic::Ordering::Release),
             Step::IgnoreTerm => super::set_sigterm(SigHandler::SigIgn),
             Step::Grandchild => self.grandchild().await,
+            Step::Escapee(ms) => self.escapee(ms).await,
             Step::Pid => self.text(&format!("pid {}\n", std::process::id())).await,
             Step::Permission => self.permission().await,
             Step::Read(path) => self.read(&path).await,
@@ -285,6 +286,26 @@ impl Turn<'_> {
                 format!("grandchild {pid}\n")
             }
             Err(e) => format!("grandchild error: {e}\n"),
+        };
+        self.text(&line).await
+    }
+
+    /// A descendant that leaves the process group (as daemonising helpers do) and is not
+    /// waited for here: once this agent is gone it is acpd's to reap.
+    async fn escapee(&self, ms: u64) {
+        use std::os::unix::process::CommandExt as _;
+        let spawned = std::env::current_exe().and_then(|exe| {
+            std::process::Command::new(exe)
+                .args(["agent", "sleeper", "--exit-after", &ms.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+        });
+        let line = match spawned {
+            Ok(child) => format!("escapee {}\n", child.id()),
+            Err(e) => format!("escapee error: {e}\n"),
         };
         self.text(&line).await
     }

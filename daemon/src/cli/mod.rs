@@ -64,7 +64,11 @@ pub enum AgentCommand {
     Echo(EchoArgs),
     /// Sleeps forever ignoring SIGTERM (the grandchild of the echo agent's `:grandchild`).
     #[command(hide = true)]
-    Sleeper,
+    Sleeper {
+        /// Exit after this many milliseconds instead of sleeping forever.
+        #[arg(long, value_name = "MS")]
+        exit_after: Option<u64>,
+    },
 }
 
 /// The built-in echo provider's argv: this very binary.
@@ -102,7 +106,9 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         Command::Agent(AgentCommand::Echo(args)) => {
             crate::agent::run_echo(args).await.clamp(0, 255) as u8
         }
-        Command::Agent(AgentCommand::Sleeper) => crate::agent::run_sleeper(),
+        Command::Agent(AgentCommand::Sleeper { exit_after }) => {
+            crate::agent::run_sleeper(exit_after)
+        }
     }
 }
 
