@@ -769,3 +769,29 @@ async fn an_escaped_descendant_is_reaped_by_the_stray_reaper() {
     assert!(client.process.id().is_some());
     client.close().await;
 }
+
+#[tokio::test]
+async fn waiting_on_a_permission_answer_is_not_idleness() {
+    let env = Env::raw(&format!(
+        "[providers.quick]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\nidle_timeout = \"300ms\"\ncancel_grace = \"200ms\"\neof_grace = \"200ms\"\nterm_grace = \"200ms\"\n"
+    ));
+    let mut client = ready(&env, json!({})).await;
+    let run = client
+        .request(
+            "_acpd/subagent/start",
+            json!({"provider": "quick", "prompt": text_prompt(":permission")}),
+        )
+        .await
+        .unwrap();
+    let ask = client.next_request().await;
+    // The person takes longer than idle_timeout to decide; that is not the child hanging.
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    ask.reply(json!({"outcome": {"outcome": "selected", "optionId": "allow"}}));
+    let r = client
+        .request("_acpd/subagent/wait", json!({"runId": run["runId"]}))
+        .await
+        .unwrap();
+    assert_eq!(r["stopReason"], "completed", "{r}");
+    assert_eq!(r["output"][0]["text"], "permission: selected allow\n");
+    client.close().await;
+}

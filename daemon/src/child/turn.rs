@@ -198,6 +198,10 @@ impl AcpChild {
                     {
                         self.answer(&id, &response).await;
                     }
+                    // Waiting on a person is not the child hanging: the idle clock restarts.
+                    if t.pending_asks.is_empty() {
+                        idle_deadline = idle.map(|d| Instant::now() + d);
+                    }
                 }
                 _ = sleep_until_opt(idle_deadline), if idle_armed => {
                     ending = Some(TurnEnd::Idle);

@@ -104,7 +104,8 @@ struct Inner {
     /// Woken whenever a slot is released, for starts queued by `queue_timeout`.
     freed: tokio::sync::Notify,
     /// What each provider's agent said in `initialize`, learned once by a probe.
-    probes: Mutex<HashMap<String, Arc<OnceCell<Option<AgentInfo>>>>>,
+    /// Only successes are kept: a probe that failed (a cancel, a slow start) is tried again.
+    probes: Mutex<HashMap<String, Arc<OnceCell<AgentInfo>>>>,
 }
 
 #[derive(Default)]
@@ -264,7 +265,6 @@ impl Registry {
         lock(&self.inner.probes)
             .get(provider)
             .and_then(|cell| cell.get().cloned())
-            .flatten()
             .is_some_and(|agent| takes_system_prompt(&agent))
     }
 
@@ -280,7 +280,7 @@ impl Registry {
             .or_default()
             .clone();
         let agent = cell
-            .get_or_init(|| async {
+            .get_or_try_init(|| async {
                 let (depth, max_depth) = (
                     self.inner.depth.depth.saturating_add(1),
                     self.config().max_depth,
@@ -299,16 +299,12 @@ impl Registry {
                     max_line: DEFAULT_MAX_LINE,
                     session: SessionParams::default(),
                 };
-                match AcpChild::probe(spec, cancel).await {
-                    Ok(agent) => Some(agent),
-                    Err(e) => {
-                        tracing::warn!(provider = %provider.name, "capability probe failed: {e}");
-                        None
-                    }
-                }
+                AcpChild::probe(spec, cancel).await.inspect_err(|e| {
+                    tracing::warn!(provider = %provider.name, "capability probe failed: {e}");
+                })
             })
             .await;
-        agent.as_ref().is_some_and(takes_system_prompt)
+        agent.is_ok_and(takes_system_prompt)
     }
 
     fn provider(

@@ -148,7 +148,11 @@ impl Run {
             h.pid = Some(child.pid());
             h.capacity = Some(capacity);
             h.turn = 1;
-            h.turn_cancel = CancellationToken::new();
+            // The run is already in the table: a cancel or dispose that came before this
+            // point cancelled this very token and must not be lost.
+            if h.disposed {
+                h.turn_cancel.cancel();
+            }
             h.turn_cancel.clone()
         };
         let prompt = self.with_instruction(prompt);

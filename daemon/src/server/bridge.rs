@@ -252,8 +252,20 @@ impl Pump {
         for id in std::mem::take(&mut self.open_calls) {
             let _ = self.conn.peer.respond_err(Some(&id), &error).await;
         }
+        // Requests the router queued while the session was ending get the same answer.
+        cmds.close();
+        let mut shut = Vec::from_iter(done);
+        while let Ok(cmd) = cmds.try_recv() {
+            match cmd {
+                Cmd::Forward { id, .. } => {
+                    let _ = self.conn.peer.respond_err(Some(&id), &error).await;
+                }
+                Cmd::Shut(done) => shut.push(done),
+                Cmd::Cancel => {}
+            }
+        }
         self.handle.teardown().await;
-        if let Some(done) = done {
+        for done in shut {
             let _ = done.send(());
         }
     }

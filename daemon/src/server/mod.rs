@@ -288,6 +288,10 @@ impl Conn {
             (None, Some(sid)) if method.starts_with("session/") => {
                 self.reply_err(&id, &session_not_found(&sid)).await;
             }
+            (None, None) if method.starts_with("session/") => {
+                let e = RpcError::invalid_params(format!("{method} needs a sessionId"));
+                self.reply_err(&id, &e).await;
+            }
             _ => {
                 self.reply_err(&id, &RpcError::method_not_found(&method))
                     .await

@@ -4,6 +4,7 @@ pub struct Stat {
     pub state: char,
     pub ppid: i32,
     pub pgrp: i32,
+    pub session: i32,
     /// Clock ticks since boot (field 22).
     pub start: u64,
 }
@@ -15,12 +16,20 @@ pub fn parse(line: &str) -> Option<Stat> {
         state: fields.first()?.chars().next()?,
         ppid: fields.get(1)?.parse().ok()?,
         pgrp: fields.get(2)?.parse().ok()?,
+        session: fields.get(3)?.parse().ok()?,
         start: fields.get(19)?.parse().ok()?,
     })
 }
 
 pub fn stat(pid: i32) -> Option<Stat> {
     parse(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// This boot's id: start times count from boot, so a record from another boot means nothing.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// Every pid in `/proc`.
@@ -36,9 +45,12 @@ pub fn pids() -> impl Iterator<Item = i32> {
 mod tests {
     #[test]
     fn parses_stat_with_odd_names() {
-        let line = "123 (a (b) c) Z 45 77 77 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 9876 0 0";
+        let line = "123 (a (b) c) Z 45 77 70 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 9876 0 0";
         let s = super::parse(line).unwrap();
-        assert_eq!((s.state, s.ppid, s.pgrp, s.start), ('Z', 45, 77, 9876));
+        assert_eq!(
+            (s.state, s.ppid, s.pgrp, s.session, s.start),
+            ('Z', 45, 77, 70, 9876)
+        );
         assert!(super::stat(std::process::id() as i32).is_some());
     }
 }

@@ -1,9 +1,11 @@
 //! Crash safety outside systemd. If acpd is SIGKILLed, its direct children die by PDEATHSIG,
 //! but grandchildren in their process groups survive. So each acpd process keeps a record of
 //! the process groups it owns — a file named by its pid and start time in the state directory —
-//! and a starting acpd sweeps only records whose owner is dead: it kills a recorded group's
-//! members whose start time is not earlier than the recorded child's (so a reused pid or pgid
-//! is never hit), then deletes the record. Several acpd processes share the directory safely.
+//! and a starting acpd sweeps only records whose owner is dead. A reused pid or pgid is never
+//! hit: a record from another boot (start times restart) is dropped unread; a group whose
+//! leader's pid now names a process with another start time was reused and is skipped; and only
+//! members in the dead acpd's own session that started no earlier than the recorded child are
+//! killed. Several acpd processes share the directory safely.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -108,7 +110,9 @@ fn write() {
         .iter()
         .map(|(pgid, start)| serde_json::json!({ "pgid": pgid, "start": start }))
         .collect();
-    let body = serde_json::json!({ "groups": groups }).to_string();
+    let session = nix::unistd::getsid(None).map_or(0, |s| s.as_raw());
+    let body = serde_json::json!({ "bootId": procfs::boot_id(), "sid": session, "groups": groups })
+        .to_string();
     // Write then rename, so a sweeper never reads half a record.
     let tmp = path.with_extension("tmp");
     let written = std::fs::File::create(&tmp)
@@ -133,16 +137,18 @@ fn sweep(dir: &Path) -> Sweep {
             continue; // its owner is alive
         }
         result.records += 1;
-        let groups = std::fs::read_to_string(entry.path())
+        let record = std::fs::read_to_string(entry.path())
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v["groups"].as_array().cloned())
             .unwrap_or_default();
-        for g in groups {
+        let same_boot = record["bootId"].as_str() == Some(procfs::boot_id().as_str());
+        let session = record["sid"].as_i64().unwrap_or(-1) as i32;
+        let groups = record["groups"].as_array().cloned().unwrap_or_default();
+        for g in groups.iter().filter(|_| same_boot) {
             let (Some(pgid), Some(child_start)) = (g["pgid"].as_i64(), g["start"].as_u64()) else {
                 continue;
             };
-            result.killed += kill_members(pgid as i32, child_start);
+            result.killed += kill_members(pgid as i32, child_start, session);
         }
         let _ = std::fs::remove_file(entry.path());
     }
@@ -167,12 +173,18 @@ fn parse_name(name: &str) -> Option<(i32, u64)> {
     Some((pid.parse().ok()?, start.parse().ok()?))
 }
 
-/// Kills members of `pgid` that started no earlier than the recorded child did.
-fn kill_members(pgid: i32, child_start: u64) -> usize {
+/// Kills members of `pgid` in `session` that started no earlier than the recorded child did.
+/// A pgid stays reserved while any member lives, so if the leader's pid now names a process
+/// with another start time, the old group is gone and this one is someone else's.
+fn kill_members(pgid: i32, child_start: u64, session: i32) -> usize {
+    if procfs::stat(pgid).is_some_and(|leader| leader.start != child_start) {
+        return 0;
+    }
     let mut killed = 0;
     for pid in procfs::pids() {
         if let Some(stat) = procfs::stat(pid)
             && stat.pgrp == pgid
+            && stat.session == session
             && stat.start >= child_start
         {
             let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);

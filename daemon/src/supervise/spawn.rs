@@ -139,7 +139,7 @@ fn spawn_here(
         cmd.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             if nix::unistd::getppid() != parent {
-                return Err(std::io::Error::other("acpd exited during spawn"));
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
             }
             if let Some((soft, hard)) = nofile {
                 setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;

@@ -4,7 +4,9 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use acpd_protocol::codec::{FrameError, LineDecoder};
+use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
 use tokio::process::ChildStderr;
 
 const TAIL_LINES: usize = 40;
@@ -16,33 +18,40 @@ pub struct StderrTail {
 }
 
 impl StderrTail {
-    /// Starts draining `stderr`; `label` names the run in the log.
-    pub fn drain(stderr: ChildStderr, label: String) -> Self {
+    /// Starts draining `stderr`; `label` names the run in the log. Lines are framed with a
+    /// cap, so a child that writes one endless line cannot grow acpd's memory.
+    pub fn drain(mut stderr: ChildStderr, label: String) -> Self {
         let tail = StderrTail::default();
         let lines = tail.lines.clone();
         tokio::spawn(async move {
-            let mut reader = BufReader::new(stderr);
-            let mut buf = Vec::new();
-            loop {
-                buf.clear();
-                match reader.read_until(b'\n', &mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                }
-                let mut line = String::from_utf8_lossy(&buf).trim_end().to_string();
-                if line.len() > MAX_LINE {
-                    let mut cut = MAX_LINE;
-                    while !line.is_char_boundary(cut) {
-                        cut -= 1;
+            let mut decoder = LineDecoder::new(MAX_LINE);
+            let mut buf = BytesMut::with_capacity(4096);
+            let mut eof = false;
+            while !eof {
+                eof = matches!(stderr.read_buf(&mut buf).await, Ok(0) | Err(_));
+                loop {
+                    let item = if eof {
+                        decoder.decode_eof(&mut buf)
+                    } else {
+                        decoder.decode(&mut buf)
+                    };
+                    let Some(item) = item else { break };
+                    let line = match item {
+                        Ok(line) => String::from_utf8_lossy(&line).into_owned(),
+                        Err(FrameError::Oversized { limit }) => {
+                            format!("<a line over {limit} bytes, dropped>")
+                        }
+                        Err(FrameError::NotUtf8) => {
+                            "<a line that is not UTF-8, dropped>".to_string()
+                        }
+                    };
+                    tracing::debug!(target: "acpd::child", run = %label, "stderr: {line}");
+                    let mut q = lines.lock().unwrap_or_else(|p| p.into_inner());
+                    if q.len() == TAIL_LINES {
+                        q.pop_front();
                     }
-                    line.truncate(cut);
+                    q.push_back(line);
                 }
-                tracing::debug!(target: "acpd::child", run = %label, "stderr: {line}");
-                let mut q = lines.lock().unwrap_or_else(|p| p.into_inner());
-                if q.len() == TAIL_LINES {
-                    q.pop_front();
-                }
-                q.push_back(line);
             }
         });
         tail
