@@ -243,9 +243,19 @@ impl Registry {
             sink: opts.sink,
             schema,
         });
-        lock(&self.inner.table)
-            .runs
-            .insert(run_id.clone(), run.clone());
+        {
+            // Checked under the table lock: an owner that is going away cancels first and
+            // then collects its runs under this lock, so a run is either seen or never filed.
+            let mut table = lock(&self.inner.table);
+            if opts.cancel.is_cancelled() {
+                drop(table);
+                child.teardown().await;
+                return Err(RegistryError::StartCancelled {
+                    provider: run.provider.name.clone(),
+                });
+            }
+            table.runs.insert(run_id.clone(), run.clone());
+        }
         if let Some(events) = &run.events {
             let started = Started {
                 run_id: run_id.clone(),

@@ -126,11 +126,17 @@ pub async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
         .unwrap_or_else(|| raw(&json!({ "sessionId": minted })));
     let (tx, rx) = mpsc::unbounded_channel();
     let handle = BridgeHandle { cmds: tx };
-    if conn.closing.is_cancelled() {
-        parts.handle.teardown().await;
-        return;
+    {
+        // Under the sessions lock, which shutdown takes after cancelling `closing`: the
+        // session is either drained by shutdown or never filed.
+        let mut sessions = lock(&conn.sessions);
+        if conn.closing.is_cancelled() {
+            drop(sessions);
+            parts.handle.teardown().await;
+            return;
+        }
+        sessions.insert(minted.clone(), SessionRef::Bridge(handle));
     }
-    lock(&conn.sessions).insert(minted.clone(), SessionRef::Bridge(handle));
     let update_fast_path = UpdateSplice::new(&parts.session_id, &minted);
     let pump = Pump {
         conn: conn.clone(),
@@ -354,7 +360,12 @@ impl Pump {
                 match result {
                     Ok(raw) => {
                         let _ = self.conn.peer.respond(&id, Ok(&raw)).await;
-                        (method == "session/close").then_some(End::Shut(None))
+                        // Closing the session closes its subagents too, once the child agreed.
+                        let closed = method == "session/close";
+                        if closed {
+                            self.conn.cascade(&self.minted, true);
+                        }
+                        closed.then_some(End::Shut(None))
                     }
                     Err(CallError::Rpc(e)) => {
                         let _ = self.conn.peer.respond_err(Some(&id), &e).await;

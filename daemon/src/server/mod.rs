@@ -273,12 +273,7 @@ impl Conn {
             .as_ref()
             .and_then(|s| lock(&self.sessions).get(s).cloned());
         match (target, sid) {
-            (Some(SessionRef::Bridge(b)), Some(sid)) => {
-                if method == "session/close" {
-                    self.cascade(&sid, true);
-                }
-                b.forward(id, method, params);
-            }
+            (Some(SessionRef::Bridge(b)), _) => b.forward(id, method, params),
             (Some(SessionRef::Run { .. }), _) => {
                 let e = RpcError::invalid_request(format!(
                     "{method}: a subagent session can only be cancelled by its parent"
