@@ -21,22 +21,13 @@ impl Ctl {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.toml");
         std::fs::write(&path, config).unwrap();
-        let mut child = tokio::process::Command::new(ACPD)
-            .arg("--config")
+        let mut cmd = tokio::process::Command::new(ACPD);
+        cmd.arg("--config")
             .arg(&path)
             .arg("stdio")
             .current_dir(dir.path())
-            .env("STATE_DIRECTORY", dir.path().join("state"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let conn = wire::connect(
-            child.stdout.take().unwrap(),
-            child.stdin.take().unwrap(),
-            1 << 24,
-        );
+            .env("STATE_DIRECTORY", dir.path().join("state"));
+        let (child, conn) = wired(&mut cmd);
         let mut incoming = conn.incoming;
         // Lifecycle notifications must be read, or the bounded queue would stall the replies.
         tokio::spawn(async move { while incoming.recv().await.is_some() {} });
@@ -104,6 +95,22 @@ impl Ctl {
     }
 }
 
+/// Spawns `cmd` with piped stdio and speaks JSON-RPC to it with acpd's own engine.
+fn wired(cmd: &mut tokio::process::Command) -> (tokio::process::Child, wire::Connection) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let conn = wire::connect(
+        child.stdout.take().unwrap(),
+        child.stdin.take().unwrap(),
+        1 << 24,
+    );
+    (child, conn)
+}
+
 fn config(max: usize) -> String {
     format!(
         "max_children = {max}\n[providers.echo]\ncommand = [\"{ACPD}\", \"agent\", \"echo\"]\nmax_concurrent = {max}\n\
@@ -123,18 +130,7 @@ pub async fn start(opts: &Opts) -> Value {
     let mut direct = Vec::new();
     for _ in 0..reps {
         let started = Instant::now();
-        let mut child = tokio::process::Command::new(ACPD)
-            .args(["agent", "echo"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let conn = wire::connect(
-            child.stdout.take().unwrap(),
-            child.stdin.take().unwrap(),
-            1 << 24,
-        );
+        let (mut child, conn) = wired(tokio::process::Command::new(ACPD).args(["agent", "echo"]));
         conn.peer
             .request("initialize", &json!({"protocolVersion": 1}))
             .await

@@ -42,6 +42,34 @@ pub struct ChildSpec {
     pub session: SessionParams,
 }
 
+impl ChildSpec {
+    /// A spec with the provider's allowlisted environment at `depth` of `max_depth`, the
+    /// default line cap and no session extras.
+    pub fn new(
+        provider: Arc<ProviderConfig>,
+        run_id: String,
+        cwd: PathBuf,
+        depth: u32,
+        max_depth: u32,
+    ) -> ChildSpec {
+        let env = supervise::child_env(
+            std::env::vars_os(),
+            &provider.env_passthrough,
+            &provider.env,
+            depth,
+            max_depth,
+        );
+        ChildSpec {
+            provider,
+            run_id,
+            cwd,
+            env,
+            max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
+            session: SessionParams::default(),
+        }
+    }
+}
+
 /// What goes into the child's `session/new` besides the cwd.
 #[derive(Debug, Clone, Default)]
 pub struct SessionParams {

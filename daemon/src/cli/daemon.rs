@@ -8,7 +8,7 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_USAGE, config_or_usage, load_config};
-use crate::child::{AcpChild, ChildSpec, SessionParams};
+use crate::child::{AcpChild, ChildSpec};
 use crate::runtime::{self, ServeOptions};
 use crate::wire;
 
@@ -225,21 +225,13 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let mut healthy = true;
     for provider in providers {
-        let env = crate::supervise::child_env(
-            std::env::vars_os(),
-            &provider.env_passthrough,
-            &provider.env,
+        let spec = ChildSpec::new(
+            provider.clone(),
+            format!("doctor-{}", provider.name),
+            provider.cwd.clone().unwrap_or_else(|| cwd.clone()),
             1,
             config.max_depth,
         );
-        let spec = ChildSpec {
-            provider: provider.clone(),
-            run_id: format!("doctor-{}", provider.name),
-            cwd: provider.cwd.clone().unwrap_or_else(|| cwd.clone()),
-            env,
-            max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
-            session: SessionParams::default(),
-        };
         match AcpChild::probe(spec, &CancellationToken::new()).await {
             Ok(agent) => {
                 let name = agent.agent_info["name"].as_str().unwrap_or("?");

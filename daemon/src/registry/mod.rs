@@ -14,14 +14,12 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use acpd_protocol::acp::ClientCapabilities;
-use acpd_protocol::codec::DEFAULT_MAX_LINE;
 use acpd_protocol::subagent::{ProviderInfo, StartRequest, Started, SubagentResult};
 use tokio::sync::{OnceCell, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::child::{AcpChild, AgentInfo, ChildSpec, SessionParams};
 use crate::config::{Config, ProviderConfig};
-use crate::supervise;
 use schema::OutputSchema;
 
 pub use error::RegistryError;
@@ -295,20 +293,13 @@ impl Registry {
                     self.inner.depth.depth.saturating_add(1),
                     self.config().max_depth,
                 );
-                let spec = ChildSpec {
-                    provider: provider.clone(),
-                    run_id: format!("probe-{}", provider.name),
-                    cwd: cwd.to_path_buf(),
-                    env: supervise::child_env(
-                        std::env::vars_os(),
-                        &provider.env_passthrough,
-                        &provider.env,
-                        depth,
-                        max_depth,
-                    ),
-                    max_line: DEFAULT_MAX_LINE,
-                    session: SessionParams::default(),
-                };
+                let spec = ChildSpec::new(
+                    provider.clone(),
+                    format!("probe-{}", provider.name),
+                    cwd.to_path_buf(),
+                    depth,
+                    max_depth,
+                );
                 AcpChild::probe(spec, cancel).await.inspect_err(|e| {
                     tracing::warn!(provider = %provider.name, "capability probe failed: {e}");
                 })
@@ -362,20 +353,15 @@ impl Registry {
         let (depth, max_depth) = self.check_depth(config, l.max_depth)?;
         let cwd = resolve_cwd(&provider, l.cwd, l.caller_cwd)?;
         let slot = self.claim(config, &provider, l.cancel).await?;
-        let env = supervise::child_env(
-            std::env::vars_os(),
-            &provider.env_passthrough,
-            &provider.env,
-            depth,
-            max_depth,
-        );
         let spec = ChildSpec {
-            provider: provider.clone(),
-            run_id: l.log_id.to_string(),
-            cwd,
-            env,
-            max_line: DEFAULT_MAX_LINE,
             session: l.session,
+            ..ChildSpec::new(
+                provider.clone(),
+                l.log_id.to_string(),
+                cwd,
+                depth,
+                max_depth,
+            )
         };
         let child = AcpChild::start(spec, l.client_capabilities, l.cancel)
             .await

@@ -12,10 +12,7 @@ mod tree;
 
 pub use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
 pub use reaper::init;
-pub use records::{
-    Sweep, default_state_dir, enable as enable_records, enable_default as keep_records,
-    forget as forget_records, kill_all, start_time,
-};
+pub use records::{enable_default as keep_records, forget as forget_records, kill_all};
 pub use spawn::{SpawnError, SpawnSpec, Spawned, spawn};
 pub use stderr::StderrTail;
 pub use tree::{Graces, ProcessTree, TeardownOutcome, signal_name};
