@@ -138,16 +138,26 @@ async fn dispose_is_idempotent_and_unknown_runs_are_typed() {
         ErrorName::UnknownRun,
         "another owner"
     );
+    let waiting = {
+        let (reg, run_id) = (reg.clone(), published.run_id.clone());
+        tokio::spawn(async move { reg.wait(0, &run_id).await })
+    };
     reg.dispose(0, &published.run_id).await.unwrap();
     reg.dispose(0, &published.run_id).await.unwrap();
     assert!(!exists(pid));
-    let result = reg.wait(0, &published.run_id).await.unwrap();
+    let result = waiting.await.unwrap().unwrap();
     assert_eq!(
         result.stop_reason,
         StopReason::Aborted,
         "dispose cancels the running turn"
     );
     assert_eq!(result.output_text(), format!("pid {pid}\n"));
+    assert_eq!(
+        reg.wait(0, &published.run_id).await.unwrap_err().name(),
+        ErrorName::RunEnded,
+        "a disposed run is forgotten"
+    );
+    assert!(reg.runs().iter().all(|r| r.run_id != published.run_id));
     assert_eq!(
         reg.send(0, &published.run_id, vec![])
             .await

@@ -31,10 +31,12 @@ pub enum ErrorName {
     StartCancelled,
     /// The request's fields are malformed (for example a negative `maxDepth`).
     InvalidRequest,
+    /// A named connection limit is reached.
+    Limit,
 }
 
 impl ErrorName {
-    pub const ALL: [ErrorName; 12] = [
+    pub const ALL: [ErrorName; 13] = [
         ErrorName::NoProvider,
         ErrorName::UnsupportedCapability,
         ErrorName::UnsupportedSchema,
@@ -47,6 +49,7 @@ impl ErrorName {
         ErrorName::RunEnded,
         ErrorName::StartCancelled,
         ErrorName::InvalidRequest,
+        ErrorName::Limit,
     ];
 
     pub const fn code(self) -> i64 {
@@ -63,6 +66,7 @@ impl ErrorName {
             ErrorName::RunEnded => -33010,
             ErrorName::StartCancelled => -33011,
             ErrorName::InvalidRequest => -33012,
+            ErrorName::Limit => -33013,
         }
     }
 
@@ -80,6 +84,7 @@ impl ErrorName {
             ErrorName::RunEnded => "RUN_ENDED",
             ErrorName::StartCancelled => "START_CANCELLED",
             ErrorName::InvalidRequest => "INVALID_REQUEST",
+            ErrorName::Limit => "LIMIT",
         }
     }
 

@@ -11,17 +11,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use acpd_protocol::codec::{DEFAULT_MAX_LINE, FrameError};
+use acpd_protocol::codec::DEFAULT_MAX_LINE;
 use acpd_protocol::envelope::{Id, RESOURCE_NOT_FOUND, RpcError};
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::turn::{self, TurnEnd};
 use super::{EchoArgs, Stage, script};
-use crate::wire::{self, Incoming, LineFault, Peer};
+use crate::wire::{self, Incoming, Peer};
 
 /// How long an exit waits for queued output to reach stdout. Bounded because a client that
 /// stopped reading must not keep a scripted crash from happening.
@@ -35,8 +34,6 @@ pub(super) struct Agent {
     next_turn: AtomicU64,
     /// Set by `--ignore-eof` or `:ignore-eof`; read when stdin ends.
     pub ignore_eof: AtomicBool,
-    /// The writer task, taken by whoever flushes before the process ends.
-    writer: Mutex<Option<JoinHandle<()>>>,
 }
 
 #[derive(Default)]
@@ -56,11 +53,7 @@ impl Agent {
     /// Closes stdout after everything queued so far has been written, waiting at most
     /// [`FLUSH_GRACE`].
     pub async fn flush_and_close(&self) {
-        self.peer.close();
-        let writer = lock(&self.writer).take();
-        if let Some(writer) = writer {
-            let _ = tokio::time::timeout(FLUSH_GRACE, writer).await;
-        }
+        let _ = tokio::time::timeout(FLUSH_GRACE, self.peer.flush_and_close()).await;
     }
 
     /// Closes stdout for real. Dropping tokio's `Stdout` leaves descriptor 1 open, so after the
@@ -97,7 +90,6 @@ pub(super) async fn serve(args: EchoArgs) -> i32 {
         next_session: AtomicU64::new(1),
         next_turn: AtomicU64::new(1),
         ignore_eof: AtomicBool::new(args.ignore_eof),
-        writer: Mutex::new(Some(conn.writer)),
     });
     while let Some(message) = incoming.recv().await {
         match message {
@@ -110,14 +102,8 @@ pub(super) async fn serve(args: EchoArgs) -> i32 {
                 }
             }
             Incoming::Fault(fault) => {
-                let (id, error) = match &fault {
-                    LineFault::Envelope(e) => (e.id(), e.to_rpc_error()),
-                    LineFault::Frame(e @ FrameError::NotUtf8) => (None, RpcError::parse_error(e)),
-                    LineFault::Frame(e @ FrameError::Oversized { .. }) => {
-                        (None, RpcError::invalid_request(e))
-                    }
-                };
-                let _ = agent.peer.respond_err(id, &error).await;
+                let (id, error) = fault.to_rpc_error(DEFAULT_MAX_LINE);
+                let _ = agent.peer.respond_err(id.as_ref(), &error).await;
             }
         }
     }

@@ -1,50 +1,57 @@
-//! The ACP client toward one child agent: spawn, handshake (`initialize` with protocol version
-//! 1 checked, then `session/new`), turns, and teardown. Everything before publication that goes
-//! wrong tears the child down and reaps it before the failure is returned.
+//! Everything that talks to one child agent, in one driver: spawn and handshake
+//! ([`launch`]: `initialize` with protocol version 1 checked, then `session/new`), then one
+//! task per child that owns its wire and reads every line the child writes, in order, in one of
+//! two modes over the same code — **collect** (a run: turns with output, outcome facts,
+//! timeouts, cancel) or **relay** (a bridge session: every message forwarded to the parent's
+//! connection). Owners hold a [`Child`] handle, never the wire.
+//!
+//! A child is untrusted input: a bad line fails the turn, updates outside a turn are dropped
+//! (collect), an update must carry exactly the child's own `sessionId`, and a child can never
+//! emit `_acpd/*` ([`strict`]).
 
+mod collect;
+mod driver;
+mod launch;
 mod output;
 mod permission;
-mod turn;
+mod relay;
+mod strict;
 
 use std::path::PathBuf;
-use std::process::ExitStatus;
 use std::sync::Arc;
-use std::time::Duration;
 
-use acpd_protocol::acp::{ClientCapabilities, Implementation, InitializeRequest};
-use acpd_protocol::envelope::{self, AUTH_REQUIRED, Id, RpcError};
+use acpd_protocol::acp::{ContentBlock, RequestPermissionRequest, RequestPermissionResponse};
+use acpd_protocol::envelope::{Id, RpcError};
+use acpd_protocol::outcome::TurnEnd;
 use acpd_protocol::subagent::{Category, Failure, Stage};
-use agent_client_protocol::schema::ProtocolVersion;
-use serde::Deserialize;
 use serde_json::value::RawValue;
-use tokio::sync::mpsc;
-use tokio::time::Instant;
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ProviderConfig;
-use crate::supervise::{
-    self, Graces, ProcessTree, SpawnError, SpawnSpec, StderrTail, TeardownOutcome,
-};
-use crate::wire::{self, CallError, Incoming, Peer, PendingCall};
+use crate::supervise::{self, Graces, ProcessTree, SpawnError, StderrTail, TeardownOutcome};
+use crate::wire::{Outbox, Peer, WireLimits};
 
+pub use launch::probe;
 pub use permission::{Decision, cancelled as permission_cancelled, decide as decide_permission};
-pub use turn::{PermissionAsk, Tap, TurnControl, TurnReport};
 
 /// How a child is started.
 #[derive(Debug, Clone)]
 pub struct ChildSpec {
     pub provider: Arc<ProviderConfig>,
-    /// Names the run in logs.
+    /// Names the run or session in logs.
     pub run_id: String,
     pub cwd: PathBuf,
     pub env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
-    pub max_line: usize,
+    pub limits: WireLimits,
     pub session: SessionParams,
+    /// A bridge session's child: its output waits in the pipe until [`Child::relay`].
+    pub relay: bool,
 }
 
 impl ChildSpec {
-    /// A spec with the provider's allowlisted environment at `depth` of `max_depth`, the
-    /// default line cap and no session extras.
+    /// A spec with the provider's allowlisted environment at `depth` of `max_depth`, default
+    /// wire limits and no session extras.
     pub fn new(
         provider: Arc<ProviderConfig>,
         run_id: String,
@@ -64,8 +71,9 @@ impl ChildSpec {
             run_id,
             cwd,
             env,
-            max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
+            limits: WireLimits::default(),
             session: SessionParams::default(),
+            relay: false,
         }
     }
 }
@@ -94,21 +102,11 @@ impl StartFailure {
     /// The fixed facts, for the diagnostic and `error.data`.
     pub fn failure(&self) -> Failure {
         match self {
-            StartFailure::Spawn(_) => Failure {
-                stage: Stage::Spawn,
-                category: Category::Spawn,
-                code: None,
-                exit_code: None,
-                signal: None,
-            },
+            StartFailure::Spawn(_) => failure(Stage::Spawn, Category::Spawn),
             StartFailure::Handshake { failure, .. } => failure.clone(),
-            StartFailure::Cancelled { stage } => Failure {
-                stage: *stage,
-                category: Category::Reported("cancelled".into()),
-                code: None,
-                exit_code: None,
-                signal: None,
-            },
+            StartFailure::Cancelled { stage } => {
+                failure(*stage, Category::Reported("cancelled".into()))
+            }
         }
     }
 }
@@ -124,384 +122,278 @@ pub struct AgentInfo {
     pub capabilities: serde_json::Value,
 }
 
-/// A live, initialized child with one ACP session.
-pub struct AcpChild {
-    provider: Arc<ProviderConfig>,
-    run_id: String,
-    tree: ProcessTree,
-    peer: Peer,
-    incoming: mpsc::Receiver<Incoming>,
-    incoming_open: bool,
-    session_id: String,
-    /// The child's `session/new` result, for bridges that pass `modes`, `configOptions` and
-    /// `models` through.
-    session_reply: Box<RawValue>,
-    stderr: StderrTail,
-    agent: AgentInfo,
+/// What a child's driver reports to the owner of a turn (collect mode).
+pub enum ChildEvent {
+    /// A `session/update`'s `update` object, checked to be the child's own session's.
+    Update(Box<RawValue>),
+    /// A permission request for whoever can answer it (policy `forward`).
+    Ask(Box<PermissionAsk>),
 }
 
-/// The pieces of a started child, for a bridge session that drives the connection itself.
-pub struct BridgeParts {
-    pub peer: Peer,
-    pub incoming: mpsc::Receiver<Incoming>,
-    pub handle: ChildHandle,
+/// A permission request for whoever can answer it (a user on a terminal, a parent over ACP).
+pub struct PermissionAsk {
+    pub request: RequestPermissionRequest,
+    pub reply: oneshot::Sender<RequestPermissionResponse>,
+}
+
+/// How the owner steers a turn (collect mode).
+pub struct TurnControl {
+    /// Parent cancel, dispose or Ctrl-C.
+    pub cancel: CancellationToken,
+    pub run_timeout: Option<std::time::Duration>,
+    pub max_output: usize,
+    /// Receives output text as it streams (bounded: a slow reader slows the child).
+    pub sink: Option<mpsc::Sender<String>>,
+    /// Receives raw updates (when `updates`) and permission asks (when `asks`); without it
+    /// `permission = "forward"` has nobody to ask.
+    pub events: Option<mpsc::Sender<ChildEvent>>,
+    pub updates: bool,
+    pub asks: bool,
+}
+
+/// What happened in a turn, before mapping to a result.
+#[derive(Debug)]
+pub struct TurnReport {
+    pub end: TurnEnd,
+    pub cancel_requested: bool,
+    /// The stop reason the child gave, when it gave one.
+    pub child_stop_reason: Option<String>,
+    pub output: Vec<ContentBlock>,
+    pub output_truncated: bool,
+    pub notes: Vec<&'static str>,
+    /// The child cannot take another turn (it died, hung, timed out or broke the protocol).
+    pub child_spent: bool,
+}
+
+/// Where a bridge session's traffic goes (relay mode).
+pub struct RelayTarget {
+    /// The parent's connection.
+    pub parent: Peer,
+    /// The session id the parent knows (acpd mints it; the child's own is never shown).
     pub session_id: String,
-    pub session_reply: Box<RawValue>,
-    pub agent: AgentInfo,
-    pub stderr: StderrTail,
+    /// Which client methods the parent advertised, so a child's `fs/*` and `terminal/*`
+    /// requests reach it (else −32601).
+    pub serves: ParentServes,
 }
 
-/// Something that stopped us waiting for a reply.
-enum Interrupt {
-    Rpc(RpcError),
-    Exited(Option<ExitStatus>),
-    Protocol(String),
-    Timeout,
-    Cancelled,
+/// The client methods a parent serves.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ParentServes {
+    pub read_text_file: bool,
+    pub write_text_file: bool,
+    pub terminal: bool,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct InitializeReply {
-    protocol_version: serde_json::Value,
-    #[serde(default)]
-    agent_capabilities: serde_json::Value,
-    #[serde(default)]
-    auth_methods: Vec<AuthMethodId>,
-    #[serde(default)]
-    agent_info: serde_json::Value,
+/// How a bridge session ended, for the parent's log and the answer to its open calls.
+#[derive(Debug, Clone)]
+pub enum RelayEnd {
+    /// The child exited or closed its output.
+    ChildGone {
+        exit_code: Option<i32>,
+        signal: Option<String>,
+    },
+    /// The child sent a line that is not JSON-RPC.
+    Protocol,
+    /// The child stopped reading for `write_timeout`.
+    ChildDeaf,
+    /// The parent's connection broke.
+    ParentGone,
+    /// `session/close` succeeded, or the owner shut the session.
+    Closed,
 }
 
-#[derive(Deserialize)]
-struct AuthMethodId {
-    id: String,
+pub(crate) enum Cmd {
+    Prompt {
+        prompt: Vec<ContentBlock>,
+        ctl: TurnControl,
+        reply: oneshot::Sender<TurnReport>,
+    },
+    /// Starts relaying (the session is filed and its `session/new` answered).
+    Relay(RelayTarget),
+    /// A parent's call, forwarded with its id (relay mode).
+    Call {
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+    },
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct NewSessionReply {
+/// Shared between the handle and the driver.
+struct Shared {
+    provider: Arc<ProviderConfig>,
+    relay_child: bool,
+    log_id: String,
     session_id: String,
+    /// The child's `session/new` result.
+    session_reply: Box<RawValue>,
+    agent: AgentInfo,
+    tree: ProcessTree,
+    out: Outbox,
+    stderr: StderrTail,
+    /// A parent's `session/cancel` (relay mode); not queued behind calls.
+    relay_cancel: Notify,
+    /// Set when the owner shuts the child: the driver stops at once.
+    stop: CancellationToken,
+    /// Cancelled when the driver has ended (relay: the session is over).
+    done: CancellationToken,
+    relay_end: std::sync::Mutex<Option<RelayEnd>>,
 }
 
-impl AcpChild {
-    /// Spawns and initializes the child and creates its session. On failure the child's whole
-    /// tree is gone before this returns.
+/// The owner's handle on a live, initialized child with one ACP session.
+#[derive(Clone)]
+pub struct Child {
+    cmds: mpsc::Sender<Cmd>,
+    shared: Arc<Shared>,
+}
+
+/// Commands queued toward one driver: calls beyond this are refused (the parent's
+/// `max_pending_requests` keeps a well-behaved connection far below it).
+const CMD_DEPTH: usize = 256;
+
+impl Child {
+    /// Spawns and initializes the child and creates its session, then starts its driver. On
+    /// failure the child's whole tree is gone before this returns.
     pub async fn start(
         spec: ChildSpec,
-        client_capabilities: ClientCapabilities,
+        client_capabilities: acpd_protocol::acp::ClientCapabilities,
         cancel: &CancellationToken,
-    ) -> Result<AcpChild, StartFailure> {
-        let mut child = Self::spawn(&spec).await?;
-        let deadline = Instant::now() + child.provider.handshake_timeout;
-        let handshake = async {
-            child
-                .initialize(client_capabilities, deadline, cancel)
-                .await?;
-            child
-                .new_session(&spec.cwd, &spec.session, deadline, cancel)
-                .await
-        };
-        match handshake.await {
-            Ok(()) => Ok(child),
-            Err(e) => {
-                tracing::warn!(
-                    provider = %child.provider.name, run = %child.run_id,
-                    stderr_tail = ?child.stderr.snapshot(), "child failed to start: {e}"
-                );
-                child.teardown().await;
-                Err(e)
+    ) -> Result<Child, StartFailure> {
+        launch::start(spec, client_capabilities, cancel).await
+    }
+
+    /// Runs one turn to its end (collect mode). Never fails: every outcome is a report.
+    pub async fn prompt(&self, prompt: Vec<ContentBlock>, ctl: TurnControl) -> TurnReport {
+        let (tx, rx) = oneshot::channel();
+        let sent = self
+            .cmds
+            .send(Cmd::Prompt {
+                prompt,
+                ctl,
+                reply: tx,
+            })
+            .await;
+        match (sent, rx.await) {
+            (Ok(()), Ok(report)) => report,
+            _ => {
+                let status = self.shared.tree.exit_status();
+                TurnReport {
+                    end: TurnEnd::ProcessExit {
+                        exit_code: status.and_then(|s| s.code()),
+                        signal: status.as_ref().and_then(supervise::signal_name),
+                    },
+                    cancel_requested: false,
+                    child_stop_reason: None,
+                    output: Vec::new(),
+                    output_truncated: false,
+                    notes: Vec::new(),
+                    child_spent: true,
+                }
             }
         }
     }
 
-    /// Spawns the child, runs `initialize` only, and tears it down: what the agent says about
-    /// itself, learned before a run's own child is spawned.
-    pub async fn probe(
-        spec: ChildSpec,
-        cancel: &CancellationToken,
-    ) -> Result<AgentInfo, StartFailure> {
-        let mut child = Self::spawn(&spec).await?;
-        let deadline = Instant::now() + child.provider.handshake_timeout;
-        let result = child
-            .initialize(ClientCapabilities::default(), deadline, cancel)
-            .await;
-        child.teardown().await;
-        result.map(|()| child.agent.clone())
+    /// Starts relaying the session to `target` (relay mode). Until then the child's output
+    /// waits in its pipe, so nothing it says before the parent knows the session is lost.
+    pub fn relay(&self, target: RelayTarget) {
+        let _ = self.cmds.try_send(Cmd::Relay(target));
     }
 
-    async fn spawn(spec: &ChildSpec) -> Result<AcpChild, StartFailure> {
-        let provider = spec.provider.clone();
-        let spawned = supervise::spawn(SpawnSpec {
-            argv: provider.command.clone(),
-            cwd: spec.cwd.clone(),
-            env: spec.env.clone(),
-        })
-        .await?;
-        let stderr =
-            StderrTail::drain(spawned.stderr, format!("{}/{}", provider.name, spec.run_id));
-        let conn = wire::connect(spawned.stdout, spawned.stdin, spec.max_line);
-        Ok(AcpChild {
-            provider,
-            run_id: spec.run_id.clone(),
-            tree: spawned.tree,
-            peer: conn.peer,
-            incoming: conn.incoming,
-            incoming_open: true,
-            session_id: String::new(),
-            session_reply: envelope::to_raw(&serde_json::Value::Null),
-            stderr,
-            agent: AgentInfo::default(),
-        })
-    }
-
-    async fn initialize(
-        &mut self,
-        client_capabilities: ClientCapabilities,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<(), StartFailure> {
-        let init = InitializeRequest::new(ProtocolVersion::V1)
-            .client_capabilities(client_capabilities)
-            .client_info(Implementation::new("acpd", env!("CARGO_PKG_VERSION")));
-        let raw = self
-            .exchange(Stage::Initialize, "initialize", &init, deadline, cancel)
-            .await?;
-        let reply: InitializeReply = serde_json::from_str(raw.get()).map_err(|e| {
-            handshake(
-                Stage::Initialize,
-                Category::Protocol,
-                format!("bad initialize result: {e}"),
-            )
-        })?;
-        if reply.protocol_version != serde_json::json!(1) {
-            return Err(handshake(
-                Stage::Initialize,
-                Category::ProtocolVersion,
-                format!(
-                    "child speaks ACP protocol version {}, acpd needs 1",
-                    reply.protocol_version
-                ),
-            ));
-        }
-        self.agent = AgentInfo {
-            protocol_version: reply.protocol_version,
-            agent_info: reply.agent_info,
-            auth_method_ids: reply.auth_methods.into_iter().map(|m| m.id).collect(),
-            capabilities: reply.agent_capabilities,
-        };
-        Ok(())
-    }
-
-    async fn new_session(
-        &mut self,
-        cwd: &std::path::Path,
-        session: &SessionParams,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<(), StartFailure> {
-        let mut new = serde_json::json!({ "cwd": cwd, "mcpServers": [] });
-        if let Some(servers) = &session.mcp_servers {
-            new["mcpServers"] = serde_json::from_str(servers.get()).unwrap_or_default();
-        }
-        if let Some(prompt) = &session.system_prompt {
-            new["systemPrompt"] = serde_json::json!({
-                "mode": "append",
-                "content": [{ "type": "text", "text": prompt }],
-            });
-        }
-        let raw = self
-            .exchange(Stage::SessionNew, "session/new", &new, deadline, cancel)
-            .await?;
-        let reply: NewSessionReply = serde_json::from_str(raw.get()).map_err(|e| {
-            handshake(
-                Stage::SessionNew,
-                Category::Protocol,
-                format!("bad session/new result: {e}"),
-            )
-        })?;
-        self.session_reply = raw;
-        self.session_id = reply.session_id;
-        Ok(())
-    }
-
-    /// Sends one handshake request and waits for its reply, the child's exit, the deadline or
-    /// a cancel. Requests the child makes meanwhile are refused; notifications are dropped.
-    async fn exchange<P: serde::Serialize>(
-        &mut self,
-        stage: Stage,
-        method: &str,
-        params: &P,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<Box<RawValue>, StartFailure> {
-        let interrupt = match self.peer.call(method, params).await {
-            Ok(call) => match self.await_reply(call, deadline, cancel).await {
-                Ok(raw) => return Ok(raw),
-                Err(i) => i,
-            },
-            Err(_) => Interrupt::Exited(self.exit_status_soon().await),
-        };
-        Err(match interrupt {
-            Interrupt::Cancelled => StartFailure::Cancelled { stage },
-            Interrupt::Rpc(e) => {
-                let category = if e.code == AUTH_REQUIRED {
-                    Category::Auth
-                } else {
-                    Category::Rpc
+    /// Forwards a parent's call (relay mode). Refused when the driver's queue is full or the
+    /// session is over; the caller answers the parent with the error.
+    pub fn call(
+        &self,
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+    ) -> Result<(), Box<(Id, RpcError)>> {
+        self.cmds
+            .try_send(Cmd::Call { id, method, params })
+            .map_err(|e| {
+                let (id, why) = match e {
+                    mpsc::error::TrySendError::Full(Cmd::Call { id, .. }) => {
+                        (id, "the agent is not keeping up; retry later")
+                    }
+                    mpsc::error::TrySendError::Closed(Cmd::Call { id, .. }) => {
+                        (id, "the session is over")
+                    }
+                    _ => unreachable_id(),
                 };
-                let mut f = failure(stage, category);
-                f.code = Some(e.code);
-                StartFailure::Handshake {
-                    failure: f,
-                    detail: format!("child answered {method} with error {}", e.code),
-                }
-            }
-            Interrupt::Exited(status) => {
-                let mut f = failure(stage, Category::ProcessExit);
-                if let Some(status) = status {
-                    f.exit_code = status.code();
-                    f.signal = supervise::signal_name(&status);
-                }
-                StartFailure::Handshake {
-                    failure: f,
-                    detail: format!("child exited or closed its output during {method}"),
-                }
-            }
-            Interrupt::Protocol(detail) => handshake(stage, Category::Protocol, detail),
-            Interrupt::Timeout => handshake(
-                stage,
-                Category::Timeout,
-                format!("no answer to {method} within handshake_timeout"),
-            ),
-        })
+                Box::new((id, RpcError::internal(why)))
+            })
     }
 
-    async fn await_reply(
-        &mut self,
-        call: PendingCall,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<Box<RawValue>, Interrupt> {
-        let reply = call.result();
-        tokio::pin!(reply);
-        loop {
-            tokio::select! {
-                biased;
-                r = &mut reply => return match r {
-                    Ok(raw) => Ok(raw),
-                    Err(CallError::Rpc(e)) => Err(Interrupt::Rpc(e)),
-                    Err(CallError::Closed) => Err(Interrupt::Exited(self.exit_status_soon().await)),
-                },
-                msg = self.incoming.recv(), if self.incoming_open => match msg {
-                    None => self.incoming_open = false,
-                    Some(Incoming::Fault(f)) => return Err(Interrupt::Protocol(f.to_string())),
-                    Some(Incoming::Request { id, method, .. }) => self.refuse(&id, &method).await,
-                    Some(Incoming::Notification { .. }) => {}
-                },
-                status = self.tree.exited() => {
-                    // The reply may already be in the pipe; give the reader a moment.
-                    return match tokio::time::timeout(Duration::from_millis(200), &mut reply).await {
-                        Ok(Ok(raw)) => Ok(raw),
-                        Ok(Err(CallError::Rpc(e))) => Err(Interrupt::Rpc(e)),
-                        _ => Err(Interrupt::Exited(Some(status))),
-                    };
-                }
-                _ = tokio::time::sleep_until(deadline) => return Err(Interrupt::Timeout),
-                _ = cancel.cancelled() => return Err(Interrupt::Cancelled),
-            }
-        }
+    /// A parent's `session/cancel` (relay mode).
+    pub fn cancel(&self) {
+        self.shared.relay_cancel.notify_one();
     }
 
-    /// Answers a request acpd does not serve for this child with −32601.
-    async fn refuse(&self, id: &Id, method: &str) {
-        let _ = self
-            .peer
-            .respond_err(Some(id), &RpcError::method_not_found(method))
-            .await;
-    }
-
-    /// The child's exit status if it exits within a second (its output closed, so it most
-    /// likely is exiting); `None` if it keeps running with its output closed.
-    async fn exit_status_soon(&self) -> Option<ExitStatus> {
-        tokio::time::timeout(Duration::from_secs(1), self.tree.exited())
-            .await
-            .ok()
-    }
-
-    pub fn provider(&self) -> &Arc<ProviderConfig> {
-        &self.provider
-    }
-
-    /// The child's own session id (never shown to parents, who get a minted one).
-    pub fn session_id(&self) -> &str {
-        &self.session_id
-    }
-
-    pub fn agent(&self) -> &AgentInfo {
-        &self.agent
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.tree.pid()
-    }
-
-    pub fn tree(&self) -> &ProcessTree {
-        &self.tree
-    }
-
-    pub fn stderr_tail(&self) -> Vec<String> {
-        self.stderr.snapshot()
+    /// Stops the driver and runs the teardown ladder. Idempotent; returns once the tree is gone.
+    pub async fn shut(&self) -> TeardownOutcome {
+        self.shared.stop.cancel();
+        self.teardown().await
     }
 
     /// Runs the teardown ladder with the provider's graces. Idempotent.
     pub async fn teardown(&self) -> TeardownOutcome {
-        self.handle().teardown().await
+        self.shared.teardown().await
     }
 
-    /// Hands the connection to a bridge session.
-    pub fn into_bridge(self) -> BridgeParts {
-        let handle = self.handle();
-        BridgeParts {
-            peer: self.peer,
-            incoming: self.incoming,
-            handle,
-            session_id: self.session_id,
-            session_reply: self.session_reply,
-            agent: self.agent,
-            stderr: self.stderr,
-        }
+    /// Resolves when the driver has ended; in relay mode, says why.
+    pub async fn ended(&self) -> Option<RelayEnd> {
+        self.shared.done.cancelled().await;
+        lock(&self.shared.relay_end).clone()
     }
 
-    /// A handle that can tear the child down while someone else owns it (a running turn).
-    pub fn handle(&self) -> ChildHandle {
-        ChildHandle {
-            tree: self.tree.clone(),
-            peer: self.peer.clone(),
-            graces: Graces {
-                eof: self.provider.eof_grace,
-                term: self.provider.term_grace,
-            },
-        }
+    /// Resolves when the child's leader has exited.
+    pub async fn exited(&self) -> std::process::ExitStatus {
+        self.shared.tree.exited().await
+    }
+
+    pub fn provider(&self) -> &Arc<ProviderConfig> {
+        &self.shared.provider
+    }
+
+    /// The child's own session id (never shown to parents, who get a minted one).
+    pub fn session_id(&self) -> &str {
+        &self.shared.session_id
+    }
+
+    /// The child's `session/new` result: which optional methods it supports.
+    pub fn session_reply(&self) -> &RawValue {
+        &self.shared.session_reply
+    }
+
+    pub fn agent(&self) -> &AgentInfo {
+        &self.shared.agent
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.shared.tree.pid()
+    }
+
+    pub fn stderr_tail(&self) -> Vec<String> {
+        self.shared.stderr.snapshot()
     }
 }
 
-/// Enough of a child to end it: its tree, its stdin (through the peer) and its graces.
-#[derive(Clone)]
-pub struct ChildHandle {
-    tree: ProcessTree,
-    peer: Peer,
-    graces: Graces,
+impl Shared {
+    async fn teardown(&self) -> TeardownOutcome {
+        let out = self.out.clone();
+        let graces = Graces {
+            eof: self.provider.eof_grace,
+            term: self.provider.term_grace,
+        };
+        self.tree.teardown(move || out.close(), graces).await
+    }
 }
 
-impl ChildHandle {
-    pub async fn teardown(&self) -> TeardownOutcome {
-        let peer = self.peer.clone();
-        self.tree.teardown(move || peer.close(), self.graces).await
-    }
+/// `Child::call` only ever queues `Cmd::Call`.
+fn unreachable_id() -> (Id, &'static str) {
+    (Id::Num(-1), "the session is over")
+}
 
-    pub fn tree(&self) -> &ProcessTree {
-        &self.tree
-    }
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn failure(stage: Stage, category: Category) -> Failure {
@@ -511,12 +403,5 @@ fn failure(stage: Stage, category: Category) -> Failure {
         code: None,
         exit_code: None,
         signal: None,
-    }
-}
-
-fn handshake(stage: Stage, category: Category, detail: String) -> StartFailure {
-    StartFailure::Handshake {
-        failure: failure(stage, category),
-        detail,
     }
 }

@@ -8,7 +8,6 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_USAGE, config_or_usage, load_config};
-use crate::child::{AcpChild, ChildSpec};
 use crate::runtime::{self, ServeOptions};
 use crate::wire;
 
@@ -212,6 +211,7 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
         Err(code) => return code,
     };
     crate::supervise::init();
+    let registry = crate::registry::Registry::new(config.clone(), Default::default());
     let providers: Vec<_> = config
         .providers
         .values()
@@ -225,14 +225,8 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let mut healthy = true;
     for provider in providers {
-        let spec = ChildSpec::new(
-            provider.clone(),
-            format!("doctor-{}", provider.name),
-            provider.cwd.clone().unwrap_or_else(|| cwd.clone()),
-            1,
-            config.max_depth,
-        );
-        match AcpChild::probe(spec, &CancellationToken::new()).await {
+        let cancel = CancellationToken::new();
+        match registry.probe(&provider.name, Some(&cwd), &cancel).await {
             Ok(agent) => {
                 let name = agent.agent_info["name"].as_str().unwrap_or("?");
                 let version = agent.agent_info["version"].as_str().unwrap_or("?");

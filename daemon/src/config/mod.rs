@@ -96,6 +96,16 @@ pub struct Config {
     pub queue_timeout: Option<Duration>,
     /// A group whose members may connect to a system-wide daemon's socket besides its own user.
     pub allow_group: Option<String>,
+    /// The longest line acpd reads from a parent or a child, in bytes.
+    pub max_line: usize,
+    /// How long an unterminated line may wait for the rest of it before it is dropped.
+    pub line_timeout: Duration,
+    /// How long one write to a parent or a child may wait before that peer counts as gone.
+    pub write_timeout: Duration,
+    /// Bridge sessions and live runs one parent connection may hold at once.
+    pub max_sessions_per_connection: usize,
+    /// Unanswered requests one parent connection may have outstanding.
+    pub max_pending_requests: usize,
     /// Sorted by name (the built-in echo is just the entry named `echo`).
     pub providers: BTreeMap<String, Arc<ProviderConfig>>,
 }
@@ -144,6 +154,11 @@ struct RawConfig {
     max_children: Option<Spanned<usize>>,
     queue_timeout: Option<Spanned<String>>,
     allow_group: Option<Spanned<String>>,
+    max_line: Option<Spanned<toml::Value>>,
+    line_timeout: Option<Spanned<String>>,
+    write_timeout: Option<Spanned<String>>,
+    max_sessions_per_connection: Option<Spanned<usize>>,
+    max_pending_requests: Option<Spanned<usize>>,
     #[serde(default)]
     providers: BTreeMap<Spanned<String>, RawProvider>,
 }
@@ -169,7 +184,37 @@ struct RawProvider {
     max_concurrent: Option<Spanned<usize>>,
 }
 
+/// A byte size: an integer, or a string like `"8MiB"`; at least 1.
+fn byte_size(value: &Spanned<toml::Value>) -> Result<usize, String> {
+    let size = match value.get_ref() {
+        toml::Value::Integer(n) => {
+            usize::try_from(*n).map_err(|_| format!("must not be negative, got {n}"))
+        }
+        toml::Value::String(s) => parse_size(s),
+        other => Err(format!(
+            "expected a byte size like \"8MiB\", got a {}",
+            other.type_str()
+        )),
+    };
+    size.and_then(|n| {
+        if n == 0 {
+            Err("must be at least 1 byte".to_owned())
+        } else {
+            Ok(n)
+        }
+    })
+}
+
 impl Config {
+    /// The wire limits every connection and child of this config uses.
+    pub fn wire_limits(&self) -> crate::wire::WireLimits {
+        crate::wire::WireLimits {
+            max_line: self.max_line,
+            line_timeout: self.line_timeout,
+            write_timeout: self.write_timeout,
+        }
+    }
+
     /// Built-in defaults: only the echo provider.
     pub fn builtin(echo_command: Vec<String>) -> Config {
         let mut echo = ProviderConfig::with_defaults(ECHO, echo_command);
@@ -183,6 +228,11 @@ impl Config {
             max_children: 256,
             queue_timeout: None,
             allow_group: None,
+            max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
+            line_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            max_sessions_per_connection: 16,
+            max_pending_requests: 64,
             providers: BTreeMap::from([(ECHO.to_owned(), Arc::new(echo))]),
         }
     }
@@ -253,24 +303,35 @@ impl Config {
             config.max_depth = depth;
         }
         if let Some(value) = raw.max_output {
-            let size = match value.get_ref() {
-                toml::Value::Integer(n) => {
-                    usize::try_from(*n).map_err(|_| format!("must not be negative, got {n}"))
+            config.max_output =
+                byte_size(&value).map_err(|msg| at(value.span(), "max_output", &msg))?;
+        }
+        if let Some(value) = raw.max_line {
+            config.max_line =
+                byte_size(&value).map_err(|msg| at(value.span(), "max_line", &msg))?;
+        }
+        for (raw, key, slot) in [
+            (raw.line_timeout, "line_timeout", &mut config.line_timeout),
+            (
+                raw.write_timeout,
+                "write_timeout",
+                &mut config.write_timeout,
+            ),
+        ] {
+            if let Some(text) = raw {
+                let d = parse_duration(&text, key, &at)?;
+                if d.is_zero() {
+                    return Err(at(text.span(), key, "must be longer than 0s"));
                 }
-                toml::Value::String(s) => parse_size(s),
-                other => Err(format!(
-                    "expected a byte size like \"8MiB\", got a {}",
-                    other.type_str()
-                )),
-            };
-            let size = size.and_then(|n| {
-                if n == 0 {
-                    Err("must be at least 1 byte".to_owned())
-                } else {
-                    Ok(n)
-                }
-            });
-            config.max_output = size.map_err(|msg| at(value.span(), "max_output", &msg))?;
+                *slot = d;
+            }
+        }
+        if let Some(n) = raw.max_sessions_per_connection {
+            config.max_sessions_per_connection =
+                at_least_one(n, "max_sessions_per_connection", &at)?;
+        }
+        if let Some(n) = raw.max_pending_requests {
+            config.max_pending_requests = at_least_one(n, "max_pending_requests", &at)?;
         }
         if let Some(children) = raw.max_children {
             config.max_children = at_least_one(children, "max_children", &at)?;

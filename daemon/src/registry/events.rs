@@ -1,16 +1,16 @@
-//! Everything a run tells its owner, on one ordered channel: the lifecycle pair, the child's
-//! raw updates and the permission requests it wants answered. One channel, so an owner sees a
-//! run's `started` before any of its traffic and its traffic before its `ended`.
+//! What a run reports to its owner, in order, on one bounded channel: the lifecycle pair of
+//! each turn, and — when asked for — the child's raw updates and permission requests, mapped
+//! from the child's own events.
 
 use acpd_protocol::subagent::{Ended, Started};
 use serde_json::value::RawValue;
 
-use crate::child::PermissionAsk;
+use crate::child::{ChildEvent, PermissionAsk};
 
 pub enum RunEvent {
     Started(Started),
     Ended(Box<Ended>),
-    /// A child's `session/update` `update` object, untouched (when the owner asked for them).
+    /// A `session/update`'s `update` object, as the child sent it.
     Update {
         run_id: String,
         update: Box<RawValue>,
@@ -20,4 +20,14 @@ pub enum RunEvent {
         run_id: String,
         ask: Box<PermissionAsk>,
     },
+}
+
+impl RunEvent {
+    pub(super) fn from_child(run_id: &str, event: ChildEvent) -> RunEvent {
+        let run_id = run_id.to_string();
+        match event {
+            ChildEvent::Update(update) => RunEvent::Update { run_id, update },
+            ChildEvent::Ask(ask) => RunEvent::Ask { run_id, ask },
+        }
+    }
 }

@@ -18,7 +18,7 @@ use acpd_protocol::subagent::{ProviderInfo, StartRequest, Started, SubagentResul
 use tokio::sync::{OnceCell, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::child::{AcpChild, AgentInfo, ChildSpec, SessionParams};
+use crate::child::{self, AgentInfo, Child, ChildSpec, SessionParams};
 use crate::config::{Config, ProviderConfig};
 use schema::OutputSchema;
 
@@ -30,6 +30,9 @@ pub use run::{Run, RunState};
 
 /// Who started a run; only its owner may wait on, cancel, send to or dispose it.
 pub type Owner = u64;
+
+/// How many disposed run ids are remembered.
+const TOMBSTONES: usize = 4096;
 
 /// Everything a start needs besides the request itself.
 #[derive(Default)]
@@ -67,7 +70,7 @@ pub struct BridgeRequest<'a> {
 
 /// A started child with its claim on the limits (released when the slot is dropped).
 pub struct Launched {
-    pub child: AcpChild,
+    pub child: Child,
     pub slot: Slot,
     pub provider: Arc<ProviderConfig>,
     pub depth: u32,
@@ -81,6 +84,17 @@ struct Launch<'a> {
     session: SessionParams,
     client_capabilities: ClientCapabilities,
     cancel: &'a CancellationToken,
+    relay: bool,
+}
+
+/// Why a probe found nothing: the gate refused it, or the agent did not start (with the
+/// spawn's own detail, for the operator's terminal).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error(transparent)]
+    Gate(#[from] RegistryError),
+    #[error(transparent)]
+    Start(#[from] child::StartFailure),
 }
 
 /// A run that passed the publication boundary.
@@ -109,6 +123,10 @@ struct Inner {
 #[derive(Default)]
 struct Table {
     runs: HashMap<String, Arc<Run>>,
+    /// Disposed runs, by id: their owner only (no output), oldest first, at most
+    /// [`TOMBSTONES`], so a late `wait` or `dispose` gets a clear answer.
+    tombstones: HashMap<String, Owner>,
+    tombstone_order: std::collections::VecDeque<String>,
     live_by_provider: HashMap<String, usize>,
     live_total: usize,
 }
@@ -215,6 +233,7 @@ impl Registry {
                     },
                     client_capabilities: opts.client_capabilities.clone(),
                     cancel: &opts.cancel,
+                    relay: false,
                 },
             )
             .await?;
@@ -289,23 +308,41 @@ impl Registry {
             .clone();
         let agent = cell
             .get_or_try_init(|| async {
-                let (depth, max_depth) = (
-                    self.inner.depth.depth.saturating_add(1),
-                    self.config().max_depth,
-                );
-                let spec = ChildSpec::new(
-                    provider.clone(),
-                    format!("probe-{}", provider.name),
-                    cwd.to_path_buf(),
-                    depth,
-                    max_depth,
-                );
-                AcpChild::probe(spec, cancel).await.inspect_err(|e| {
-                    tracing::warn!(provider = %provider.name, "capability probe failed: {e}");
-                })
+                self.probe(&provider.name, Some(cwd), cancel)
+                    .await
+                    .inspect_err(|e| {
+                        tracing::warn!(provider = %provider.name, "capability probe failed: {e}");
+                    })
             })
             .await;
         agent.is_ok_and(takes_system_prompt)
+    }
+
+    /// Spawns the provider's agent (in the provider's `cwd`, else `cwd`), runs `initialize`
+    /// only and tears it down: what the agent says about itself. Goes through the same gate as a start (depth, cwd, capacity), so a
+    /// probe counts against the limits while it lives.
+    pub async fn probe(
+        &self,
+        provider: &str,
+        cwd: Option<&Path>,
+        cancel: &CancellationToken,
+    ) -> Result<AgentInfo, ProbeError> {
+        let config = self.config();
+        let provider = self.provider(&config, Some(provider))?;
+        let (depth, max_depth) = self.check_depth(&config, None)?;
+        let cwd = resolve_cwd(&provider, None, cwd)?;
+        let _slot = self.claim(&config, &provider, cancel).await?;
+        let spec = ChildSpec {
+            limits: config.wire_limits(),
+            ..ChildSpec::new(
+                provider.clone(),
+                format!("probe-{}", provider.name),
+                cwd,
+                depth,
+                max_depth,
+            )
+        };
+        Ok(child::probe(spec, cancel).await?)
     }
 
     fn provider(
@@ -339,6 +376,7 @@ impl Registry {
                 session: req.session,
                 client_capabilities: req.client_capabilities,
                 cancel: req.cancel,
+                relay: true,
             },
         )
         .await
@@ -355,6 +393,8 @@ impl Registry {
         let slot = self.claim(config, &provider, l.cancel).await?;
         let spec = ChildSpec {
             session: l.session,
+            relay: l.relay,
+            limits: config.wire_limits(),
             ..ChildSpec::new(
                 provider.clone(),
                 l.log_id.to_string(),
@@ -363,7 +403,7 @@ impl Registry {
                 max_depth,
             )
         };
-        let child = AcpChild::start(spec, l.client_capabilities, l.cancel)
+        let child = Child::start(spec, l.client_capabilities, l.cancel)
             .await
             .map_err(|e| start_failed(&provider, e))?;
         Ok(Launched {
@@ -451,14 +491,19 @@ impl Registry {
     }
 
     fn find(&self, owner: Owner, run_id: &str) -> Result<Arc<Run>, RegistryError> {
-        lock(&self.inner.table)
-            .runs
-            .get(run_id)
-            .filter(|r| r.owner == owner)
-            .cloned()
-            .ok_or_else(|| RegistryError::UnknownRun {
+        let table = lock(&self.inner.table);
+        if let Some(run) = table.runs.get(run_id).filter(|r| r.owner == owner) {
+            return Ok(run.clone());
+        }
+        if table.tombstones.get(run_id) == Some(&owner) {
+            return Err(RegistryError::RunEnded {
                 run_id: run_id.to_string(),
-            })
+                reason: "disposed",
+            });
+        }
+        Err(RegistryError::UnknownRun {
+            run_id: run_id.to_string(),
+        })
     }
 
     /// Waits until the run's current turn settles and returns its result.
@@ -472,7 +517,11 @@ impl Registry {
 
     /// Cancels the run's current turn (no-op when it is settled).
     pub fn cancel(&self, owner: Owner, run_id: &str) -> Result<(), RegistryError> {
-        self.find(owner, run_id)?.cancel();
+        match self.find(owner, run_id) {
+            Ok(run) => run.cancel(),
+            Err(RegistryError::RunEnded { .. }) => {}
+            Err(e) => return Err(e),
+        }
         Ok(())
     }
 
@@ -486,10 +535,31 @@ impl Registry {
         self.find(owner, run_id)?.send(prompt).await
     }
 
-    /// Cancels what runs, tears the child's tree down and reaps it. A repeat succeeds.
+    /// Cancels what runs, tears the child's tree down, reaps it, and forgets the run (a
+    /// tombstone without output stays). A repeat succeeds.
     pub async fn dispose(&self, owner: Owner, run_id: &str) -> Result<(), RegistryError> {
-        self.find(owner, run_id)?.dispose().await;
+        let run = match self.find(owner, run_id) {
+            Ok(run) => run,
+            Err(RegistryError::RunEnded { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        run.dispose().await;
+        self.bury(&run);
         Ok(())
+    }
+
+    fn bury(&self, run: &Run) {
+        let mut table = lock(&self.inner.table);
+        if table.runs.remove(&run.run_id).is_none() {
+            return;
+        }
+        table.tombstones.insert(run.run_id.clone(), run.owner);
+        table.tombstone_order.push_back(run.run_id.clone());
+        while table.tombstone_order.len() > TOMBSTONES {
+            if let Some(old) = table.tombstone_order.pop_front() {
+                table.tombstones.remove(&old);
+            }
+        }
     }
 
     /// Disposes every run of `owner` in parallel (its connection ended) and forgets them.
@@ -501,7 +571,15 @@ impl Registry {
             .cloned()
             .collect();
         futures::future::join_all(runs.iter().map(|r| r.dispose())).await;
-        lock(&self.inner.table).runs.retain(|_, r| r.owner != owner);
+        let mut table = lock(&self.inner.table);
+        table.runs.retain(|_, r| r.owner != owner);
+        table.tombstones.retain(|_, o| *o != owner);
+        let Table {
+            tombstones,
+            tombstone_order,
+            ..
+        } = &mut *table;
+        tombstone_order.retain(|id| tombstones.contains_key(id));
     }
 
     /// Every run in the table.

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::RunEvent;
 use super::schema::OutputSchema;
 use super::{Owner, RegistryError, Slot};
-use crate::child::{AcpChild, ChildHandle, Tap, TurnControl, TurnReport};
+use crate::child::{Child, ChildEvent, TurnControl, TurnReport};
 use crate::config::ProviderConfig;
 
 /// Where a run is in its life.
@@ -30,9 +30,8 @@ pub enum RunState {
         turn: u32,
         result: Arc<SubagentResult>,
     },
-    Disposed {
-        last: Option<Arc<SubagentResult>>,
-    },
+    /// Disposed: the child is gone and the output freed.
+    Disposed,
 }
 
 impl RunState {
@@ -40,7 +39,7 @@ impl RunState {
         match self {
             RunState::Running { .. } => "running",
             RunState::Settled { .. } => "settled",
-            RunState::Disposed { .. } => "disposed",
+            RunState::Disposed => "disposed",
         }
     }
 }
@@ -86,9 +85,9 @@ pub struct Run {
 #[derive(Default)]
 struct Holding {
     /// The idle child, between turns.
-    child: Option<AcpChild>,
+    child: Option<Child>,
     /// Always set while a child is alive, even during a turn, so dispose can end it.
-    handle: Option<ChildHandle>,
+    handle: Option<Child>,
     pid: Option<i32>,
     capacity: Option<Slot>,
     turn: u32,
@@ -138,13 +137,13 @@ impl Run {
     /// Starts turn 1 on a freshly published child.
     pub(super) fn begin_turn(
         self: &Arc<Self>,
-        child: AcpChild,
+        child: Child,
         capacity: Slot,
         prompt: Vec<ContentBlock>,
     ) {
         let cancel = {
             let mut h = lock(&self.slot);
-            h.handle = Some(child.handle());
+            h.handle = Some(child.clone());
             h.pid = Some(child.pid());
             h.capacity = Some(capacity);
             h.turn = 1;
@@ -207,24 +206,30 @@ impl Run {
 
     async fn turn_task(
         self: Arc<Self>,
-        mut child: AcpChild,
+        child: Child,
         turn: u32,
         prompt: Vec<ContentBlock>,
         cancel: CancellationToken,
     ) {
+        let (tx, mut rx) = mpsc::channel::<ChildEvent>(crate::wire::QUEUE_DEPTH);
         let ctl = TurnControl {
             cancel,
             run_timeout: self.run_timeout.or(self.provider.run_timeout),
             max_output: self.max_output,
             sink: self.sink.clone(),
-            tap: self.events.clone().map(|tx| Tap {
-                run_id: self.run_id.clone(),
-                tx,
-                updates: self.forward_updates,
-                asks: self.forward_permissions,
-            }),
+            events: self.events.is_some().then_some(tx),
+            updates: self.forward_updates,
+            asks: self.forward_permissions,
         };
-        let report = child.turn(prompt, ctl).await;
+        // The child's events, mapped in order onto the run's channel; ends with the turn.
+        let forward = async {
+            while let Some(event) = rx.recv().await {
+                if let Some(events) = &self.events {
+                    let _ = events.send(RunEvent::from_child(&self.run_id, event)).await;
+                }
+            }
+        };
+        let (report, ()) = tokio::join!(child.prompt(prompt, ctl), forward);
         let result = Arc::new(self.result(turn, &report, &child));
         match result.stop_reason {
             StopReason::Completed => {}
@@ -258,7 +263,7 @@ impl Run {
                 result: result.clone(),
             });
             if keep {
-                h.keep_alive = Some(tokio::spawn(self.clone().keep_alive(child.handle())));
+                h.keep_alive = Some(tokio::spawn(self.clone().keep_alive(child.clone())));
                 h.child = Some(child);
                 None
             } else {
@@ -277,10 +282,11 @@ impl Run {
     }
 
     /// Ends an idle child after `keep_alive`, or as soon as it exits by itself.
-    async fn keep_alive(self: Arc<Self>, handle: ChildHandle) {
+    async fn keep_alive(self: Arc<Self>, child: Child) {
         tokio::select! {
             _ = tokio::time::sleep(self.provider.keep_alive) => {}
-            _ = handle.tree().exited() => {}
+            _ = child.exited() => {}
+            _ = child.ended() => {}
         }
         let child = {
             let mut h = lock(&self.slot);
@@ -307,8 +313,7 @@ impl Run {
             match &*rx.borrow_and_update() {
                 RunState::Running { .. } => {}
                 RunState::Settled { result, .. } => return Ok(result.clone()),
-                RunState::Disposed { last: Some(result) } => return Ok(result.clone()),
-                RunState::Disposed { last: None } => {
+                RunState::Disposed => {
                     return Err(RegistryError::RunEnded {
                         run_id: self.run_id.clone(),
                         reason: "disposed",
@@ -342,16 +347,12 @@ impl Run {
         };
         let _ = self.wait().await;
         if let Some(handle) = handle {
-            handle.teardown().await;
+            handle.shut().await;
         }
         drop(idle_child);
         self.release();
-        let last = match self.state() {
-            RunState::Settled { result, .. } => Some(result),
-            RunState::Disposed { last } => last,
-            RunState::Running { .. } => None,
-        };
-        self.state.send_replace(RunState::Disposed { last });
+        // A disposed run keeps no output: whoever still waits learns it ended.
+        self.state.send_replace(RunState::Disposed);
     }
 
     fn with_instruction(&self, mut prompt: Vec<ContentBlock>) -> Vec<ContentBlock> {
@@ -361,7 +362,7 @@ impl Run {
         prompt
     }
 
-    fn result(&self, turn: u32, report: &TurnReport, child: &AcpChild) -> SubagentResult {
+    fn result(&self, turn: u32, report: &TurnReport, child: &Child) -> SubagentResult {
         let mut mapped = map_outcome(&report.end, report.cancel_requested);
         let mut notes = report.notes.clone();
         let mut structured = None;

@@ -57,8 +57,10 @@ pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<R
                 let conn2 = conn.clone();
                 conn.tracker.spawn(async move {
                     match conn2.ctx.registry.wait(conn2.owner, &r.run_id).await {
+                        // Serialised by the writer when the parent has room for it: many
+                        // waits on one large result hold one copy, not one each.
                         Ok(result) => {
-                            let _ = conn2.peer.respond_ok(&id, &*result).await;
+                            let _ = conn2.peer.respond_lazy(&id, result).await;
                         }
                         Err(e) => conn2.reply_err(&id, &typed_error(&e)).await,
                     }
@@ -81,6 +83,7 @@ pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<R
                 conn.tracker.spawn(async move {
                     match conn2.ctx.registry.dispose(conn2.owner, &r.run_id).await {
                         Ok(()) => {
+                            conn2.forget_run(&r.run_id);
                             let _ = conn2.peer.respond_ok(&id, &json!({})).await;
                         }
                         Err(e) => conn2.reply_err(&id, &typed_error(&e)).await,
@@ -120,7 +123,7 @@ pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<R
                     let state = r.state();
                     let turn = match &state {
                         RunState::Running { turn } | RunState::Settled { turn, .. } => Some(*turn),
-                        RunState::Disposed { .. } => None,
+                        RunState::Disposed => None,
                     };
                     json!({
                         "runId": r.run_id,
@@ -144,7 +147,7 @@ pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<R
                 .registry
                 .runs()
                 .into_iter()
-                .filter(|r| !matches!(r.state(), RunState::Disposed { .. }))
+                .filter(|r| !matches!(r.state(), RunState::Disposed))
                 .map(|r| {
                     json!({
                         "runId": r.run_id,
@@ -174,7 +177,7 @@ fn status(conn: &Conn) -> serde_json::Value {
     let runs = registry
         .runs()
         .iter()
-        .filter(|r| !matches!(r.state(), RunState::Disposed { .. }))
+        .filter(|r| !matches!(r.state(), RunState::Disposed))
         .count();
     let providers: serde_json::Map<String, serde_json::Value> = config
         .providers
@@ -212,6 +215,9 @@ async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {
         };
         return conn.reply_err(&id, &typed_error(&e)).await;
     }
+    let Some(seat) = conn.take_seat() else {
+        return conn.reply_err(&id, &conn.seat_limit()).await;
+    };
     let run_id = uuid::Uuid::new_v4().to_string();
     let subagent = conn.client().subagents && req.parent_session_id.is_some();
     let provider = req
@@ -226,6 +232,7 @@ async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {
             session_id: None,
             title: req.label.clone().unwrap_or_else(|| provider.clone()),
             running: false,
+            _seat: seat,
         },
     );
     let conn2 = conn.clone();

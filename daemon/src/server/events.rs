@@ -29,6 +29,8 @@ pub struct RunMeta {
     pub title: String,
     /// A turn is running (so an answered permission request returns it to `running`).
     pub running: bool,
+    /// The run's claim on the connection's `max_sessions_per_connection`.
+    pub _seat: super::Seat,
 }
 
 pub async fn pump(conn: Arc<Conn>, mut events: mpsc::Receiver<RunEvent>) {

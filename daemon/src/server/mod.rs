@@ -27,6 +27,16 @@ use tokio_util::task::TaskTracker;
 use crate::registry::{Owner, Registry, RunEvent};
 use crate::wire::{self, Incoming, LineFault, Peer};
 
+/// A parent connection's claim on one of its `max_sessions_per_connection` seats (a bridge
+/// session or an undisposed run); released when dropped.
+pub(crate) struct Seat(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Extension methods acpd serves, advertised under `agentCapabilities._meta.acpd`.
 pub const METHODS: &[&str] = &[
     "_acpd/providers",
@@ -107,6 +117,10 @@ pub(crate) struct Conn {
     events: mpsc::Sender<RunEvent>,
     tracker: TaskTracker,
     closing: CancellationToken,
+    /// Seats taken (bridge sessions and undisposed runs), against `max_sessions_per_connection`.
+    seats: Arc<std::sync::atomic::AtomicUsize>,
+    max_seats: usize,
+    max_line: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -119,12 +133,11 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    let config = ctx.registry.config();
     let wire::Connection {
-        peer,
-        mut incoming,
-        writer: writer_task,
-        ..
-    } = wire::connect(reader, writer, ctx.max_line);
+        peer, mut incoming, ..
+    } = wire::connect_with(reader, writer, config.wire_limits());
+    peer.limit_pending(config.max_pending_requests);
     let (events_tx, events_rx) = mpsc::channel(wire::QUEUE_DEPTH);
     let conn = Arc::new(Conn {
         peer,
@@ -136,6 +149,9 @@ where
         events: events_tx,
         tracker: TaskTracker::new(),
         closing: CancellationToken::new(),
+        seats: Arc::default(),
+        max_seats: config.max_sessions_per_connection,
+        max_line: config.max_line,
     });
     conn.tracker.spawn(events::pump(conn.clone(), events_rx));
     conn.ctx.daemon.connections.fetch_add(1, Ordering::Relaxed);
@@ -143,28 +159,48 @@ where
     let shutdown = conn.ctx.shutdown.clone();
     loop {
         let msg = tokio::select! {
-            msg = incoming.recv() => msg,
-            // A broken pipe toward the parent ends the connection like EOF does.
+            biased;
+            // A parent that stopped reading (write_timeout) is gone, like one that hung up.
             _ = broken.cancelled() => None,
             _ = shutdown.cancelled() => None,
+            msg = incoming.recv() => msg,
         };
         let Some(msg) = msg else { break };
-        match msg {
-            Incoming::Request { id, method, params } => conn.on_request(id, method, params).await,
-            Incoming::Notification { method, params } => {
-                conn.on_notification(&method, params.as_deref())
+        // Nothing below may wait on the parent reading: a send blocked on a full outbox must
+        // not keep the router from seeing the end of the connection.
+        let handled = async {
+            match msg {
+                Incoming::Request { id, method, params } => {
+                    conn.on_request(id, method, params).await
+                }
+                Incoming::Notification { method, params } => {
+                    conn.on_notification(&method, params.as_deref())
+                }
+                Incoming::Fault(fault) => conn.on_fault(fault).await,
             }
-            Incoming::Fault(fault) => conn.on_fault(fault).await,
+        };
+        tokio::select! {
+            biased;
+            () = handled => {}
+            _ = broken.cancelled() => break,
+            _ = shutdown.cancelled() => break,
         }
     }
     conn.shutdown().await;
     conn.ctx.daemon.connections.fetch_sub(1, Ordering::Relaxed);
-    conn.peer.close();
-    let _ = writer_task.await;
+    conn.peer.flush_and_close().await;
 }
 
 impl Conn {
     async fn on_request(self: &Arc<Self>, id: Id, method: String, params: Option<Box<RawValue>>) {
+        if !self.peer.admit(&id) {
+            let e = crate::registry::RegistryError::Limit {
+                limit: "max_pending_requests",
+                value: self.ctx.registry.config().max_pending_requests,
+            };
+            let _ = self.peer.respond_err(Some(&id), &typed_error(&e)).await;
+            return;
+        }
         if method == "initialize" {
             return self.initialize(&id, params.as_deref()).await;
         }
@@ -220,10 +256,7 @@ impl Conn {
 
     async fn on_fault(&self, fault: LineFault) {
         tracing::warn!(owner = self.owner, "parent sent a bad line: {fault}");
-        let (id, error) = match &fault {
-            LineFault::Envelope(e) => (e.id().cloned(), e.to_rpc_error()),
-            LineFault::Frame(e) => (None, RpcError::parse_error(e)),
-        };
+        let (id, error) = fault.to_rpc_error(self.max_line);
         let _ = self.peer.respond_err(id.as_ref(), &error).await;
     }
 
@@ -273,7 +306,12 @@ impl Conn {
             .as_ref()
             .and_then(|s| lock(&self.sessions).get(s).cloned());
         match (target, sid) {
-            (Some(SessionRef::Bridge(b)), _) => b.forward(id, method, params),
+            (Some(SessionRef::Bridge(b)), _) => {
+                if let Err(refused) = b.forward(id, method, params) {
+                    let (id, e) = *refused;
+                    self.reply_err(&id, &e).await;
+                }
+            }
             (Some(SessionRef::Run { .. }), _) => {
                 let e = RpcError::invalid_request(format!(
                     "{method}: a subagent session can only be cancelled by its parent"
@@ -311,6 +349,31 @@ impl Conn {
                 let _ = self.ctx.registry.cancel(self.owner, &run_id);
             }
         }
+    }
+
+    /// A disposed run: its session id and its seat go.
+    fn forget_run(&self, run_id: &str) {
+        let meta = lock(&self.runs).remove(run_id);
+        if let Some(sid) = meta.and_then(|m| m.session_id) {
+            lock(&self.sessions).remove(&sid);
+        }
+    }
+
+    /// Takes one of the connection's seats, if one is free.
+    fn take_seat(&self) -> Option<Seat> {
+        self.seats
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_seats).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Seat(self.seats.clone()))
+    }
+
+    fn seat_limit(&self) -> RpcError {
+        typed_error(&crate::registry::RegistryError::Limit {
+            limit: "max_sessions_per_connection",
+            value: self.max_seats,
+        })
     }
 
     fn client(&self) -> ClientInfo {

@@ -1,0 +1,352 @@
+//! Collect mode: one turn of a run — `session/prompt`, the child's updates and requests while
+//! it runs, and every way the turn can end: an answer, an RPC error, a crash (raced against the
+//! prompt, since a grandchild may hold the pipe open), a bad line (also just before the
+//! answer), a child that stops reading, the idle and run limits, or a cancel that the child
+//! confirms within `cancel_grace` or not.
+
+use std::collections::HashSet;
+
+use acpd_protocol::acp::{
+    CancelNotification, ContentBlock, PromptRequest, RequestPermissionRequest,
+};
+use acpd_protocol::envelope::{self, Id, Message, RpcError};
+use acpd_protocol::outcome::{ChildStopReason, TurnEnd};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::driver::{Driver, LAST_WORDS};
+use super::launch::sleep_until_opt;
+use super::output::Output;
+use super::permission::{self, Decision};
+use super::{ChildEvent, PermissionAsk, TurnControl, TurnReport, strict};
+use crate::config::PermissionPolicy;
+use crate::supervise;
+
+const NOTE_NOBODY_TO_ASK: &str = "permission: forwarded request rejected (nobody to ask)";
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UpdateHead<'a> {
+    session_update: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PromptReply {
+    stop_reason: String,
+    #[serde(default, rename = "_meta")]
+    meta: Option<serde_json::Value>,
+}
+
+type Asked = FuturesUnordered<
+    std::pin::Pin<
+        Box<dyn Future<Output = (Id, acpd_protocol::acp::RequestPermissionResponse)> + Send + Sync>,
+    >,
+>;
+
+struct Turn {
+    output: Output,
+    cancel_requested: bool,
+    notes: Vec<&'static str>,
+    /// Permission requests waiting on whoever answers them, by the child's request id.
+    asks: Asked,
+    pending_asks: HashSet<Id>,
+}
+
+pub(super) async fn turn(
+    d: &mut Driver,
+    prompt: Vec<ContentBlock>,
+    ctl: TurnControl,
+) -> TurnReport {
+    let mut t = Turn {
+        output: Output::new(ctl.max_output),
+        cancel_requested: false,
+        notes: Vec::new(),
+        asks: FuturesUnordered::new(),
+        pending_asks: HashSet::new(),
+    };
+    let (end, child_stop_reason) = drive(d, prompt, &ctl, &mut t).await;
+    // Whatever is still waiting for an answer gets `cancelled`: the turn is over.
+    for id in t.pending_asks.drain().collect::<Vec<_>>() {
+        let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
+    }
+    let child_spent = !matches!(end, TurnEnd::Stopped { .. } | TurnEnd::RpcError { .. });
+    let (output, output_truncated) = t.output.finish();
+    TurnReport {
+        end,
+        cancel_requested: t.cancel_requested,
+        child_stop_reason,
+        output,
+        output_truncated,
+        notes: t.notes,
+        child_spent,
+    }
+}
+
+async fn drive(
+    d: &mut Driver,
+    prompt: Vec<ContentBlock>,
+    ctl: &TurnControl,
+    t: &mut Turn,
+) -> (TurnEnd, Option<String>) {
+    let request = PromptRequest::new(d.shared.session_id.clone(), prompt);
+    let prompt_id = match d
+        .wire
+        .request("session/prompt", Some(&envelope::to_raw(&request)))
+        .await
+    {
+        Ok(id) => id,
+        Err(_) => return (process_exit(d, None).await, None),
+    };
+    let idle = d.shared.provider.idle_timeout;
+    let mut idle_deadline = idle.map(|t| Instant::now() + t);
+    let run_deadline = ctl.run_timeout.map(|t| Instant::now() + t);
+    // Set when acpd itself ends the turn (timeout, hung): the child is cancelled and then torn
+    // down, and this is the outcome whatever it answers.
+    let mut ending: Option<TurnEnd> = None;
+    let mut cancel_deadline: Option<Instant> = None;
+    let mut exited: Option<(std::process::ExitStatus, Instant)> = None;
+    let deaf = d.wire.out.broken();
+    loop {
+        let idle_armed = ending.is_none() && cancel_deadline.is_none() && t.pending_asks.is_empty();
+        let last_words = exited.map(|(_, at)| at);
+        tokio::select! {
+            biased;
+            frame = d.wire.reader.next() => {
+                if let Some(i) = idle {
+                    idle_deadline = Some(Instant::now() + i);
+                }
+                match frame {
+                    None => {
+                        let status = match exited {
+                            Some((s, _)) => Some(s),
+                            None => d.exit_status_soon().await,
+                        };
+                        return (ending.unwrap_or(exit_end(status)), None);
+                    }
+                    Some(Err(fault)) => {
+                        tracing::warn!(provider = %d.shared.provider.name, run = %d.shared.log_id,
+                            "child sent a bad line: {fault}");
+                        return (ending.unwrap_or(TurnEnd::Protocol), None);
+                    }
+                    Some(Ok(Message::Response { id, outcome })) if id.as_ref() == Some(&prompt_id) => {
+                        return match outcome {
+                            Ok(raw) => stopped(d, &raw, ending),
+                            Err(e) => (ending.unwrap_or(TurnEnd::RpcError { code: e.code }), None),
+                        };
+                    }
+                    Some(Ok(Message::Response { .. })) => {}
+                    Some(Ok(Message::Notification { method, params })) => {
+                        on_notification(d, &method, params.as_deref(), ctl, t).await;
+                    }
+                    Some(Ok(Message::Request { id, method, params })) => {
+                        on_request(d, id, &method, params.as_deref(), ctl, t).await;
+                    }
+                }
+            }
+            status = d.shared.tree.exited(), if exited.is_none() => {
+                exited = Some((status, Instant::now() + LAST_WORDS));
+            }
+            _ = sleep_until_opt(last_words) => {
+                return (ending.unwrap_or(exit_end(exited.map(|(s, _)| s))), None);
+            }
+            _ = deaf.cancelled(), if exited.is_none() => {
+                // The child stopped taking our bytes for write_timeout, or its stdin broke.
+                let status = d.exit_status_soon().await;
+                let end = match status {
+                    Some(s) => exit_end(Some(s)),
+                    None => TurnEnd::Idle,
+                };
+                return (ending.unwrap_or(end), None);
+            }
+            Some((id, response)) = t.asks.next(), if !t.asks.is_empty() => {
+                if t.pending_asks.remove(&id) {
+                    let _ = d.wire.respond_ok(&id, &response).await;
+                }
+                // Waiting on a person is not the child hanging: the idle clock restarts.
+                if t.pending_asks.is_empty() {
+                    idle_deadline = idle.map(|i| Instant::now() + i);
+                }
+            }
+            _ = sleep_until_opt(idle_deadline), if idle_armed => {
+                ending = Some(TurnEnd::Idle);
+                cancel_deadline = Some(send_cancel(d, t).await);
+            }
+            _ = sleep_until_opt(run_deadline), if ending.is_none() && cancel_deadline.is_none() => {
+                ending = Some(TurnEnd::RunTimeout);
+                cancel_deadline = Some(send_cancel(d, t).await);
+            }
+            _ = ctl.cancel.cancelled(), if !t.cancel_requested && ending.is_none() => {
+                t.cancel_requested = true;
+                if cancel_deadline.is_none() {
+                    cancel_deadline = Some(send_cancel(d, t).await);
+                }
+            }
+            _ = sleep_until_opt(cancel_deadline), if cancel_deadline.is_some() => {
+                return (ending.unwrap_or(TurnEnd::Abandoned), None);
+            }
+        }
+    }
+}
+
+fn exit_end(status: Option<std::process::ExitStatus>) -> TurnEnd {
+    TurnEnd::ProcessExit {
+        exit_code: status.and_then(|s| s.code()),
+        signal: status.as_ref().and_then(supervise::signal_name),
+    }
+}
+
+async fn process_exit(d: &Driver, ending: Option<TurnEnd>) -> TurnEnd {
+    match ending {
+        Some(end) => end,
+        None => exit_end(d.exit_status_soon().await),
+    }
+}
+
+/// Sends `session/cancel`, answers pending permission requests `cancelled`, and returns how
+/// long the child has to confirm.
+async fn send_cancel(d: &mut Driver, t: &mut Turn) -> Instant {
+    let note = CancelNotification::new(d.shared.session_id.clone());
+    let _ = d
+        .wire
+        .notify("session/cancel", &envelope::to_raw(&note))
+        .await;
+    t.asks = FuturesUnordered::new();
+    for id in t.pending_asks.drain().collect::<Vec<_>>() {
+        let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
+    }
+    Instant::now() + d.shared.provider.cancel_grace
+}
+
+fn stopped(d: &Driver, raw: &RawValue, ending: Option<TurnEnd>) -> (TurnEnd, Option<String>) {
+    let reply: PromptReply = match serde_json::from_str(raw.get()) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(provider = %d.shared.provider.name, run = %d.shared.log_id,
+                "bad session/prompt result: {e}");
+            return (ending.unwrap_or(TurnEnd::Protocol), None);
+        }
+    };
+    let reported_failure = reply
+        .meta
+        .as_ref()
+        .and_then(|m| m.pointer("/acpd/failure/category"))
+        .and_then(|c| c.as_str())
+        .map(str::to_string);
+    let end = ending.unwrap_or(TurnEnd::Stopped {
+        reason: ChildStopReason::parse(&reply.stop_reason),
+        reported_failure,
+    });
+    (end, Some(reply.stop_reason))
+}
+
+async fn on_notification(
+    d: &mut Driver,
+    method: &str,
+    params: Option<&RawValue>,
+    ctl: &TurnControl,
+    t: &mut Turn,
+) {
+    if method != "session/update" {
+        tracing::debug!(run = %d.shared.log_id, %method, "dropping a child notification in a run");
+        return;
+    }
+    let update = match strict::own_update(params, &d.shared.session_id) {
+        Ok(u) => u,
+        Err(why) => {
+            tracing::warn!(provider = %d.shared.provider.name, run = %d.shared.log_id,
+                "dropping a session/update: {why}");
+            return;
+        }
+    };
+    if let Some(events) = ctl.events.as_ref().filter(|_| ctl.updates) {
+        let _ = events.send(ChildEvent::Update(update.to_owned())).await;
+    }
+    let Ok(head) = serde_json::from_str::<UpdateHead<'_>>(update.get()) else {
+        return;
+    };
+    if head.session_update != "agent_message_chunk" {
+        return;
+    }
+    let Some(content) = head.content else { return };
+    match serde_json::from_str::<ContentBlock>(content.get()) {
+        Ok(ContentBlock::Text(text)) => {
+            let kept = t.output.push_text(&text.text);
+            if let Some(sink) = &ctl.sink
+                && !kept.is_empty()
+            {
+                let _ = sink.send(kept.to_string()).await;
+            }
+        }
+        Ok(block) => t.output.push_block(block),
+        Err(e) => {
+            tracing::debug!(run = %d.shared.log_id, "ignoring an unreadable content block: {e}")
+        }
+    }
+}
+
+async fn on_request(
+    d: &mut Driver,
+    id: Id,
+    method: &str,
+    params: Option<&RawValue>,
+    ctl: &TurnControl,
+    t: &mut Turn,
+) {
+    if method != "session/request_permission" {
+        // fs/* and terminal/* need a parent that serves them; a delegated run has none.
+        let _ = d
+            .wire
+            .respond(&id, Err(&RpcError::method_not_found(method)))
+            .await;
+        return;
+    }
+    let request: RequestPermissionRequest = match params.map(|p| serde_json::from_str(p.get())) {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => {
+            let _ = d.wire.respond(&id, Err(&RpcError::invalid_params(e))).await;
+            return;
+        }
+        None => {
+            let e = RpcError::invalid_params("missing params");
+            let _ = d.wire.respond(&id, Err(&e)).await;
+            return;
+        }
+    };
+    if t.cancel_requested {
+        let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
+        return;
+    }
+    let decision = match d.shared.provider.permission {
+        PermissionPolicy::Allow => Decision::Allow,
+        PermissionPolicy::Reject => Decision::Reject,
+        PermissionPolicy::Forward => {
+            let fallback = permission::decide(&request, Decision::Reject);
+            if let Some(events) = ctl.events.as_ref().filter(|_| ctl.asks) {
+                let (tx, rx) = oneshot::channel();
+                let ask = PermissionAsk { request, reply: tx };
+                if events.send(ChildEvent::Ask(Box::new(ask))).await.is_ok() {
+                    t.pending_asks.insert(id.clone());
+                    t.asks
+                        .push(Box::pin(async move { (id, rx.await.unwrap_or(fallback)) }));
+                    return;
+                }
+            }
+            if !t.notes.contains(&NOTE_NOBODY_TO_ASK) {
+                t.notes.push(NOTE_NOBODY_TO_ASK);
+            }
+            let _ = d.wire.respond_ok(&id, &fallback).await;
+            return;
+        }
+    };
+    let _ = d
+        .wire
+        .respond_ok(&id, &permission::decide(&request, decision))
+        .await;
+}

@@ -1,0 +1,392 @@
+//! Relay mode: a bridge session. Every message travels between the parent's connection and
+//! the child in the order the child wrote it; only session ids and request ids are remapped.
+//! Updates are forwarded raw (kinds nobody here knows arrive intact), the common shape spliced
+//! as text with no JSON work beyond the envelope parse. A child's request reaches the parent
+//! only if the parent serves it (`fs/*`, `terminal/*` as advertised, `_` extensions) and its
+//! permission requests go by the provider's policy.
+
+use std::collections::{HashMap, HashSet};
+
+use acpd_protocol::acp::RequestPermissionRequest;
+use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, Message, RpcError};
+use acpd_protocol::session_id::{splice_session_id, with_session_id};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use serde_json::json;
+use serde_json::value::RawValue;
+use tokio::time::Instant;
+
+use super::driver::{Driver, LAST_WORDS};
+use super::launch::sleep_until_opt;
+use super::permission::{self, Decision};
+use super::{Cmd, RelayEnd, RelayTarget, strict};
+use crate::config::PermissionPolicy;
+use crate::supervise;
+use crate::wire::CallError;
+
+type Forwarded = FuturesUnordered<
+    std::pin::Pin<
+        Box<dyn Future<Output = (Id, bool, Result<Box<RawValue>, CallError>)> + Send + Sync>,
+    >,
+>;
+
+struct Relay {
+    t: RelayTarget,
+    /// `{"sessionId":"<child's>"` — what nearly every update's params start with.
+    child_prefix: String,
+    /// The forwarded line up to the rest of the params, with the minted id.
+    line_prefix: Vec<u8>,
+    /// The child's `session/new` result and capabilities: which optional methods it has.
+    reply: serde_json::Value,
+    caps: serde_json::Value,
+    /// Parent calls forwarded to the child, by the id acpd gave them: (parent's id, method).
+    open: HashMap<Id, (Id, String)>,
+    /// Child permission requests waiting on the parent (answered `cancelled` on cancel).
+    asks: HashSet<Id>,
+    forwarded: Forwarded,
+}
+
+pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
+    let own = d.shared.session_id.clone();
+    let child_prefix = format!("{{\"sessionId\":{}", envelope::json_string(&own));
+    let line_prefix = format!(
+        "{{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{{\"sessionId\":{}",
+        envelope::json_string(&t.session_id)
+    )
+    .into_bytes();
+    let mut r = Relay {
+        t,
+        child_prefix,
+        line_prefix,
+        reply: serde_json::from_str(d.shared.session_reply.get()).unwrap_or_default(),
+        caps: d.shared.agent.capabilities.clone(),
+        open: HashMap::new(),
+        asks: HashSet::new(),
+        forwarded: FuturesUnordered::new(),
+    };
+    let end = r.pump(d).await;
+    r.finish(d, &end).await;
+    end
+}
+
+impl Relay {
+    async fn pump(&mut self, d: &mut Driver) -> RelayEnd {
+        let stop = d.shared.stop.clone();
+        let parent_gone = self.t.parent.broken();
+        let child_deaf = d.wire.out.broken();
+        let mut exited: Option<(std::process::ExitStatus, Instant)> = None;
+        loop {
+            let last_words = exited.map(|(_, at)| at);
+            let room = d.wire.out.has_room(64 * 1024);
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return RelayEnd::Closed,
+                _ = parent_gone.cancelled() => return RelayEnd::ParentGone,
+                frame = d.wire.reader.next() => match frame {
+                    None => {
+                        let status = match exited {
+                            Some((s, _)) => Some(s),
+                            None => d.exit_status_soon().await,
+                        };
+                        return gone(status);
+                    }
+                    Some(Err(fault)) => {
+                        tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
+                            "child sent a bad line; ending the session: {fault}");
+                        return RelayEnd::Protocol;
+                    }
+                    Some(Ok(Message::Response { id, outcome })) => {
+                        if let Some(end) = self.answered(id, outcome).await {
+                            return end;
+                        }
+                    }
+                    Some(Ok(Message::Notification { method, params })) => {
+                        self.child_notification(d, &method, params).await;
+                    }
+                    Some(Ok(Message::Request { id, method, params })) => {
+                        self.child_request(d, id, method, params).await;
+                    }
+                },
+                status = d.shared.tree.exited(), if exited.is_none() => {
+                    exited = Some((status, Instant::now() + LAST_WORDS));
+                }
+                _ = sleep_until_opt(last_words) => return gone(exited.map(|(s, _)| s)),
+                _ = child_deaf.cancelled(), if exited.is_none() => {
+                    return match d.exit_status_soon().await {
+                        Some(s) => gone(Some(s)),
+                        None => RelayEnd::ChildDeaf,
+                    };
+                }
+                _ = d.shared.relay_cancel.notified() => {
+                    // Calls queued before the cancel go first, so a cancel never overtakes
+                    // the prompt it cancels.
+                    while let Ok(cmd) = d.cmds.try_recv() {
+                        self.parent_cmd(d, cmd).await;
+                    }
+                    self.cancel(d).await;
+                }
+                cmd = d.cmds.recv(), if room => match cmd {
+                    None => return RelayEnd::Closed,
+                    Some(cmd) => self.parent_cmd(d, cmd).await,
+                },
+                Some((id, ask, result)) = self.forwarded.next(), if !self.forwarded.is_empty() => {
+                    self.parent_answered(d, id, ask, result).await;
+                }
+            }
+        }
+    }
+
+    /// Every call still open gets an answer that says why the session ended.
+    async fn finish(&mut self, d: &mut Driver, end: &RelayEnd) {
+        let name = &d.shared.provider.name;
+        let error = match end {
+            RelayEnd::ChildGone { exit_code, signal } => {
+                let how = match (exit_code, signal) {
+                    (Some(c), _) => format!("exit code {c}"),
+                    (None, Some(s)) => format!("signal {s}"),
+                    _ => "its output closed".to_string(),
+                };
+                RpcError::new(INTERNAL_ERROR, format!("agent \"{name}\" exited ({how}); the session is closed"))
+                    .with_data(json!({ "provider": name, "category": "process-exit", "exitCode": exit_code, "signal": signal }))
+            }
+            RelayEnd::Protocol => RpcError::new(
+                INTERNAL_ERROR,
+                format!("agent \"{name}\" sent a line that is not JSON-RPC; the session is closed"),
+            )
+            .with_data(json!({ "provider": name, "category": "protocol" })),
+            RelayEnd::ChildDeaf => RpcError::new(
+                INTERNAL_ERROR,
+                format!("agent \"{name}\" stopped reading its input (write_timeout); the session is closed"),
+            )
+            .with_data(json!({ "provider": name, "category": "hung" })),
+            RelayEnd::ParentGone | RelayEnd::Closed => RpcError::internal("the session was closed"),
+        };
+        let parent = self.t.parent.clone();
+        let stop = d.shared.stop.clone();
+        let mut ids: Vec<Id> = self.open.drain().map(|(_, (pid, _))| pid).collect();
+        d.cmds.close();
+        while let Ok(cmd) = d.cmds.try_recv() {
+            if let Cmd::Call { id, .. } = cmd {
+                ids.push(id);
+            }
+        }
+        if matches!(end, RelayEnd::ParentGone) {
+            return;
+        }
+        for id in ids {
+            tokio::select! {
+                biased;
+                _ = parent.respond_err(Some(&id), &error) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    async fn to_parent(&self, line: Vec<u8>) {
+        let _ = self.t.parent.send_line(line).await;
+    }
+
+    /// The child answered one of the parent's calls. Returns the end of the session when that
+    /// answer closes it.
+    async fn answered(
+        &mut self,
+        id: Option<Id>,
+        outcome: Result<Box<RawValue>, RpcError>,
+    ) -> Option<RelayEnd> {
+        let (pid, method) = id.and_then(|id| self.open.remove(&id))?;
+        let _ = self
+            .t
+            .parent
+            .respond(&pid, outcome.as_ref().map(|r| &**r))
+            .await;
+        (method == "session/close" && outcome.is_ok()).then_some(RelayEnd::Closed)
+    }
+
+    fn supports(&self, method: &str) -> bool {
+        let present = |v: Option<&serde_json::Value>| v.is_some_and(|v| !v.is_null());
+        match method {
+            "session/prompt" => true,
+            "session/close" => present(self.caps.pointer("/sessionCapabilities/close")),
+            "session/set_mode" => present(self.reply.get("modes")),
+            "session/set_config_option" => present(self.reply.get("configOptions")),
+            "session/set_model" => present(self.reply.get("models")),
+            m => strict::forwardable_request(m),
+        }
+    }
+
+    async fn parent_cmd(&mut self, d: &mut Driver, cmd: Cmd) {
+        let Cmd::Call { id, method, params } = cmd else {
+            return;
+        };
+        if !self.supports(&method) {
+            let e = RpcError::method_not_found(&method);
+            let _ = self.t.parent.respond_err(Some(&id), &e).await;
+            return;
+        }
+        let params = params
+            .as_deref()
+            .map(|p| with_session_id(p, &d.shared.session_id).unwrap_or_else(|| p.to_owned()));
+        match d.wire.request(&method, params.as_deref()).await {
+            Ok(child_id) => {
+                self.open.insert(child_id, (id, method));
+            }
+            Err(_) => {
+                let e = RpcError::internal("the agent is not reading its input");
+                let _ = self.t.parent.respond_err(Some(&id), &e).await;
+            }
+        }
+    }
+
+    async fn cancel(&mut self, d: &mut Driver) {
+        let cancel = envelope::to_raw(&json!({ "sessionId": d.shared.session_id }));
+        let _ = d.wire.notify("session/cancel", &cancel).await;
+        for id in std::mem::take(&mut self.asks) {
+            let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
+        }
+    }
+
+    async fn child_notification(
+        &mut self,
+        d: &Driver,
+        method: &str,
+        params: Option<Box<RawValue>>,
+    ) {
+        let log = |why: &str| {
+            tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
+                %method, "dropping a child notification: {why}");
+        };
+        if !strict::forwardable(method) {
+            return log("not an ACP notification");
+        }
+        let Some(params) = params else {
+            if method == "session/update" {
+                return log("no params");
+            }
+            return self
+                .to_parent(envelope::encode_notification(method, None))
+                .await;
+        };
+        let text = params.get();
+        if method == "session/update" && strict::fast_own(text, &self.child_prefix) {
+            let rest = &text.as_bytes()[self.child_prefix.len()..];
+            let mut line = Vec::with_capacity(self.line_prefix.len() + rest.len() + 2);
+            line.extend_from_slice(&self.line_prefix);
+            line.extend_from_slice(rest);
+            line.push(b'}');
+            return self.to_parent(line).await;
+        }
+        let keys = strict::session_keys(&params);
+        let own = &d.shared.session_id;
+        match keys.as_ref().map(|k| (k.count, k.value.as_deref())) {
+            Some((1, Some(sid))) if sid == own => {}
+            Some((0, _)) if method != "session/update" => {
+                return self
+                    .to_parent(envelope::encode_notification(method, Some(&params)))
+                    .await;
+            }
+            Some((0, _)) => return log("no sessionId"),
+            Some((1, _)) => return log("another session's sessionId"),
+            Some(_) => return log("more than one sessionId"),
+            None => return log("params are not an object"),
+        }
+        match splice_session_id(text, &self.t.session_id) {
+            Some(spliced) => {
+                self.to_parent(envelope::encode_notification_text(method, &spliced))
+                    .await
+            }
+            None => log("cannot rewrite its sessionId"),
+        }
+    }
+
+    async fn child_request(
+        &mut self,
+        d: &mut Driver,
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+    ) {
+        let serves = self.t.serves;
+        let ask = method == "session/request_permission";
+        let allowed = match method.as_str() {
+            "session/request_permission" => {
+                let request = params
+                    .as_deref()
+                    .map(|p| serde_json::from_str::<RequestPermissionRequest>(p.get()));
+                let request = match request {
+                    Some(Ok(r)) => r,
+                    Some(Err(e)) => {
+                        let _ = d.wire.respond(&id, Err(&RpcError::invalid_params(e))).await;
+                        return;
+                    }
+                    None => {
+                        let e = RpcError::invalid_params("missing params");
+                        let _ = d.wire.respond(&id, Err(&e)).await;
+                        return;
+                    }
+                };
+                let decision = match d.shared.provider.permission {
+                    PermissionPolicy::Forward => None,
+                    PermissionPolicy::Allow => Some(Decision::Allow),
+                    PermissionPolicy::Reject => Some(Decision::Reject),
+                };
+                if let Some(decision) = decision {
+                    let answer = permission::decide(&request, decision);
+                    let _ = d.wire.respond_ok(&id, &answer).await;
+                    return;
+                }
+                true
+            }
+            "fs/read_text_file" => serves.read_text_file,
+            "fs/write_text_file" => serves.write_text_file,
+            m if m.starts_with("terminal/") => serves.terminal,
+            m => strict::forwardable_request(m),
+        };
+        if !allowed {
+            let e = RpcError::method_not_found(&method);
+            let _ = d.wire.respond(&id, Err(&e)).await;
+            return;
+        }
+        let params = params
+            .as_deref()
+            .map(|p| with_session_id(p, &self.t.session_id).unwrap_or_else(|| p.to_owned()));
+        if ask {
+            self.asks.insert(id.clone());
+        }
+        let call = self.t.parent.call_raw(&method, params.as_deref()).await;
+        self.forwarded.push(Box::pin(async move {
+            let result = match call {
+                Ok(call) => call.result().await,
+                Err(e) => Err(e),
+            };
+            (id, ask, result)
+        }));
+    }
+
+    async fn parent_answered(
+        &mut self,
+        d: &mut Driver,
+        id: Id,
+        ask: bool,
+        result: Result<Box<RawValue>, CallError>,
+    ) {
+        // A permission request already answered `cancelled` stays answered.
+        if ask && !self.asks.remove(&id) {
+            return;
+        }
+        let _ = match result {
+            Ok(raw) => d.wire.respond(&id, Ok(&raw)).await,
+            Err(CallError::Rpc(e)) => d.wire.respond(&id, Err(&e)).await,
+            Err(CallError::Closed) => {
+                let e = RpcError::internal("the parent is gone");
+                d.wire.respond(&id, Err(&e)).await
+            }
+        };
+    }
+}
+
+fn gone(status: Option<std::process::ExitStatus>) -> RelayEnd {
+    RelayEnd::ChildGone {
+        exit_code: status.and_then(|s| s.code()),
+        signal: status.as_ref().and_then(supervise::signal_name),
+    }
+}
