@@ -3,6 +3,7 @@
 //! a difference, because these machines are noisy; absolute numbers are printed too.
 //!
 //! `cargo bench -p acpd --bench acpd -- [--quick] [--json FILE] [--readme]`
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod parent;
 mod report;

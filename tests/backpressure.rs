@@ -1,6 +1,7 @@
 //! A child streaming 200 MiB at a parent that reads slowly: acpd's memory stays bounded far
 //! below the volume, because every queue on the path is bounded and a full one stops reading
 //! from the pipe behind it. A check that memory is bounded, not a speed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! Config errors through the real binary: exit 2, and the message names file, line and key.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

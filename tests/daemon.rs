@@ -2,6 +2,7 @@
 //! credentials, sd_notify, SIGHUP reload, SIGTERM with a TERM-deaf child, crash recovery of
 //! strays, capacity, status and doctor. This binary makes itself a subreaper (PID 1 here reaps
 //! nothing), so orphans it adopts are reaped by pid before survivors are counted.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

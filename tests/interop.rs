@@ -2,6 +2,7 @@
 //! (`@agentclientprotocol/sdk`, pinned in tests/interop/package.json). Its client drives
 //! `acpd stdio`; an agent built on it runs as acpd's child. Skipped, with the reason printed,
 //! only when node is not installed.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! acpd SIGKILLed mid-run: its child dies with it (PDEATHSIG). PID 1 on these machines reaps
 //! nothing, so this test process makes itself a subreaper and reaps what it adopts before it
 //! counts survivors. It is its own test binary because the subreaper flag is process-wide.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

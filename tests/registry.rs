@@ -1,6 +1,7 @@
 //! The registry through its library API, with the real echo agent as the child: the lifecycle
 //! pair per turn, follow-ups, dispose semantics, capacity, and the process-level guarantees that
 //! need an in-process view (PDEATHSIG thread, restored RLIMIT_NOFILE).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! `acpd run` end to end: every row of the outcome table against the real echo agent, with
 //! exit codes, categories, partial output and diagnostic hygiene.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! `acpd stdio` end to end, driven by the ACP Rust SDK's client over real pipes: bridge
 //! sessions against the echo agent, every `_acpd/subagent/*` method and its typed errors,
 //! Subagent Sessions, and a parent that disappears mid-turn.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

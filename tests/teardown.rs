@@ -1,5 +1,6 @@
 //! The teardown ladder end to end: after `acpd run` returns, no process of the child's tree is
 //! left — a zombie counts as a survivor — and each rung took about as long as its grace.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

@@ -333,8 +333,7 @@ pub fn json_string(s: &str) -> std::borrow::Cow<'static, str> {
 
 /// Serialises a typed value into raw JSON for `params` or `result`.
 pub fn to_raw<T: Serialize + ?Sized>(value: &T) -> Box<RawValue> {
-    serde_json::value::to_raw_value(value)
-        .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("null is JSON"))
+    serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Shared helpers for the end-to-end tests: the real `acpd` binary, temporary configs, and
 //! process checks through /proc.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod client;
 
