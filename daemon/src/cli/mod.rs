@@ -124,7 +124,6 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
     let ctx = crate::server::ServerContext {
         registry: crate::registry::Registry::new(config, crate::registry::DepthContext::from_env()),
         caller_cwd: std::env::current_dir().ok(),
-        max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
         daemon: Default::default(),
         shutdown: Default::default(),
     };

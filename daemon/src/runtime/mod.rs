@@ -7,5 +7,5 @@ mod socket;
 mod stdio;
 
 pub use serve::{ServeError, ServeOptions, serve};
-pub use socket::{admit, default_socket_path};
-pub use stdio::{Reader, Writer, stdio};
+pub use socket::default_socket_path;
+pub use stdio::stdio;

@@ -74,7 +74,6 @@ pub async fn serve(opts: ServeOptions, config: Config) -> Result<(), ServeError>
     let ctx = ServerContext {
         registry: registry.clone(),
         caller_cwd: None,
-        max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
         daemon: Arc::new(DaemonInfo::default()),
         shutdown: shutdown.clone(),
     };

@@ -56,7 +56,6 @@ pub struct ServerContext {
     pub registry: Registry,
     /// The working directory of `acpd stdio`'s caller; `None` over a socket.
     pub caller_cwd: Option<PathBuf>,
-    pub max_line: usize,
     pub daemon: Arc<DaemonInfo>,
     /// Cancelled when acpd shuts down: every connection cancels and reaps what it started.
     pub shutdown: CancellationToken,
