@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use acpd_protocol::envelope::{self, Id, Message, RpcError};
 use serde_json::value::RawValue;
-use tokio::process::ChildStdout;
 use tokio::sync::mpsc;
 
 use super::{Cmd, RelayEnd, Shared, collect, lock, permission, relay};
@@ -17,15 +16,18 @@ use crate::wire::{CallError, LineFault, LineReader, Outbox};
 /// After the child exits, how long its last words may take to come out of the pipe.
 pub(super) const LAST_WORDS: Duration = Duration::from_millis(200);
 
+/// What the driver reads the child from: its stdout (a duplex pipe in tests).
+pub(super) type ChildOutput = Box<dyn tokio::io::AsyncRead + Unpin + Send + Sync>;
+
 /// The child's side of the wire: its stdout, read inline, and its stdin's outbox.
 pub(super) struct ChildWire {
-    pub reader: LineReader<ChildStdout>,
+    pub reader: LineReader<ChildOutput>,
     pub out: Outbox,
     next_id: i64,
 }
 
 impl ChildWire {
-    pub fn new(reader: LineReader<ChildStdout>, out: Outbox) -> Self {
+    pub fn new(reader: LineReader<ChildOutput>, out: Outbox) -> Self {
         ChildWire {
             reader,
             out,

@@ -57,7 +57,16 @@ pub(super) async fn start(
     client_capabilities: ClientCapabilities,
     cancel: &CancellationToken,
 ) -> Result<Child, StartFailure> {
-    let mut h = spawn(spec).await?;
+    let h = spawn(spec).await?;
+    handshake(h, client_capabilities, cancel).await
+}
+
+/// Runs the handshake on a spawned child, then starts its driver.
+async fn handshake(
+    mut h: Handshake,
+    client_capabilities: ClientCapabilities,
+    cancel: &CancellationToken,
+) -> Result<Child, StartFailure> {
     let deadline = Instant::now() + h.spec.provider.handshake_timeout;
     let result = async {
         let agent = h.initialize(client_capabilities, deadline, cancel).await?;
@@ -120,7 +129,7 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
         format!("{}/{}", spec.provider.name, spec.run_id),
     );
     let wire = ChildWire::new(
-        LineReader::new(spawned.stdout, spec.limits),
+        LineReader::new(Box::new(spawned.stdout), spec.limits),
         Outbox::start(spawned.stdin, spec.limits.write_timeout),
     );
     Ok(Handshake {
@@ -129,6 +138,29 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
         wire,
         stderr,
     })
+}
+
+/// A child whose ACP wire is `output`/`input` instead of its own stdio: the in-process tests
+/// script the agent on a duplex pipe while a real process stands for the tree.
+#[cfg(test)]
+pub(super) async fn start_over(
+    spec: ChildSpec,
+    spawned: supervise::Spawned,
+    output: super::driver::ChildOutput,
+    input: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
+) -> Result<Child, StartFailure> {
+    let stderr = StderrTail::drain(spawned.stderr, spec.run_id.clone());
+    let wire = ChildWire::new(
+        LineReader::new(output, spec.limits),
+        Outbox::start(input, spec.limits.write_timeout),
+    );
+    let h = Handshake {
+        spec,
+        tree: spawned.tree,
+        wire,
+        stderr,
+    };
+    handshake(h, ClientCapabilities::default(), &CancellationToken::new()).await
 }
 
 /// Something that stopped us waiting for a handshake reply.
@@ -169,14 +201,14 @@ impl Handshake {
             )
             .await?;
         let reply: InitializeReply = serde_json::from_str(raw.get()).map_err(|e| {
-            handshake(
+            handshake_failure(
                 Stage::Initialize,
                 Category::Protocol,
                 format!("bad initialize result: {e}"),
             )
         })?;
         if reply.protocol_version != serde_json::json!(1) {
-            return Err(handshake(
+            return Err(handshake_failure(
                 Stage::Initialize,
                 Category::ProtocolVersion,
                 format!(
@@ -220,7 +252,7 @@ impl Handshake {
             )
             .await?;
         let reply: NewSessionReply = serde_json::from_str(raw.get()).map_err(|e| {
-            handshake(
+            handshake_failure(
                 Stage::SessionNew,
                 Category::Protocol,
                 format!("bad session/new result: {e}"),
@@ -272,8 +304,8 @@ impl Handshake {
                     detail: format!("child exited or closed its output during {method}"),
                 }
             }
-            Interrupt::Protocol(detail) => handshake(stage, Category::Protocol, detail),
-            Interrupt::Timeout => handshake(
+            Interrupt::Protocol(detail) => handshake_failure(stage, Category::Protocol, detail),
+            Interrupt::Timeout => handshake_failure(
                 stage,
                 Category::Timeout,
                 format!("no answer to {method} within handshake_timeout"),
@@ -342,7 +374,7 @@ pub(super) async fn sleep_until_opt(deadline: Option<Instant>) {
     }
 }
 
-fn handshake(stage: Stage, category: Category, detail: String) -> StartFailure {
+fn handshake_failure(stage: Stage, category: Category, detail: String) -> StartFailure {
     StartFailure::Handshake {
         failure: failure(stage, category),
         detail,

@@ -16,6 +16,8 @@ mod output;
 mod permission;
 mod relay;
 mod strict;
+#[cfg(test)]
+mod tests;
 
 use std::path::PathBuf;
 use std::sync::Arc;

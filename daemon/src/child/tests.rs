@@ -1,0 +1,469 @@
+//! The driver in-process, with paused time: a scripted agent on duplex pipes speaks for the
+//! child while a real `sleep` process stands for its tree. Time only moves when every task
+//! waits, so each deadline is observed exactly, with no sleeping on the wall clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use acpd_protocol::acp::{ContentBlock, TextContent};
+use acpd_protocol::envelope::{Id, Message};
+use acpd_protocol::outcome::{ChildStopReason, TurnEnd};
+use serde_json::json;
+use tokio::io::{AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Child, ChildEvent, ChildSpec, ParentServes, RelayTarget, TurnControl, TurnReport};
+use crate::config::ProviderConfig;
+use crate::supervise::{self, SpawnSpec};
+use crate::wire::{self, LineReader, WireLimits};
+
+/// The agent's end of the child's wire.
+struct Fake {
+    reader: LineReader<DuplexStream>,
+    writer: DuplexStream,
+    session: String,
+}
+
+impl Fake {
+    async fn next(&mut self) -> Message {
+        match self.reader.next().await {
+            Some(Ok(m)) => m,
+            other => panic!("the agent expected a message, got {other:?}"),
+        }
+    }
+
+    async fn request(&mut self, want: &str) -> (Id, serde_json::Value) {
+        match self.next().await {
+            Message::Request { id, method, params } if method == want => {
+                let params = params.map(|p| serde_json::from_str(p.get()).unwrap());
+                (id, params.unwrap_or_default())
+            }
+            other => panic!("the agent expected {want}, got {other:?}"),
+        }
+    }
+
+    async fn notification(&mut self, want: &str) {
+        match self.next().await {
+            Message::Notification { method, .. } if method == want => {}
+            other => panic!("the agent expected {want}, got {other:?}"),
+        }
+    }
+
+    async fn send(&mut self, lines: &[String]) {
+        let mut text = lines.join("\n");
+        text.push('\n');
+        self.writer.write_all(text.as_bytes()).await.unwrap();
+    }
+
+    fn answer(id: &Id, result: serde_json::Value) -> String {
+        json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string()
+    }
+
+    fn chunk(&self, text: &str) -> String {
+        self.update(&self.session.clone(), text)
+    }
+
+    fn update(&self, session: &str, text: &str) -> String {
+        json!({ "jsonrpc": "2.0", "method": "session/update", "params": {
+            "sessionId": session,
+            "update": { "sessionUpdate": "agent_message_chunk", "content": { "type": "text", "text": text } },
+        }})
+        .to_string()
+    }
+}
+
+fn provider(tweak: impl FnOnce(&mut ProviderConfig)) -> ProviderConfig {
+    let mut p = ProviderConfig::with_defaults("fake", vec!["sleep".into(), "3600".into()]);
+    p.idle_timeout = Some(Duration::from_secs(10));
+    p.cancel_grace = Duration::from_secs(2);
+    p.eof_grace = Duration::from_millis(10);
+    p.term_grace = Duration::from_millis(10);
+    tweak(&mut p);
+    p
+}
+
+/// A started child whose agent is `Fake`; time is paused once the stand-in process runs.
+async fn start(p: ProviderConfig, relay: bool) -> (Child, Fake) {
+    supervise::init();
+    let spawned = supervise::spawn(SpawnSpec {
+        argv: p.command.clone(),
+        cwd: "/".into(),
+        env: vec![],
+    })
+    .await
+    .unwrap();
+    tokio::time::pause();
+    let (driver_out, agent_out) = tokio::io::duplex(64 * 1024);
+    let (agent_in, driver_in) = tokio::io::duplex(64 * 1024);
+    let mut spec = ChildSpec::new(Arc::new(p), "test".into(), "/".into(), 1, 2);
+    spec.relay = relay;
+    spec.limits = WireLimits {
+        max_line: 1 << 20,
+        line_timeout: Duration::from_secs(30),
+        write_timeout: Duration::from_secs(30),
+    };
+    let mut fake = Fake {
+        reader: LineReader::new(agent_in, spec.limits),
+        writer: agent_out,
+        session: "child-session".into(),
+    };
+    let agent = tokio::spawn(async move {
+        let (id, _) = fake.request("initialize").await;
+        fake.send(&[Fake::answer(&id, json!({ "protocolVersion": 1 }))])
+            .await;
+        let (id, _) = fake.request("session/new").await;
+        let reply = Fake::answer(&id, json!({ "sessionId": fake.session }));
+        fake.send(&[reply]).await;
+        fake
+    });
+    let child = super::launch::start_over(spec, spawned, Box::new(driver_out), driver_in)
+        .await
+        .unwrap();
+    (child, agent.await.unwrap())
+}
+
+fn control() -> TurnControl {
+    TurnControl {
+        cancel: CancellationToken::new(),
+        run_timeout: None,
+        max_output: 1 << 20,
+        sink: None,
+        events: None,
+        updates: false,
+        asks: false,
+    }
+}
+
+fn text(report: &TurnReport) -> String {
+    report
+        .output
+        .iter()
+        .map(|b| match b {
+            ContentBlock::Text(TextContent { text, .. }) => text.clone(),
+            _ => String::new(),
+        })
+        .collect()
+}
+
+/// `since.elapsed()` is `d`, to the timer's 1 ms granularity (time is paused: no noise).
+#[track_caller]
+fn at(since: Instant, d: Duration, what: &str) {
+    let e = since.elapsed();
+    assert!(
+        e >= d && e <= d + Duration::from_millis(5),
+        "{what}: {e:?}, expected {d:?}"
+    );
+}
+
+fn prompt() -> Vec<ContentBlock> {
+    vec![ContentBlock::from("go".to_string())]
+}
+
+#[tokio::test]
+async fn an_idle_child_is_cancelled_after_idle_timeout_then_reported_hung() {
+    let (child, mut fake) = start(provider(|_| {}), false).await;
+    let t0 = Instant::now();
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), control()).await }
+    });
+    fake.request("session/prompt").await;
+    fake.notification("session/cancel").await;
+    at(t0, Duration::from_secs(10), "cancelled at idle_timeout");
+    let report = turn.await.unwrap();
+    at(t0, Duration::from_secs(12), "given up after cancel_grace");
+    assert!(matches!(report.end, TurnEnd::Idle), "{report:?}");
+    assert!(report.child_spent);
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn run_timeout_ends_a_chatty_turn_and_wins_over_the_childs_answer() {
+    let (child, mut fake) = start(provider(|_| {}), false).await;
+    let t0 = Instant::now();
+    let mut ctl = control();
+    ctl.run_timeout = Some(Duration::from_secs(30));
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), ctl).await }
+    });
+    let (id, _) = fake.request("session/prompt").await;
+    // An update every 5 s keeps the idle clock from firing; only run_timeout can end it.
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => fake.send(&[fake.chunk("tick ")]).await,
+            m = fake.next() => {
+                assert!(matches!(m, Message::Notification { ref method, .. } if method == "session/cancel"), "{m:?}");
+                break;
+            }
+        }
+    }
+    at(t0, Duration::from_secs(30), "");
+    fake.send(&[Fake::answer(&id, json!({ "stopReason": "cancelled" }))])
+        .await;
+    let report = turn.await.unwrap();
+    assert!(matches!(report.end, TurnEnd::RunTimeout), "{report:?}");
+    assert_eq!(text(&report), "tick ".repeat(5), "partial output kept");
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn a_cancel_confirmed_within_the_grace_is_the_childs_stop_reason() {
+    let (child, mut fake) = start(provider(|_| {}), false).await;
+    let ctl = control();
+    let cancel = ctl.cancel.clone();
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), ctl).await }
+    });
+    let (id, _) = fake.request("session/prompt").await;
+    fake.send(&[fake.chunk("partial")]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cancel.cancel();
+    fake.notification("session/cancel").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    fake.send(&[Fake::answer(&id, json!({ "stopReason": "cancelled" }))])
+        .await;
+    let report = turn.await.unwrap();
+    assert!(
+        matches!(
+            report.end,
+            TurnEnd::Stopped {
+                reason: ChildStopReason::Cancelled,
+                ..
+            }
+        ),
+        "{report:?}"
+    );
+    assert!(report.cancel_requested && !report.child_spent);
+    assert_eq!(text(&report), "partial");
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn a_cancel_the_child_ignores_is_abandoned_after_the_grace() {
+    let (child, mut fake) = start(provider(|_| {}), false).await;
+    let ctl = control();
+    let cancel = ctl.cancel.clone();
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), ctl).await }
+    });
+    fake.request("session/prompt").await;
+    let t0 = Instant::now();
+    cancel.cancel();
+    fake.notification("session/cancel").await;
+    let report = turn.await.unwrap();
+    at(t0, Duration::from_secs(2), "");
+    assert!(matches!(report.end, TurnEnd::Abandoned), "{report:?}");
+    assert!(report.child_spent);
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn the_idle_clock_waits_for_a_permission_answer_and_restarts_after_it() {
+    let (child, mut fake) = start(provider(|_| {}), false).await;
+    let (tx, mut rx) = mpsc::channel(4);
+    let mut ctl = control();
+    ctl.events = Some(tx);
+    ctl.asks = true;
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), ctl).await }
+    });
+    fake.request("session/prompt").await;
+    let ask = json!({ "jsonrpc": "2.0", "id": "perm-1", "method": "session/request_permission", "params": {
+        "sessionId": fake.session, "toolCall": { "toolCallId": "t1" },
+        "options": [{ "optionId": "yes", "name": "Yes", "kind": "allow_once" }],
+    }});
+    fake.send(&[ask.to_string()]).await;
+    let Some(ChildEvent::Ask(ask)) = rx.recv().await else {
+        panic!("the owner is asked")
+    };
+    // A person takes 25 s, well past idle_timeout: not the child hanging.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let answered = Instant::now();
+    let chosen = super::permission::decide(&ask.request, super::permission::Decision::Allow);
+    ask.reply.send(chosen).unwrap();
+    match fake.next().await {
+        Message::Response { id, outcome } => {
+            assert_eq!(id, Some(Id::Str("perm-1".into())));
+            assert!(outcome.unwrap().get().contains("yes"));
+        }
+        other => panic!("{other:?}"),
+    }
+    fake.notification("session/cancel").await;
+    at(
+        answered,
+        Duration::from_secs(10),
+        "idle counts from the answer",
+    );
+    let report = turn.await.unwrap();
+    assert!(matches!(report.end, TurnEnd::Idle), "{report:?}");
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn a_bad_line_just_before_the_answer_fails_the_turn() {
+    let (child, mut fake) = start(provider(|_| {}), false).await;
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), control()).await }
+    });
+    let (id, _) = fake.request("session/prompt").await;
+    let lines = [
+        fake.chunk("almost"),
+        "this is not json".to_string(),
+        Fake::answer(&id, json!({ "stopReason": "end_turn" })),
+    ];
+    fake.send(&lines).await;
+    let report = turn.await.unwrap();
+    assert!(matches!(report.end, TurnEnd::Protocol), "{report:?}");
+    assert!(report.child_spent);
+    assert_eq!(text(&report), "almost", "partial output kept");
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn updates_between_turns_and_foreign_updates_never_reach_the_output() {
+    let (child, mut fake) = start(provider(|_| {}), false).await;
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), control()).await }
+    });
+    let (id, _) = fake.request("session/prompt").await;
+    let dup = format!(
+        r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{0}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"DUP"}}}},"sessionId":"other"}}}}"#,
+        fake.session
+    );
+    let none = r#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"NONE"}}}}"#;
+    let lines = [
+        fake.update("someone-else", "FOREIGN"),
+        dup,
+        none.to_string(),
+        fake.chunk("one"),
+        Fake::answer(&id, json!({ "stopReason": "end_turn" })),
+        fake.chunk("LATE"),
+    ];
+    fake.send(&lines).await;
+    let first = turn.await.unwrap();
+    assert_eq!(text(&first), "one");
+    assert!(!first.child_spent);
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), control()).await }
+    });
+    let (id, _) = fake.request("session/prompt").await;
+    let lines = [
+        fake.chunk("two"),
+        Fake::answer(&id, json!({ "stopReason": "end_turn" })),
+    ];
+    fake.send(&lines).await;
+    let second = turn.await.unwrap();
+    assert_eq!(
+        text(&second),
+        "two",
+        "the late update of turn 1 is not in turn 2"
+    );
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn a_child_that_stops_reading_is_hung_after_write_timeout() {
+    let (child, mut fake) = start(provider(|p| p.idle_timeout = None), false).await;
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), control()).await }
+    });
+    fake.request("session/prompt").await;
+    let t0 = Instant::now();
+    // The agent stops reading its input and floods requests acpd must answer (-32601 each):
+    // the answers pile up until the outbox gives up after write_timeout.
+    for i in 0..20_000 {
+        let req = json!({ "jsonrpc": "2.0", "id": i, "method": "fs/read_text_file", "params": { "path": "/x" } });
+        let line = [req.to_string()];
+        let send = fake.send(&line);
+        if tokio::time::timeout(Duration::from_millis(1), send)
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    let report = turn.await.unwrap();
+    assert!(matches!(report.end, TurnEnd::Idle), "{report:?}");
+    assert!(
+        t0.elapsed() >= Duration::from_secs(30),
+        "{:?}",
+        t0.elapsed()
+    );
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn relay_forwards_only_the_childs_own_acp_traffic_in_order() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let (parent_side, acpd_side) = tokio::io::duplex(1 << 20);
+    let (acpd_read, acpd_write): (ReadHalf<DuplexStream>, WriteHalf<DuplexStream>) =
+        tokio::io::split(acpd_side);
+    let conn = wire::connect(acpd_read, acpd_write, 1 << 20);
+    let mut parent = LineReader::new(parent_side, WireLimits::default());
+    child.relay(RelayTarget {
+        parent: conn.peer.clone(),
+        session_id: "minted".into(),
+        serves: ParentServes::default(),
+    });
+    let params = serde_json::value::RawValue::from_string(
+        json!({ "sessionId": "minted", "prompt": [] }).to_string(),
+    )
+    .unwrap();
+    child
+        .call(Id::Num(77), "session/prompt".into(), Some(params))
+        .unwrap();
+    let (id, p) = fake.request("session/prompt").await;
+    assert_eq!(p["sessionId"], "child-session", "the child sees its own id");
+    let forged =
+        json!({ "jsonrpc": "2.0", "method": "_acpd/subagent/ended", "params": { "runId": "x" } });
+    let lines = [
+        forged.to_string(),
+        fake.update("someone-else", "FOREIGN"),
+        fake.chunk("hello"),
+        Fake::answer(&id, json!({ "stopReason": "end_turn" })),
+    ];
+    fake.send(&lines).await;
+    let Some(Ok(Message::Notification { method, params })) = parent.next().await else {
+        panic!("the update comes first")
+    };
+    assert_eq!(method, "session/update");
+    let params: serde_json::Value = serde_json::from_str(params.unwrap().get()).unwrap();
+    assert_eq!(params["sessionId"], "minted");
+    assert_eq!(params["update"]["content"]["text"], "hello");
+    let Some(Ok(Message::Response { id, outcome })) = parent.next().await else {
+        panic!("then the answer, with the parent's id")
+    };
+    assert_eq!(id, Some(Id::Num(77)));
+    assert!(outcome.unwrap().get().contains("end_turn"));
+    // A bad line ends the session; an open call gets an error that says why.
+    let params = serde_json::value::RawValue::from_string(
+        json!({ "sessionId": "minted", "prompt": [] }).to_string(),
+    )
+    .unwrap();
+    child
+        .call(Id::Num(78), "session/prompt".into(), Some(params))
+        .unwrap();
+    fake.request("session/prompt").await;
+    fake.send(&["{not json".to_string()]).await;
+    let Some(Ok(Message::Response { id, outcome })) = parent.next().await else {
+        panic!("the open prompt is answered")
+    };
+    assert_eq!(id, Some(Id::Num(78)));
+    let error = outcome.unwrap_err();
+    assert_eq!(error.data.unwrap()["category"], "protocol");
+    assert!(matches!(
+        child.ended().await,
+        Some(super::RelayEnd::Protocol)
+    ));
+    child.shut().await;
+}
