@@ -224,6 +224,29 @@ fn write_timeout_toward_a_parent_that_stops_reading_closes_it() {
 }
 
 #[test]
+fn write_timeout_toward_a_socket_client_that_stops_reading_closes_it() {
+    subreaper();
+    let env = env_with("write_timeout = \"2s\"");
+    let serve = Serve::start(&env);
+    let mut raw = serve.connect();
+    raw.initialize(json!({}));
+    let sid = raw.new_session(env.path(), "fast");
+    raw.send_prompt(&sid, ":pid\n:chunks 1000000 1024");
+    let child = pid_after(&raw.until_chunk(&sid, "pid "), "pid ");
+    assert!(
+        gone_within(child, Duration::from_secs(2) + LADDER),
+        "the child of a socket client that stopped reading still runs"
+    );
+    assert!(
+        raw.drain_to_eof(Duration::from_secs(20)),
+        "acpd kept the connection of a socket client past write_timeout"
+    );
+    // The daemon itself carries on.
+    let mut other = serve.connect();
+    other.initialize(json!({}));
+}
+
+#[test]
 fn socket_client_that_half_closes_mid_turn_has_its_children_torn_down() {
     subreaper();
     let env = env_with("");
@@ -425,6 +448,32 @@ fn max_line_drops_the_line_and_the_connection_continues() {
     assert!(raw.seen.is_empty(), "extra lines: {:?}", raw.seen_text());
 }
 
+/// The default cap (16 MiB), with no limit key in the config.
+#[test]
+fn default_max_line_is_16_mib() {
+    let env = env_with("");
+    let mut raw = ready(&env);
+    raw.line(&format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"_acpd/providers","params":{{"pad":"{}"}}}}"#,
+        "x".repeat(16 << 20)
+    ));
+    let line = raw.next();
+    assert_eq!(
+        (raw_id(&line).as_str(), line.value["error"]["code"].as_i64()),
+        ("null", Some(-32700)),
+        "{}",
+        line.text()
+    );
+    assert_eq!(
+        line.value["error"]["data"],
+        json!({"limit": "max_line", "value": 16 << 20}),
+        "{}",
+        line.text()
+    );
+    let answer = raw.call("_acpd/providers", json!({}));
+    assert!(answer.get("result").is_some(), "{answer}");
+}
+
 #[test]
 fn max_sessions_per_connection_refuses_the_next_session_and_start() {
     let env = env_with("max_sessions_per_connection = 2");
@@ -449,6 +498,21 @@ fn max_sessions_per_connection_refuses_the_next_session_and_start() {
     assert_limit(&third, "max_sessions_per_connection", 2);
 }
 
+/// The default (16), with no limit key in the config.
+#[test]
+fn default_max_sessions_per_connection_is_16() {
+    let env = env_with("");
+    let mut raw = ready(&env);
+    for _ in 0..16 {
+        raw.new_session(env.path(), "fast");
+    }
+    let next = raw.call(
+        "session/new",
+        json!({"cwd": env.path(), "mcpServers": [], "_meta": {"acpd": {"provider": "fast"}}}),
+    );
+    assert_limit(&next, "max_sessions_per_connection", 16);
+}
+
 #[test]
 fn max_pending_requests_answers_the_excess_request_at_once() {
     let env = env_with("max_pending_requests = 4");
@@ -457,9 +521,23 @@ fn max_pending_requests_answers_the_excess_request_at_once() {
     let ids: Vec<u64> = (0..5)
         .map(|_| raw.send("_acpd/subagent/wait", json!({"runId": run})))
         .collect();
-    let line = raw.next();
+    let line = raw.next_response();
     assert_eq!(line.value["id"], json!(ids[4]), "{}", line.text());
     assert_limit(&line.value, "max_pending_requests", 4);
+}
+
+/// The default (64), with no limit key in the config.
+#[test]
+fn default_max_pending_requests_is_64() {
+    let env = env_with("");
+    let mut raw = ready(&env);
+    let run = raw.start_run("fast", ":hang");
+    let ids: Vec<u64> = (0..65)
+        .map(|_| raw.send("_acpd/subagent/wait", json!({"runId": run})))
+        .collect();
+    let line = raw.next_response();
+    assert_eq!(line.value["id"], json!(ids[64]), "{}", line.text());
+    assert_limit(&line.value, "max_pending_requests", 64);
 }
 
 #[test]
@@ -471,7 +549,9 @@ fn max_connections_refuses_the_extra_connection_with_one_line() {
     let mut second = serve.connect();
     second.initialize(json!({}));
     let mut third = serve.connect();
-    let line = third.next();
+    let line = third
+        .next_within(Duration::from_secs(10))
+        .expect("the connection over max_connections was told nothing");
     assert_eq!(raw_id(&line), "null", "{}", line.text());
     assert_limit(&line.value, "max_connections", 2);
     assert!(
@@ -491,4 +571,25 @@ fn max_connections_refuses_the_extra_connection_with_one_line() {
             .is_some_and(|l| l.value.get("result").is_some())
     });
     assert!(admitted, "no connection admitted after one closed");
+}
+
+/// The default (64), with no limit key in the config.
+#[test]
+fn default_max_connections_is_64() {
+    let env = env_with("");
+    let serve = Serve::start(&env);
+    let mut open: Vec<Raw> = (0..64)
+        .map(|_| {
+            let mut c = serve.connect();
+            c.initialize(json!({}));
+            c
+        })
+        .collect();
+    let mut extra = serve.connect();
+    let line = extra
+        .next_within(Duration::from_secs(10))
+        .expect("the connection over max_connections was told nothing");
+    assert_eq!(raw_id(&line), "null", "{}", line.text());
+    assert_limit(&line.value, "max_connections", 64);
+    open.clear();
 }

@@ -62,6 +62,8 @@ pub struct Raw {
     /// acpd, other responses), in order.
     pub seen: Vec<Line>,
     next_id: u64,
+    /// acpd's stderr, for failure messages (`acpd stdio` only).
+    log: Option<std::path::PathBuf>,
 }
 
 /// Kills a forgotten `acpd stdio` so a failed test leaves nothing behind.
@@ -103,6 +105,7 @@ impl Raw {
             eof: false,
             seen: Vec::new(),
             next_id: 1000,
+            log: Some(env.path().join("acpd.log")),
         }
     }
 
@@ -119,7 +122,16 @@ impl Raw {
             eof: false,
             seen: Vec::new(),
             next_id: 1000,
+            log: None,
         }
+    }
+
+    /// acpd's stderr so far (empty for a socket connection).
+    pub fn log(&self) -> String {
+        self.log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {
@@ -234,6 +246,17 @@ impl Raw {
         }
     }
 
+    /// The next response (of any id), keeping the lines before it in `seen`.
+    pub fn next_response(&mut self) -> Line {
+        loop {
+            let line = self.next();
+            if line.is_response() {
+                return line;
+            }
+            self.seen.push(line);
+        }
+    }
+
     /// Reads until the response whose `id` is `id` (compared as JSON values), keeping every
     /// other line in `seen`.
     pub fn answer(&mut self, id: &Value) -> Line {
@@ -273,10 +296,16 @@ impl Raw {
     /// `initialize` (protocol 1) with `capabilities`; a panic that names the likely cause when
     /// acpd exits at once (a config it rejected).
     pub fn initialize(&mut self, capabilities: Value) -> Value {
-        let id = self.send(
-            "initialize",
-            json!({"protocolVersion": 1, "clientCapabilities": capabilities}),
-        );
+        self.next_id += 1;
+        let id = self.next_id;
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": capabilities}});
+        if let Err(e) = self.write(format!("{msg}\n").as_bytes()) {
+            panic!(
+                "acpd did not take initialize ({e}): did it reject the config? stderr: {}",
+                self.log()
+            );
+        }
         self.start_reading();
         let deadline = Instant::now() + ANSWER;
         loop {
@@ -288,8 +317,9 @@ impl Raw {
                 Some(line) => self.seen.push(line),
                 None => panic!(
                     "acpd did not answer initialize (eof: {}): did it reject the config? \
-                     (a limit key it does not know yet is rejected)",
-                    self.eof
+                     stderr: {}",
+                    self.eof,
+                    self.log()
                 ),
             }
         }

@@ -209,7 +209,9 @@ impl Turn<'_> {
                 std::future::pending::<()>().await
             }
             Step::GarbageThenStop => {
-                self.around().before.extend_from_slice(b"this is not json\n");
+                self.around()
+                    .before
+                    .extend_from_slice(b"this is not json\n");
                 return Some(stop("end_turn"));
             }
             Step::AfterAnswer(text) => {
@@ -231,7 +233,11 @@ impl Turn<'_> {
                     "turn": 1,
                     "result": result,
                 });
-                let _ = self.agent.peer.notify("_acpd/subagent/ended", &params).await;
+                let _ = self
+                    .agent
+                    .peer
+                    .notify("_acpd/subagent/ended", &params)
+                    .await;
             }
             Step::Notify(method) => {
                 let params = json!({"sessionId": self.session_id, "acpdProbe": true});
@@ -253,11 +259,7 @@ impl Turn<'_> {
                     text_update("dup-session\n"),
                     json!(id),
                 );
-                let _ = self
-                    .agent
-                    .peer
-                    .notify_text("session/update", &params)
-                    .await;
+                let _ = self.agent.peer.notify_text("session/update", &params).await;
             }
             Step::BadPermission => {
                 // `toolCall` missing, `options` not an array: invalid params for ACP.
