@@ -393,7 +393,7 @@ fn a_child_that_stops_reading_fails_its_turn_hung_after_write_timeout() {
     let env = env_with("write_timeout = \"2s\"");
     let mut raw = ready(&env);
     let run = raw.start_run("fast", ":deaf-stdin\nready");
-    assert_eq!(output_text(&raw.wait_run(&run)), "ready\n");
+    assert_eq!(output_text(&raw.wait_run(&run)), "ready");
     // A follow-up prompt far larger than a pipe buffer: acpd's write to the child blocks.
     let big = "y".repeat(4 << 20);
     let started = Instant::now();
@@ -444,7 +444,7 @@ fn deaf_bridge_child_under_a_prompt_flood_keeps_acpd_bounded() {
         (PROMPTS, Some(writer))
     });
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(90);
+    let deadline = started + Duration::from_secs(60);
     let (mut errors, mut results, mut first_error) = (0u64, 0u64, None);
     while errors + results < PROMPTS && Instant::now() < deadline {
         let Some(line) = raw.next_within(Duration::from_millis(500)) else {

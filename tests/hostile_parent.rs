@@ -187,7 +187,8 @@ fn parent_that_closes_stdin_while_not_reading_ends_stdio_and_its_child() {
     let sid = raw.new_session(env.path(), "fast");
     raw.send_prompt(&sid, ":pid\n:chunks 1000000 1024");
     let child = pid_after(&raw.until_chunk(&sid, "pid "), "pid ");
-    // From here on nothing is read: acpd's writes to us block once the pipe is full.
+    // From here on nothing is read: close stdin once acpd's write to us is blocked.
+    raw.until_output_blocks();
     raw.close_write();
     let started = Instant::now();
     let bound = Duration::from_secs(2) + LADDER;
@@ -213,6 +214,7 @@ fn write_timeout_toward_a_parent_that_stops_reading_closes_it() {
     raw.send_prompt(&sid, ":pid\n:chunks 1000000 1024");
     let child = pid_after(&raw.until_chunk(&sid, "pid "), "pid ");
     // Stop reading, keep stdin open: only the write deadline can end this.
+    raw.until_output_blocks();
     assert!(
         gone_within(child, Duration::from_secs(2) + LADDER),
         "the child of a parent that stopped reading still runs"
@@ -233,6 +235,7 @@ fn write_timeout_toward_a_socket_client_that_stops_reading_closes_it() {
     let sid = raw.new_session(env.path(), "fast");
     raw.send_prompt(&sid, ":pid\n:chunks 1000000 1024");
     let child = pid_after(&raw.until_chunk(&sid, "pid "), "pid ");
+    raw.until_output_blocks();
     assert!(
         gone_within(child, Duration::from_secs(2) + LADDER),
         "the child of a socket client that stopped reading still runs"
@@ -322,6 +325,7 @@ fn socket_client_that_half_closes_while_not_reading_has_its_child_torn_down() {
     let sid = raw.new_session(env.path(), "fast");
     raw.send_prompt(&sid, ":pid\n:chunks 1000000 1024");
     let pid = pid_after(&raw.until_chunk(&sid, "pid "), "pid ");
+    raw.until_output_blocks();
     raw.close_write();
     assert!(
         gone_within(pid, LADDER),

@@ -64,6 +64,8 @@ pub struct Raw {
     next_id: u64,
     /// acpd's stderr, for failure messages (`acpd stdio` only).
     log: Option<std::path::PathBuf>,
+    /// Our reading end (acpd's stdout pipe, or the socket), for FIONREAD.
+    stdout_fd: Option<std::os::fd::RawFd>,
 }
 
 /// Kills a forgotten `acpd stdio` so a failed test leaves nothing behind.
@@ -97,6 +99,7 @@ impl Raw {
             .expect("spawn acpd stdio");
         let writer = process.stdin.take().expect("stdin");
         let reader = process.stdout.take().expect("stdout");
+        let stdout_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&reader));
         Raw {
             process: Some(process),
             writer: Some(Box::new(writer)),
@@ -106,6 +109,7 @@ impl Raw {
             seen: Vec::new(),
             next_id: 1000,
             log: Some(env.path().join("acpd.log")),
+            stdout_fd,
         }
     }
 
@@ -114,6 +118,7 @@ impl Raw {
         let stream = UnixStream::connect(path).expect("connect to acpd serve");
         let reader = stream.try_clone().expect("clone socket");
         let writer = stream.try_clone().expect("clone socket");
+        let stream_fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
         Raw {
             process: None,
             writer: Some(Box::new(writer)),
@@ -123,7 +128,45 @@ impl Raw {
             seen: Vec::new(),
             next_id: 1000,
             log: None,
+            stdout_fd: Some(stream_fd),
         }
+    }
+
+    /// Bytes acpd wrote to us that nobody has read yet (call while the connection is open).
+    pub fn unread_output(&self) -> usize {
+        let fd = self.stdout_fd.expect("a reading end");
+        let mut unread: nix::libc::c_int = 0;
+        // SAFETY: FIONREAD writes one c_int through the pointer; `fd` is our open reading end
+        // (the reading thread, or `socket`, keeps it open).
+        let r = unsafe { nix::libc::ioctl(fd, nix::libc::FIONREAD, &mut unread) };
+        assert_eq!(r, 0, "FIONREAD");
+        unread as usize
+    }
+
+    /// Waits until acpd's next write to us blocks: its stdout pipe is full (`acpd stdio`), or
+    /// what waits in our socket stopped growing for half a second (a socket, whose buffer size
+    /// is not ours to know).
+    pub fn until_output_blocks(&self) {
+        let blocked = if self.socket.is_some() {
+            let (mut last, mut still) = (0, 0);
+            super::eventually(ANSWER, || {
+                let now = self.unread_output();
+                still = if now == last && now > 0 { still + 1 } else { 0 };
+                last = now;
+                still >= 50
+            })
+        } else {
+            let fd = self.stdout_fd.expect("a reading end");
+            // SAFETY: F_GETPIPE_SZ takes no argument and only reads the pipe's size.
+            let capacity = unsafe { nix::libc::fcntl(fd, nix::libc::F_GETPIPE_SZ) };
+            assert!(capacity > 0, "F_GETPIPE_SZ");
+            super::eventually(ANSWER, || self.unread_output() + 4096 >= capacity as usize)
+        };
+        assert!(
+            blocked,
+            "acpd never filled its output: {}",
+            self.unread_output()
+        );
     }
 
     /// acpd's stderr so far (empty for a socket connection).
