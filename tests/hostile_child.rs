@@ -96,6 +96,26 @@ fn bad_line_right_before_the_answer_fails_every_run() {
 }
 
 #[test]
+fn bad_line_right_before_the_answer_fails_every_delegated_run() {
+    let env = env_with("");
+    let mut raw = ready(&env);
+    let mut verdicts = Vec::new();
+    for _ in 0..30 {
+        let run = raw.start_run("fast", ":garbage-then-stop");
+        verdicts.push(verdict(&raw.wait_run(&run)));
+        raw.ok("_acpd/subagent/dispose", json!({"runId": run}));
+    }
+    let failed = verdicts
+        .iter()
+        .filter(|v| *v == &("error".to_string(), "protocol".to_string()))
+        .count();
+    assert_eq!(
+        failed, 30,
+        "only {failed} of 30 delegated runs failed with category protocol: {verdicts:?}"
+    );
+}
+
+#[test]
 fn every_kind_of_bad_line_fails_the_run() {
     let env = env_with("");
     // Not JSON, not UTF-8, over the default 16 MiB line cap: each just before the answer.
