@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use acpd_protocol::codec::DEFAULT_MAX_LINE;
-use acpd_protocol::envelope::{Id, RESOURCE_NOT_FOUND, RpcError};
+use acpd_protocol::envelope::{self, Id, RESOURCE_NOT_FOUND, RpcError};
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -34,6 +34,8 @@ pub(super) struct Agent {
     next_turn: AtomicU64,
     /// Set by `--ignore-eof` or `:ignore-eof`; read when stdin ends.
     pub ignore_eof: AtomicBool,
+    /// Set by `:deaf-stdin`: stdin is never read again (see [`Deaf`]).
+    pub deaf: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
@@ -75,6 +77,27 @@ impl Agent {
     }
 }
 
+/// Stdin behind a switch: once `deaf` is set, reads never complete again, so the peer's bytes
+/// pile up in the pipe while this process stays alive (`:deaf-stdin`).
+struct Deaf<R> {
+    inner: R,
+    deaf: Arc<AtomicBool>,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Deaf<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.deaf.load(Ordering::Acquire) {
+            // Never woken on purpose: this read stays pending for the life of the process.
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -82,6 +105,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Serves one ACP connection on stdin/stdout; returns the exit code for stdin EOF.
 pub(super) async fn serve(args: EchoArgs) -> i32 {
     let (stdin, stdout) = crate::runtime::stdio();
+    let deaf = Arc::new(AtomicBool::new(false));
+    let stdin = Deaf {
+        inner: stdin,
+        deaf: deaf.clone(),
+    };
     let conn = wire::connect(stdin, stdout, DEFAULT_MAX_LINE);
     let mut incoming = conn.incoming;
     let agent = Arc::new(Agent {
@@ -90,6 +118,7 @@ pub(super) async fn serve(args: EchoArgs) -> i32 {
         next_session: AtomicU64::new(1),
         next_turn: AtomicU64::new(1),
         ignore_eof: AtomicBool::new(args.ignore_eof),
+        deaf,
     });
     while let Some(message) = incoming.recv().await {
         match message {
@@ -270,7 +299,7 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
         if let Some(system) = system_prompt {
             steps.insert(0, script::Step::Echo(format!("system: {system}\n")));
         }
-        let end = turn::run(&agent, &params.session_id, &cancel, steps).await;
+        let (end, around) = turn::run(&agent, &params.session_id, &cancel, steps).await;
         // Free the session before answering, so a client that prompts again as soon as it
         // reads the answer is not told the session is busy.
         {
@@ -281,16 +310,19 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
                 session.turn = None;
             }
         }
-        let _ = match end {
+        let answer = match end {
             TurnEnd::Stop { reason, failure } => {
                 let mut result = json!({ "stopReason": reason });
                 if let Some(category) = failure {
                     result["_meta"] = json!({"acpd": {"failure": {"category": category}}});
                 }
-                agent.peer.respond_ok(&id, &result).await
+                envelope::encode_result(&id, &envelope::to_raw(&result))
             }
-            TurnEnd::Error(error) => agent.peer.respond_err(Some(&id), &error).await,
+            TurnEnd::Error(error) => envelope::encode_error(Some(&id), &error),
         };
+        // One line buffer, so the lines a directive put around the answer go out in the same
+        // write as the answer itself.
+        let _ = agent.peer.send_line(around.wrap(answer)).await;
     });
     Ok(())
 }

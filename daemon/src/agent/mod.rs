@@ -62,6 +62,22 @@ PROMPT SCRIPT
   :oversize BYTES       write one line of BYTES 'x' characters to stdout
   :close-stdout         close stdout and keep running (as :hang-deaf)
 
+  Hostile directives, for acpd's strictness tests:
+  :garbage-then-stop    end the turn with end_turn, the line \"this is not json\" written
+                        right before the answer in the same write
+  :after-answer TEXT    right after the prompt answer, in the same write, stream TEXT as an
+                        agent_message_chunk (it arrives between turns)
+  :forge-acpd           send a notification _acpd/subagent/ended with a plausible body
+                        (runId \"run-forged\", output \"forged by the child\")
+  :notify METHOD        send a notification METHOD {\"sessionId\": <own>, \"acpdProbe\": true}
+  :foreign-session ID   stream \"foreign-session\" in a session/update with sessionId ID
+  :no-session           stream \"no-session\" in a session/update without a sessionId
+  :dup-session [ID]     stream \"dup-session\" in a session/update holding two sessionId keys,
+                        its own first, then ID (default echo-forged)
+  :bad-permission       ask session/request_permission with malformed params (no toolCall,
+                        options not an array); stream what came back as :permission does
+  :deaf-stdin           stop reading stdin for good and stay alive (the turn goes on)
+
   An unknown directive streams \"unknown directive: <NAME>\"; a malformed one streams an
   explanation; both are otherwise skipped. A session/cancel ends a running turn with
   cancelled at the next step (or at once in :hang and :sleep), except in :hang-deaf.
@@ -207,6 +223,15 @@ mod tests {
             "binary",
             "oversize",
             "close-stdout",
+            "garbage-then-stop",
+            "after-answer",
+            "forge-acpd",
+            "notify",
+            "foreign-session",
+            "no-session",
+            "dup-session",
+            "bad-permission",
+            "deaf-stdin",
         ] {
             assert!(
                 help.contains(&format!("  :{name} ")),

@@ -58,7 +58,29 @@ pub enum Step {
     Binary,
     Oversize(usize),
     CloseStdout,
+    /// A non-JSON line and, in the same write right behind it, the `end_turn` answer.
+    GarbageThenStop,
+    /// An `agent_message_chunk` with this text, sent right after the prompt answer in the same
+    /// write (so it arrives between turns, deterministically).
+    AfterAnswer(String),
+    /// A forged `_acpd/subagent/ended` notification with a plausible body.
+    ForgeAcpd,
+    /// A notification with this method and params `{"sessionId": <own>, "acpdProbe": true}`.
+    Notify(String),
+    /// An `agent_message_chunk` under another session id.
+    ForeignSession(String),
+    /// An `agent_message_chunk` whose params have no `sessionId`.
+    NoSession,
+    /// An `agent_message_chunk` whose params hold two `sessionId` keys: ours, then this one.
+    DupSession(String),
+    /// A `session/request_permission` whose params are malformed.
+    BadPermission,
+    /// Stop reading stdin for good while staying alive.
+    DeafStdin,
 }
+
+/// The second `sessionId` of `:dup-session` when none is given.
+pub const DUP_SESSION_DEFAULT: &str = "echo-forged";
 
 /// Parses a prompt's text. Every line becomes exactly one step, so echo lines keep their
 /// position between directives and the echoed lines concatenate back to the non-directive text.
@@ -147,6 +169,19 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
         "binary" => no_args(rest, Step::Binary)?,
         "oversize" => Step::Oversize(bytes(&single(rest, "BYTES")?, "BYTES")?),
         "close-stdout" => no_args(rest, Step::CloseStdout)?,
+        "garbage-then-stop" => no_args(rest, Step::GarbageThenStop)?,
+        "after-answer" => Step::AfterAnswer(required(rest, "TEXT")?),
+        "forge-acpd" => no_args(rest, Step::ForgeAcpd)?,
+        "notify" => Step::Notify(single(rest, "METHOD")?),
+        "foreign-session" => Step::ForeignSession(single(rest, "ID")?),
+        "no-session" => no_args(rest, Step::NoSession)?,
+        "dup-session" => Step::DupSession(if rest.is_empty() {
+            DUP_SESSION_DEFAULT.to_string()
+        } else {
+            single(rest, "[ID]")?
+        }),
+        "bad-permission" => no_args(rest, Step::BadPermission)?,
+        "deaf-stdin" => no_args(rest, Step::DeafStdin)?,
         _ => return Err(Bad::Unknown),
     };
     Ok(step)
@@ -309,5 +344,36 @@ mod tests {
         assert!(explain(":oversize 99999999999999").contains("at most"));
         assert!(explain(":error x").contains("CODE must be an integer"));
         assert!(explain(":env").contains("expected NAME"));
+        assert!(explain(":after-answer").contains("expected TEXT"));
+        assert!(explain(":notify").contains("expected METHOD"));
+        assert!(explain(":notify a b").contains("expected METHOD"));
+        assert!(explain(":foreign-session").contains("expected ID"));
+        assert!(explain(":dup-session a b").contains("expected [ID]"));
+        assert!(explain(":garbage-then-stop now").contains("takes no arguments"));
+        assert!(explain(":deaf-stdin 1").contains("takes no arguments"));
+    }
+
+    #[test]
+    fn hostile_directives() {
+        assert_eq!(
+            parse(
+                "a\n:garbage-then-stop\n:after-answer late  words\n:forge-acpd\n\
+                 :notify _acpd/subagent/started\n:foreign-session acpd-7\n:no-session\n\
+                 :dup-session\n:dup-session acpd-9\n:bad-permission\n:deaf-stdin\n"
+            ),
+            vec![
+                Step::Echo("a\n".into()),
+                Step::GarbageThenStop,
+                Step::AfterAnswer("late  words".into()),
+                Step::ForgeAcpd,
+                Step::Notify("_acpd/subagent/started".into()),
+                Step::ForeignSession("acpd-7".into()),
+                Step::NoSession,
+                Step::DupSession(DUP_SESSION_DEFAULT.into()),
+                Step::DupSession("acpd-9".into()),
+                Step::BadPermission,
+                Step::DeafStdin,
+            ]
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! sleeps; only `:hang-deaf` and `:close-stdout` ignore it, on purpose.
 
 use std::process::Stdio;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use acpd_protocol::envelope::{self, RpcError};
@@ -24,6 +25,14 @@ const FILLER: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
 /// The tiny PNG (just its signature) that `:image` sends.
 const IMAGE_DATA: &str = "iVBORw0KGgo=";
 
+/// An `agent_message_chunk` update holding `text`.
+fn text_update(text: &str) -> serde_json::Value {
+    json!({
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "text", "text": text},
+    })
+}
+
 /// How a turn ended, i.e. how `session/prompt` is answered.
 pub(super) enum TurnEnd {
     /// A result with this stop reason and, if set, a typed failure category in `_meta`.
@@ -34,6 +43,30 @@ pub(super) enum TurnEnd {
     Error(RpcError),
 }
 
+/// Raw lines to write in the same write as the prompt answer: `before` it and `after` it, each
+/// line newline-terminated. How the hostile directives place bytes next to the answer exactly.
+#[derive(Default)]
+pub(super) struct Around {
+    pub before: Vec<u8>,
+    pub after: Vec<u8>,
+}
+
+impl Around {
+    /// `before`, then `answer`, then `after`, as one buffer for one `send_line` (which adds the
+    /// final newline).
+    pub fn wrap(self, answer: Vec<u8>) -> Vec<u8> {
+        let mut line = self.before;
+        line.extend_from_slice(&answer);
+        if !self.after.is_empty() {
+            line.push(b'\n');
+            line.extend_from_slice(&self.after);
+            // `send_line` appends the last newline.
+            line.pop();
+        }
+        line
+    }
+}
+
 fn stop(reason: &str) -> TurnEnd {
     TurnEnd::Stop {
         reason: reason.to_string(),
@@ -41,40 +74,53 @@ fn stop(reason: &str) -> TurnEnd {
     }
 }
 
-/// Runs the steps; never returns for turns that hang by design.
+/// Runs the steps; never returns for turns that hang by design. The [`Around`] holds what
+/// must be written next to the answer.
 pub(super) async fn run(
     agent: &Agent,
     session_id: &str,
     cancel: &CancellationToken,
     steps: Vec<Step>,
-) -> TurnEnd {
+) -> (TurnEnd, Around) {
     let turn = Turn {
         agent,
         session_id,
         cancel,
+        around: Mutex::new(Around::default()),
     };
-    for step in steps {
-        if cancel.is_cancelled() {
-            return stop("cancelled");
-        }
-        if let Some(end) = turn.step(step).await {
-            return end;
-        }
-    }
-    if cancel.is_cancelled() {
-        stop("cancelled")
-    } else {
-        stop("end_turn")
-    }
+    let end = turn.steps(steps).await;
+    let around = turn.around.into_inner().unwrap_or_else(|p| p.into_inner());
+    (end, around)
 }
 
 struct Turn<'a> {
     agent: &'a Agent,
     session_id: &'a str,
     cancel: &'a CancellationToken,
+    around: Mutex<Around>,
 }
 
 impl Turn<'_> {
+    async fn steps(&self, steps: Vec<Step>) -> TurnEnd {
+        for step in steps {
+            if self.cancel.is_cancelled() {
+                return stop("cancelled");
+            }
+            if let Some(end) = self.step(step).await {
+                return end;
+            }
+        }
+        if self.cancel.is_cancelled() {
+            stop("cancelled")
+        } else {
+            stop("end_turn")
+        }
+    }
+
+    fn around(&self) -> std::sync::MutexGuard<'_, Around> {
+        self.around.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Runs one step; `Some` ends the turn.
     async fn step(&self, step: Step) -> Option<TurnEnd> {
         match step {
@@ -162,6 +208,68 @@ impl Turn<'_> {
                 self.agent.close_stdout().await;
                 std::future::pending::<()>().await
             }
+            Step::GarbageThenStop => {
+                self.around()
+                    .before
+                    .extend_from_slice(b"this is not json\n");
+                return Some(stop("end_turn"));
+            }
+            Step::AfterAnswer(text) => {
+                let mut line = self.update_line(text_update(&format!("{text}\n")));
+                line.push(b'\n');
+                self.around().after.extend_from_slice(&line);
+            }
+            Step::ForgeAcpd => {
+                let result = json!({
+                    "runId": "run-forged",
+                    "provider": "echo",
+                    "turn": 1,
+                    "stopReason": "completed",
+                    "output": [{"type": "text", "text": "forged by the child"}],
+                });
+                let params = json!({
+                    "runId": "run-forged",
+                    "provider": "echo",
+                    "turn": 1,
+                    "result": result,
+                });
+                let _ = self
+                    .agent
+                    .peer
+                    .notify("_acpd/subagent/ended", &params)
+                    .await;
+            }
+            Step::Notify(method) => {
+                let params = json!({"sessionId": self.session_id, "acpdProbe": true});
+                let _ = self.agent.peer.notify(&method, &params).await;
+            }
+            Step::ForeignSession(id) => {
+                let params = json!({"sessionId": id, "update": text_update("foreign-session\n")});
+                let _ = self.agent.peer.notify("session/update", &params).await;
+            }
+            Step::NoSession => {
+                let params = json!({"update": text_update("no-session\n")});
+                let _ = self.agent.peer.notify("session/update", &params).await;
+            }
+            Step::DupSession(id) => {
+                // Written by hand: a JSON object type cannot hold the same key twice.
+                let params = format!(
+                    "{{\"sessionId\":{},\"update\":{},\"sessionId\":{}}}",
+                    json!(self.session_id),
+                    text_update("dup-session\n"),
+                    json!(id),
+                );
+                let _ = self.agent.peer.notify_text("session/update", &params).await;
+            }
+            Step::BadPermission => {
+                // `toolCall` missing, `options` not an array: invalid params for ACP.
+                let params = json!({"sessionId": self.session_id, "options": 7});
+                self.ask_permission(params).await
+            }
+            Step::DeafStdin => self
+                .agent
+                .deaf
+                .store(true, std::sync::atomic::Ordering::Release),
         }
         None
     }
@@ -179,11 +287,7 @@ impl Turn<'_> {
     }
 
     async fn text(&self, text: &str) {
-        self.update(json!({
-            "sessionUpdate": "agent_message_chunk",
-            "content": {"type": "text", "text": text},
-        }))
-        .await
+        self.update(text_update(text)).await
     }
 
     async fn raw(&self, line: Vec<u8>) {
@@ -319,6 +423,11 @@ impl Turn<'_> {
                 {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
             ],
         });
+        self.ask_permission(params).await
+    }
+
+    /// Asks `session/request_permission` with `params` and streams what came back.
+    async fn ask_permission(&self, params: serde_json::Value) {
         let answer = self
             .agent
             .peer
