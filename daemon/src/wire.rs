@@ -309,6 +309,20 @@ impl Outbox {
         self.done.cancelled().await;
     }
 
+    /// Resolves once a line of `len` bytes would be queued without waiting, for owners that
+    /// stop taking work while the peer is behind. Never resolves once the writer has ended
+    /// (whoever owns the peer learns that from [`Outbox::broken`] or the process).
+    pub async fn room(&self, len: usize) {
+        let cost = len.min(OUT_BUDGET) as u32;
+        let ready = async {
+            drop(self.budget.acquire_many(cost).await.ok()?);
+            self.tx.reserve().await.ok()
+        };
+        if ready.await.is_none() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Whether a line of `len` bytes would be queued without waiting.
     pub fn has_room(&self, len: usize) -> bool {
         self.tx.capacity() > 0 && self.budget.available_permits() >= len.min(OUT_BUDGET)

@@ -30,6 +30,9 @@ type Forwarded = FuturesUnordered<
     >,
 >;
 
+/// Room the child's outbox must have before another parent call is taken.
+const ROOM: usize = 64 * 1024;
+
 struct Relay {
     t: RelayTarget,
     /// `{"sessionId":"<child's>"` — what nearly every update's params start with.
@@ -77,7 +80,7 @@ impl Relay {
         let mut exited: Option<(std::process::ExitStatus, Instant)> = None;
         loop {
             let last_words = exited.map(|(_, at)| at);
-            let room = d.wire.out.has_room(64 * 1024);
+            let room = d.wire.out.has_room(ROOM);
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => return RelayEnd::Closed,
@@ -125,6 +128,9 @@ impl Relay {
                     }
                     self.cancel(d).await;
                 }
+                // The child is behind on reading: take no more of the parent's calls until it
+                // catches up (its own output keeps flowing meanwhile).
+                () = d.wire.out.room(ROOM), if !room => {}
                 cmd = d.cmds.recv(), if room => match cmd {
                     None => return RelayEnd::Closed,
                     Some(cmd) => self.parent_cmd(d, cmd).await,
