@@ -115,6 +115,8 @@ struct Inner {
     table: Mutex<Table>,
     /// Woken whenever a slot is released, for starts queued by `queue_timeout`.
     freed: tokio::sync::Notify,
+    /// How many starts wait for a slot right now.
+    queued: std::sync::atomic::AtomicUsize,
     /// What each provider's agent said in `initialize`, learned once by a probe.
     /// Only successes are kept: a probe that failed (a cancel, a slow start) is tried again.
     probes: Mutex<HashMap<String, Arc<OnceCell<AgentInfo>>>>,
@@ -129,6 +131,22 @@ struct Table {
     tombstone_order: std::collections::VecDeque<String>,
     live_by_provider: HashMap<String, usize>,
     live_total: usize,
+}
+
+/// A start counted as waiting for a slot while it lives.
+struct Queued<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Queued<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Queued(count)
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// One live child's claim on the limits; released when dropped.
@@ -162,6 +180,7 @@ impl Registry {
                 table: Mutex::new(Table::default()),
                 probes: Mutex::new(HashMap::new()),
                 freed: tokio::sync::Notify::new(),
+                queued: Default::default(),
             }),
         }
     }
@@ -445,6 +464,7 @@ impl Registry {
         let deadline = config
             .queue_timeout
             .map(|d| tokio::time::Instant::now() + d);
+        let mut waiting: Option<Queued<'_>> = None;
         loop {
             let freed = self.inner.freed.notified();
             tokio::pin!(freed);
@@ -456,6 +476,7 @@ impl Registry {
             let Some(deadline) = deadline else {
                 return Err(err);
             };
+            waiting.get_or_insert_with(|| Queued::new(&self.inner.queued));
             tokio::select! {
                 _ = &mut freed => {}
                 _ = tokio::time::sleep_until(deadline) => return Err(err),
@@ -594,6 +615,11 @@ impl Registry {
             .get(provider)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Starts waiting for a free slot (`queue_timeout`).
+    pub fn queued(&self) -> usize {
+        self.inner.queued.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Live children across all providers.

@@ -200,6 +200,7 @@ fn status(conn: &Conn) -> serde_json::Value {
         "limits": {
             "maxChildren": config.max_children,
             "liveChildren": registry.live_children(),
+            "queued": registry.queued(),
             "queueTimeoutS": config.queue_timeout.map(|d| d.as_secs_f64()),
             "providers": providers,
         },
