@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
+use tokio::signal::unix::SignalKind;
 use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_USAGE, config_or_usage, load_config};
@@ -62,7 +63,15 @@ pub async fn serve(
         socket: socket.socket,
         load: Box::new(move || load_config(explicit.as_deref())),
     };
-    match runtime::serve(opts, config).await {
+    let shutdown =
+        match runtime::Shutdown::on_signals(&[SignalKind::terminate(), SignalKind::interrupt()]) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("acpd: cannot set up signal handling: {e}");
+                return 1;
+            }
+        };
+    match runtime::serve(opts, config, shutdown).await {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("acpd: {e}");

@@ -112,9 +112,22 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
     }
 }
 
-/// `acpd stdio`: one parent on stdin/stdout; exits 0 when it disconnects, after every child it
-/// started is reaped.
+/// `acpd stdio`: one parent on stdin/stdout; exits 0 when it disconnects, or on SIGTERM,
+/// SIGINT or SIGHUP, after every child it started is torn down and reaped.
 pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
+    use tokio::signal::unix::SignalKind;
+    // First, so a signal that comes while the config loads is already a graceful one.
+    let shutdown = match crate::runtime::Shutdown::on_signals(&[
+        SignalKind::terminate(),
+        SignalKind::interrupt(),
+        SignalKind::hangup(),
+    ]) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("acpd: cannot set up signal handling: {e}");
+            return 1;
+        }
+    };
     let config = match config_or_usage(config) {
         Ok(c) => c,
         Err(code) => return code,
@@ -128,8 +141,7 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
         daemon: Default::default(),
         shutdown: Default::default(),
     };
-    let (reader, writer) = crate::runtime::stdio();
-    crate::server::serve(reader, writer, ctx).await;
+    crate::runtime::serve_stdio(ctx, shutdown).await;
     crate::supervise::forget_records();
     0
 }

@@ -3,9 +3,11 @@
 
 mod notify;
 mod serve;
+mod shutdown;
 mod socket;
 mod stdio;
 
 pub use serve::{ServeError, ServeOptions, serve};
+pub use shutdown::{Shutdown, bound as shutdown_bound, drain};
 pub use socket::{admit, default_socket_path};
-pub use stdio::{Reader, Writer, stdio};
+pub use stdio::{Reader, Writer, serve_stdio, stdio};

@@ -257,8 +257,8 @@ mod tests {
 
     fn recorded(path: &Path) -> std::collections::BTreeSet<i64> {
         let text = std::fs::read_to_string(path).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("a torn record ({e}): {text:?}"));
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("a torn record ({e}): {text:?}"));
         v["groups"]
             .as_array()
             .unwrap()
@@ -308,7 +308,11 @@ mod tests {
             }
             let groups = recorded(&path);
             for pgid in all(&fake) {
-                assert_eq!(groups.contains(&pgid), round, "group {pgid} after round {round}");
+                assert_eq!(
+                    groups.contains(&pgid),
+                    round,
+                    "group {pgid} after round {round}"
+                );
             }
         }
         stop.store(true, Ordering::Relaxed);
