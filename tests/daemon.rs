@@ -598,3 +598,142 @@ async fn a_second_sigterm_kills_the_children_at_once() {
     assert!(gone(child), "child {child} survived the second SIGTERM");
     client.close().await;
 }
+
+/// utime + stime of a process, from /proc/PID/stat (fields 14 and 15, clock ticks).
+fn cpu_time(pid: Pid) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    // After the comm field: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// One `initialize` over a raw connection; returns its answer (or `None` on EOF).
+fn initialize_over(stream: &UnixStream) -> Option<Value> {
+    use std::io::Write;
+    let mut w = stream;
+    writeln!(
+        w,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":1,"clientCapabilities":{{}}}}}}"#
+    )
+    .ok()?;
+    first_line(stream).and_then(|l| serde_json::from_str(&l).ok())
+}
+
+fn first_line(stream: &UnixStream) -> Option<String> {
+    use std::io::BufRead;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut line = String::new();
+    match std::io::BufReader::new(stream).read_line(&mut line) {
+        Ok(n) if n > 0 => Some(line),
+        _ => None,
+    }
+}
+
+/// At EMFILE the listener stays readable and every accept fails at once: acpd must back off
+/// instead of spinning a core, and serve again once descriptors are free.
+#[test]
+fn accept_at_emfile_backs_off_and_recovers() {
+    use std::os::unix::process::CommandExt;
+    const NOFILE: u64 = 32;
+    let d = Daemon::start_with(fast_env(""), |c| {
+        // SAFETY: setrlimit is async-signal-safe; nothing is allocated between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_NOFILE,
+                    NOFILE,
+                    NOFILE,
+                )
+                .map_err(std::io::Error::from)
+            });
+        }
+    });
+    // More connections than descriptors: the rest wait in the backlog, unacceptable.
+    let held: Vec<UnixStream> = (0..NOFILE + 8)
+        .map(|_| UnixStream::connect(&d.socket).unwrap())
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(10), || d
+            .log()
+            .contains("accept failed")),
+        "acpd never hit EMFILE: {}",
+        d.log()
+    );
+    let before = cpu_time(d.pid());
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = cpu_time(d.pid()) - before;
+    eprintln!("CPU time at EMFILE over 2 s: {spent:?}");
+    assert!(
+        spent < Duration::from_millis(500),
+        "acpd spun at EMFILE: {spent:?} of CPU in 2 s"
+    );
+    let failures = d.log().matches("accept failed").count();
+    assert!(failures < 40, "{failures} accept failures logged in ~2 s");
+    drop(held);
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            let out = d.cli(&["status", "--json"]);
+            out.status.success()
+        }),
+        "acpd does not serve again after EMFILE: {}",
+        d.log()
+    );
+    d.terminate();
+}
+
+/// The connection over max_connections gets the one LIMIT line and is closed; a freed slot
+/// is served again.
+#[test]
+fn connection_over_max_connections_gets_one_limit_line() {
+    let d = Daemon::start(fast_env("max_connections = 2"));
+    let a = UnixStream::connect(&d.socket).unwrap();
+    let b = UnixStream::connect(&d.socket).unwrap();
+    // Answered, so both are accepted and counted before the third arrives.
+    for s in [&a, &b] {
+        assert!(initialize_over(s).unwrap()["result"].is_object());
+    }
+    let extra = UnixStream::connect(&d.socket).unwrap();
+    let line = first_line(&extra).expect("one line before the close");
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        v,
+        json!({"jsonrpc": "2.0", "id": null, "error": {
+            "code": -33013,
+            "message": v["error"]["message"],
+            "data": {"code": "LIMIT", "limit": "max_connections", "value": 2},
+        }}),
+        "{line}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_connections")
+    );
+    assert_eq!(first_line(&extra), None, "closed after the one line");
+    // A client that sends first still reads the line.
+    let eager = UnixStream::connect(&d.socket).unwrap();
+    let answer = initialize_over(&eager).expect("the LIMIT line");
+    assert_eq!(answer["error"]["data"]["limit"], "max_connections");
+    // Still serving the two; one leaves and its slot is served again.
+    assert!(initialize_over(&a).unwrap()["result"].is_object());
+    drop(b);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let c = UnixStream::connect(&d.socket).unwrap();
+            initialize_over(&c).is_some_and(|v| v["result"].is_object())
+        }),
+        "the freed slot is not served: {}",
+        d.log()
+    );
+    assert!(d.log().contains("max_connections"), "{}", d.log());
+    drop(a);
+    d.terminate();
+}
