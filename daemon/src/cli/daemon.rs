@@ -42,7 +42,7 @@ fn socket_path(arg: &SocketArg) -> Result<PathBuf, u8> {
     match &arg.socket {
         Some(p) => Ok(p.clone()),
         None => runtime::default_socket_path().map_err(|e| {
-            eprintln!("acpd: {e}");
+            errln!("acpd: {e}");
             EXIT_USAGE
         }),
     }
@@ -67,14 +67,14 @@ pub async fn serve(
         match runtime::Shutdown::on_signals(&[SignalKind::terminate(), SignalKind::interrupt()]) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("acpd: cannot set up signal handling: {e}");
+                errln!("acpd: cannot set up signal handling: {e}");
                 return 1;
             }
         };
     match runtime::serve(opts, config, shutdown).await {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("acpd: {e}");
+            errln!("acpd: {e}");
             1
         }
     }
@@ -92,7 +92,7 @@ pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
         Ok(s) => s,
         Err(_) if args.or_stdio => return super::stdio(config_path).await,
         Err(e) => {
-            eprintln!(
+            errln!(
                 "acpd: no acpd daemon at {} ({e}); start one with `acpd serve` or \
                  `systemctl --user start acpd.socket`, or use `acpd connect --or-stdio`",
                 path.display()
@@ -148,12 +148,14 @@ async fn query(path: &Path, method: &'static str) -> Result<Value, String> {
 async fn ask(args: &QueryArgs, method: &'static str) -> Result<Option<Value>, u8> {
     let path = socket_path(&args.socket)?;
     let v = query(&path, method).await.map_err(|e| {
-        eprintln!("acpd: {e}");
+        errln!("acpd: {e}");
         1
     })?;
     if args.json {
-        println!("{v}");
-        return Ok(None);
+        return match outln!("{v}") {
+            Ok(()) => Ok(None),
+            Err(e) => Err(super::stdout_failed(&e)),
+        };
     }
     Ok(Some(v))
 }
@@ -164,17 +166,24 @@ pub async fn status(args: QueryArgs) -> u8 {
         Ok(None) => return 0,
         Err(code) => return code,
     };
+    printed(print_status(&v))
+}
+
+fn print_status(v: &Value) -> std::io::Result<()> {
     let limits = &v["limits"];
-    println!(
+    outln!(
         "acpd {} (pid {}), up {}s",
         v["version"].as_str().unwrap_or("?"),
         v["pid"],
         v["uptimeS"]
-    );
-    println!(
+    )?;
+    outln!(
         "connections: {}   runs: {}   live children: {}/{}",
-        v["connections"], v["runs"], limits["liveChildren"], limits["maxChildren"]
-    );
+        v["connections"],
+        v["runs"],
+        limits["liveChildren"],
+        limits["maxChildren"]
+    )?;
     let providers: Vec<String> = limits["providers"]
         .as_object()
         .map(|m| {
@@ -183,8 +192,15 @@ pub async fn status(args: QueryArgs) -> u8 {
                 .collect()
         })
         .unwrap_or_default();
-    println!("providers: {}", providers.join(", "));
-    0
+    outln!("providers: {}", providers.join(", "))
+}
+
+/// 0, or [`super::EXIT_IO`] when stdout could not be written.
+fn printed(result: std::io::Result<()>) -> u8 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => super::stdout_failed(&e),
+    }
 }
 
 pub async fn runs(args: QueryArgs) -> u8 {
@@ -193,13 +209,24 @@ pub async fn runs(args: QueryArgs) -> u8 {
         Ok(None) => return 0,
         Err(code) => return code,
     };
-    println!(
+    printed(print_runs(&v))
+}
+
+fn print_runs(v: &Value) -> std::io::Result<()> {
+    outln!(
         "{:<38} {:<12} {:<16} {:<9} {:>6} {:>8} {:>5} {:>5}",
-        "RUN", "PROVIDER", "LABEL", "STATE", "AGE", "PID", "DEPTH", "CONN"
-    );
+        "RUN",
+        "PROVIDER",
+        "LABEL",
+        "STATE",
+        "AGE",
+        "PID",
+        "DEPTH",
+        "CONN"
+    )?;
     for r in v["runs"].as_array().into_iter().flatten() {
         let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
-        println!(
+        outln!(
             "{:<38} {:<12} {:<16} {:<9} {:>5}s {:>8} {:>5} {:>5}",
             s("runId"),
             s("provider"),
@@ -209,9 +236,9 @@ pub async fn runs(args: QueryArgs) -> u8 {
             r["pid"].as_i64().map_or("-".into(), |p| p.to_string()),
             r["depth"],
             r["connection"]
-        );
+        )?;
     }
-    0
+    Ok(())
 }
 
 /// For each provider: spawn it, run `initialize`, report what it says, tear it down.
@@ -228,7 +255,7 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
         .cloned()
         .collect();
     if providers.is_empty() {
-        eprintln!("acpd: no provider named {:?}", only.unwrap_or_default());
+        errln!("acpd: no provider named {:?}", only.unwrap_or_default());
         return EXIT_USAGE;
     }
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
@@ -241,7 +268,7 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
             1,
             config.max_depth,
         );
-        match AcpChild::probe(spec, &CancellationToken::new()).await {
+        let line = match AcpChild::probe(spec, &CancellationToken::new()).await {
             Ok(agent) => {
                 let name = agent.agent_info["name"].as_str().unwrap_or("?");
                 let version = agent.agent_info["version"].as_str().unwrap_or("?");
@@ -253,15 +280,19 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
                         agent.auth_method_ids.join(", ")
                     )
                 };
-                println!(
+                outln!(
                     "{}: OK — ACP protocol {}, agent {name} {version}, auth methods: {auth}",
-                    provider.name, agent.protocol_version
-                );
+                    provider.name,
+                    agent.protocol_version
+                )
             }
             Err(e) => {
                 healthy = false;
-                println!("{}: FAIL — {e}", provider.name);
+                outln!("{}: FAIL — {e}", provider.name)
             }
+        };
+        if let Err(e) = line {
+            return super::stdout_failed(&e);
         }
     }
     if healthy { 0 } else { 1 }
