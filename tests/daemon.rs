@@ -737,3 +737,68 @@ fn connection_over_max_connections_gets_one_limit_line() {
     drop(a);
     d.terminate();
 }
+
+/// `acpd connect` with its stdin and stdout piped to this test, one `initialize` answered
+/// through it (so the connection is up end to end).
+fn connected(d: &Daemon) -> Child {
+    use std::io::{BufRead, Write};
+    let mut connect = d
+        .env
+        .acpd()
+        .args(["connect", "--socket"])
+        .arg(&d.socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = connect.stdin.as_mut().unwrap();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":1,"clientCapabilities":{{}}}}}}"#
+    )
+    .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(connect.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert!(v["result"].is_object(), "{line}");
+    connect
+}
+
+fn exit_within(child: &mut Child, limit: Duration) -> std::process::Output {
+    assert!(
+        eventually(limit, || child.try_wait().unwrap().is_some()),
+        "acpd connect still running after {limit:?}"
+    );
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr: stderr.into_bytes(),
+    }
+}
+
+/// The daemon SIGKILLed under a live `acpd connect`: connect exits 1 with one line saying so
+/// (it used to exit 0, as if the editor had finished). An editor that closes stdin still
+/// makes connect exit 0.
+#[test]
+fn connect_exits_non_zero_when_the_daemon_goes_away() {
+    let mut d = Daemon::start(fast_env(""));
+    let mut finished = connected(&d);
+    drop(finished.stdin.take());
+    let out = exit_within(&mut finished, Duration::from_secs(10));
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+
+    let mut connect = connected(&d);
+    kill(d.pid(), Signal::SIGKILL).unwrap();
+    d.wait();
+    let out = exit_within(&mut connect, Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("went away"), "{err}");
+}

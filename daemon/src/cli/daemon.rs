@@ -100,23 +100,76 @@ pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
             return 1;
         }
     };
-    let (mut from_daemon, mut to_daemon) = stream.into_split();
-    let (mut stdin, mut stdout) = runtime::stdio();
+    let (from_daemon, to_daemon) = stream.into_split();
+    let (stdin, stdout) = runtime::stdio();
+    match pipe(stdin, stdout, from_daemon, to_daemon).await {
+        Piped::Done | Piped::EditorGone => 0,
+        Piped::DaemonGone(why) => {
+            errln!(
+                "acpd: the daemon at {} went away mid-connection ({why})",
+                path.display()
+            );
+            1
+        }
+    }
+}
+
+/// How a `connect` pipe ended.
+#[derive(Debug)]
+enum Piped {
+    /// The editor closed stdin, then the daemon finished and closed its side.
+    Done,
+    /// The editor closed stdout (it is gone; nobody is left to tell).
+    EditorGone,
+    /// The daemon closed or reset the connection while the editor was still there.
+    DaemonGone(String),
+}
+
+/// Copies editor → daemon and daemon → editor until the connection ends, telling apart an
+/// editor that finished from a daemon that went away (SIGKILLed, stopped, refused).
+async fn pipe(
+    mut stdin: runtime::Reader,
+    mut stdout: runtime::Writer,
+    mut from_daemon: tokio::net::unix::OwnedReadHalf,
+    mut to_daemon: tokio::net::unix::OwnedWriteHalf,
+) -> Piped {
+    use tokio::io::AsyncReadExt;
+    const BUF: usize = 64 * 1024;
+    let editor_done = std::cell::Cell::new(false);
     let upstream = async {
-        let _ = tokio::io::copy(&mut stdin, &mut to_daemon).await;
+        let mut buf = vec![0u8; BUF];
+        loop {
+            let n = match stdin.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if let Err(e) = to_daemon.write_all(&buf[..n]).await {
+                return Piped::DaemonGone(e.to_string());
+            }
+        }
         // The editor is done: let the daemon see EOF, and keep reading its last words.
+        editor_done.set(true);
         let _ = to_daemon.shutdown().await;
-        std::future::pending::<()>().await;
+        std::future::pending().await
     };
     let downstream = async {
-        let _ = tokio::io::copy(&mut from_daemon, &mut stdout).await;
-        let _ = stdout.flush().await;
+        let mut buf = vec![0u8; BUF];
+        loop {
+            let n = match from_daemon.read(&mut buf).await {
+                Ok(0) if editor_done.get() => return Piped::Done,
+                Ok(0) => return Piped::DaemonGone("it closed the connection".into()),
+                Err(e) => return Piped::DaemonGone(e.to_string()),
+                Ok(n) => n,
+            };
+            if stdout.write_all(&buf[..n]).await.is_err() || stdout.flush().await.is_err() {
+                return Piped::EditorGone;
+            }
+        }
     };
     tokio::select! {
-        _ = upstream => {}
-        _ = downstream => {}
+        ended = upstream => ended,
+        ended = downstream => ended,
     }
-    0
 }
 
 /// One request to the daemon over its socket, as an ACP client.
