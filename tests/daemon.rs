@@ -825,3 +825,89 @@ fn connect_exits_non_zero_when_the_daemon_goes_away() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("went away"), "{err}");
 }
+
+/// 64 runs started at once in one daemon: its record lists all 64 groups (one writer, atomic
+/// replace: none lost to a race), and after a SIGKILL the next daemon sweeps every one of
+/// them (each run's grandchild outlives PDEATHSIG and must be killed by the sweep).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_starts_are_all_recorded_and_swept() {
+    const RUNS: usize = 64;
+    subreaper();
+    let d = Daemon::start(fast_env(""));
+    let client = d.client();
+    client.initialize(json!({})).await;
+    let pending: Vec<_> = (0..RUNS)
+        .map(|_| {
+            client.send(
+                "_acpd/subagent/start",
+                json!({"provider": "fast", "prompt": [{"type": "text", "text": ":grandchild"}], "cwd": "/tmp"}),
+            )
+        })
+        .collect();
+    let mut grandchildren = Vec::new();
+    for started in pending {
+        let run = tokio::time::timeout(Duration::from_secs(60), started)
+            .await
+            .expect("start in time")
+            .unwrap()
+            .unwrap();
+        let r = client
+            .request("_acpd/subagent/wait", json!({"runId": run["runId"]}))
+            .await
+            .unwrap();
+        grandchildren.push(pid_after(&output_text(&r), "grandchild "));
+    }
+    let runs: Value = serde_json::from_slice(&d.cli(&["runs", "--json"]).stdout).unwrap();
+    let mut leaders: Vec<i64> = runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["pid"].as_i64().unwrap())
+        .collect();
+    leaders.sort_unstable();
+    assert_eq!(leaders.len(), RUNS, "{runs}");
+    let records: Vec<PathBuf> = std::fs::read_dir(&d.state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(
+        records.len(),
+        1,
+        "one record, no temp file left: {records:?}"
+    );
+    let record: Value =
+        serde_json::from_str(&std::fs::read_to_string(&records[0]).unwrap()).unwrap();
+    let mut recorded: Vec<i64> = record["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["pgid"].as_i64().unwrap())
+        .collect();
+    recorded.sort_unstable();
+    assert_eq!(recorded, leaders, "every live group is in the record");
+
+    let mut d = d;
+    kill(d.pid(), Signal::SIGKILL).unwrap();
+    d.wait();
+    drop(client);
+    for &pid in &grandchildren {
+        assert!(exists(pid), "grandchild {pid} outlives a SIGKILLed acpd");
+    }
+    let _ = std::fs::remove_file(&d.socket);
+    let env = std::mem::replace(&mut d.env, Env::new(""));
+    drop(d);
+    let d = Daemon::start(env);
+    for &pid in &grandchildren {
+        assert!(gone(pid), "the sweep missed grandchild {pid}");
+    }
+    // The leaders died by PDEATHSIG; killed also counts those not yet reaped (zombies).
+    let log = d.log();
+    let killed: usize = log
+        .split("killed=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no sweep logged: {log}"));
+    assert!(killed >= RUNS, "swept {killed} processes: {log}");
+    d.terminate();
+}
