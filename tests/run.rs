@@ -535,3 +535,32 @@ fn a_closed_stdout_is_exit_74_not_a_panic() {
         .unwrap();
     assert_eq!(code(&out), 74);
 }
+
+/// `--json` writes only at the end, so a closed stdout is seen from the pipe itself (it reports
+/// an error once its reader is gone): the run is stopped at once, not sat through.
+#[test]
+fn a_closed_stdout_stops_a_json_run_early() {
+    let env = Env::new("");
+    let started = std::time::Instant::now();
+    let out = env
+        .acpd()
+        .args(["run", "--json", "--provider", "fast", ":sleep 30000"])
+        .stdout(closed_pipe())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 74, "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "the 30 s run was sat through: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.contains("cannot write to stdout"))
+            .count(),
+        1,
+        "{stderr}"
+    );
+}

@@ -9,7 +9,7 @@ use acpd_protocol::subagent::{StartRequest, StopReason, SubagentResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_USAGE, config_or_usage, stdout_failed};
+use super::{EXIT_IO, EXIT_USAGE, config_or_usage, stdout_failed};
 use crate::child::{decide_permission, permission_cancelled};
 use crate::registry::{DepthContext, Registry, RunEvent, StartOptions};
 
@@ -71,6 +71,8 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
     let stop = CancellationToken::new();
     let interrupted = CancellationToken::new();
     tokio::spawn(watch_signals(interrupted.clone(), stop.clone()));
+    let stdout_closed = CancellationToken::new();
+    watch_stdout(stdout_closed.clone(), stop.clone());
 
     let (sink, printer) = if args.json {
         (None, None)
@@ -106,6 +108,7 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
         .await;
     let published = match started {
         Ok(p) => p,
+        Err(_) if stdout_closed.is_cancelled() => return closed_stdout(),
         Err(e) => {
             if args.json {
                 if let Err(e) = outln!("{}", serde_json::json!({ "error": e.body() })) {
@@ -148,6 +151,9 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
         }
     };
     crate::supervise::forget_records();
+    if stdout_closed.is_cancelled() && streamed.is_ok() {
+        return closed_stdout();
+    }
     if let Err(e) = streamed.and_then(|()| report(&result, args.json)) {
         return stdout_failed(&e);
     }
@@ -204,6 +210,34 @@ async fn print_stream(
         return outln!("");
     }
     Ok(())
+}
+
+/// Stops the run as soon as stdout reports an error, which a pipe does once its reader has
+/// closed: a long run is not sat through for nobody (`--json` writes only at the end).
+/// Files and terminals report nothing; for them the first failed write is what counts.
+fn watch_stdout(closed: CancellationToken, stop: CancellationToken) {
+    use std::os::fd::AsFd;
+    use tokio::io::Interest;
+    use tokio::io::unix::AsyncFd;
+    let Ok(fd) = std::io::stdout().as_fd().try_clone_to_owned() else {
+        return;
+    };
+    // SAFETY: the AsyncFd owns `fd` (a duplicate of stdout), so it stays open and names the
+    // same open file description for as long as the AsyncFd lives.
+    let Ok(watched) = (unsafe { AsyncFd::register_with_interest(fd, Interest::ERROR) }) else {
+        return;
+    };
+    tokio::spawn(async move {
+        if watched.ready(Interest::ERROR).await.is_ok() {
+            closed.cancel();
+            stop.cancel();
+        }
+    });
+}
+
+fn closed_stdout() -> u8 {
+    errln!("acpd: cannot write to stdout: it was closed; the run was cancelled");
+    EXIT_IO
 }
 
 /// Ctrl-C or SIGTERM cancels the run (the child is asked to cancel, then torn down).
