@@ -564,3 +564,52 @@ fn a_closed_stdout_stops_a_json_run_early() {
         "{stderr}"
     );
 }
+
+/// Whichever way `acpd run` ends — completed, start failed, stdout closed — its child record
+/// is removed, so the state directory does not fill up with dead owners' records.
+#[test]
+fn every_exit_removes_the_child_record() {
+    let env = Env::new("");
+    let state = env.path().join("state");
+    let records = || -> Vec<String> {
+        std::fs::read_dir(&state)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let cases: &[(&[&str], i32)] = &[
+        (&["run", "--json", "--provider", "fast", "hello"], 0),
+        (
+            &[
+                "run",
+                "--json",
+                "--provider",
+                "fast",
+                "--cwd",
+                "/nonexistent",
+                "x",
+            ],
+            3,
+        ),
+        (&["run", "--json", "--provider", "fast", ":crash 3"], 1),
+    ];
+    for (args, expected) in cases {
+        let out = env.acpd().args(*args).output().unwrap();
+        assert_eq!(code(&out), *expected, "{args:?}");
+        assert_eq!(records(), Vec::<String>::new(), "{args:?} left a record");
+    }
+    let out = env
+        .acpd()
+        .args(["run", "--json", "--provider", "fast", ":sleep 30000"])
+        .stdout(closed_pipe())
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 74);
+    assert_eq!(
+        records(),
+        Vec::<String>::new(),
+        "a closed stdout left a record"
+    );
+}

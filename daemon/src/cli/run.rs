@@ -40,6 +40,13 @@ pub struct RunArgs {
 }
 
 pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
+    let code = run_disposed(config_path, args).await;
+    // Every way out has disposed of the run (or never started one): the record goes.
+    crate::supervise::forget_records();
+    code
+}
+
+async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
     let config = match config_or_usage(config_path) {
         Ok(c) => c,
         Err(code) => return code,
@@ -150,7 +157,6 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
             return EXIT_ERROR;
         }
     };
-    crate::supervise::forget_records();
     if stdout_closed.is_cancelled() && streamed.is_ok() {
         return closed_stdout();
     }
