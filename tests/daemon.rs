@@ -228,6 +228,11 @@ fn socket_is_private_and_a_second_daemon_refuses() {
         .unwrap();
     assert_eq!(code(&out), 1);
     assert!(String::from_utf8_lossy(&out.stderr).contains("already serving"));
+    let records = std::fs::read_dir(&d.state).unwrap().count();
+    assert_eq!(
+        records, 1,
+        "the refused daemon left a record beside the live one's"
+    );
     d.terminate();
 }
 

@@ -66,7 +66,6 @@ pub async fn serve(
     shutdown: Shutdown,
 ) -> Result<(), ServeError> {
     supervise::init();
-    supervise::keep_records();
     let (std_listener, bound_path) = match opts.activated {
         Some(l) => (l, None),
         None => {
@@ -82,6 +81,8 @@ pub async fn serve(
         .map_err(ServeError::Activation)?;
     let listener = UnixListener::from_std(std_listener).map_err(ServeError::Activation)?;
     let mut hup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
+    // Only once nothing can fail any more: an early error must not leave a record behind.
+    supervise::keep_records();
 
     let registry = Registry::new(config, DepthContext::from_env());
     let cancel_all = CancellationToken::new();
