@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 const GRACE: Duration = Duration::from_millis(300);
 /// Generous: catches a missing SIGKILL (which would hang for ever), not a slow machine.
@@ -97,17 +98,32 @@ struct Stdio {
 
 impl Stdio {
     fn start(env: Env) -> Stdio {
+        Self::start_with(env, SigHandler::SigDfl)
+    }
+
+    /// With SIGHUP and SIGINT set to `disposition` (default: as an editor would start it, even
+    /// if this test runs under `nohup`).
+    fn start_with(env: Env, disposition: SigHandler) -> Stdio {
         use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
         let log = env.path().join("acpd.log");
-        let mut child = env
-            .acpd()
-            .arg("stdio")
+        let mut cmd = env.acpd();
+        cmd.arg("stdio")
             .env("ACPD_LOG", "info")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+            .stderr(std::fs::File::create(&log).unwrap());
+        // SAFETY: sigaction is async-signal-safe; nothing is allocated between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let action = SigAction::new(disposition, SaFlags::empty(), SigSet::empty());
+                for sig in [Signal::SIGHUP, Signal::SIGINT] {
+                    nix::sys::signal::sigaction(sig, &action)?;
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -239,7 +255,7 @@ fn assert_alive(pids: &[i32]) {
 /// and the grandchild lived on.
 #[test]
 fn stdio_tears_down_on_sigterm_sigint_and_sighup() {
-    use nix::sys::signal::{Signal, kill};
+    use nix::sys::signal::kill;
     for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
         let mut acpd = Stdio::start(Env::new(""));
         let (leader, grandchild) = acpd.bridge_turn("fast", ":pid\n:grandchild\n:hang");
@@ -259,7 +275,7 @@ fn stdio_tears_down_on_sigterm_sigint_and_sighup() {
 /// A second signal skips the graces (60 s here): every child group is SIGKILLed at once.
 #[test]
 fn stdio_second_signal_kills_at_once() {
-    use nix::sys::signal::{Signal, kill};
+    use nix::sys::signal::kill;
     let slow = format!(
         "[providers.slow]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\ncancel_grace = \"20s\"\neof_grace = \"20s\"\nterm_grace = \"20s\"\n"
     );
@@ -291,7 +307,7 @@ fn stdio_second_signal_kills_at_once() {
 /// A burst of all three signals at once (coalesced or not) still ends in a clean teardown.
 #[test]
 fn stdio_signal_burst_leaves_nothing() {
-    use nix::sys::signal::{Signal, kill};
+    use nix::sys::signal::kill;
     let mut acpd = Stdio::start(Env::new(""));
     let (leader, grandchild) = acpd.bridge_turn("fast", ":pid\n:grandchild\n:hang");
     for _ in 0..5 {
@@ -303,5 +319,27 @@ fn stdio_signal_burst_leaves_nothing() {
     assert_eq!(status.code(), Some(0), "{status:?}\n{}", acpd.log());
     for pid in [leader, grandchild] {
         assert!(!exists(pid), "process {pid} outlived the signal burst");
+    }
+}
+
+/// Started with SIGHUP and SIGINT ignored (`nohup`, a background job of a script), acpd stdio
+/// keeps them ignored — the session goes on — and SIGTERM still tears everything down.
+#[test]
+fn stdio_keeps_inherited_ignored_sighup_and_sigint() {
+    use nix::sys::signal::kill;
+    let mut acpd = Stdio::start_with(Env::new(""), SigHandler::SigIgn);
+    let (leader, grandchild) = acpd.bridge_turn("fast", ":pid\n:grandchild\n:hang");
+    kill(acpd.pid(), Signal::SIGHUP).unwrap();
+    kill(acpd.pid(), Signal::SIGINT).unwrap();
+    // Still serving: a request sent after the signals is answered.
+    acpd.send(9, "_acpd/subagent/list", serde_json::json!({}));
+    assert!(acpd.answer(9)["result"].is_object(), "{}", acpd.log());
+    assert!(acpd.child.try_wait().unwrap().is_none());
+    assert_alive(&[leader, grandchild]);
+    kill(acpd.pid(), Signal::SIGTERM).unwrap();
+    let status = acpd.exit_within(Duration::from_secs(3) + MARGIN);
+    assert_eq!(status.code(), Some(0), "{status:?}\n{}", acpd.log());
+    for pid in [leader, grandchild] {
+        assert!(!exists(pid), "process {pid} outlived acpd stdio");
     }
 }

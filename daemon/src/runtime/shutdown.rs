@@ -34,11 +34,28 @@ impl Shutdown {
     }
 
     /// A shutdown requested by each delivery of any of `kinds`. Call it inside the runtime.
+    /// SIGHUP and SIGINT stay ignored when acpd was started with them ignored (`nohup`, a
+    /// background job of a script), as those callers expect; SIGTERM is always taken.
     pub fn on_signals(kinds: &[SignalKind]) -> std::io::Result<Shutdown> {
         let shutdown = Shutdown::new();
         let mut streams = Vec::with_capacity(kinds.len());
+        let ignored = ignored_at_start();
         for &kind in kinds {
+            let signum = kind.as_raw_value();
+            let keep_ignored = signum != nix::libc::SIGTERM
+                && (1..=64).contains(&signum)
+                && ignored & (1u64 << (signum - 1)) != 0;
+            if keep_ignored {
+                tracing::debug!(
+                    signal = signum,
+                    "started with this signal ignored; keeping it so"
+                );
+                continue;
+            }
             streams.push((kind, signal(kind)?));
+        }
+        if streams.is_empty() {
+            return Ok(shutdown);
         }
         let requests = shutdown.clone();
         tokio::spawn(async move {
@@ -78,6 +95,18 @@ impl Shutdown {
     pub async fn urgent(&self) {
         self.now.cancelled().await
     }
+}
+
+/// The signals this process was started with ignored (`SigIgn` in /proc/self/status; bit
+/// N-1 is signal N). Read before any handler is installed; 0 when it cannot be read.
+fn ignored_at_start() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigIgn:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .unwrap_or(0)
 }
 
 /// The largest `cancel_grace + eof_grace + term_grace` of any provider, plus the margin.
