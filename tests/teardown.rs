@@ -92,6 +92,9 @@ struct Stdio {
     child: std::process::Child,
     stdin: Option<std::process::ChildStdin>,
     lines: std::sync::mpsc::Receiver<serde_json::Value>,
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The read end of acpd's stdout (owned by the reader thread, open while it runs).
+    stdout_fd: std::os::fd::RawFd,
     log: std::path::PathBuf,
     _env: Env,
 }
@@ -125,9 +128,16 @@ impl Stdio {
         }
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
+        let stdout_fd = std::os::fd::AsRawFd::as_raw_fd(&stdout);
         let (tx, lines) = std::sync::mpsc::channel();
+        let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pause = paused.clone();
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(stdout).lines() {
+                // A parent that stops reading: stdout stays open, nobody reads it.
+                while pause.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 let Ok(line) = line else { return };
                 let Ok(v) = serde_json::from_str(&line) else {
                     panic!("acpd wrote a line that is not JSON: {line:?}")
@@ -142,6 +152,8 @@ impl Stdio {
             child,
             stdin,
             lines,
+            paused,
+            stdout_fd,
             log,
             _env: env,
         }
@@ -202,6 +214,15 @@ impl Stdio {
             }));
         }
         (pid_after(&text, "pid "), pid_after(&text, "grandchild "))
+    }
+
+    /// Bytes acpd wrote to its stdout that nobody has read yet (FIONREAD on the pipe).
+    fn unread(&self) -> usize {
+        let mut n: nix::libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int; the fd is the pipe's read end, kept open by the
+        // reader thread for as long as this Stdio lives.
+        let rc = unsafe { nix::libc::ioctl(self.stdout_fd, nix::libc::FIONREAD, &mut n) };
+        if rc == 0 { n as usize } else { 0 }
     }
 
     fn pid(&self) -> nix::unistd::Pid {
@@ -338,6 +359,40 @@ fn stdio_keeps_inherited_ignored_sighup_and_sigint() {
     assert_alive(&[leader, grandchild]);
     kill(acpd.pid(), Signal::SIGTERM).unwrap();
     let status = acpd.exit_within(Duration::from_secs(3) + MARGIN);
+    assert_eq!(status.code(), Some(0), "{status:?}\n{}", acpd.log());
+    for pid in [leader, grandchild] {
+        assert!(!exists(pid), "process {pid} outlived acpd stdio");
+    }
+}
+
+/// A parent that stops reading while its child floods it, then SIGTERM: whatever the blocked
+/// write does, acpd gives up waiting at the bound, SIGKILLs every group, and exits with
+/// nothing left behind (fast graces for both providers: bound 0.9 s + 2 s; then at most 5 s
+/// for the reaping).
+#[test]
+fn stdio_sigterm_with_a_parent_that_stopped_reading() {
+    use nix::sys::signal::kill;
+    let graces = "cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n";
+    let env = Env::raw(&format!(
+        "[providers.echo]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n{graces}\
+         [providers.fast]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n{graces}"
+    ));
+    let mut acpd = Stdio::start(env);
+    let (leader, grandchild) =
+        acpd.bridge_turn("fast", ":pid\n:grandchild\n:chunks 200000 1000\n:hang");
+    acpd.paused
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    // The flood fills the pipe to this parent (and every queue behind it).
+    assert!(
+        eventually(Duration::from_secs(10), || acpd.unread() >= 32_768),
+        "the pipe to the parent never filled: {} bytes",
+        acpd.unread()
+    );
+    let started = Instant::now();
+    kill(acpd.pid(), Signal::SIGTERM).unwrap();
+    let status = acpd.exit_within(Duration::from_secs(3) + Duration::from_secs(5) + MARGIN);
+    let took = started.elapsed();
+    eprintln!("acpd stdio with a non-reading parent exited after {took:?}");
     assert_eq!(status.code(), Some(0), "{status:?}\n{}", acpd.log());
     for pid in [leader, grandchild] {
         assert!(!exists(pid), "process {pid} outlived acpd stdio");

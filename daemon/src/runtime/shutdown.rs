@@ -136,7 +136,7 @@ pub async fn drain(teardown: impl Future<Output = ()>, shutdown: &Shutdown, boun
         .await
         .is_err()
     {
-        tracing::warn!("children still not reaped {EMERGENCY_WAIT:?} after SIGKILL; exiting");
+        tracing::warn!("teardown still not finished {EMERGENCY_WAIT:?} after SIGKILL; exiting");
     }
 }
 
