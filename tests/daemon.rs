@@ -229,6 +229,11 @@ fn socket_is_private_and_a_second_daemon_refuses() {
         .unwrap();
     assert_eq!(code(&out), 1);
     assert!(String::from_utf8_lossy(&out.stderr).contains("already serving"));
+    let records = std::fs::read_dir(&d.state).unwrap().count();
+    assert_eq!(
+        records, 1,
+        "the refused daemon left a record beside the live one's"
+    );
     d.terminate();
 }
 
@@ -522,17 +527,32 @@ async fn capacity_at_the_limit_and_status_while_runs_are_live() {
     d.terminate();
 }
 
+/// The second start waits in the queue (seen in `_acpd/status`, not assumed after a sleep)
+/// and is served by the slot the dispose frees.
 #[tokio::test]
 async fn queue_timeout_waits_for_a_free_slot() {
     let d = Daemon::start(fast_env("max_children = 1\nqueue_timeout = \"10s\""));
     let client = d.client();
     client.initialize(json!({})).await;
     let first = start_run(&client, ":hang").await;
-    let queued = client.send(
+    let mut queued = client.send(
         "_acpd/subagent/start",
         json!({"provider": "fast", "prompt": [{"type": "text", "text": "queued"}], "cwd": "/tmp"}),
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Polled without blocking this runtime: the client that sends the start runs on it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.status()["limits"]["queued"] != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the second start never queued: {}",
+            d.status()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        queued.try_recv().is_err(),
+        "a queued start answered before a slot was free"
+    );
     client
         .request("_acpd/subagent/dispose", json!({"runId": first["runId"]}))
         .await
@@ -588,7 +608,14 @@ async fn a_second_sigterm_kills_the_children_at_once() {
     let started = Instant::now();
     let mut d = d;
     kill(d.pid(), Signal::SIGTERM).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The first SIGTERM is taken (not merged with the second) before the second is sent.
+    assert!(
+        eventually(Duration::from_secs(10), || d
+            .log()
+            .contains("shutting down")),
+        "{}",
+        d.log()
+    );
     kill(d.pid(), Signal::SIGTERM).unwrap();
     d.wait();
     assert!(
@@ -598,4 +625,297 @@ async fn a_second_sigterm_kills_the_children_at_once() {
     );
     assert!(gone(child), "child {child} survived the second SIGTERM");
     client.close().await;
+}
+
+/// utime + stime of a process, from /proc/PID/stat (fields 14 and 15, clock ticks).
+fn cpu_time(pid: Pid) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    // After the comm field: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// One `initialize` over a raw connection; returns its answer (or `None` on EOF).
+fn initialize_over(stream: &UnixStream) -> Option<Value> {
+    use std::io::Write;
+    let mut w = stream;
+    writeln!(
+        w,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":1,"clientCapabilities":{{}}}}}}"#
+    )
+    .ok()?;
+    first_line(stream).and_then(|l| serde_json::from_str(&l).ok())
+}
+
+fn first_line(stream: &UnixStream) -> Option<String> {
+    use std::io::BufRead;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut line = String::new();
+    match std::io::BufReader::new(stream).read_line(&mut line) {
+        Ok(n) if n > 0 => Some(line),
+        _ => None,
+    }
+}
+
+/// At EMFILE the listener stays readable and every accept fails at once: acpd must back off
+/// instead of spinning a core, and serve again once descriptors are free.
+#[test]
+fn accept_at_emfile_backs_off_and_recovers() {
+    use std::os::unix::process::CommandExt;
+    const NOFILE: u64 = 32;
+    let d = Daemon::start_with(fast_env(""), |c| {
+        // SAFETY: setrlimit is async-signal-safe; nothing is allocated between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_NOFILE,
+                    NOFILE,
+                    NOFILE,
+                )
+                .map_err(std::io::Error::from)
+            });
+        }
+    });
+    // More connections than descriptors: the rest wait in the backlog, unacceptable.
+    let held: Vec<UnixStream> = (0..NOFILE + 8)
+        .map(|_| UnixStream::connect(&d.socket).unwrap())
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(10), || d
+            .log()
+            .contains("accept failed")),
+        "acpd never hit EMFILE: {}",
+        d.log()
+    );
+    let before = cpu_time(d.pid());
+    std::thread::sleep(Duration::from_secs(2));
+    let spent = cpu_time(d.pid()) - before;
+    eprintln!("CPU time at EMFILE over 2 s: {spent:?}");
+    assert!(
+        spent < Duration::from_millis(500),
+        "acpd spun at EMFILE: {spent:?} of CPU in 2 s"
+    );
+    let failures = d.log().matches("accept failed").count();
+    assert!(failures < 40, "{failures} accept failures logged in ~2 s");
+    drop(held);
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            let out = d.cli(&["status", "--json"]);
+            out.status.success()
+        }),
+        "acpd does not serve again after EMFILE: {}",
+        d.log()
+    );
+    d.terminate();
+}
+
+/// The connection over max_connections gets the one LIMIT line and is closed; a freed slot
+/// is served again.
+#[test]
+fn connection_over_max_connections_gets_one_limit_line() {
+    let d = Daemon::start(fast_env("max_connections = 2"));
+    let a = UnixStream::connect(&d.socket).unwrap();
+    let b = UnixStream::connect(&d.socket).unwrap();
+    // Answered, so both are accepted and counted before the third arrives.
+    for s in [&a, &b] {
+        assert!(initialize_over(s).unwrap()["result"].is_object());
+    }
+    let extra = UnixStream::connect(&d.socket).unwrap();
+    let line = first_line(&extra).expect("one line before the close");
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        v,
+        json!({"jsonrpc": "2.0", "id": null, "error": {
+            "code": -33013,
+            "message": v["error"]["message"],
+            "data": {"code": "LIMIT", "limit": "max_connections", "value": 2},
+        }}),
+        "{line}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_connections")
+    );
+    assert_eq!(first_line(&extra), None, "closed after the one line");
+    // A client that sends first still reads the line.
+    let eager = UnixStream::connect(&d.socket).unwrap();
+    let answer = initialize_over(&eager).expect("the LIMIT line");
+    assert_eq!(answer["error"]["data"]["limit"], "max_connections");
+    // Still serving the two; one leaves and its slot is served again.
+    assert!(initialize_over(&a).unwrap()["result"].is_object());
+    drop(b);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let c = UnixStream::connect(&d.socket).unwrap();
+            initialize_over(&c).is_some_and(|v| v["result"].is_object())
+        }),
+        "the freed slot is not served: {}",
+        d.log()
+    );
+    assert!(d.log().contains("max_connections"), "{}", d.log());
+    drop(a);
+    d.terminate();
+}
+
+/// `acpd connect` with its stdin and stdout piped to this test, one `initialize` answered
+/// through it (so the connection is up end to end).
+fn connected(d: &Daemon) -> Child {
+    use std::io::{BufRead, Write};
+    let mut connect = d
+        .env
+        .acpd()
+        .args(["connect", "--socket"])
+        .arg(&d.socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = connect.stdin.as_mut().unwrap();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":1,"clientCapabilities":{{}}}}}}"#
+    )
+    .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(connect.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert!(v["result"].is_object(), "{line}");
+    connect
+}
+
+fn exit_within(child: &mut Child, limit: Duration) -> std::process::Output {
+    assert!(
+        eventually(limit, || child.try_wait().unwrap().is_some()),
+        "acpd connect still running after {limit:?}"
+    );
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr: stderr.into_bytes(),
+    }
+}
+
+/// The daemon SIGKILLed under a live `acpd connect`: connect exits 1 with one line saying so
+/// (it used to exit 0, as if the editor had finished). An editor that closes stdin still
+/// makes connect exit 0.
+#[test]
+fn connect_exits_non_zero_when_the_daemon_goes_away() {
+    let mut d = Daemon::start(fast_env(""));
+    let mut finished = connected(&d);
+    drop(finished.stdin.take());
+    let out = exit_within(&mut finished, Duration::from_secs(10));
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+
+    let mut connect = connected(&d);
+    kill(d.pid(), Signal::SIGKILL).unwrap();
+    d.wait();
+    let out = exit_within(&mut connect, Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("went away"), "{err}");
+}
+
+/// 64 runs started at once in one daemon: its record lists all 64 groups (one writer, atomic
+/// replace: none lost to a race), and after a SIGKILL the next daemon sweeps every one of
+/// them (each run's grandchild outlives PDEATHSIG and must be killed by the sweep).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_starts_are_all_recorded_and_swept() {
+    const RUNS: usize = 64;
+    subreaper();
+    // One connection holds all 64 runs and their 64 starts at once.
+    let d = Daemon::start(fast_env(
+        "max_sessions_per_connection = 64\nmax_pending_requests = 128",
+    ));
+    let client = d.client();
+    client.initialize(json!({})).await;
+    let pending: Vec<_> = (0..RUNS)
+        .map(|_| {
+            client.send(
+                "_acpd/subagent/start",
+                json!({"provider": "fast", "prompt": [{"type": "text", "text": ":grandchild"}], "cwd": "/tmp"}),
+            )
+        })
+        .collect();
+    let mut grandchildren = Vec::new();
+    for started in pending {
+        let run = tokio::time::timeout(Duration::from_secs(60), started)
+            .await
+            .expect("start in time")
+            .unwrap()
+            .unwrap();
+        let r = client
+            .request("_acpd/subagent/wait", json!({"runId": run["runId"]}))
+            .await
+            .unwrap();
+        grandchildren.push(pid_after(&output_text(&r), "grandchild "));
+    }
+    let runs: Value = serde_json::from_slice(&d.cli(&["runs", "--json"]).stdout).unwrap();
+    let mut leaders: Vec<i64> = runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["pid"].as_i64().unwrap())
+        .collect();
+    leaders.sort_unstable();
+    assert_eq!(leaders.len(), RUNS, "{runs}");
+    let records: Vec<PathBuf> = std::fs::read_dir(&d.state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(
+        records.len(),
+        1,
+        "one record, no temp file left: {records:?}"
+    );
+    let record: Value =
+        serde_json::from_str(&std::fs::read_to_string(&records[0]).unwrap()).unwrap();
+    let mut recorded: Vec<i64> = record["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["pgid"].as_i64().unwrap())
+        .collect();
+    recorded.sort_unstable();
+    assert_eq!(recorded, leaders, "every live group is in the record");
+
+    let mut d = d;
+    kill(d.pid(), Signal::SIGKILL).unwrap();
+    d.wait();
+    drop(client);
+    for &pid in &grandchildren {
+        assert!(exists(pid), "grandchild {pid} outlives a SIGKILLed acpd");
+    }
+    let _ = std::fs::remove_file(&d.socket);
+    let env = std::mem::replace(&mut d.env, Env::new(""));
+    drop(d);
+    let d = Daemon::start(env);
+    for &pid in &grandchildren {
+        assert!(gone(pid), "the sweep missed grandchild {pid}");
+    }
+    // The leaders died by PDEATHSIG; killed also counts those not yet reaped (zombies).
+    let log = d.log();
+    let killed: usize = log
+        .split("killed=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no sweep logged: {log}"));
+    assert!(killed >= RUNS, "swept {killed} processes: {log}");
+    d.terminate();
 }

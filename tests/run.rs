@@ -472,3 +472,145 @@ fn providers_lists_capabilities() {
     assert_eq!(v["providers"][0]["capabilities"]["outputSchema"], true);
     assert_eq!(v["providers"][0]["capabilities"]["toolFilter"], false);
 }
+
+/// A pipe whose read end is already closed: every write to it fails with EPIPE.
+fn closed_pipe() -> Stdio {
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    Stdio::from(write)
+}
+
+/// stdout closed under `acpd run` (and `providers`): exit 74 (EX_IOERR) with one line on
+/// stderr, never a panic (101); a streaming run is stopped, not run to its end for nobody.
+#[test]
+fn a_closed_stdout_is_exit_74_not_a_panic() {
+    let env = Env::new("");
+    let cases: &[&[&str]] = &[
+        &["run", "--json", "--provider", "fast", "hello"],
+        &["run", "--provider", "fast", "hello"],
+        &["run", "--json", "--provider", "nonexistent", "hello"],
+        &["providers"],
+        &["providers", "--json"],
+    ];
+    for args in cases {
+        let out = env
+            .acpd()
+            .args(*args)
+            .stdout(closed_pipe())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 74, "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr
+                .lines()
+                .filter(|l| l.contains("cannot write to stdout"))
+                .count(),
+            1,
+            "{args:?}: {stderr}"
+        );
+    }
+    // A long stream stops at the first failed write: the run is cancelled, not sat through
+    // (2 000 chunks 10 ms apart would take 20 s).
+    let started = std::time::Instant::now();
+    let out = env
+        .acpd()
+        .args(["run", "--provider", "fast", ":timed 2000 10 10"])
+        .stdout(closed_pipe())
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 74, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "the run went on for {:?}",
+        started.elapsed()
+    );
+    // stderr closed too: nothing left to say it on, still no panic.
+    let out = env
+        .acpd()
+        .args(["run", "--json", "--provider", "fast", "hello"])
+        .stdout(closed_pipe())
+        .stderr(closed_pipe())
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 74);
+}
+
+/// `--json` writes only at the end, so a closed stdout is seen from the pipe itself (it reports
+/// an error once its reader is gone): the run is stopped at once, not sat through.
+#[test]
+fn a_closed_stdout_stops_a_json_run_early() {
+    let env = Env::new("");
+    let started = std::time::Instant::now();
+    let out = env
+        .acpd()
+        .args(["run", "--json", "--provider", "fast", ":sleep 30000"])
+        .stdout(closed_pipe())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 74, "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "the 30 s run was sat through: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.contains("cannot write to stdout"))
+            .count(),
+        1,
+        "{stderr}"
+    );
+}
+
+/// Whichever way `acpd run` ends — completed, start failed, stdout closed — its child record
+/// is removed, so the state directory does not fill up with dead owners' records.
+#[test]
+fn every_exit_removes_the_child_record() {
+    let env = Env::new("");
+    let state = env.path().join("state");
+    let records = || -> Vec<String> {
+        std::fs::read_dir(&state)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let cases: &[(&[&str], i32)] = &[
+        (&["run", "--json", "--provider", "fast", "hello"], 0),
+        (
+            &[
+                "run",
+                "--json",
+                "--provider",
+                "fast",
+                "--cwd",
+                "/nonexistent",
+                "x",
+            ],
+            3,
+        ),
+        (&["run", "--json", "--provider", "fast", ":crash 3"], 1),
+    ];
+    for (args, expected) in cases {
+        let out = env.acpd().args(*args).output().unwrap();
+        assert_eq!(code(&out), *expected, "{args:?}");
+        assert_eq!(records(), Vec::<String>::new(), "{args:?} left a record");
+    }
+    let out = env
+        .acpd()
+        .args(["run", "--json", "--provider", "fast", ":sleep 30000"])
+        .stdout(closed_pipe())
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 74);
+    assert_eq!(
+        records(),
+        Vec::<String>::new(),
+        "a closed stdout left a record"
+    );
+}

@@ -608,7 +608,8 @@ async fn without_the_capability_no_subagent_updates_are_sent() {
 #[tokio::test]
 async fn parent_eof_mid_turn_leaves_no_process() {
     let env = Env::new("");
-    let mut client = ready(&env, json!({})).await;
+    // Subagent Sessions, so the run's own output (its `:pid`) streams to this parent.
+    let mut client = ready(&env, json!({"subagents": {}})).await;
     let sid = client
         .new_session(env.path(), Some(json!({"acpd": {"provider": "fast"}})))
         .await;
@@ -623,26 +624,48 @@ async fn parent_eof_mid_turn_leaves_no_process() {
     let run = client
         .request(
             "_acpd/subagent/start",
-            json!({"provider": "fast", "prompt": text_prompt(":pid\n:hang")}),
+            json!({"provider": "fast", "prompt": text_prompt(":pid\n:hang"), "parentSessionId": sid}),
         )
         .await
         .unwrap();
+    let run_session = run["sessionId"].as_str().unwrap().to_string();
+    let run_pid = loop {
+        let (method, params) = client.next_note().await;
+        let text = params["update"]["content"]["text"].as_str().unwrap_or("");
+        if method == "session/update" && params["sessionId"] == run_session.as_str() {
+            break pid_after(text, "pid ");
+        }
+    };
     let list = client
         .request("_acpd/subagent/list", json!({}))
         .await
         .unwrap();
     assert_eq!(list["runs"][0]["runId"], run["runId"]);
+    for pid in [bridge_pid, grandchild, run_pid] {
+        assert!(running(pid), "process {pid} is not running mid-turn");
+    }
     let status = client.close().await;
     assert!(
         status.success(),
         "acpd exits 0 after the parent's EOF: {status:?}"
     );
-    for pid in [bridge_pid, grandchild] {
+    for pid in [bridge_pid, grandchild, run_pid] {
         assert!(
             !exists(pid),
             "process {pid} outlived the parent's connection"
         );
     }
+}
+
+/// Exists and is not a zombie.
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(") ")
+                .map(|(_, rest)| !rest.starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 #[tokio::test]
@@ -734,7 +757,7 @@ async fn persona_goes_to_agents_that_take_a_system_prompt() {
 #[tokio::test]
 async fn an_escaped_descendant_is_reaped_by_the_stray_reaper() {
     let env = Env::new("");
-    let client = ready(&env, json!({})).await;
+    let mut client = ready(&env, json!({})).await;
     let acpd = client.process.id().unwrap() as i32;
     let run = client
         .request(
@@ -767,7 +790,15 @@ async fn an_escaped_descendant_is_reaped_by_the_stray_reaper() {
         eventually(std::time::Duration::from_secs(10), || !exists(escapee)),
         "escapee {escapee} left a zombie"
     );
-    assert!(client.process.id().is_some());
+    // Reaped by a live acpd, not by its exit: acpd is still running and still serving.
+    assert!(
+        client.process.try_wait().unwrap().is_none(),
+        "acpd exited instead of living on"
+    );
+    client
+        .request("_acpd/subagent/list", json!({}))
+        .await
+        .expect("acpd still serves after reaping the escapee");
     client.close().await;
 }
 

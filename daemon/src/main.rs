@@ -1,3 +1,4 @@
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -27,7 +28,10 @@ fn main() -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("acpd: cannot start the async runtime: {e}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "acpd: cannot start the async runtime: {e}"
+            );
             return ExitCode::from(1);
         }
     };
@@ -43,7 +47,10 @@ fn take_activated() -> Option<std::os::unix::net::UnixListener> {
     match fds.take_unix_listener(0) {
         Ok(listener) => listener,
         Err(e) => {
-            eprintln!("acpd: ignoring the socket systemd passed: {e}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "acpd: ignoring the socket systemd passed: {e}"
+            );
             None
         }
     }
@@ -69,8 +76,11 @@ fn init_logging() {
             .init();
         return;
     }
+    // A log line that cannot be written (stderr a closed pipe) is lost quietly: by default
+    // tracing-subscriber reports it with `eprintln!`, which panics on that same stderr.
     tracing_subscriber::fmt()
         .with_env_filter(filter())
+        .log_internal_errors(false)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
+use tokio::signal::unix::SignalKind;
 use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_USAGE, config_or_usage, load_config};
@@ -40,7 +41,7 @@ fn socket_path(arg: &SocketArg) -> Result<PathBuf, u8> {
     match &arg.socket {
         Some(p) => Ok(p.clone()),
         None => runtime::default_socket_path().map_err(|e| {
-            eprintln!("acpd: {e}");
+            errln!("acpd: {e}");
             EXIT_USAGE
         }),
     }
@@ -61,10 +62,18 @@ pub async fn serve(
         socket: socket.socket,
         load: Box::new(move || load_config(explicit.as_deref())),
     };
-    match runtime::serve(opts, config).await {
+    let shutdown =
+        match runtime::Shutdown::on_signals(&[SignalKind::terminate(), SignalKind::interrupt()]) {
+            Ok(s) => s,
+            Err(e) => {
+                errln!("acpd: cannot set up signal handling: {e}");
+                return 1;
+            }
+        };
+    match runtime::serve(opts, config, shutdown).await {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("acpd: {e}");
+            errln!("acpd: {e}");
             1
         }
     }
@@ -82,7 +91,7 @@ pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
         Ok(s) => s,
         Err(_) if args.or_stdio => return super::stdio(config_path).await,
         Err(e) => {
-            eprintln!(
+            errln!(
                 "acpd: no acpd daemon at {} ({e}); start one with `acpd serve` or \
                  `systemctl --user start acpd.socket`, or use `acpd connect --or-stdio`",
                 path.display()
@@ -90,23 +99,76 @@ pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
             return 1;
         }
     };
-    let (mut from_daemon, mut to_daemon) = stream.into_split();
-    let (mut stdin, mut stdout) = runtime::stdio();
+    let (from_daemon, to_daemon) = stream.into_split();
+    let (stdin, stdout) = runtime::stdio();
+    match pipe(stdin, stdout, from_daemon, to_daemon).await {
+        Piped::Done | Piped::EditorGone => 0,
+        Piped::DaemonGone(why) => {
+            errln!(
+                "acpd: the daemon at {} went away mid-connection ({why})",
+                path.display()
+            );
+            1
+        }
+    }
+}
+
+/// How a `connect` pipe ended.
+#[derive(Debug)]
+enum Piped {
+    /// The editor closed stdin, then the daemon finished and closed its side.
+    Done,
+    /// The editor closed stdout (it is gone; nobody is left to tell).
+    EditorGone,
+    /// The daemon closed or reset the connection while the editor was still there.
+    DaemonGone(String),
+}
+
+/// Copies editor → daemon and daemon → editor until the connection ends, telling apart an
+/// editor that finished from a daemon that went away (SIGKILLed, stopped, refused).
+async fn pipe(
+    mut stdin: runtime::Reader,
+    mut stdout: runtime::Writer,
+    mut from_daemon: tokio::net::unix::OwnedReadHalf,
+    mut to_daemon: tokio::net::unix::OwnedWriteHalf,
+) -> Piped {
+    use tokio::io::AsyncReadExt;
+    const BUF: usize = 64 * 1024;
+    let editor_done = std::cell::Cell::new(false);
     let upstream = async {
-        let _ = tokio::io::copy(&mut stdin, &mut to_daemon).await;
+        let mut buf = vec![0u8; BUF];
+        loop {
+            let n = match stdin.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if let Err(e) = to_daemon.write_all(&buf[..n]).await {
+                return Piped::DaemonGone(e.to_string());
+            }
+        }
         // The editor is done: let the daemon see EOF, and keep reading its last words.
+        editor_done.set(true);
         let _ = to_daemon.shutdown().await;
-        std::future::pending::<()>().await;
+        std::future::pending().await
     };
     let downstream = async {
-        let _ = tokio::io::copy(&mut from_daemon, &mut stdout).await;
-        let _ = stdout.flush().await;
+        let mut buf = vec![0u8; BUF];
+        loop {
+            let n = match from_daemon.read(&mut buf).await {
+                Ok(0) if editor_done.get() => return Piped::Done,
+                Ok(0) => return Piped::DaemonGone("it closed the connection".into()),
+                Err(e) => return Piped::DaemonGone(e.to_string()),
+                Ok(n) => n,
+            };
+            if stdout.write_all(&buf[..n]).await.is_err() || stdout.flush().await.is_err() {
+                return Piped::EditorGone;
+            }
+        }
     };
     tokio::select! {
-        _ = upstream => {}
-        _ = downstream => {}
+        ended = upstream => ended,
+        ended = downstream => ended,
     }
-    0
 }
 
 /// One request to the daemon over its socket, as an ACP client.
@@ -138,12 +200,14 @@ async fn query(path: &Path, method: &'static str) -> Result<Value, String> {
 async fn ask(args: &QueryArgs, method: &'static str) -> Result<Option<Value>, u8> {
     let path = socket_path(&args.socket)?;
     let v = query(&path, method).await.map_err(|e| {
-        eprintln!("acpd: {e}");
+        errln!("acpd: {e}");
         1
     })?;
     if args.json {
-        println!("{v}");
-        return Ok(None);
+        return match outln!("{v}") {
+            Ok(()) => Ok(None),
+            Err(e) => Err(super::stdout_failed(&e)),
+        };
     }
     Ok(Some(v))
 }
@@ -154,17 +218,24 @@ pub async fn status(args: QueryArgs) -> u8 {
         Ok(None) => return 0,
         Err(code) => return code,
     };
+    printed(print_status(&v))
+}
+
+fn print_status(v: &Value) -> std::io::Result<()> {
     let limits = &v["limits"];
-    println!(
+    outln!(
         "acpd {} (pid {}), up {}s",
         v["version"].as_str().unwrap_or("?"),
         v["pid"],
         v["uptimeS"]
-    );
-    println!(
+    )?;
+    outln!(
         "connections: {}   runs: {}   live children: {}/{}",
-        v["connections"], v["runs"], limits["liveChildren"], limits["maxChildren"]
-    );
+        v["connections"],
+        v["runs"],
+        limits["liveChildren"],
+        limits["maxChildren"]
+    )?;
     let providers: Vec<String> = limits["providers"]
         .as_object()
         .map(|m| {
@@ -173,8 +244,15 @@ pub async fn status(args: QueryArgs) -> u8 {
                 .collect()
         })
         .unwrap_or_default();
-    println!("providers: {}", providers.join(", "));
-    0
+    outln!("providers: {}", providers.join(", "))
+}
+
+/// 0, or [`super::EXIT_IO`] when stdout could not be written.
+fn printed(result: std::io::Result<()>) -> u8 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => super::stdout_failed(&e),
+    }
 }
 
 pub async fn runs(args: QueryArgs) -> u8 {
@@ -183,13 +261,24 @@ pub async fn runs(args: QueryArgs) -> u8 {
         Ok(None) => return 0,
         Err(code) => return code,
     };
-    println!(
+    printed(print_runs(&v))
+}
+
+fn print_runs(v: &Value) -> std::io::Result<()> {
+    outln!(
         "{:<38} {:<12} {:<16} {:<9} {:>6} {:>8} {:>5} {:>5}",
-        "RUN", "PROVIDER", "LABEL", "STATE", "AGE", "PID", "DEPTH", "CONN"
-    );
+        "RUN",
+        "PROVIDER",
+        "LABEL",
+        "STATE",
+        "AGE",
+        "PID",
+        "DEPTH",
+        "CONN"
+    )?;
     for r in v["runs"].as_array().into_iter().flatten() {
         let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
-        println!(
+        outln!(
             "{:<38} {:<12} {:<16} {:<9} {:>5}s {:>8} {:>5} {:>5}",
             s("runId"),
             s("provider"),
@@ -199,9 +288,9 @@ pub async fn runs(args: QueryArgs) -> u8 {
             r["pid"].as_i64().map_or("-".into(), |p| p.to_string()),
             r["depth"],
             r["connection"]
-        );
+        )?;
     }
-    0
+    Ok(())
 }
 
 /// For each provider: spawn it, run `initialize`, report what it says, tear it down.
@@ -219,14 +308,14 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
         .cloned()
         .collect();
     if providers.is_empty() {
-        eprintln!("acpd: no provider named {:?}", only.unwrap_or_default());
+        errln!("acpd: no provider named {:?}", only.unwrap_or_default());
         return EXIT_USAGE;
     }
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let mut healthy = true;
     for provider in providers {
         let cancel = CancellationToken::new();
-        match registry.probe(&provider.name, Some(&cwd), &cancel).await {
+        let line = match registry.probe(&provider.name, Some(&cwd), &cancel).await {
             Ok(agent) => {
                 let name = agent.agent_info["name"].as_str().unwrap_or("?");
                 let version = agent.agent_info["version"].as_str().unwrap_or("?");
@@ -238,15 +327,19 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
                         agent.auth_method_ids.join(", ")
                     )
                 };
-                println!(
+                outln!(
                     "{}: OK — ACP protocol {}, agent {name} {version}, auth methods: {auth}",
-                    provider.name, agent.protocol_version
-                );
+                    provider.name,
+                    agent.protocol_version
+                )
             }
             Err(e) => {
                 healthy = false;
-                println!("{}: FAIL — {e}", provider.name);
+                outln!("{}: FAIL — {e}", provider.name)
             }
+        };
+        if let Err(e) = line {
+            return super::stdout_failed(&e);
         }
     }
     if healthy { 0 } else { 1 }

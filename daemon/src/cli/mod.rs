@@ -1,8 +1,25 @@
 //! The command line: `acpd [--config FILE] <command>`. Each command returns its exit code; a
-//! config or usage error is 2 everywhere.
+//! config or usage error is 2 everywhere, and a stdout that cannot be written (a closed pipe)
+//! is 74 everywhere, never a panic.
+
+/// `println!` that returns the write's `io::Result` instead of panicking on a closed stdout.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `eprintln!` that never panics: with stderr closed the line is lost, nothing else.
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stderr(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
 
 mod daemon;
 mod run;
+
+use std::io::Write as _;
 
 use std::path::PathBuf;
 
@@ -12,6 +29,27 @@ use crate::agent::EchoArgs;
 use crate::config::{Config, ConfigError};
 
 pub const EXIT_USAGE: u8 = 2;
+/// stdout could not be written (EX_IOERR from sysexits.h): a closed pipe, a full disk.
+pub const EXIT_IO: u8 = 74;
+
+/// Writes and flushes to stdout; the caller maps an error to [`EXIT_IO`].
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(args)?;
+    out.flush()
+}
+
+/// Writes to stderr, ignoring failure.
+pub(crate) fn write_stderr(args: std::fmt::Arguments<'_>) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(args);
+}
+
+/// The exit code for a command whose output failed: [`EXIT_IO`] with a line on stderr.
+pub(crate) fn stdout_failed(e: &std::io::Error) -> u8 {
+    errln!("acpd: cannot write to stdout: {e}");
+    EXIT_IO
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -86,7 +124,7 @@ pub fn load_config(cli_path: Option<&std::path::Path>) -> Result<Config, ConfigE
 /// The config, or exit code 2 with the error (file, line, key) on stderr.
 fn config_or_usage(cli_path: Option<&std::path::Path>) -> Result<Config, u8> {
     load_config(cli_path).map_err(|e| {
-        eprintln!("acpd: {e}");
+        errln!("acpd: {e}");
         EXIT_USAGE
     })
 }
@@ -112,9 +150,22 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
     }
 }
 
-/// `acpd stdio`: one parent on stdin/stdout; exits 0 when it disconnects, after every child it
-/// started is reaped.
+/// `acpd stdio`: one parent on stdin/stdout; exits 0 when it disconnects, or on SIGTERM,
+/// SIGINT or SIGHUP, after every child it started is torn down and reaped.
 pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
+    use tokio::signal::unix::SignalKind;
+    // First, so a signal that comes while the config loads is already a graceful one.
+    let shutdown = match crate::runtime::Shutdown::on_signals(&[
+        SignalKind::terminate(),
+        SignalKind::interrupt(),
+        SignalKind::hangup(),
+    ]) {
+        Ok(s) => s,
+        Err(e) => {
+            errln!("acpd: cannot set up signal handling: {e}");
+            return 1;
+        }
+    };
     let config = match config_or_usage(config) {
         Ok(c) => c,
         Err(code) => return code,
@@ -127,8 +178,7 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
         daemon: Default::default(),
         shutdown: Default::default(),
     };
-    let (reader, writer) = crate::runtime::stdio();
-    crate::server::serve(reader, writer, ctx).await;
+    crate::runtime::serve_stdio(ctx, shutdown).await;
     crate::supervise::forget_records();
     0
 }
@@ -140,32 +190,39 @@ fn providers(config: Option<&std::path::Path>, json: bool) -> u8 {
     };
     let registry = crate::registry::Registry::new(config, Default::default());
     let providers = registry.providers();
-    if json {
-        println!("{}", serde_json::json!({ "providers": providers }));
-        return 0;
-    }
-    for p in providers {
-        let c = p.capabilities;
-        let caps: Vec<&str> = [
-            (c.output_schema, "outputSchema"),
-            (c.depth_limit, "depthLimit"),
-            (c.tool_filter, "toolFilter"),
-            (c.persona, "persona"),
-        ]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect();
-        println!(
-            "{}{}\t{}\tcapabilities: {}",
-            p.name,
-            if p.default { " (default)" } else { "" },
-            p.description,
-            if caps.is_empty() {
-                "none".to_string()
-            } else {
-                caps.join(", ")
+    let printed = if json {
+        outln!("{}", serde_json::json!({ "providers": providers }))
+    } else {
+        let print = || -> std::io::Result<()> {
+            for p in providers {
+                let c = p.capabilities;
+                let caps: Vec<&str> = [
+                    (c.output_schema, "outputSchema"),
+                    (c.depth_limit, "depthLimit"),
+                    (c.tool_filter, "toolFilter"),
+                    (c.persona, "persona"),
+                ]
+                .into_iter()
+                .filter_map(|(on, name)| on.then_some(name))
+                .collect();
+                outln!(
+                    "{}{}\t{}\tcapabilities: {}",
+                    p.name,
+                    if p.default { " (default)" } else { "" },
+                    p.description,
+                    if caps.is_empty() {
+                        "none".to_string()
+                    } else {
+                        caps.join(", ")
+                    }
+                )?;
             }
-        );
+            Ok(())
+        };
+        print()
+    };
+    match printed {
+        Ok(()) => 0,
+        Err(e) => stdout_failed(&e),
     }
-    0
 }

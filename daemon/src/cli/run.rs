@@ -9,7 +9,7 @@ use acpd_protocol::subagent::{StartRequest, StopReason, SubagentResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{EXIT_USAGE, config_or_usage};
+use super::{EXIT_IO, EXIT_USAGE, config_or_usage, stdout_failed};
 use crate::child::{decide_permission, permission_cancelled};
 use crate::registry::{DepthContext, Registry, RunEvent, StartOptions};
 
@@ -40,6 +40,13 @@ pub struct RunArgs {
 }
 
 pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
+    let code = run_disposed(config_path, args).await;
+    // Every way out has disposed of the run (or never started one): the record goes.
+    crate::supervise::forget_records();
+    code
+}
+
+async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
     let config = match config_or_usage(config_path) {
         Ok(c) => c,
         Err(code) => return code,
@@ -48,7 +55,7 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
     let prompt = if from_stdin {
         let mut text = String::new();
         if let Err(e) = std::io::stdin().read_to_string(&mut text) {
-            eprintln!("acpd: cannot read the prompt from stdin: {e}");
+            errln!("acpd: cannot read the prompt from stdin: {e}");
             return EXIT_USAGE;
         }
         text
@@ -58,7 +65,7 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
     let caller_cwd = match std::env::current_dir() {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("acpd: cannot read the current directory: {e}");
+            errln!("acpd: cannot read the current directory: {e}");
             return EXIT_USAGE;
         }
     };
@@ -67,14 +74,18 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
     crate::supervise::init();
     crate::supervise::keep_records();
     let registry = Registry::new(config, DepthContext::from_env());
+    // `stop` ends the run early: on a signal (`interrupted`) or when stdout is gone.
+    let stop = CancellationToken::new();
     let interrupted = CancellationToken::new();
-    tokio::spawn(watch_signals(interrupted.clone()));
+    tokio::spawn(watch_signals(interrupted.clone(), stop.clone()));
+    let stdout_closed = CancellationToken::new();
+    watch_stdout(stdout_closed.clone(), stop.clone());
 
     let (sink, printer) = if args.json {
         (None, None)
     } else {
         let (tx, rx) = mpsc::channel::<String>(64);
-        (Some(tx), Some(tokio::spawn(print_stream(rx))))
+        (Some(tx), Some(tokio::spawn(print_stream(rx, stop.clone()))))
     };
     let interactive =
         !from_stdin && std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
@@ -98,17 +109,20 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
             sink,
             forward_permissions: events.is_some(),
             events,
-            cancel: interrupted.clone(),
+            cancel: stop.clone(),
             ..Default::default()
         })
         .await;
     let published = match started {
         Ok(p) => p,
+        Err(_) if stdout_closed.is_cancelled() => return closed_stdout(),
         Err(e) => {
             if args.json {
-                println!("{}", serde_json::json!({ "error": e.body() }));
+                if let Err(e) = outln!("{}", serde_json::json!({ "error": e.body() })) {
+                    return stdout_failed(&e);
+                }
             } else {
-                eprintln!("acpd: {e}");
+                errln!("acpd: {e}");
             }
             return if interrupted.is_cancelled() {
                 EXIT_INTERRUPTED
@@ -121,9 +135,9 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
     let canceller = {
         let registry = registry.clone();
         let run_id = published.run_id.clone();
-        let interrupted = interrupted.clone();
+        let stop = stop.clone();
         tokio::spawn(async move {
-            interrupted.cancelled().await;
+            stop.cancelled().await;
             let _ = registry.cancel(0, &run_id);
         })
     };
@@ -132,18 +146,23 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
     canceller.abort();
     // Every sender of the output stream is gone with the run; the printer drains and ends.
     drop(registry);
-    if let Some(printer) = printer {
-        let _ = printer.await;
-    }
+    let streamed = match printer {
+        Some(printer) => printer.await.unwrap_or(Ok(())),
+        None => Ok(()),
+    };
     let result = match result {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("acpd: {e}");
+            errln!("acpd: {e}");
             return EXIT_ERROR;
         }
     };
-    crate::supervise::forget_records();
-    report(&result, args.json);
+    if stdout_closed.is_cancelled() && streamed.is_ok() {
+        return closed_stdout();
+    }
+    if let Err(e) = streamed.and_then(|()| report(&result, args.json)) {
+        return stdout_failed(&e);
+    }
     if interrupted.is_cancelled() {
         return EXIT_INTERRUPTED;
     }
@@ -156,42 +175,79 @@ pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
     }
 }
 
-fn report(result: &SubagentResult, json: bool) {
+/// The result: on stdout with `--json` (an error is a stdout that cannot be written),
+/// else its diagnostic on stderr.
+fn report(result: &SubagentResult, json: bool) -> std::io::Result<()> {
     if json {
-        println!("{}", serde_json::to_string(result).unwrap_or_default());
-        return;
+        return outln!("{}", serde_json::to_string(result).unwrap_or_default());
     }
     if result.output_truncated {
-        eprintln!("acpd: output truncated at max_output");
+        errln!("acpd: output truncated at max_output");
     }
     if let Some(d) = &result.diagnostic {
-        eprintln!("acpd: {} — {d}", result.stop_reason);
+        errln!("acpd: {} — {d}", result.stop_reason);
     }
+    Ok(())
 }
 
-/// Streams text to stdout as it arrives, ending with a newline if the text did not.
-async fn print_stream(mut rx: mpsc::Receiver<String>) {
+/// Streams text to stdout as it arrives, ending with a newline if the text did not. When
+/// stdout cannot be written the run is stopped (`stop`), the rest of the stream is drained
+/// unprinted, and the error returned.
+async fn print_stream(
+    mut rx: mpsc::Receiver<String>,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
     let mut last = b'\n';
     while let Some(text) = rx.recv().await {
         if let Some(&b) = text.as_bytes().last() {
             last = b;
         }
-        let mut out = std::io::stdout().lock();
-        if out
-            .write_all(text.as_bytes())
-            .and_then(|_| out.flush())
-            .is_err()
-        {
-            return;
+        let written = {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes()).and_then(|()| out.flush())
+        };
+        if let Err(e) = written {
+            stop.cancel();
+            while rx.recv().await.is_some() {}
+            return Err(e);
         }
     }
     if last != b'\n' {
-        println!();
+        return outln!("");
     }
+    Ok(())
+}
+
+/// Stops the run as soon as stdout reports an error, which a pipe does once its reader has
+/// closed: a long run is not sat through for nobody (`--json` writes only at the end).
+/// Files and terminals report nothing; for them the first failed write is what counts.
+fn watch_stdout(closed: CancellationToken, stop: CancellationToken) {
+    use std::os::fd::AsFd;
+    use tokio::io::Interest;
+    use tokio::io::unix::AsyncFd;
+    let Ok(fd) = std::io::stdout().as_fd().try_clone_to_owned() else {
+        return;
+    };
+    // SAFETY: the AsyncFd owns `fd` (a duplicate of stdout), so it stays open and names the
+    // same open file description for as long as the AsyncFd lives.
+    let Ok(watched) = (unsafe { AsyncFd::register_with_interest(fd, Interest::ERROR) }) else {
+        return;
+    };
+    tokio::spawn(async move {
+        if watched.ready(Interest::ERROR).await.is_ok() {
+            closed.cancel();
+            stop.cancel();
+        }
+    });
+}
+
+fn closed_stdout() -> u8 {
+    errln!("acpd: cannot write to stdout: it was closed; the run was cancelled");
+    EXIT_IO
 }
 
 /// Ctrl-C or SIGTERM cancels the run (the child is asked to cancel, then torn down).
-async fn watch_signals(interrupted: CancellationToken) {
+async fn watch_signals(interrupted: CancellationToken, stop: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),
@@ -203,8 +259,9 @@ async fn watch_signals(interrupted: CancellationToken) {
         _ = int.recv() => {}
         _ = term.recv() => {}
     }
-    eprintln!("acpd: interrupted; cancelling the run");
+    errln!("acpd: interrupted; cancelling the run");
     interrupted.cancel();
+    stop.cancel();
 }
 
 /// Asks the user on the terminal about each forwarded permission request.
@@ -226,7 +283,7 @@ async fn ask_on_terminal(mut rx: mpsc::Receiver<RunEvent>) {
         }
         prompt.push_str("choose a number (anything else rejects): ");
         let answer = tokio::task::spawn_blocking(move || {
-            eprint!("{prompt}");
+            super::write_stderr(format_args!("{prompt}"));
             let mut line = String::new();
             std::fs::File::open("/dev/tty")
                 .and_then(|mut tty| {

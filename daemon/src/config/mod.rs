@@ -92,6 +92,8 @@ pub struct Config {
     /// Per-turn output cap in bytes.
     pub max_output: usize,
     pub max_children: usize,
+    /// (`acpd serve`) Connections served at once; the next one gets one LIMIT error line.
+    pub max_connections: usize,
     /// How long a start waits for a free slot when a limit is reached; `None` fails at once.
     pub queue_timeout: Option<Duration>,
     /// A group whose members may connect to a system-wide daemon's socket besides its own user.
@@ -152,6 +154,7 @@ struct RawConfig {
     /// A `Value` because both `8388608` and `"8MiB"` are accepted.
     max_output: Option<Spanned<toml::Value>>,
     max_children: Option<Spanned<usize>>,
+    max_connections: Option<Spanned<usize>>,
     queue_timeout: Option<Spanned<String>>,
     allow_group: Option<Spanned<String>>,
     max_line: Option<Spanned<toml::Value>>,
@@ -226,6 +229,7 @@ impl Config {
             max_depth: 2,
             max_output: 8 * 1024 * 1024,
             max_children: 256,
+            max_connections: 64,
             queue_timeout: None,
             allow_group: None,
             max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
@@ -335,6 +339,9 @@ impl Config {
         }
         if let Some(children) = raw.max_children {
             config.max_children = at_least_one(children, "max_children", &at)?;
+        }
+        if let Some(connections) = raw.max_connections {
+            config.max_connections = at_least_one(connections, "max_connections", &at)?;
         }
         if let Some(wait) = raw.queue_timeout {
             let d = parse_duration(&wait, "queue_timeout", &at)?;

@@ -3,9 +3,11 @@
 
 mod notify;
 mod serve;
+mod shutdown;
 mod socket;
 mod stdio;
 
 pub use serve::{ServeError, ServeOptions, serve};
+pub use shutdown::Shutdown;
 pub use socket::default_socket_path;
-pub use stdio::stdio;
+pub use stdio::{Reader, Writer, serve_stdio, stdio};

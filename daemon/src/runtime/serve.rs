@@ -4,14 +4,17 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use nix::unistd::Uid;
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::shutdown::{self, Shutdown};
 use super::{notify, socket};
 use crate::config::{Config, ConfigError};
 use crate::registry::{DepthContext, Registry};
@@ -45,12 +48,24 @@ pub struct ServeOptions {
     pub load: Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
 }
 
-/// Margin on top of the largest cancel + EOF + TERM grace before shutdown gives up waiting.
-const SHUTDOWN_MARGIN: Duration = Duration::from_secs(2);
+/// LIMIT's code (-33013, the contract's ErrorName::Limit); switch to
+/// `acpd_protocol::errors::ErrorName::Limit.code()` once protocol/ has it.
+const LIMIT_CODE: i32 = -33013;
 
-pub async fn serve(opts: ServeOptions, config: Config) -> Result<(), ServeError> {
+/// The first pause after a failed accept; it doubles up to [`ACCEPT_BACKOFF_MAX`] while accepts
+/// keep failing (EMFILE: the backlog stays readable, so retrying at once would spin a core).
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Serves until `shutdown` is requested, then stops accepting, cancels every run, runs every
+/// teardown ladder and returns within the largest cancel + EOF + TERM grace plus a margin; a
+/// second request SIGKILLs the children at once.
+pub async fn serve(
+    opts: ServeOptions,
+    config: Config,
+    shutdown: Shutdown,
+) -> Result<(), ServeError> {
     supervise::init();
-    supervise::keep_records();
     let (std_listener, bound_path) = match opts.activated {
         Some(l) => (l, None),
         None => {
@@ -66,19 +81,22 @@ pub async fn serve(opts: ServeOptions, config: Config) -> Result<(), ServeError>
         .map_err(ServeError::Activation)?;
     let listener = UnixListener::from_std(std_listener).map_err(ServeError::Activation)?;
     let mut hup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
-    let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
+    // Only once nothing can fail any more: an early error must not leave a record behind.
+    supervise::keep_records();
 
     let registry = Registry::new(config, DepthContext::from_env());
-    let shutdown = CancellationToken::new();
+    let cancel_all = CancellationToken::new();
     let ctx = ServerContext {
         registry: registry.clone(),
         caller_cwd: None,
         daemon: Arc::new(DaemonInfo::default()),
-        shutdown: shutdown.clone(),
+        shutdown: cancel_all.clone(),
     };
     let tracker = TaskTracker::new();
     let own_uid = Uid::effective();
+    // Connections being served, counted here (not in the connection task) so a burst of
+    // accepts cannot overshoot max_connections before the tasks start.
+    let open = Arc::new(AtomicUsize::new(0));
     notify::ready();
     // Pinged from the supervisor loop itself, so a wedged loop stops the pings.
     let mut watchdog = notify::watchdog_period().map(tokio::time::interval);
@@ -87,34 +105,46 @@ pub async fn serve(opts: ServeOptions, config: Config) -> Result<(), ServeError>
         None => tracing::info!("acpd serving on the socket systemd passed"),
     }
     let mut status_tick = tokio::time::interval(Duration::from_secs(5));
+    let mut backoff = ACCEPT_BACKOFF_MIN;
+    let mut paused_until: Option<Instant> = None;
     loop {
+        let resume = paused_until.unwrap_or_else(Instant::now);
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let allow = allow_gid(&registry.config());
-                let admitted = stream.peer_cred().is_ok_and(|c| {
-                    socket::admit(
-                        Uid::from_raw(c.uid()),
-                        nix::unistd::Gid::from_raw(c.gid()),
-                        own_uid,
-                        allow,
-                        socket::groups_of,
-                    )
-                });
-                if !admitted {
-                    let who = stream.peer_cred().map(|c| (c.uid(), c.pid())).ok();
-                    tracing::warn!(peer = ?who, "refused a connection from another user");
+            accepted = listener.accept(), if paused_until.is_none() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => {
+                        backoff = ACCEPT_BACKOFF_MIN;
+                        stream
+                    }
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}; pausing accepts for {backoff:?}");
+                        paused_until = Some(Instant::now() + backoff);
+                        backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                        continue;
+                    }
+                };
+                let config = registry.config();
+                if !admitted(&stream, own_uid, allow_gid(&config)) {
                     continue;
                 }
+                if open.load(Ordering::Acquire) >= config.max_connections {
+                    refuse_over_limit(stream, config.max_connections);
+                    continue;
+                }
+                let slot = Slot::take(&open);
                 let (reader, writer) = stream.into_split();
-                tracker.spawn(server::serve(reader, writer, ctx.clone()));
+                let conn_ctx = ctx.clone();
+                tracker.spawn(async move {
+                    let _slot = slot;
+                    server::serve(reader, writer, conn_ctx).await;
+                });
                 report_status(&ctx);
             }
+            () = tokio::time::sleep_until(resume), if paused_until.is_some() => paused_until = None,
             _ = status_tick.tick() => report_status(&ctx),
             _ = async { watchdog.as_mut()?.tick().await; Some(()) }, if watchdog.is_some() => notify::watchdog(),
             _ = hup.recv() => reload(&registry, &opts.load),
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            () = shutdown.requested() => break,
         }
     }
 
@@ -123,35 +153,71 @@ pub async fn serve(opts: ServeOptions, config: Config) -> Result<(), ServeError>
     if let Some(path) = &bound_path {
         let _ = std::fs::remove_file(path);
     }
-    let bound = registry
-        .config()
-        .providers
-        .values()
-        .map(|p| p.cancel_grace + p.eof_grace + p.term_grace)
-        .max()
-        .unwrap_or_default()
-        + SHUTDOWN_MARGIN;
+    let bound = shutdown::bound(&registry.config());
     tracing::info!(?bound, "shutting down: cancelling every run");
-    shutdown.cancel();
+    cancel_all.cancel();
     tracker.close();
-    tokio::select! {
-        _ = tracker.wait() => {}
-        _ = term.recv() => emergency(&tracker).await,
-        _ = int.recv() => emergency(&tracker).await,
-        _ = tokio::time::sleep(bound) => {
-            tracing::warn!("shutdown took longer than {bound:?}; killing what is left");
-            emergency(&tracker).await;
-        }
-    }
+    shutdown::drain(tracker.wait(), &shutdown, bound).await;
     supervise::forget_records();
     Ok(())
 }
 
-/// The second signal: no more grace, SIGKILL every child group and wait for the reaping.
-async fn emergency(tracker: &TaskTracker) {
-    tracing::warn!("killing every child now");
-    supervise::kill_all();
-    let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+/// A peer of acpd's own user, or of `allow_group`; others are logged and dropped.
+fn admitted(stream: &UnixStream, own_uid: Uid, allow: Option<nix::unistd::Gid>) -> bool {
+    let admitted = stream.peer_cred().is_ok_and(|c| {
+        socket::admit(
+            Uid::from_raw(c.uid()),
+            nix::unistd::Gid::from_raw(c.gid()),
+            own_uid,
+            allow,
+            socket::groups_of,
+        )
+    });
+    if !admitted {
+        let who = stream.peer_cred().map(|c| (c.uid(), c.pid())).ok();
+        tracing::warn!(peer = ?who, "refused a connection from another user");
+    }
+    admitted
+}
+
+/// One connection's place under `max_connections`, given back when the connection ends.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(open: &Arc<AtomicUsize>) -> Slot {
+        open.fetch_add(1, Ordering::AcqRel);
+        Slot(open.clone())
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The connection over `max_connections` gets one LIMIT error line and is closed. The write
+/// never waits: a fresh socket's buffer holds one line, and a peer that cannot take it loses it.
+fn refuse_over_limit(stream: UnixStream, max: usize) {
+    tracing::warn!(
+        max_connections = max,
+        "refused a connection over max_connections"
+    );
+    let mut line = serde_json::to_vec(&serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {
+            "code": LIMIT_CODE,
+            "message": format!("acpd is serving its limit of {max} connections (max_connections)"),
+            "data": { "code": "LIMIT", "limit": "max_connections", "value": max },
+        },
+    }))
+    .unwrap_or_default();
+    line.push(b'\n');
+    let _ = stream.try_write(&line);
+    if let Ok(std) = stream.into_std() {
+        let _ = std.shutdown(std::net::Shutdown::Write);
+    }
 }
 
 fn allow_gid(config: &Config) -> Option<nix::unistd::Gid> {

@@ -5,6 +5,9 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::Shutdown;
+use crate::server::{self, ServerContext};
+
 pub type Reader = Box<dyn AsyncRead + Unpin + Send>;
 pub type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 
@@ -56,4 +59,23 @@ fn socket(fd: OwnedFd) -> Option<tokio::net::UnixStream> {
     let std = std::os::unix::net::UnixStream::from(fd);
     std.set_nonblocking(true).ok()?;
     tokio::net::UnixStream::from_std(std).ok()
+}
+
+/// `acpd stdio`'s one connection on acpd's own stdin/stdout, until the parent disconnects or
+/// `shutdown` is requested; then every run and bridge is cancelled and its ladder run, within
+/// the largest cancel + EOF + TERM grace plus a margin (a second request SIGKILLs at once).
+pub async fn serve_stdio(ctx: ServerContext, shutdown: Shutdown) {
+    let registry = ctx.registry.clone();
+    let cancel_all = ctx.shutdown.clone();
+    let (reader, writer) = stdio();
+    let serving = server::serve(reader, writer, ctx);
+    tokio::pin!(serving);
+    tokio::select! {
+        () = &mut serving => return,
+        () = shutdown.requested() => {}
+    }
+    let bound = super::shutdown::bound(&registry.config());
+    tracing::info!(?bound, "shutting down: cancelling every run and bridge");
+    cancel_all.cancel();
+    super::shutdown::drain(serving, &shutdown, bound).await;
 }

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use nix::sys::signal::{Signal, killpg};
@@ -104,8 +105,17 @@ pub fn forget() {
     }
 }
 
+/// Serialises snapshot + write + rename: with one writer at a time, the file that lands last
+/// is always the newest snapshot, so no group is lost to a stale rename (concurrent starts
+/// used to race on one shared temp file and could leave an older snapshot in place).
+static WRITER: Mutex<()> = Mutex::new(());
+/// Makes each temp file name unique even if two processes ever shared a record name.
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
 fn write() {
     let Some(path) = FILE.get() else { return };
+    let _writer = WRITER.lock().unwrap_or_else(|p| p.into_inner());
+    // The snapshot is taken under the writer lock: any change made before this point is in it.
     let groups: Vec<serde_json::Value> = live()
         .iter()
         .map(|(pgid, start)| serde_json::json!({ "pgid": pgid, "start": start }))
@@ -113,14 +123,28 @@ fn write() {
     let session = nix::unistd::getsid(None).map_or(0, |s| s.as_raw());
     let body = serde_json::json!({ "bootId": procfs::boot_id(), "sid": session, "groups": groups })
         .to_string();
-    // Write then rename, so a sweeper never reads half a record.
-    let tmp = path.with_extension("tmp");
-    let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(body.as_bytes()))
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = written {
+    if let Err(e) = replace(path, body.as_bytes()) {
         tracing::warn!("cannot write the child record {}: {e}", path.display());
     }
+}
+
+/// Atomic replace: a unique temp file in the same directory (not named `acpd-*.json`, so a
+/// sweeper never mistakes it for a record), then rename over the record. A sweeper reads the
+/// old record or the new one, never half of one.
+fn replace(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.{seq}.tmp", std::process::id()));
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(body))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 fn sweep(dir: &Path) -> Sweep {
@@ -130,6 +154,13 @@ fn sweep(dir: &Path) -> Sweep {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some((pid, start)) = parse_tmp_name(&name) {
+            // A temp file a dead owner never renamed (killed between write and rename).
+            if start_time(pid) != Some(start) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+            continue;
+        }
         let Some((pid, start)) = parse_name(&name) else {
             continue;
         };
@@ -173,6 +204,13 @@ fn parse_name(name: &str) -> Option<(i32, u64)> {
     Some((pid.parse().ok()?, start.parse().ok()?))
 }
 
+/// The owner of a temp file `.acpd-PID-START.json.PID.SEQ.tmp` (see `replace`).
+fn parse_tmp_name(name: &str) -> Option<(i32, u64)> {
+    let rest = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let (record, _) = rest.split_once(".json.")?;
+    parse_name(&format!("{record}.json"))
+}
+
 /// Kills members of `pgid` in `session` that started no earlier than the recorded child did.
 /// A pgid stays reserved while any member lives, so if the leader's pid now names a process
 /// with another start time, the old group is gone and this one is someone else's.
@@ -210,5 +248,79 @@ mod tests {
         assert_eq!(parse_name("acpd-12-345.json"), Some((12, 345)));
         assert_eq!(parse_name("acpd-12.json"), None);
         assert_eq!(parse_name("other-1-2.json"), None);
+        assert_eq!(
+            parse_tmp_name(".acpd-12-345.json.12.7.tmp"),
+            Some((12, 345))
+        );
+        assert_eq!(parse_name(".acpd-12-345.json.12.7.tmp"), None);
+    }
+
+    fn recorded(path: &Path) -> std::collections::BTreeSet<i64> {
+        let text = std::fs::read_to_string(path).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("a torn record ({e}): {text:?}"));
+        v["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["pgid"].as_i64().unwrap())
+            .collect()
+    }
+
+    /// 64 starts and then 64 ends at once, from 64 threads, while a sweeper-like reader keeps
+    /// reading the record: every read parses, the record lists all 64 groups after the starts
+    /// and none of them after the ends, and no temp file is left behind.
+    #[test]
+    fn concurrent_starts_lose_no_group() {
+        let dir = tempfile::tempdir().unwrap();
+        enable(dir.path()).unwrap();
+        let path = FILE.get().unwrap().clone();
+        assert_eq!(path.parent(), Some(dir.path()));
+        // Above any pid_max, so no real process is named (kill_all would get ESRCH).
+        let fake: Vec<i32> = (0..64).map(|i| 0x7000_0000 + i).collect();
+        let all = |pgids: &[i32]| pgids.iter().map(|&p| i64::from(p)).collect::<Vec<_>>();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (stop, path) = (stop.clone(), path.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    recorded(&path);
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        for round in [true, false] {
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(fake.len()));
+            let threads: Vec<_> = fake
+                .iter()
+                .map(|&pgid| {
+                    let barrier = barrier.clone();
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        if round { add(pgid) } else { remove(pgid) }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            let groups = recorded(&path);
+            for pgid in all(&fake) {
+                assert_eq!(
+                    groups.contains(&pgid),
+                    round,
+                    "group {pgid} after round {round}"
+                );
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 1, "only the record itself: {names:?}");
     }
 }
