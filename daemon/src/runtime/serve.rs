@@ -48,9 +48,8 @@ pub struct ServeOptions {
     pub load: Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
 }
 
-/// LIMIT's code (-33013, the contract's ErrorName::Limit); switch to
-/// `acpd_protocol::errors::ErrorName::Limit.code()` once protocol/ has it.
-const LIMIT_CODE: i32 = -33013;
+/// How long a refused connection is read (and its input dropped) before it is closed.
+const REFUSED_LINGER: Duration = Duration::from_secs(2);
 
 /// The first pause after a failed accept; it doubles up to [`ACCEPT_BACKOFF_MAX`] while accepts
 /// keep failing (EMFILE: the backlog stays readable, so retrying at once would spin a core).
@@ -198,6 +197,9 @@ impl Drop for Slot {
 
 /// The connection over `max_connections` gets one LIMIT error line and is closed. The write
 /// never waits: a fresh socket's buffer holds one line, and a peer that cannot take it loses it.
+/// What the peer already sent is read and dropped before the close (for a short while at most):
+/// a Unix socket closed with unread input resets the connection, and the peer would lose the
+/// line.
 fn refuse_over_limit(stream: UnixStream, max: usize) {
     tracing::warn!(
         max_connections = max,
@@ -207,7 +209,7 @@ fn refuse_over_limit(stream: UnixStream, max: usize) {
         "jsonrpc": "2.0",
         "id": null,
         "error": {
-            "code": LIMIT_CODE,
+            "code": acpd_protocol::errors::ErrorName::Limit.code(),
             "message": format!("acpd is serving its limit of {max} connections (max_connections)"),
             "data": { "code": "LIMIT", "limit": "max_connections", "value": max },
         },
@@ -215,9 +217,20 @@ fn refuse_over_limit(stream: UnixStream, max: usize) {
     .unwrap_or_default();
     line.push(b'\n');
     let _ = stream.try_write(&line);
-    if let Ok(std) = stream.into_std() {
-        let _ = std.shutdown(std::net::Shutdown::Write);
-    }
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = stream;
+        let _ = stream.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let drain = async {
+            while let Ok(n) = stream.read(&mut sink).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(REFUSED_LINGER, drain).await;
+    });
 }
 
 fn allow_gid(config: &Config) -> Option<nix::unistd::Gid> {
