@@ -251,10 +251,16 @@ impl Stdio {
     }
 }
 
-/// A failed test must not leave acpd running.
+/// A failed test must not leave acpd running, nor orphan its children's grandchildren:
+/// SIGTERM first (acpd tears down), SIGKILL only if it does not exit in time.
 impl Drop for Stdio {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let _ = nix::sys::signal::kill(self.pid(), Signal::SIGTERM);
+        if !eventually(Duration::from_secs(20), || {
+            self.child.try_wait().is_ok_and(|s| s.is_some())
+        }) {
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
     }
 }

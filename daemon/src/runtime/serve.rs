@@ -65,23 +65,16 @@ pub async fn serve(
     shutdown: Shutdown,
 ) -> Result<(), ServeError> {
     supervise::init();
-    let (std_listener, bound_path) = match opts.activated {
-        Some(l) => (l, None),
-        None => {
-            let path = match opts.socket {
-                Some(p) => p,
-                None => socket::default_socket_path()?,
-            };
-            (socket::bind(&path)?, Some(path))
+    // Sweep what dead acpd processes left before listening; a failure to listen (another
+    // daemon serving) takes this process's record with it.
+    supervise::keep_records();
+    let (listener, bound_path, mut hup) = match listen(opts.activated, opts.socket) {
+        Ok(l) => l,
+        Err(e) => {
+            supervise::forget_records();
+            return Err(e);
         }
     };
-    std_listener
-        .set_nonblocking(true)
-        .map_err(ServeError::Activation)?;
-    let listener = UnixListener::from_std(std_listener).map_err(ServeError::Activation)?;
-    let mut hup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
-    // Only once nothing can fail any more: an early error must not leave a record behind.
-    supervise::keep_records();
 
     let registry = Registry::new(config, DepthContext::from_env());
     let cancel_all = CancellationToken::new();
@@ -159,6 +152,30 @@ pub async fn serve(
     shutdown::drain(tracker.wait(), &shutdown, bound).await;
     supervise::forget_records();
     Ok(())
+}
+
+/// The listener (systemd's, else bound at `socket`), the path to remove at exit if acpd bound
+/// it, and the SIGHUP (reload) stream.
+fn listen(
+    activated: Option<std::os::unix::net::UnixListener>,
+    socket: Option<PathBuf>,
+) -> Result<(UnixListener, Option<PathBuf>, tokio::signal::unix::Signal), ServeError> {
+    let (std_listener, bound_path) = match activated {
+        Some(l) => (l, None),
+        None => {
+            let path = match socket {
+                Some(p) => p,
+                None => socket::default_socket_path()?,
+            };
+            (socket::bind(&path)?, Some(path))
+        }
+    };
+    std_listener
+        .set_nonblocking(true)
+        .map_err(ServeError::Activation)?;
+    let listener = UnixListener::from_std(std_listener).map_err(ServeError::Activation)?;
+    let hup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
+    Ok((listener, bound_path, hup))
 }
 
 /// A peer of acpd's own user, or of `allow_group`; others are logged and dropped.
