@@ -38,7 +38,13 @@ pub async fn pump(conn: Arc<Conn>, mut events: mpsc::Receiver<RunEvent>) {
     loop {
         tokio::select! {
             event = events.recv() => match event {
-                Some(event) => on_event(&conn, event, &answered_tx).await,
+                // A parent that stopped reading must not hold the runs' events (and with them
+                // a dispose waiting for a turn to settle) past the connection's end.
+                Some(event) => tokio::select! {
+                    biased;
+                    _ = conn.closing.cancelled() => break,
+                    () = on_event(&conn, event, &answered_tx) => {}
+                },
                 None => break,
             },
             Some(run_id) = answered.recv() => {

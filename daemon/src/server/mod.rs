@@ -187,8 +187,17 @@ where
     }
     conn.shutdown().await;
     conn.ctx.daemon.connections.fetch_sub(1, Ordering::Relaxed);
-    conn.peer.flush_and_close().await;
+    // What is queued goes out, each write bounded by write_timeout; when acpd itself is
+    // shutting down, a parent that is not reading gets a moment, not the whole timeout.
+    if conn.ctx.shutdown.is_cancelled() {
+        let _ = tokio::time::timeout(SHUTDOWN_FLUSH, conn.peer.flush_and_close()).await;
+    } else {
+        conn.peer.flush_and_close().await;
+    }
 }
+
+/// How long a connection's last answers may take to go out when acpd shuts down.
+const SHUTDOWN_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Conn {
     async fn on_request(self: &Arc<Self>, id: Id, method: String, params: Option<Box<RawValue>>) {
