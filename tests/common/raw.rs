@@ -71,6 +71,11 @@ pub struct Raw {
 /// Kills a forgotten `acpd stdio` so a failed test leaves nothing behind.
 impl Drop for Raw {
     fn drop(&mut self) {
+        // The reading thread holds a clone of the socket: shut it down, or acpd never sees
+        // this connection end.
+        if let Some(s) = &self.socket {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
         if let Some(mut p) = self.process.take() {
             let _ = p.kill();
             let _ = p.wait();
