@@ -31,10 +31,12 @@ pub enum ErrorName {
     StartCancelled,
     /// The request's fields are malformed (for example a negative `maxDepth`).
     InvalidRequest,
+    /// A named connection limit is reached (`error.data.limit` names it, `value` is its setting).
+    Limit,
 }
 
 impl ErrorName {
-    pub const ALL: [ErrorName; 12] = [
+    pub const ALL: [ErrorName; 13] = [
         ErrorName::NoProvider,
         ErrorName::UnsupportedCapability,
         ErrorName::UnsupportedSchema,
@@ -47,6 +49,7 @@ impl ErrorName {
         ErrorName::RunEnded,
         ErrorName::StartCancelled,
         ErrorName::InvalidRequest,
+        ErrorName::Limit,
     ];
 
     pub const fn code(self) -> i64 {
@@ -63,6 +66,7 @@ impl ErrorName {
             ErrorName::RunEnded => -33010,
             ErrorName::StartCancelled => -33011,
             ErrorName::InvalidRequest => -33012,
+            ErrorName::Limit => -33013,
         }
     }
 
@@ -80,6 +84,7 @@ impl ErrorName {
             ErrorName::RunEnded => "RUN_ENDED",
             ErrorName::StartCancelled => "START_CANCELLED",
             ErrorName::InvalidRequest => "INVALID_REQUEST",
+            ErrorName::Limit => "LIMIT",
         }
     }
 
@@ -116,6 +121,16 @@ mod tests {
             assert_eq!(ErrorName::from_code(n.code()), Some(n));
             let json = serde_json::to_string(&n).unwrap();
             assert_eq!(json, format!("\"{}\"", n.as_str()));
+            let back: ErrorName = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, n);
         }
+    }
+
+    #[test]
+    fn limit_is_33013() {
+        assert_eq!(ErrorName::Limit.code(), -33013);
+        assert_eq!(ErrorName::Limit.as_str(), "LIMIT");
+        assert_eq!(ErrorName::from_code(-33013), Some(ErrorName::Limit));
+        assert_eq!(serde_json::to_string(&ErrorName::Limit).unwrap(), "\"LIMIT\"");
     }
 }
