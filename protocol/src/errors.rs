@@ -131,6 +131,9 @@ mod tests {
         assert_eq!(ErrorName::Limit.code(), -33013);
         assert_eq!(ErrorName::Limit.as_str(), "LIMIT");
         assert_eq!(ErrorName::from_code(-33013), Some(ErrorName::Limit));
-        assert_eq!(serde_json::to_string(&ErrorName::Limit).unwrap(), "\"LIMIT\"");
+        assert_eq!(
+            serde_json::to_string(&ErrorName::Limit).unwrap(),
+            "\"LIMIT\""
+        );
     }
 }
