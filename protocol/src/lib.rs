@@ -7,6 +7,7 @@ pub mod diagnostic;
 pub mod envelope;
 pub mod errors;
 pub mod outcome;
+pub mod permission;
 pub mod session_id;
 pub mod subagent;
 
