@@ -6,6 +6,7 @@ pub mod codec;
 pub mod diagnostic;
 pub mod envelope;
 pub mod errors;
+pub mod methods;
 pub mod outcome;
 pub mod permission;
 pub mod session_id;
