@@ -299,7 +299,7 @@ struct Wire<'a> {
     error: Option<&'a RawValue>,
 }
 
-fn is_json_ws(b: &u8) -> bool {
+fn is_json_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
@@ -324,24 +324,25 @@ fn string_of(raw: &RawValue) -> Option<String> {
 /// [`EnvelopeError::NotJson`] (−32700). A request whose id can be read keeps it in the error, so
 /// it is answered with that id.
 pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
-    let first = line.iter().find(|b| !is_json_ws(b));
-    if first != Some(&b'{') {
-        return Err(
-            match serde_json::from_slice::<serde::de::IgnoredAny>(line) {
-                Ok(_) if first == Some(&b'[') => EnvelopeError::Invalid {
-                    id: None,
-                    reason: "a batch (JSON array) is not supported; send one object per line"
-                        .into(),
-                },
-                Ok(_) => EnvelopeError::Invalid {
-                    id: None,
-                    reason: "a message must be a JSON object".into(),
-                },
-                Err(e) => EnvelopeError::NotJson(e.to_string()),
+    // serde_json checks UTF-8 only in the strings it reads, not in the ones it skips (an unknown
+    // field's), so the whole line is checked once here; `from_str` then checks nothing again.
+    let line = std::str::from_utf8(line)
+        .map_err(|_| EnvelopeError::NotJson("the line is not valid UTF-8".into()))?;
+    let first = line.bytes().find(|b| !is_json_ws(*b));
+    if first != Some(b'{') {
+        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(line) {
+            Ok(_) if first == Some(b'[') => EnvelopeError::Invalid {
+                id: None,
+                reason: "a batch (JSON array) is not supported; send one object per line".into(),
             },
-        );
+            Ok(_) => EnvelopeError::Invalid {
+                id: None,
+                reason: "a message must be a JSON object".into(),
+            },
+            Err(e) => EnvelopeError::NotJson(e.to_string()),
+        });
     }
-    let wire: Wire<'_> = match serde_json::from_slice(line) {
+    let wire: Wire<'_> = match serde_json::from_str(line) {
         Ok(w) => w,
         Err(e) if e.is_data() => {
             return Err(EnvelopeError::Invalid {
@@ -762,6 +763,17 @@ mod tests {
         assert!(matches!(e, EnvelopeError::Invalid { id: None, .. }));
         let e = parse(br#"{"id":true,"method":"m"}"#).unwrap_err();
         assert!(matches!(e, EnvelopeError::Invalid { id: None, .. }));
+    }
+
+    #[test]
+    fn non_utf8_anywhere_is_a_parse_error() {
+        // Found by the fuzz target: serde_json skipped an unknown field's bytes unchecked, so
+        // this was a request.
+        let line = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\",\"x\":{\"a\x9e\x9e\":1}}";
+        let e = parse(line).unwrap_err();
+        assert!(matches!(e, EnvelopeError::NotJson(_)), "{e:?}");
+        assert_eq!(e.to_rpc_error().code, PARSE_ERROR);
+        assert!(parse(b"[\"\xff\"]").is_err_and(|e| e.to_rpc_error().code == PARSE_ERROR));
     }
 
     #[test]
