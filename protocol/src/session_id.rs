@@ -13,8 +13,14 @@ use serde_json::value::RawValue;
 
 const PREFIX: &str = "{\"sessionId\":\"";
 
-/// The `sessionId` of `params`, if it has a string one.
+/// The `sessionId` of `params`, if it is an object with exactly one top-level `sessionId` key,
+/// a string.
 pub fn session_id(params: &RawValue) -> Option<String> {
+    // The derived deserialiser would also read a JSON array by position (found by the fuzz
+    // target: `["x"]` had the session id `x`).
+    if !params.get().starts_with('{') {
+        return None;
+    }
     #[derive(serde::Deserialize)]
     struct Only {
         #[serde(rename = "sessionId")]
@@ -150,5 +156,9 @@ mod tests {
         assert!(with_session_id(&raw(r#"{"a":1}"#), "m").is_none());
         assert!(with_session_id(&raw(r#"[1]"#), "m").is_none());
         assert!(session_id(&raw(r#"{"a":1}"#)).is_none());
+        // Regression (fuzz): an array is read by position by serde's derived deserialiser.
+        assert!(session_id(&raw(r#"["] "]"#)).is_none());
+        assert!(session_id(&raw(r#"["acpd-1",{"sessionUpdate":"x"}]"#)).is_none());
+        assert!(session_id(&raw(r#"{"sessionId":5}"#)).is_none());
     }
 }
