@@ -14,7 +14,7 @@
 //!   UTF-8 or over the cap, −32600 for a JSON value that is not a usable message;
 //! - notifications, responses and blank lines get nothing.
 //!
-//! `ACPD_ROUTER_PROPS_CASES` sets the number of cases (default 12, about 10 s here); raise it
+//! `ACPD_ROUTER_PROPS_CASES` sets the number of cases (default 64, a few seconds here); raise it
 //! for a long run.
 
 mod common;
@@ -482,7 +482,7 @@ fn cases() -> u32 {
     std::env::var("ACPD_ROUTER_PROPS_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(12)
+        .unwrap_or(64)
 }
 
 #[test]
