@@ -147,6 +147,10 @@ impl std::fmt::Display for Id {
     }
 }
 
+/// Exact with serde_json's writers (`to_string`, `to_vec`, `to_writer`, and so the `encode_*`
+/// functions here). `serde_json::to_value` and `json!` turn a raw id back into a `Value` and may
+/// rewrite it (`1e2` becomes `100.0`, `-0` becomes `-0.0`, `"\u0041"` becomes `"A"`): never build
+/// a message that carries a peer's id that way.
 impl Serialize for Id {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
@@ -537,8 +541,7 @@ pub fn json_string(s: &str) -> std::borrow::Cow<'static, str> {
 
 /// Serialises a typed value into raw JSON for `params` or `result`.
 pub fn to_raw<T: Serialize + ?Sized>(value: &T) -> Box<RawValue> {
-    serde_json::value::to_raw_value(value)
-        .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("null is JSON"))
+    serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
 #[cfg(test)]
@@ -679,6 +682,23 @@ mod tests {
             let again: Id = serde_json::from_str(text).unwrap();
             assert_eq!(again, id);
         }
+    }
+
+    #[test]
+    fn ids_inside_typed_bodies_keep_their_text() {
+        // A typed struct holding an id (such as a cancel request naming one) reads and writes it
+        // exactly too.
+        #[derive(Serialize, Deserialize)]
+        struct Ref {
+            id: Id,
+        }
+        for text in ODD_IDS {
+            let json = format!(r#"{{"id":{text}}}"#);
+            let r: Ref = serde_json::from_str(&json).unwrap();
+            assert_eq!(serde_json::to_string(&r).unwrap(), json);
+        }
+        assert!(serde_json::from_str::<Ref>(r#"{"id":null}"#).is_err());
+        assert!(serde_json::from_str::<Ref>(r#"{"id":[1]}"#).is_err());
     }
 
     #[test]
