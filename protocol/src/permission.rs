@@ -36,6 +36,10 @@ pub enum Decision {
 
 /// What to do with one `session/request_permission`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one short-lived value per permission request, moved once"
+)]
 pub enum PolicyAnswer {
     /// Answer the child with this.
     Answer(RequestPermissionResponse),
