@@ -216,6 +216,31 @@ impl RpcError {
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         Self::new(INTERNAL_ERROR, format!("Internal error: {detail}"))
     }
+
+    /// A named limit is reached: −33013 with `data: {"code":"LIMIT","limit":limit,"value":value}`
+    /// (`max_connections`, `max_sessions_per_connection`, `max_pending_requests`).
+    pub fn limit(limit: &str, value: u64) -> Self {
+        let name = crate::errors::ErrorName::Limit;
+        Self::new(name.code(), format!("Limit reached: {limit} is {value}"))
+            .with_data(serde_json::json!({ "code": name.as_str(), "limit": limit, "value": value }))
+    }
+
+    /// A partial line older than `line_timeout` was dropped: −32700 with
+    /// `data: {"limit":"line_timeout"}`.
+    pub fn line_timeout() -> Self {
+        Self::parse_error("an unfinished line was dropped after line_timeout")
+            .with_data(serde_json::json!({ "limit": "line_timeout" }))
+    }
+
+    /// The answer to a line the codec refused: −32700, and for an oversized line
+    /// `data: {"limit":"max_line","value":N}`.
+    pub fn from_frame(error: &crate::codec::FrameError) -> Self {
+        match error {
+            crate::codec::FrameError::Oversized { limit } => Self::parse_error(error)
+                .with_data(serde_json::json!({ "limit": "max_line", "value": limit })),
+            crate::codec::FrameError::NotUtf8 => Self::parse_error(error),
+        }
+    }
 }
 
 impl std::fmt::Display for RpcError {
@@ -622,6 +647,26 @@ mod tests {
             encode_notification_text("m/x", raw.get()),
             encode_notification("m/x", Some(&raw))
         );
+    }
+
+    #[test]
+    fn limit_errors_carry_the_contract_data() {
+        let out = encode_error(None, &RpcError::limit("max_connections", 64));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-33013,"message":"Limit reached: max_connections is 64","data":{"code":"LIMIT","limit":"max_connections","value":64}}}"#
+        );
+        let e = RpcError::from_frame(&crate::codec::FrameError::Oversized { limit: 16 });
+        assert_eq!(e.code, PARSE_ERROR);
+        assert_eq!(
+            e.data,
+            Some(serde_json::json!({"limit": "max_line", "value": 16}))
+        );
+        let e = RpcError::from_frame(&crate::codec::FrameError::NotUtf8);
+        assert_eq!((e.code, e.data), (PARSE_ERROR, None));
+        let e = RpcError::line_timeout();
+        assert_eq!(e.code, PARSE_ERROR);
+        assert_eq!(e.data, Some(serde_json::json!({"limit": "line_timeout"})));
     }
 
     #[test]
