@@ -46,8 +46,12 @@ fuzz_target!(|data: &[u8]| {
             Err(FrameError::NotUtf8) => {}
         }
     }
+    check_abandon(max, stream, data[1]);
     // The envelope and the helpers also see the raw bytes, cap or not.
     check_envelope(stream);
+    if let Ok(text) = std::str::from_utf8(stream) {
+        check_id(text);
+    }
     if let Ok(text) = std::str::from_utf8(stream)
         && let Ok(raw) = serde_json::from_str::<&RawValue>(text)
     {
@@ -87,6 +91,52 @@ fn decode(max: usize, stream: &[u8], seed: Option<u8>) -> Vec<Result<Bytes, Fram
     }
     assert!(buf.is_empty());
     out
+}
+
+/// Lines abandoned at seeded points (a line deadline): no panic, the bound holds, what is
+/// yielded is still a well-formed line.
+fn check_abandon(max: usize, stream: &[u8], seed: u8) {
+    let mut dec = LineDecoder::new(max);
+    let mut buf = BytesMut::new();
+    let mut rng = u32::from(seed).wrapping_mul(2246822519) | 1;
+    for chunk in stream.chunks(1 + usize::from(seed % 7)) {
+        buf.extend_from_slice(chunk);
+        while let Some(item) = dec.decode(&mut buf) {
+            if let Ok(line) = item {
+                assert!(line.len() <= max && std::str::from_utf8(&line).is_ok());
+            }
+        }
+        rng ^= rng << 13;
+        rng ^= rng >> 17;
+        rng ^= rng << 5;
+        if rng % 4 == 0 {
+            let had = !buf.is_empty();
+            let dropped = dec.abandon_partial(&mut buf);
+            assert!(!dropped || had);
+            if dropped {
+                assert!(buf.is_empty() && dec.in_line(&buf));
+            }
+        }
+        assert!(buf.len() <= max + 1);
+    }
+    while let Some(item) = dec.decode_eof(&mut buf) {
+        if let Ok(line) = item {
+            assert!(line.len() <= max);
+        }
+    }
+}
+
+/// `Id::from_json` on any text: an id it accepts is written back as that text, trimmed.
+fn check_id(text: &str) {
+    if let Ok(Some(id)) = Id::from_json(text) {
+        let trimmed = text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
+        assert_eq!(id.to_json(), trimmed);
+        let raw = RawValue::from_string(trimmed.to_string()).expect("an accepted id is JSON");
+        assert!(matches!(raw.get().as_bytes()[0], b'"' | b'-' | b'0'..=b'9'));
+        assert_eq!(Id::from_json(&id.to_json()), Ok(Some(id.clone())));
+        let back: Id = serde_json::from_str(&serde_json::to_string(&id).unwrap()).unwrap();
+        assert_eq!(back, id);
+    }
 }
 
 fn is_ws(b: &u8) -> bool {
