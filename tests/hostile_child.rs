@@ -2,6 +2,7 @@
 //! scripted hostile child (the echo agent's hostile directives) behind the real `acpd`, driven
 //! through `acpd run --json`, delegated runs and bridge sessions under `acpd stdio`, over real
 //! pipes. Each test asserts what the parent (a user) would see, per /work/notes/contract.md.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! hostile parent writing raw bytes into the real `acpd stdio` (and into `acpd serve`'s socket
 //! where the transport matters), reading acpd's output only when it chooses to. Each test
 //! asserts what that parent would see, per /work/notes/contract.md.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod common;
 

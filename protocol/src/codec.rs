@@ -19,14 +19,28 @@ pub enum FrameError {
     NotUtf8,
 }
 
-/// Splits a byte stream into lines of at most `max_line` bytes (the newline excluded).
+/// Splits a byte stream into lines of at most `max_line` bytes (the newline, and a `\r` before
+/// it, excluded).
+///
+/// Memory: after [`LineDecoder::decode`] returns `None`, `buf` holds at most `max_line + 1` bytes
+/// (a partial line that may still end in `\r\n`); a longer partial line is dropped at once and
+/// the rest of it skipped up to its newline. The caller's `buf` is only ever larger by what it
+/// appended since the last call.
 #[derive(Debug, Clone)]
 pub struct LineDecoder {
     max_line: usize,
     /// Bytes of `buf` already scanned for a newline, so a long partial line is scanned once.
     scanned: usize,
-    /// Inside an oversized line: drop bytes until its newline, then report it.
-    discarding: bool,
+    /// Inside a dropped line: skip bytes until its newline.
+    discarding: Option<Discard>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Discard {
+    /// An oversized line: reported as [`FrameError::Oversized`] at its newline (or at EOF).
+    Oversized,
+    /// A line the caller abandoned ([`LineDecoder::abandon_partial`]): it has been reported.
+    Abandoned,
 }
 
 impl Default for LineDecoder {
@@ -40,12 +54,18 @@ impl LineDecoder {
         Self {
             max_line,
             scanned: 0,
-            discarding: false,
+            discarding: None,
         }
     }
 
     pub fn max_line(&self) -> usize {
         self.max_line
+    }
+
+    /// Whether bytes of an unfinished line are buffered, or being skipped: what a line deadline
+    /// (`line_timeout`) watches.
+    pub fn in_line(&self, buf: &BytesMut) -> bool {
+        self.discarding.is_some() || !buf.is_empty()
     }
 
     /// Takes the next complete line out of `buf`. `None` means more bytes are needed. Empty lines
@@ -55,11 +75,14 @@ impl LineDecoder {
             let found = memchr_newline(&buf[self.scanned..]).map(|i| i + self.scanned);
             match found {
                 None => {
-                    if self.discarding {
+                    // A `\r` may still be followed by its `\n`, so it does not count yet: the
+                    // verdict on a line must not depend on where the reads split it.
+                    let pending_cr = usize::from(buf.last() == Some(&b'\r'));
+                    if self.discarding.is_some() {
                         buf.clear();
                         self.scanned = 0;
-                    } else if buf.len() > self.max_line {
-                        self.discarding = true;
+                    } else if buf.len() > self.max_line.saturating_add(pending_cr) {
+                        self.discarding = Some(Discard::Oversized);
                         buf.clear();
                         self.scanned = 0;
                     } else {
@@ -69,12 +92,16 @@ impl LineDecoder {
                 }
                 Some(pos) => {
                     self.scanned = 0;
-                    if self.discarding {
+                    if let Some(discard) = self.discarding.take() {
                         buf.advance(pos + 1);
-                        self.discarding = false;
-                        return Some(Err(FrameError::Oversized {
-                            limit: self.max_line,
-                        }));
+                        match discard {
+                            Discard::Oversized => {
+                                return Some(Err(FrameError::Oversized {
+                                    limit: self.max_line,
+                                }));
+                            }
+                            Discard::Abandoned => continue,
+                        }
                     }
                     let mut line = buf.split_to(pos + 1).freeze();
                     line.truncate(pos);
@@ -86,9 +113,7 @@ impl LineDecoder {
                             limit: self.max_line,
                         }));
                     }
-                    if line.first().is_none_or(u8::is_ascii_whitespace)
-                        && line.iter().all(u8::is_ascii_whitespace)
-                    {
+                    if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
                     if std::str::from_utf8(&line).is_err() {
@@ -105,18 +130,41 @@ impl LineDecoder {
         if let Some(item) = self.decode(buf) {
             return Some(item);
         }
-        if self.discarding {
-            self.discarding = false;
+        if let Some(discard) = self.discarding.take() {
             buf.clear();
-            return Some(Err(FrameError::Oversized {
-                limit: self.max_line,
-            }));
+            return match discard {
+                Discard::Oversized => Some(Err(FrameError::Oversized {
+                    limit: self.max_line,
+                })),
+                Discard::Abandoned => None,
+            };
         }
         if buf.is_empty() {
             return None;
         }
         buf.extend_from_slice(b"\n");
         self.decode(buf)
+    }
+
+    /// Drops the unfinished line in `buf` (call it after [`LineDecoder::decode`] returned
+    /// `None`, for example when the line's deadline passed): its buffered bytes are freed —
+    /// `buf` is replaced by an empty buffer, so a large partial line gives its memory back — and
+    /// the rest of that line, up to its newline, is skipped without another error. Returns
+    /// whether a line was dropped; an oversized line already being skipped is not (it is
+    /// reported at its newline).
+    pub fn abandon_partial(&mut self, buf: &mut BytesMut) -> bool {
+        if self.discarding.is_some() || buf.is_empty() {
+            return false;
+        }
+        self.scanned = 0;
+        if let Some(pos) = memchr_newline(buf) {
+            // Misuse (more bytes were appended since `decode`): drop only the first line.
+            buf.advance(pos + 1);
+            return true;
+        }
+        *buf = BytesMut::new();
+        self.discarding = Some(Discard::Abandoned);
+        true
     }
 }
 
@@ -198,7 +246,112 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_line_at_the_cap_with_crlf_is_accepted_however_it_is_split() {
+        // Regression: `1234\r` then `\n` was dropped as oversized while `1234\r\n` in one read
+        // was a line.
+        for input in [
+            &[&b"1234\r"[..], b"\n"][..],
+            &[b"1234\r\n"],
+            &[b"1234", b"\r", b"\n"],
+        ] {
+            let mut dec = LineDecoder::new(4);
+            let out = decode_all(&mut dec, input);
+            assert_eq!(out, vec![Ok(Bytes::from_static(b"1234"))], "{input:?}");
+        }
+        let mut dec = LineDecoder::new(4);
+        let out = decode_all(&mut dec, &[b"1234\r", b"5\n"]);
+        assert_eq!(out, vec![Err(FrameError::Oversized { limit: 4 })]);
+    }
+
+    #[test]
+    fn an_abandoned_partial_line_is_freed_and_skipped_quietly() {
+        let mut dec = LineDecoder::new(1 << 20);
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&[b'x'; 100_000]);
+        assert!(dec.decode(&mut buf).is_none());
+        assert!(dec.in_line(&buf));
+        assert!(dec.abandon_partial(&mut buf));
+        assert_eq!(buf.capacity(), 0);
+        assert!(dec.in_line(&buf));
+        buf.extend_from_slice(b"yyy");
+        assert!(dec.decode(&mut buf).is_none());
+        buf.extend_from_slice(b"zz\n{}\n");
+        assert_eq!(dec.decode(&mut buf), Some(Ok(Bytes::from_static(b"{}"))));
+        assert!(!dec.in_line(&buf));
+        assert!(!dec.abandon_partial(&mut buf));
+        // At EOF an abandoned line says nothing more.
+        buf.extend_from_slice(b"partial");
+        assert!(dec.decode(&mut buf).is_none());
+        assert!(dec.abandon_partial(&mut buf));
+        buf.extend_from_slice(b"more");
+        assert_eq!(dec.decode_eof(&mut buf), None);
+        // An oversized line being skipped is still reported once, at its newline.
+        let mut dec = LineDecoder::new(2);
+        let mut buf = BytesMut::from(&b"12345"[..]);
+        assert!(dec.decode(&mut buf).is_none());
+        assert!(!dec.abandon_partial(&mut buf));
+        buf.extend_from_slice(b"\nok\n");
+        assert_eq!(
+            dec.decode(&mut buf),
+            Some(Err(FrameError::Oversized { limit: 2 }))
+        );
+        assert_eq!(dec.decode(&mut buf), Some(Ok(Bytes::from_static(b"ok"))));
+        // Misuse: complete lines appended after `decode` are kept, only the first is dropped.
+        let mut dec = LineDecoder::new(64);
+        let mut buf = BytesMut::from(&b"part"[..]);
+        assert!(dec.decode(&mut buf).is_none());
+        buf.extend_from_slice(b"ial\nnext\n");
+        assert!(dec.abandon_partial(&mut buf));
+        assert_eq!(dec.decode(&mut buf), Some(Ok(Bytes::from_static(b"next"))));
+    }
+
+    fn decode_chunks(max: usize, data: &[u8], cuts: &[usize]) -> Vec<Result<Bytes, FrameError>> {
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (data.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut chunks: Vec<&[u8]> = Vec::new();
+        let mut prev = 0;
+        for c in cuts {
+            chunks.push(&data[prev..c]);
+            prev = c;
+        }
+        chunks.push(&data[prev..]);
+        let mut dec = LineDecoder::new(max);
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        for chunk in chunks {
+            buf.extend_from_slice(chunk);
+            while let Some(item) = dec.decode(&mut buf) {
+                out.push(item);
+            }
+            assert!(
+                buf.len() <= max + 1,
+                "{} buffered over a cap of {max}",
+                buf.len()
+            );
+        }
+        while let Some(item) = dec.decode_eof(&mut buf) {
+            out.push(item);
+        }
+        out
+    }
+
     proptest! {
+        /// Where the reads split the stream never changes what it decodes to, and the buffer
+        /// never holds more than the cap (plus a pending `\r`) between reads.
+        #[test]
+        fn verdicts_do_not_depend_on_chunking(
+            data in proptest::collection::vec(prop_oneof![
+                4 => Just(b'a'), 2 => Just(b'\n'), 2 => Just(b'\r'), 1 => Just(b' '), 1 => Just(0xff)
+            ], 0..80),
+            cuts in proptest::collection::vec(0usize..100, 0..12),
+            max in 0usize..8,
+        ) {
+            let whole = decode_chunks(max, &data, &[]);
+            let split = decode_chunks(max, &data, &cuts);
+            prop_assert_eq!(whole, split);
+        }
+
         /// Any chunking of valid frames decodes to the same lines.
         #[test]
         fn chunking_does_not_change_lines(

@@ -31,7 +31,7 @@ pub enum ErrorName {
     StartCancelled,
     /// The request's fields are malformed (for example a negative `maxDepth`).
     InvalidRequest,
-    /// A named connection limit is reached.
+    /// A named connection limit is reached (`error.data.limit` names it, `value` is its setting).
     Limit,
 }
 
@@ -121,6 +121,19 @@ mod tests {
             assert_eq!(ErrorName::from_code(n.code()), Some(n));
             let json = serde_json::to_string(&n).unwrap();
             assert_eq!(json, format!("\"{}\"", n.as_str()));
+            let back: ErrorName = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, n);
         }
+    }
+
+    #[test]
+    fn limit_is_33013() {
+        assert_eq!(ErrorName::Limit.code(), -33013);
+        assert_eq!(ErrorName::Limit.as_str(), "LIMIT");
+        assert_eq!(ErrorName::from_code(-33013), Some(ErrorName::Limit));
+        assert_eq!(
+            serde_json::to_string(&ErrorName::Limit).unwrap(),
+            "\"LIMIT\""
+        );
     }
 }

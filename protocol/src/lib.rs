@@ -6,7 +6,9 @@ pub mod codec;
 pub mod diagnostic;
 pub mod envelope;
 pub mod errors;
+pub mod methods;
 pub mod outcome;
+pub mod permission;
 pub mod session_id;
 pub mod subagent;
 

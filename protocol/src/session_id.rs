@@ -13,8 +13,14 @@ use serde_json::value::RawValue;
 
 const PREFIX: &str = "{\"sessionId\":\"";
 
-/// The `sessionId` of `params`, if it has a string one.
+/// The `sessionId` of `params`, if it is an object with exactly one top-level `sessionId` key,
+/// a string.
 pub fn session_id(params: &RawValue) -> Option<String> {
+    // The derived deserialiser would also read a JSON array by position (found by the fuzz
+    // target: `["x"]` had the session id `x`).
+    if !params.get().starts_with('{') {
+        return None;
+    }
     #[derive(serde::Deserialize)]
     struct Only {
         #[serde(rename = "sessionId")]
@@ -30,11 +36,15 @@ pub fn with_session_id(params: &RawValue, to: &str) -> Option<Box<RawValue>> {
 }
 
 /// The text of `params` (valid JSON) with its top-level `sessionId` set to `to`. The result is
-/// valid JSON by construction, so the hot path can send it without parsing it again.
+/// valid JSON by construction, so the hot path can send it without parsing it again. `None` when
+/// `text` is not an object, has no top-level `sessionId`, or has more than one (however the
+/// keys are spelled: `"session\u0049d"` is `sessionId` too), so a message never leaves with a
+/// second session id beside the one written here.
 pub fn splice_session_id(text: &str, to: &str) -> Option<String> {
     if let Some(rest) = text.strip_prefix(PREFIX)
         && let Some(end) = rest.find('"')
         && !rest[..end].contains('\\')
+        && surely_no_session_id_key(&rest[end + 1..])
     {
         let mut out = String::with_capacity(text.len() + to.len());
         out.push_str("{\"sessionId\":");
@@ -43,7 +53,7 @@ pub fn splice_session_id(text: &str, to: &str) -> Option<String> {
         return Some(out);
     }
     let fields = parse_fields(text)?;
-    let mut found = false;
+    let mut found = 0;
     let mut out = String::with_capacity(text.len() + to.len());
     out.push('{');
     for (i, (key, value)) in fields.iter().enumerate() {
@@ -53,14 +63,24 @@ pub fn splice_session_id(text: &str, to: &str) -> Option<String> {
         out.push_str(&serde_json::to_string(key).ok()?);
         out.push(':');
         if key == "sessionId" {
-            found = true;
+            found += 1;
             out.push_str(&serde_json::to_string(to).ok()?);
         } else {
             out.push_str(value.get());
         }
     }
     out.push('}');
-    found.then_some(out)
+    (found == 1).then_some(out)
+}
+
+/// Whether the text after a leading `"sessionId":"…"` surely holds no other key that decodes to
+/// `sessionId`: such a key is either spelled plainly or uses a `\u` escape, so text with neither
+/// (anywhere, nested or inside strings included) needs no parse. A hot path that splices a
+/// known prefix itself must check the rest with this (or fall back to [`splice_session_id`]).
+pub fn surely_no_session_id_key(rest: &str) -> bool {
+    let bytes = rest.as_bytes();
+    memchr::memmem::find(bytes, b"\"sessionId\"").is_none()
+        && memchr::memmem::find(bytes, b"\\u").is_none()
 }
 
 fn parse_fields(text: &str) -> Option<Vec<(String, &RawValue)>> {
@@ -113,9 +133,32 @@ mod tests {
     }
 
     #[test]
+    fn a_second_session_id_is_refused_however_it_is_spelled() {
+        for text in [
+            r#"{"sessionId":"a","x":1,"sessionId":"b"}"#,
+            r#"{"sessionId":"a","session\u0049d":"b"}"#,
+            r#"{"x":1,"sessionId":"a","sessionId":"b"}"#,
+            r#"{"sessionId":5,"sessionId":"b"}"#,
+        ] {
+            assert_eq!(splice_session_id(text, "m"), None, "{text}");
+            assert_eq!(session_id(&raw(text)), None, "{text}");
+        }
+        // Nested or quoted mentions are not keys of the top-level object.
+        let text = r#"{"sessionId":"a","update":{"sessionId":"b","t":"\"sessionId\" \u0041"}}"#;
+        assert_eq!(
+            splice_session_id(text, "m").as_deref(),
+            Some(r#"{"sessionId":"m","update":{"sessionId":"b","t":"\"sessionId\" \u0041"}}"#)
+        );
+    }
+
+    #[test]
     fn no_session_id_is_none() {
         assert!(with_session_id(&raw(r#"{"a":1}"#), "m").is_none());
         assert!(with_session_id(&raw(r#"[1]"#), "m").is_none());
         assert!(session_id(&raw(r#"{"a":1}"#)).is_none());
+        // Regression (fuzz): an array is read by position by serde's derived deserialiser.
+        assert!(session_id(&raw(r#"["] "]"#)).is_none());
+        assert!(session_id(&raw(r#"["acpd-1",{"sessionUpdate":"x"}]"#)).is_none());
+        assert!(session_id(&raw(r#"{"sessionId":5}"#)).is_none());
     }
 }
