@@ -6,11 +6,10 @@
 
 use std::collections::HashSet;
 
-use acpd_protocol::acp::{
-    CancelNotification, ContentBlock, PromptRequest, RequestPermissionRequest,
-};
+use acpd_protocol::acp::{CancelNotification, ContentBlock, PromptRequest};
 use acpd_protocol::envelope::{self, Id, Message, RpcError};
 use acpd_protocol::outcome::{ChildStopReason, TurnEnd};
+use acpd_protocol::permission::{self, Decision, PolicyAnswer};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde::Deserialize;
@@ -21,9 +20,7 @@ use tokio::time::Instant;
 use super::driver::{Driver, LAST_WORDS};
 use super::launch::sleep_until_opt;
 use super::output::Output;
-use super::permission::{self, Decision};
 use super::{ChildEvent, PermissionAsk, TurnControl, TurnReport, strict};
-use crate::config::PermissionPolicy;
 use crate::supervise;
 
 const NOTE_NOBODY_TO_ASK: &str = "permission: forwarded request rejected (nobody to ask)";
@@ -307,46 +304,37 @@ async fn on_request(
             .await;
         return;
     }
-    let request: RequestPermissionRequest = match params.map(|p| serde_json::from_str(p.get())) {
-        Some(Ok(r)) => r,
-        Some(Err(e)) => {
-            let _ = d.wire.respond(&id, Err(&RpcError::invalid_params(e))).await;
+    let request = match permission::answer_by_policy(d.shared.provider.permission, params) {
+        PolicyAnswer::InvalidParams(why) => {
+            let _ = d
+                .wire
+                .respond(&id, Err(&RpcError::invalid_params(why)))
+                .await;
             return;
         }
-        None => {
-            let e = RpcError::invalid_params("missing params");
-            let _ = d.wire.respond(&id, Err(&e)).await;
+        _ if t.cancel_requested => {
+            let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
             return;
         }
+        PolicyAnswer::Answer(answer) => {
+            let _ = d.wire.respond_ok(&id, &answer).await;
+            return;
+        }
+        PolicyAnswer::Forward(request) => request,
     };
-    if t.cancel_requested {
-        let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
-        return;
+    let fallback = permission::decide(&request, Decision::Reject);
+    if let Some(events) = ctl.events.as_ref().filter(|_| ctl.asks) {
+        let (tx, rx) = oneshot::channel();
+        let ask = PermissionAsk { request, reply: tx };
+        if events.send(ChildEvent::Ask(Box::new(ask))).await.is_ok() {
+            t.pending_asks.insert(id.clone());
+            t.asks
+                .push(Box::pin(async move { (id, rx.await.unwrap_or(fallback)) }));
+            return;
+        }
     }
-    let decision = match d.shared.provider.permission {
-        PermissionPolicy::Allow => Decision::Allow,
-        PermissionPolicy::Reject => Decision::Reject,
-        PermissionPolicy::Forward => {
-            let fallback = permission::decide(&request, Decision::Reject);
-            if let Some(events) = ctl.events.as_ref().filter(|_| ctl.asks) {
-                let (tx, rx) = oneshot::channel();
-                let ask = PermissionAsk { request, reply: tx };
-                if events.send(ChildEvent::Ask(Box::new(ask))).await.is_ok() {
-                    t.pending_asks.insert(id.clone());
-                    t.asks
-                        .push(Box::pin(async move { (id, rx.await.unwrap_or(fallback)) }));
-                    return;
-                }
-            }
-            if !t.notes.contains(&NOTE_NOBODY_TO_ASK) {
-                t.notes.push(NOTE_NOBODY_TO_ASK);
-            }
-            let _ = d.wire.respond_ok(&id, &fallback).await;
-            return;
-        }
-    };
-    let _ = d
-        .wire
-        .respond_ok(&id, &permission::decide(&request, decision))
-        .await;
+    if !t.notes.contains(&NOTE_NOBODY_TO_ASK) {
+        t.notes.push(NOTE_NOBODY_TO_ASK);
+    }
+    let _ = d.wire.respond_ok(&id, &fallback).await;
 }

@@ -10,7 +10,9 @@ use acpd_protocol::envelope::{self, Id, Message, RpcError};
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 
-use super::{Cmd, RelayEnd, Shared, collect, lock, permission, relay};
+use acpd_protocol::permission;
+
+use super::{Cmd, RelayEnd, Shared, collect, lock, relay};
 use crate::wire::{CallError, LineFault, LineReader, Outbox};
 
 /// After the child exits, how long its last words may take to come out of the pipe.

@@ -13,7 +13,6 @@ mod collect;
 mod driver;
 mod launch;
 mod output;
-mod permission;
 mod relay;
 mod strict;
 #[cfg(test)]
@@ -35,7 +34,6 @@ use crate::supervise::{self, Graces, ProcessTree, SpawnError, StderrTail, Teardo
 use crate::wire::{Outbox, Peer, WireLimits};
 
 pub use launch::probe;
-pub use permission::{Decision, cancelled as permission_cancelled, decide as decide_permission};
 
 /// How a child is started.
 #[derive(Debug, Clone)]

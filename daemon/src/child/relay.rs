@@ -7,8 +7,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use acpd_protocol::acp::RequestPermissionRequest;
 use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, Message, RpcError};
+use acpd_protocol::permission::{self, PolicyAnswer};
 use acpd_protocol::session_id::{splice_session_id, with_session_id};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -18,9 +18,7 @@ use tokio::time::Instant;
 
 use super::driver::{Driver, LAST_WORDS};
 use super::launch::sleep_until_opt;
-use super::permission::{self, Decision};
 use super::{Cmd, RelayEnd, RelayTarget, strict};
-use crate::config::PermissionPolicy;
 use crate::supervise;
 use crate::wire::CallError;
 
@@ -315,32 +313,19 @@ impl Relay {
         let ask = method == "session/request_permission";
         let allowed = match method.as_str() {
             "session/request_permission" => {
-                let request = params
-                    .as_deref()
-                    .map(|p| serde_json::from_str::<RequestPermissionRequest>(p.get()));
-                let request = match request {
-                    Some(Ok(r)) => r,
-                    Some(Err(e)) => {
-                        let _ = d.wire.respond(&id, Err(&RpcError::invalid_params(e))).await;
-                        return;
-                    }
-                    None => {
-                        let e = RpcError::invalid_params("missing params");
+                match permission::answer_by_policy(d.shared.provider.permission, params.as_deref())
+                {
+                    PolicyAnswer::InvalidParams(why) => {
+                        let e = RpcError::invalid_params(why);
                         let _ = d.wire.respond(&id, Err(&e)).await;
                         return;
                     }
-                };
-                let decision = match d.shared.provider.permission {
-                    PermissionPolicy::Forward => None,
-                    PermissionPolicy::Allow => Some(Decision::Allow),
-                    PermissionPolicy::Reject => Some(Decision::Reject),
-                };
-                if let Some(decision) = decision {
-                    let answer = permission::decide(&request, decision);
-                    let _ = d.wire.respond_ok(&id, &answer).await;
-                    return;
+                    PolicyAnswer::Answer(answer) => {
+                        let _ = d.wire.respond_ok(&id, &answer).await;
+                        return;
+                    }
+                    PolicyAnswer::Forward(_) => true,
                 }
-                true
             }
             "fs/read_text_file" => serves.read_text_file,
             "fs/write_text_file" => serves.write_text_file,

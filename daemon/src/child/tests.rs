@@ -285,7 +285,8 @@ async fn the_idle_clock_waits_for_a_permission_answer_and_restarts_after_it() {
     // A person takes 25 s, well past idle_timeout: not the child hanging.
     tokio::time::sleep(Duration::from_secs(25)).await;
     let answered = Instant::now();
-    let chosen = super::permission::decide(&ask.request, super::permission::Decision::Allow);
+    let chosen =
+        acpd_protocol::permission::decide(&ask.request, acpd_protocol::permission::Decision::Allow);
     ask.reply.send(chosen).unwrap();
     match fake.next().await {
         Message::Response { id, outcome } => {

@@ -10,8 +10,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_IO, EXIT_USAGE, config_or_usage, stdout_failed};
-use crate::child::{decide_permission, permission_cancelled};
 use crate::registry::{DepthContext, Registry, RunEvent, StartOptions};
+use acpd_protocol::permission::{Decision, cancelled, decide};
 
 const EXIT_ERROR: u8 = 1;
 const EXIT_START_FAILED: u8 = 3;
@@ -307,8 +307,8 @@ async fn ask_on_terminal(mut rx: mpsc::Receiver<RunEvent>) {
                 ),
             ),
             None => match request.options.is_empty() {
-                true => permission_cancelled(),
-                false => decide_permission(&request, crate::child::Decision::Reject),
+                true => cancelled(),
+                false => decide(&request, Decision::Reject),
             },
         };
         let _ = ask.reply.send(response);

@@ -21,17 +21,9 @@ const ECHO: &str = "echo";
 const ECHO_DESCRIPTION: &str = "Built-in scripted ACP agent (acpd agent echo)";
 const ETC_CONFIG: &str = "/etc/acpd/config.toml";
 
-/// What acpd does with a child's `session/request_permission` calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PermissionPolicy {
-    /// Relay the request to acpd's own client.
-    Forward,
-    /// Answer with the first "allow" option without asking anyone.
-    Allow,
-    /// Answer with a "reject" option without asking anyone.
-    Reject,
-}
+/// What acpd does with a child's `session/request_permission` calls (`forward`, `allow`,
+/// `reject`): the pure policy of `acpd_protocol::permission`.
+pub use acpd_protocol::permission::Policy as PermissionPolicy;
 
 /// One child agent acpd knows how to start, fully resolved and validated.
 #[derive(Debug, Clone, PartialEq)]

@@ -16,7 +16,9 @@ use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 
 use super::{Conn, SessionRef, lock, raw};
-use crate::child::{Decision, PermissionAsk, decide_permission};
+use acpd_protocol::permission::{Decision, decide};
+
+use crate::child::PermissionAsk;
 use crate::registry::RunEvent;
 
 /// What the connection remembers about one of its runs.
@@ -151,7 +153,7 @@ fn ask_parent(
 ) {
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
-        let fallback = decide_permission(&ask.request, Decision::Reject);
+        let fallback = decide(&ask.request, Decision::Reject);
         let params = raw(&ask.request);
         let params = session
             .as_deref()
