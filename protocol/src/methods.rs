@@ -158,6 +158,9 @@ pub struct StatusReply {
 pub struct StatusLimits {
     pub max_children: u64,
     pub live_children: u64,
+    /// Starts waiting for a free slot (`queue_timeout`).
+    #[serde(default)]
+    pub queued: u64,
     #[serde(default)]
     pub queue_timeout_s: Option<f64>,
     pub providers: BTreeMap<String, ProviderLoad>,
@@ -293,6 +296,7 @@ mod tests {
                 limits: StatusLimits {
                     max_children: 256,
                     live_children: 2,
+                    queued: 1,
                     queue_timeout_s: Some(1.5),
                     providers: [(
                         "echo".to_string(),
@@ -306,7 +310,7 @@ mod tests {
             },
             json!({"version": "0.1.0", "pid": 9, "uptimeS": 5, "connections": 1, "runs": 2,
                 "providers": ["echo"],
-                "limits": {"maxChildren": 256, "liveChildren": 2, "queueTimeoutS": 1.5,
+                "limits": {"maxChildren": 256, "liveChildren": 2, "queued": 1, "queueTimeoutS": 1.5,
                     "providers": {"echo": {"maxConcurrent": 64, "live": 2}}}}),
         );
     }

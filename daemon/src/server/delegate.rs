@@ -1,167 +1,71 @@
-//! Delegation for parent agents: `_acpd/providers` and `_acpd/subagent/*`. Every method that
-//! waits (start, wait, send, dispose) runs in its own task; a connection acts only on the runs
-//! it started.
+//! Delegation for parent agents: `_acpd/providers`, `_acpd/subagent/*` and the operator's
+//! `_acpd/status` and `_acpd/runs`, one handler per method with the typed bodies of
+//! `acpd_protocol::methods`. Every method that waits (start, wait, send, dispose) runs in its
+//! own task; a connection acts only on the runs it started.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use acpd_protocol::acp::ContentBlock;
 use acpd_protocol::envelope::{Id, RpcError};
+use acpd_protocol::methods::{
+    Empty, ListReply, ProviderLoad, ProvidersReply, RunInfo, RunRef, RunSummary, RunsReply,
+    SendReply, SendRequest, StartReply, StatusLimits, StatusReply, name, parse_params,
+};
 use acpd_protocol::subagent::StartRequest;
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::events::RunMeta;
 use super::{Conn, lock, typed_error};
-use crate::registry::{RegistryError, RunState, StartOptions};
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RunRef {
-    run_id: String,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Send {
-    run_id: String,
-    prompt: Vec<ContentBlock>,
-}
-
-fn parse<T: DeserializeOwned>(params: Option<&RawValue>) -> Result<T, RpcError> {
-    let text = params.map_or("null", |p| p.get());
-    serde_json::from_str(text).map_err(|e| {
-        typed_error(&RegistryError::InvalidRequest {
-            reason: e.to_string(),
-        })
-    })
-}
+use crate::registry::{RegistryError, Run, RunState, StartOptions};
 
 pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<RawValue>>) {
     let params = params.as_deref();
     match method {
-        "_acpd/providers" => {
-            let providers = conn.ctx.registry.providers();
-            let _ = conn
-                .peer
-                .respond_ok(&id, &json!({ "providers": providers }))
-                .await;
-        }
-        "_acpd/subagent/start" => match parse::<StartRequest>(params) {
-            Ok(req) => start(conn, id, req).await,
-            Err(e) => conn.reply_err(&id, &e).await,
-        },
-        "_acpd/subagent/wait" => match parse::<RunRef>(params) {
-            Ok(r) => {
-                let conn2 = conn.clone();
-                conn.tracker.spawn(async move {
-                    match conn2.ctx.registry.wait(conn2.owner, &r.run_id).await {
-                        // Serialised by the writer when the parent has room for it: many
-                        // waits on one large result hold one copy, not one each.
-                        Ok(result) => {
-                            let _ = conn2.peer.respond_lazy(&id, result).await;
-                        }
-                        Err(e) => conn2.reply_err(&id, &typed_error(&e)).await,
-                    }
-                });
+        name::PROVIDERS => {
+            if let Some(Empty {}) = parsed(conn, &id, params).await {
+                providers(conn, id).await;
             }
-            Err(e) => conn.reply_err(&id, &e).await,
-        },
-        "_acpd/subagent/cancel" => match parse::<RunRef>(params) {
-            Ok(r) => match conn.ctx.registry.cancel(conn.owner, &r.run_id) {
-                Ok(()) => {
-                    let _ = conn.peer.respond_ok(&id, &json!({})).await;
-                }
-                Err(e) => conn.reply_err(&id, &typed_error(&e)).await,
-            },
-            Err(e) => conn.reply_err(&id, &e).await,
-        },
-        "_acpd/subagent/dispose" => match parse::<RunRef>(params) {
-            Ok(r) => {
-                let conn2 = conn.clone();
-                conn.tracker.spawn(async move {
-                    match conn2.ctx.registry.dispose(conn2.owner, &r.run_id).await {
-                        Ok(()) => {
-                            conn2.forget_run(&r.run_id);
-                            let _ = conn2.peer.respond_ok(&id, &json!({})).await;
-                        }
-                        Err(e) => conn2.reply_err(&id, &typed_error(&e)).await,
-                    }
-                });
-            }
-            Err(e) => conn.reply_err(&id, &e).await,
-        },
-        "_acpd/subagent/send" => match parse::<Send>(params) {
-            Ok(s) => {
-                let conn2 = conn.clone();
-                conn.tracker.spawn(async move {
-                    match conn2
-                        .ctx
-                        .registry
-                        .send(conn2.owner, &s.run_id, s.prompt)
-                        .await
-                    {
-                        Ok(turn) => {
-                            let reply = json!({ "runId": s.run_id, "turn": turn });
-                            let _ = conn2.peer.respond_ok(&id, &reply).await;
-                        }
-                        Err(e) => conn2.reply_err(&id, &typed_error(&e)).await,
-                    }
-                });
-            }
-            Err(e) => conn.reply_err(&id, &e).await,
-        },
-        "_acpd/subagent/list" => {
-            let runs: Vec<serde_json::Value> = conn
-                .ctx
-                .registry
-                .runs()
-                .into_iter()
-                .filter(|r| r.owner == conn.owner)
-                .map(|r| {
-                    let state = r.state();
-                    let turn = match &state {
-                        RunState::Running { turn } | RunState::Settled { turn, .. } => Some(*turn),
-                        RunState::Disposed => None,
-                    };
-                    json!({
-                        "runId": r.run_id,
-                        "sessionId": r.session_id,
-                        "provider": r.provider.name,
-                        "label": r.label,
-                        "state": state.name(),
-                        "turn": turn,
-                        "depth": r.depth,
-                    })
-                })
-                .collect();
-            let _ = conn.peer.respond_ok(&id, &json!({ "runs": runs })).await;
         }
-        "_acpd/status" => {
-            let _ = conn.peer.respond_ok(&id, &status(conn)).await;
+        name::START => {
+            if let Some(req) = parsed(conn, &id, params).await {
+                start(conn, id, req).await;
+            }
         }
-        "_acpd/runs" => {
-            let runs: Vec<serde_json::Value> = conn
-                .ctx
-                .registry
-                .runs()
-                .into_iter()
-                .filter(|r| !matches!(r.state(), RunState::Disposed))
-                .map(|r| {
-                    json!({
-                        "runId": r.run_id,
-                        "provider": r.provider.name,
-                        "label": r.label,
-                        "state": r.state().name(),
-                        "ageS": r.started_at.elapsed().as_secs(),
-                        "pid": r.pid(),
-                        "depth": r.depth,
-                        "connection": r.owner,
-                    })
-                })
-                .collect();
-            let _ = conn.peer.respond_ok(&id, &json!({ "runs": runs })).await;
+        name::WAIT => {
+            if let Some(req) = parsed(conn, &id, params).await {
+                wait(conn, id, req);
+            }
+        }
+        name::CANCEL => {
+            if let Some(req) = parsed(conn, &id, params).await {
+                cancel(conn, id, req).await;
+            }
+        }
+        name::DISPOSE => {
+            if let Some(req) = parsed(conn, &id, params).await {
+                dispose(conn, id, req);
+            }
+        }
+        name::SEND => {
+            if let Some(req) = parsed(conn, &id, params).await {
+                send(conn, id, req);
+            }
+        }
+        name::LIST => {
+            if let Some(Empty {}) = parsed(conn, &id, params).await {
+                list(conn, id).await;
+            }
+        }
+        name::STATUS => {
+            if let Some(Empty {}) = parsed(conn, &id, params).await {
+                let _ = conn.peer.respond_ok(&id, &status(conn)).await;
+            }
+        }
+        name::RUNS => {
+            if let Some(Empty {}) = parsed(conn, &id, params).await {
+                runs(conn, id).await;
+            }
         }
         _ => {
             conn.reply_err(&id, &RpcError::method_not_found(method))
@@ -170,41 +74,168 @@ pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<R
     }
 }
 
+/// The method's typed params, or `None` once the parent has been told why they are invalid.
+async fn parsed<T: DeserializeOwned>(conn: &Conn, id: &Id, params: Option<&RawValue>) -> Option<T> {
+    match parse_params(params) {
+        Ok(t) => Some(t),
+        Err(reason) => {
+            let e = typed_error(&RegistryError::InvalidRequest { reason });
+            conn.reply_err(id, &e).await;
+            None
+        }
+    }
+}
+
+async fn providers(conn: &Conn, id: Id) {
+    let reply = ProvidersReply {
+        providers: conn.ctx.registry.providers(),
+    };
+    let _ = conn.peer.respond_ok(&id, &reply).await;
+}
+
+fn wait(conn: &Arc<Conn>, id: Id, req: RunRef) {
+    let conn2 = conn.clone();
+    conn.tracker.spawn(async move {
+        match conn2.ctx.registry.wait(conn2.owner, &req.run_id).await {
+            // Serialised by the writer when the parent has room for it: many waits on one
+            // large result hold one copy, not one each.
+            Ok(result) => {
+                let _ = conn2.peer.respond_lazy(&id, result).await;
+            }
+            Err(e) => conn2.reply_err(&id, &typed_error(&e)).await,
+        }
+    });
+}
+
+async fn cancel(conn: &Conn, id: Id, req: RunRef) {
+    match conn.ctx.registry.cancel(conn.owner, &req.run_id) {
+        Ok(()) => {
+            let _ = conn.peer.respond_ok(&id, &Empty {}).await;
+        }
+        Err(e) => conn.reply_err(&id, &typed_error(&e)).await,
+    }
+}
+
+fn dispose(conn: &Arc<Conn>, id: Id, req: RunRef) {
+    let conn2 = conn.clone();
+    conn.tracker.spawn(async move {
+        match conn2.ctx.registry.dispose(conn2.owner, &req.run_id).await {
+            Ok(()) => {
+                conn2.forget_run(&req.run_id);
+                let _ = conn2.peer.respond_ok(&id, &Empty {}).await;
+            }
+            Err(e) => conn2.reply_err(&id, &typed_error(&e)).await,
+        }
+    });
+}
+
+fn send(conn: &Arc<Conn>, id: Id, req: SendRequest) {
+    let conn2 = conn.clone();
+    conn.tracker.spawn(async move {
+        let sent = conn2
+            .ctx
+            .registry
+            .send(conn2.owner, &req.run_id, req.prompt)
+            .await;
+        match sent {
+            Ok(turn) => {
+                let reply = SendReply {
+                    run_id: req.run_id,
+                    turn,
+                };
+                let _ = conn2.peer.respond_ok(&id, &reply).await;
+            }
+            Err(e) => conn2.reply_err(&id, &typed_error(&e)).await,
+        }
+    });
+}
+
+fn turn_of(state: &RunState) -> Option<u32> {
+    match state {
+        RunState::Running { turn } | RunState::Settled { turn, .. } => Some(*turn),
+        RunState::Disposed => None,
+    }
+}
+
+async fn list(conn: &Conn, id: Id) {
+    let runs = live_runs(conn)
+        .filter(|r| r.owner == conn.owner)
+        .map(|r| {
+            let state = r.state();
+            RunSummary {
+                run_id: r.run_id.clone(),
+                session_id: r.session_id.clone(),
+                provider: r.provider.name.clone(),
+                label: r.label.clone(),
+                state: state.name().to_string(),
+                turn: turn_of(&state),
+                depth: r.depth,
+            }
+        })
+        .collect();
+    let _ = conn.peer.respond_ok(&id, &ListReply { runs }).await;
+}
+
+/// Every run not disposed, of any connection.
+fn live_runs(conn: &Conn) -> impl Iterator<Item = Arc<Run>> {
+    conn.ctx
+        .registry
+        .runs()
+        .into_iter()
+        .filter(|r| !matches!(r.state(), RunState::Disposed))
+}
+
+/// `_acpd/runs`: the operator's view, any connection may ask.
+async fn runs(conn: &Conn, id: Id) {
+    let runs = live_runs(conn)
+        .map(|r| RunInfo {
+            run_id: r.run_id.clone(),
+            provider: r.provider.name.clone(),
+            label: r.label.clone(),
+            state: r.state().name().to_string(),
+            age_s: r.started_at.elapsed().as_secs(),
+            pid: r.pid(),
+            depth: r.depth,
+            connection: r.owner,
+        })
+        .collect();
+    let _ = conn.peer.respond_ok(&id, &RunsReply { runs }).await;
+}
+
 /// `_acpd/status`: daemon-wide, any connection may ask.
-fn status(conn: &Conn) -> serde_json::Value {
+fn status(conn: &Conn) -> StatusReply {
     let registry = &conn.ctx.registry;
     let config = registry.config();
-    let runs = registry
-        .runs()
-        .iter()
-        .filter(|r| !matches!(r.state(), RunState::Disposed))
-        .count();
-    let providers: serde_json::Map<String, serde_json::Value> = config
+    let providers: BTreeMap<String, ProviderLoad> = config
         .providers
         .values()
         .map(|p| {
-            let live = registry.live_children_of(&p.name);
-            (
-                p.name.clone(),
-                json!({ "maxConcurrent": p.max_concurrent, "live": live }),
-            )
+            let load = ProviderLoad {
+                max_concurrent: p.max_concurrent as u64,
+                live: registry.live_children_of(&p.name) as u64,
+            };
+            (p.name.clone(), load)
         })
         .collect();
-    json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "pid": std::process::id(),
-        "uptimeS": conn.ctx.daemon.started.elapsed().as_secs(),
-        "connections": conn.ctx.daemon.connections.load(std::sync::atomic::Ordering::Relaxed),
-        "runs": runs,
-        "providers": config.providers.keys().collect::<Vec<_>>(),
-        "limits": {
-            "maxChildren": config.max_children,
-            "liveChildren": registry.live_children(),
-            "queued": registry.queued(),
-            "queueTimeoutS": config.queue_timeout.map(|d| d.as_secs_f64()),
-            "providers": providers,
+    StatusReply {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+        uptime_s: conn.ctx.daemon.started.elapsed().as_secs(),
+        connections: conn
+            .ctx
+            .daemon
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed) as u64,
+        runs: live_runs(conn).count() as u64,
+        providers: config.providers.keys().cloned().collect(),
+        limits: StatusLimits {
+            max_children: config.max_children as u64,
+            live_children: registry.live_children() as u64,
+            queued: registry.queued() as u64,
+            queue_timeout_s: config.queue_timeout.map(|d| d.as_secs_f64()),
+            providers,
         },
-    })
+    }
 }
 
 async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {
@@ -251,7 +282,10 @@ async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {
         };
         match conn2.ctx.registry.start(opts).await {
             Ok(p) => {
-                let reply = json!({ "runId": p.run_id, "sessionId": p.session_id });
+                let reply = StartReply {
+                    run_id: p.run_id,
+                    session_id: p.session_id,
+                };
                 let _ = conn2.peer.respond_ok(&id, &reply).await;
             }
             Err(e) => {
