@@ -1,0 +1,196 @@
+//! acpd's JSON-RPC wire, used toward children and toward parents.
+//!
+//! Two halves, each bounded:
+//! - [`LineReader`] frames lines (capped at `max_line`; a partial line older than
+//!   `line_timeout` is dropped; the buffer shrinks back after a large line) and parses the
+//!   envelope. A child's driver reads with it inline, so everything a child says is handled in
+//!   the order it said it; a parent connection runs it in its own task ([`connect`]).
+//! - [`Outbox`] queues lines for a writer task behind a byte budget, so a peer that stops
+//!   reading costs at most the budget, then slows whoever writes to it; every write has a
+//!   deadline (`write_timeout`), past which the peer is gone. Large answers are queued as
+//!   closures and serialised by the writer only when it has room ([`Peer::respond_lazy`]).
+//!
+//! Closing an outbox drops the write half after what is queued, which is how a child's stdin
+//! gets EOF (tokio's `shutdown` on a pipe is a no-op).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use acpd_protocol::codec::FrameError;
+use acpd_protocol::envelope::{EnvelopeError, Id, Message, RpcError};
+use serde_json::value::RawValue;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Messages queued between a reader and its owner.
+pub const QUEUE_DEPTH: usize = 64;
+/// Lines queued toward one peer, whatever their size (the byte budget bounds the rest).
+const OUT_DEPTH: usize = 256;
+/// Bytes queued toward one peer before senders wait. A larger line takes the whole budget.
+const OUT_BUDGET: usize = 1024 * 1024;
+const READ_CHUNK: usize = 64 * 1024;
+const WRITE_BUFFER: usize = 64 * 1024;
+
+/// The per-connection limits of the wire.
+#[derive(Debug, Clone, Copy)]
+pub struct WireLimits {
+    pub max_line: usize,
+    /// How long an unterminated line may wait for the rest of it.
+    pub line_timeout: Duration,
+    /// How long one write may wait for the peer to take bytes.
+    pub write_timeout: Duration,
+}
+
+impl Default for WireLimits {
+    fn default() -> Self {
+        WireLimits {
+            max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
+            line_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A message from a parent that the connection's owner must handle.
+#[derive(Debug)]
+pub enum Incoming {
+    Request {
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+    },
+    Notification {
+        method: String,
+        params: Option<Box<RawValue>>,
+    },
+    /// A line that is not a usable message. Receivers of requests answer `Invalid` ones that
+    /// carry an id; a child's driver treats any fault as a protocol failure.
+    Fault(LineFault),
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LineFault {
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error(transparent)]
+    Envelope(#[from] EnvelopeError),
+    #[error("line not finished within {0:?} (line_timeout); dropped")]
+    Stalled(Duration),
+}
+
+impl LineFault {
+    /// The JSON-RPC error a peer gets for this line, and the id to answer, if it had one.
+    pub fn to_rpc_error(&self, max_line: usize) -> (Option<Id>, RpcError) {
+        match self {
+            LineFault::Envelope(e) => (e.id().cloned(), e.to_rpc_error()),
+            LineFault::Frame(FrameError::Oversized { limit }) => (
+                None,
+                RpcError::parse_error(self)
+                    .with_data(serde_json::json!({ "limit": "max_line", "value": limit })),
+            ),
+            LineFault::Frame(e) => (None, RpcError::parse_error(e)),
+            LineFault::Stalled(t) => (
+                None,
+                RpcError::parse_error(self).with_data(serde_json::json!({
+                    "limit": "line_timeout", "value": humantime::format_duration(*t).to_string(),
+                    "maxLine": max_line,
+                })),
+            ),
+        }
+    }
+}
+
+/// Why an outgoing call did not produce a result.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    #[error("peer answered with an error: {0}")]
+    Rpc(RpcError),
+    #[error("connection closed before the peer answered")]
+    Closed,
+}
+
+mod outbox;
+mod peer;
+mod reader;
+#[cfg(test)]
+mod tests;
+
+pub use outbox::Outbox;
+pub use peer::{Peer, Pending, PendingCall};
+pub use reader::LineReader;
+
+/// A running connection: the sender and the queue of incoming messages (ends at EOF).
+pub struct Connection {
+    pub peer: Peer,
+    pub incoming: mpsc::Receiver<Incoming>,
+    /// Cancelled when the peer's input ended (EOF or a read error).
+    pub eof: CancellationToken,
+}
+
+/// Starts a reader task and a writer task over a byte stream pair, with default limits.
+pub fn connect<R, W>(reader: R, writer: W, max_line: usize) -> Connection
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let limits = WireLimits {
+        max_line,
+        ..WireLimits::default()
+    };
+    connect_with(reader, writer, limits)
+}
+
+/// Starts a reader task and a writer task over a byte stream pair. The reader completes our
+/// calls itself and queues everything else for the owner (bounded: a flooding peer is slowed
+/// by its own pipe).
+pub fn connect_with<R, W>(reader: R, writer: W, limits: WireLimits) -> Connection
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (in_tx, in_rx) = mpsc::channel::<Incoming>(QUEUE_DEPTH);
+    let pending = Arc::new(Pending::default());
+    let eof = CancellationToken::new();
+    tokio::spawn(read_loop(
+        LineReader::new(reader, limits),
+        pending.clone(),
+        in_tx,
+        eof.clone(),
+    ));
+    let out = Outbox::start(writer, limits.write_timeout);
+    Connection {
+        peer: Peer::new(out, pending),
+        incoming: in_rx,
+        eof,
+    }
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    mut reader: LineReader<R>,
+    pending: Arc<Pending>,
+    incoming: mpsc::Sender<Incoming>,
+    eof: CancellationToken,
+) {
+    while let Some(msg) = reader.next().await {
+        let forward = match msg {
+            Ok(Message::Response { id, outcome }) => {
+                if !pending.complete(id, outcome) {
+                    tracing::debug!("dropping a response that matches no pending call");
+                }
+                continue;
+            }
+            Ok(Message::Request { id, method, params }) => Incoming::Request { id, method, params },
+            Ok(Message::Notification { method, params }) => {
+                Incoming::Notification { method, params }
+            }
+            Err(fault) => Incoming::Fault(fault),
+        };
+        if incoming.send(forward).await.is_err() {
+            // The owner is gone; keep draining so pending calls still complete.
+            continue;
+        }
+    }
+    pending.close();
+    eof.cancel();
+}

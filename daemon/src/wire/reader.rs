@@ -1,0 +1,119 @@
+//! Framing toward a peer: capped lines, a deadline for an unfinished one, and a read buffer
+//! that gives memory back after a large line and between messages.
+
+use acpd_protocol::codec::LineDecoder;
+use acpd_protocol::envelope::{self, Message};
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::time::Instant;
+
+use super::{LineFault, READ_CHUNK, WireLimits};
+
+/// Reads framed, parsed messages from a byte stream.
+pub struct LineReader<R> {
+    reader: R,
+    limits: WireLimits,
+    decoder: LineDecoder,
+    buf: BytesMut,
+    eof: bool,
+    /// When the bytes now in `buf` started waiting for their newline.
+    partial_since: Option<Instant>,
+    /// After a stalled line: drop bytes up to and including the next newline.
+    skipping: bool,
+}
+
+impl<R: AsyncRead + Unpin> LineReader<R> {
+    pub fn new(reader: R, limits: WireLimits) -> Self {
+        LineReader {
+            reader,
+            limits,
+            decoder: LineDecoder::new(limits.max_line),
+            buf: BytesMut::new(),
+            eof: false,
+            partial_since: None,
+            skipping: false,
+        }
+    }
+
+    /// The next message or bad line; `None` at end of input (or a read error). Cancel-safe:
+    /// everything read is kept in `self`.
+    pub async fn next(&mut self) -> Option<Result<Message, LineFault>> {
+        loop {
+            if self.skipping {
+                match memchr::memchr(b'\n', &self.buf) {
+                    Some(pos) => {
+                        let _ = self.buf.split_to(pos + 1);
+                        self.skipping = false;
+                    }
+                    None => self.buf.clear(),
+                }
+            }
+            if !self.skipping {
+                let item = if self.eof {
+                    self.decoder.decode_eof(&mut self.buf)
+                } else {
+                    self.decoder.decode(&mut self.buf)
+                };
+                if let Some(item) = item {
+                    self.partial_since = None;
+                    self.shrink();
+                    return Some(match item {
+                        Ok(line) => envelope::parse(&line).map_err(LineFault::from),
+                        Err(e) => Err(LineFault::from(e)),
+                    });
+                }
+            }
+            if self.eof {
+                return None;
+            }
+            self.shrink();
+            if self.buf.is_empty() || self.skipping {
+                self.partial_since = None;
+            } else if self.partial_since.is_none() {
+                self.partial_since = Some(Instant::now());
+            }
+            let stall = self.partial_since.map(|t| t + self.limits.line_timeout);
+            self.buf.reserve(READ_CHUNK);
+            tokio::select! {
+                read = self.reader.read_buf(&mut self.buf) => match read {
+                    Ok(0) | Err(_) => self.eof = true,
+                    Ok(_) => {}
+                },
+                _ = sleep_until_opt(stall), if stall.is_some() => {
+                    self.partial_since = None;
+                    self.buf = BytesMut::new();
+                    self.decoder = LineDecoder::new(self.limits.max_line);
+                    self.skipping = true;
+                    return Some(Err(LineFault::Stalled(self.limits.line_timeout)));
+                }
+            }
+        }
+    }
+
+    /// The read buffer's allocation, for tests of its release.
+    #[cfg(test)]
+    pub(super) fn buffered_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// Gives memory back after a large line, and between messages when nothing is pending, so
+    /// an idle connection holds no read buffer.
+    fn shrink(&mut self) {
+        if self.buf.is_empty() {
+            if self.buf.capacity() > 0 {
+                self.buf = BytesMut::new();
+            }
+        } else if self.buf.capacity() > 4 * READ_CHUNK && self.buf.len() <= READ_CHUNK {
+            let rest = self.buf.split();
+            self.buf = BytesMut::with_capacity(READ_CHUNK);
+            self.buf.extend_from_slice(&rest);
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
