@@ -131,7 +131,7 @@ pub(super) async fn serve(args: EchoArgs) -> i32 {
                 }
             }
             Incoming::Fault(fault) => {
-                let (id, error) = fault.to_rpc_error(DEFAULT_MAX_LINE);
+                let (id, error) = fault.to_rpc_error();
                 let _ = agent.peer.respond_err(id.as_ref(), &error).await;
             }
         }

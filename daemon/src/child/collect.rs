@@ -138,7 +138,13 @@ async fn drive(
                             Err(e) => (ending.unwrap_or(TurnEnd::RpcError { code: e.code }), None),
                         };
                     }
-                    Some(Ok(Message::Response { .. })) => {}
+                    Some(Ok(Message::Response { id, .. })) => {
+                        // acpd asked nothing else: an answer to no call of ours (or to ours
+                        // under a rewritten id, such as `7.0`) is the child not speaking JSON-RPC.
+                        tracing::warn!(provider = %d.shared.provider.name, run = %d.shared.log_id,
+                            ?id, "child answered a call acpd never made");
+                        return (ending.unwrap_or(TurnEnd::Protocol), None);
+                    }
                     Some(Ok(Message::Notification { method, params })) => {
                         on_notification(d, &method, params.as_deref(), ctl, t).await;
                     }

@@ -222,16 +222,8 @@ fn refuse_over_limit(stream: UnixStream, max: usize) {
         max_connections = max,
         "refused a connection over max_connections"
     );
-    let mut line = serde_json::to_vec(&serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": null,
-        "error": {
-            "code": acpd_protocol::errors::ErrorName::Limit.code(),
-            "message": format!("acpd is serving its limit of {max} connections (max_connections)"),
-            "data": { "code": "LIMIT", "limit": "max_connections", "value": max },
-        },
-    }))
-    .unwrap_or_default();
+    let error = acpd_protocol::envelope::RpcError::limit("max_connections", max as u64);
+    let mut line = acpd_protocol::envelope::encode_error(None, &error);
     line.push(b'\n');
     let _ = stream.try_write(&line);
     tokio::spawn(async move {

@@ -56,14 +56,10 @@ struct NewSession {
 
 /// `session/new`: starts the child and answers with a session id acpd minted.
 pub async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
-    let req: NewSession = match params.as_deref().map(|p| serde_json::from_str(p.get())) {
-        Some(Ok(r)) => r,
-        Some(Err(e)) => return conn.reply_err(&id, &RpcError::invalid_params(e)).await,
-        None => {
-            return conn
-                .reply_err(&id, &RpcError::invalid_params("missing params"))
-                .await;
-        }
+    // An object only: serde's derived structs would read an array by position.
+    let req: NewSession = match acpd_protocol::methods::parse_params(params.as_deref()) {
+        Ok(r) => r,
+        Err(e) => return conn.reply_err(&id, &RpcError::invalid_params(e)).await,
     };
     if !req.cwd.is_absolute() {
         let e = RpcError::invalid_params("cwd must be an absolute path");

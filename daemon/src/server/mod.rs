@@ -119,7 +119,6 @@ pub(crate) struct Conn {
     /// Seats taken (bridge sessions and undisposed runs), against `max_sessions_per_connection`.
     seats: Arc<std::sync::atomic::AtomicUsize>,
     max_seats: usize,
-    max_line: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -150,7 +149,6 @@ where
         closing: CancellationToken::new(),
         seats: Arc::default(),
         max_seats: config.max_sessions_per_connection,
-        max_line: config.max_line,
     });
     conn.tracker.spawn(events::pump(conn.clone(), events_rx));
     conn.ctx.daemon.connections.fetch_add(1, Ordering::Relaxed);
@@ -264,7 +262,7 @@ impl Conn {
 
     async fn on_fault(&self, fault: LineFault) {
         tracing::warn!(owner = self.owner, "parent sent a bad line: {fault}");
-        let (id, error) = fault.to_rpc_error(self.max_line);
+        let (id, error) = fault.to_rpc_error();
         let _ = self.peer.respond_err(id.as_ref(), &error).await;
     }
 

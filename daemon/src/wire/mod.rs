@@ -81,22 +81,11 @@ pub enum LineFault {
 
 impl LineFault {
     /// The JSON-RPC error a peer gets for this line, and the id to answer, if it had one.
-    pub fn to_rpc_error(&self, max_line: usize) -> (Option<Id>, RpcError) {
+    pub fn to_rpc_error(&self) -> (Option<Id>, RpcError) {
         match self {
             LineFault::Envelope(e) => (e.id().cloned(), e.to_rpc_error()),
-            LineFault::Frame(FrameError::Oversized { limit }) => (
-                None,
-                RpcError::parse_error(self)
-                    .with_data(serde_json::json!({ "limit": "max_line", "value": limit })),
-            ),
-            LineFault::Frame(e) => (None, RpcError::parse_error(e)),
-            LineFault::Stalled(t) => (
-                None,
-                RpcError::parse_error(self).with_data(serde_json::json!({
-                    "limit": "line_timeout", "value": humantime::format_duration(*t).to_string(),
-                    "maxLine": max_line,
-                })),
-            ),
+            LineFault::Frame(e) => (None, RpcError::from_frame(e)),
+            LineFault::Stalled(_) => (None, RpcError::line_timeout()),
         }
     }
 }

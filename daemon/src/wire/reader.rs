@@ -18,8 +18,6 @@ pub struct LineReader<R> {
     eof: bool,
     /// When the bytes now in `buf` started waiting for their newline.
     partial_since: Option<Instant>,
-    /// After a stalled line: drop bytes up to and including the next newline.
-    skipping: bool,
 }
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
@@ -31,7 +29,6 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             buf: BytesMut::new(),
             eof: false,
             partial_since: None,
-            skipping: false,
         }
     }
 
@@ -39,35 +36,24 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     /// everything read is kept in `self`.
     pub async fn next(&mut self) -> Option<Result<Message, LineFault>> {
         loop {
-            if self.skipping {
-                match memchr::memchr(b'\n', &self.buf) {
-                    Some(pos) => {
-                        let _ = self.buf.split_to(pos + 1);
-                        self.skipping = false;
-                    }
-                    None => self.buf.clear(),
-                }
-            }
-            if !self.skipping {
-                let item = if self.eof {
-                    self.decoder.decode_eof(&mut self.buf)
-                } else {
-                    self.decoder.decode(&mut self.buf)
-                };
-                if let Some(item) = item {
-                    self.partial_since = None;
-                    self.shrink();
-                    return Some(match item {
-                        Ok(line) => envelope::parse(&line).map_err(LineFault::from),
-                        Err(e) => Err(LineFault::from(e)),
-                    });
-                }
+            let item = if self.eof {
+                self.decoder.decode_eof(&mut self.buf)
+            } else {
+                self.decoder.decode(&mut self.buf)
+            };
+            if let Some(item) = item {
+                self.partial_since = None;
+                self.shrink();
+                return Some(match item {
+                    Ok(line) => envelope::parse(&line).map_err(LineFault::from),
+                    Err(e) => Err(LineFault::from(e)),
+                });
             }
             if self.eof {
                 return None;
             }
             self.shrink();
-            if self.buf.is_empty() || self.skipping {
+            if self.buf.is_empty() {
                 self.partial_since = None;
             } else if self.partial_since.is_none() {
                 self.partial_since = Some(Instant::now());
@@ -81,10 +67,10 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 },
                 _ = sleep_until_opt(stall), if stall.is_some() => {
                     self.partial_since = None;
-                    self.buf = BytesMut::new();
-                    self.decoder = LineDecoder::new(self.limits.max_line);
-                    self.skipping = true;
-                    return Some(Err(LineFault::Stalled(self.limits.line_timeout)));
+                    // Its memory is freed and the rest of it, up to its newline, skipped.
+                    if self.decoder.abandon_partial(&mut self.buf) {
+                        return Some(Err(LineFault::Stalled(self.limits.line_timeout)));
+                    }
                 }
             }
         }
