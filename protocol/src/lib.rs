@@ -1,5 +1,5 @@
 //! acpd's wire vocabulary: NDJSON framing, the JSON-RPC 2.0 envelope, the subagent types, the
-//! error table and the pure outcome mapping. Nothing here spawns, listens or needs a runtime, so
+//! typed `_acpd/*` bodies, the error table, the permission policy and the pure outcome mapping. Nothing here spawns, listens or needs a runtime, so
 //! every rule of the protocol can be unit- and property-tested in isolation.
 
 pub mod codec;
