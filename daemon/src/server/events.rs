@@ -36,7 +36,7 @@ pub struct RunMeta {
 }
 
 pub async fn pump(conn: Arc<Conn>, mut events: mpsc::Receiver<RunEvent>) {
-    let (answered_tx, mut answered) = mpsc::unbounded_channel::<String>();
+    let (answered_tx, mut answered) = mpsc::channel::<String>(crate::wire::QUEUE_DEPTH);
     loop {
         tokio::select! {
             event = events.recv() => match event {
@@ -73,7 +73,7 @@ fn subagent_target(conn: &Conn, run_id: &str) -> Option<(String, String, String)
     ))
 }
 
-async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::UnboundedSender<String>) {
+async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<String>) {
     match event {
         RunEvent::Started(s) => {
             if s.turn == 1 {
@@ -149,7 +149,7 @@ fn ask_parent(
     run_id: String,
     ask: PermissionAsk,
     session: Option<String>,
-    answered: mpsc::UnboundedSender<String>,
+    answered: mpsc::Sender<String>,
 ) {
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
@@ -173,7 +173,7 @@ fn ask_parent(
             Err(_) => fallback,
         };
         let _ = ask.reply.send(answer);
-        let _ = answered.send(run_id);
+        let _ = answered.send(run_id).await;
     });
 }
 
