@@ -28,6 +28,9 @@ type Forwarded = FuturesUnordered<
     >,
 >;
 
+/// Messages already read that are handled in one round of the pump, beyond the first.
+const BURST: usize = 63;
+
 /// Room the child's outbox must have before another parent call is taken.
 const ROOM: usize = 64 * 1024;
 
@@ -83,31 +86,25 @@ impl Relay {
                 biased;
                 _ = stop.cancelled() => return RelayEnd::Closed,
                 _ = parent_gone.cancelled() => return RelayEnd::ParentGone,
-                frame = d.wire.reader.next() => match frame {
-                    None => {
+                frame = d.wire.reader.next() => {
+                    let Some(frame) = frame else {
                         let status = match exited {
                             Some((s, _)) => Some(s),
                             None => d.exit_status_soon().await,
                         };
                         return gone(status);
+                    };
+                    if let Some(end) = self.on_frame(d, frame).await {
+                        return end;
                     }
-                    Some(Err(fault)) => {
-                        tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
-                            "child sent a bad line; ending the session: {fault}");
-                        return RelayEnd::Protocol;
-                    }
-                    Some(Ok(Message::Response { id, outcome })) => {
-                        if let Some(end) = self.answered(id, outcome).await {
+                    // The rest of a burst already read goes out in this round too.
+                    for _ in 0..BURST {
+                        let Some(frame) = d.wire.reader.next_buffered() else { break };
+                        if let Some(end) = self.on_frame(d, frame).await {
                             return end;
                         }
                     }
-                    Some(Ok(Message::Notification { method, params })) => {
-                        self.child_notification(d, &method, params).await;
-                    }
-                    Some(Ok(Message::Request { id, method, params })) => {
-                        self.child_request(d, id, method, params).await;
-                    }
-                },
+                }
                 status = d.shared.tree.exited(), if exited.is_none() => {
                     exited = Some((status, Instant::now() + LAST_WORDS));
                 }
@@ -136,6 +133,30 @@ impl Relay {
                 Some((id, ask, result)) = self.forwarded.next(), if !self.forwarded.is_empty() => {
                     self.parent_answered(d, id, ask, result).await;
                 }
+            }
+        }
+    }
+
+    /// One message from the child; the end of the session when it ends it.
+    async fn on_frame(
+        &mut self,
+        d: &mut Driver,
+        frame: Result<Message, crate::wire::LineFault>,
+    ) -> Option<RelayEnd> {
+        match frame {
+            Err(fault) => {
+                tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
+                    "child sent a bad line; ending the session: {fault}");
+                Some(RelayEnd::Protocol)
+            }
+            Ok(Message::Response { id, outcome }) => self.answered(id, outcome).await,
+            Ok(Message::Notification { method, params }) => {
+                self.child_notification(d, &method, params).await;
+                None
+            }
+            Ok(Message::Request { id, method, params }) => {
+                self.child_request(d, id, method, params).await;
+                None
             }
         }
     }

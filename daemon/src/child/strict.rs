@@ -4,6 +4,9 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 
 use serde::Deserializer;
 use serde::de::{MapAccess, Visitor};
@@ -86,9 +89,12 @@ pub fn fast_own(params: &str, prefix: &str) -> bool {
     let Some(rest) = params.strip_prefix(prefix) else {
         return false;
     };
-    matches!(rest.as_bytes().first(), Some(b',' | b'}'))
-        && memchr::memmem::find(rest.as_bytes(), b"\"sessionId\"").is_none()
-        && memchr::memmem::find(rest.as_bytes(), b"\\u").is_none()
+    static KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"sessionId\""));
+    static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
+    let bytes = rest.as_bytes();
+    matches!(bytes.first(), Some(b',' | b'}'))
+        && KEY.find(bytes).is_none()
+        && ESCAPE.find(bytes).is_none()
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 //! The sending half toward a peer: a bounded queue behind a byte budget, a writer task that
 //! batches and flushes, and a deadline on every write.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -66,14 +69,24 @@ impl Outbox {
     pub async fn send_line(&self, mut line: Vec<u8>) -> Result<(), CallError> {
         line.push(b'\n');
         let cost = line.len().min(OUT_BUDGET) as u32;
-        let permit = tokio::select! {
-            p = self.budget.clone().acquire_many_owned(cost) => p.map_err(|_| CallError::Closed)?,
-            _ = self.broken.cancelled() => return Err(CallError::Closed),
+        // The hot path: budget and a queue slot free, nothing to wait for.
+        let permit = match self.budget.clone().try_acquire_many_owned(cost) {
+            Ok(p) => p,
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(CallError::Closed),
+            Err(tokio::sync::TryAcquireError::NoPermits) => tokio::select! {
+                p = self.budget.clone().acquire_many_owned(cost) => p.map_err(|_| CallError::Closed)?,
+                _ = self.broken.cancelled() => return Err(CallError::Closed),
+            },
         };
-        self.tx
-            .send(Out::Line(Bytes::from(line), Some(permit)))
-            .await
-            .map_err(|_| CallError::Closed)
+        let item = Out::Line(Bytes::from(line), Some(permit));
+        match self.tx.try_send(item) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(CallError::Closed),
+            Err(mpsc::error::TrySendError::Full(item)) => tokio::select! {
+                sent = self.tx.send(item) => sent.map_err(|_| CallError::Closed),
+                _ = self.broken.cancelled() => Err(CallError::Closed),
+            },
+        }
     }
 
     /// Queues a message the writer builds when it reaches it (one at a time, so many large
@@ -146,14 +159,7 @@ async fn write_all_queued<W: AsyncWrite + Unpin>(
     write_timeout: Duration,
     close: CancellationToken,
 ) -> std::io::Result<()> {
-    let mut writer = BufWriter::with_capacity(WRITE_BUFFER, writer);
-    let timed = |r: Result<std::io::Result<()>, tokio::time::error::Elapsed>| match r {
-        Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "write_timeout",
-        )),
-    };
+    let mut writer = BufWriter::with_capacity(WRITE_BUFFER, Deadline::new(writer, write_timeout));
     loop {
         let item = tokio::select! {
             biased;
@@ -161,37 +167,109 @@ async fn write_all_queued<W: AsyncWrite + Unpin>(
             _ = close.cancelled() => None,
         };
         let Some(item) = item else { break };
-        timed(tokio::time::timeout(write_timeout, write_item(&mut writer, item)).await)?;
-        // Batch whatever else is already queued into the same flush.
+        // Batch whatever else is already queued into the same flush; the budget the batch
+        // holds is given back once, when it is written.
+        let mut held = write_item(&mut writer, item).await?;
         while let Ok(more) = out.try_recv() {
-            timed(tokio::time::timeout(write_timeout, write_item(&mut writer, more)).await)?;
+            merge(&mut held, write_item(&mut writer, more).await?);
         }
-        timed(tokio::time::timeout(write_timeout, writer.flush()).await)?;
+        writer.flush().await?;
+        drop(held);
     }
     // Send what was queued before the close, then drop the write half.
     out.close();
     while let Ok(more) = out.try_recv() {
-        timed(tokio::time::timeout(write_timeout, write_item(&mut writer, more)).await)?;
+        write_item(&mut writer, more).await?;
     }
-    timed(tokio::time::timeout(write_timeout, writer.flush()).await)?;
-    let _ = tokio::time::timeout(write_timeout, writer.shutdown()).await;
+    writer.flush().await?;
+    let _ = writer.shutdown().await;
     Ok(())
 }
 
+fn merge(held: &mut Option<OwnedSemaphorePermit>, more: Option<OwnedSemaphorePermit>) {
+    match (held.as_mut(), more) {
+        (Some(h), Some(m)) => h.merge(m),
+        (None, m) => *held = m,
+        (Some(_), None) => {}
+    }
+}
+
+/// Writes one item; returns the budget it held.
 async fn write_item<W: AsyncWrite + Unpin>(
     writer: &mut BufWriter<W>,
     item: Out,
-) -> std::io::Result<()> {
+) -> std::io::Result<Option<OwnedSemaphorePermit>> {
     match item {
         Out::Line(line, permit) => {
             writer.write_all(&line).await?;
-            drop(permit);
+            Ok(permit)
         }
         Out::Lazy(build) => {
             let mut line = build();
             line.push(b'\n');
             writer.write_all(&line).await?;
+            Ok(None)
         }
     }
-    Ok(())
+}
+
+/// A writer that fails with `TimedOut` once the peer has taken no bytes for `timeout`. The
+/// clock is read only while the peer is not taking bytes, never per line.
+struct Deadline<W> {
+    inner: W,
+    timeout: Duration,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<W> Deadline<W> {
+    fn new(inner: W, timeout: Duration) -> Self {
+        Deadline {
+            inner,
+            timeout,
+            stalled: None,
+        }
+    }
+
+    fn progress<T>(&mut self, cx: &mut Context<'_>, polled: Poll<T>) -> Poll<std::io::Result<T>> {
+        match polled {
+            Poll::Ready(r) => {
+                self.stalled = None;
+                Poll::Ready(Ok(r))
+            }
+            Poll::Pending => {
+                let timeout = self.timeout;
+                let stalled = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                match stalled.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "write_timeout: the peer took no bytes",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Deadline<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.progress(cx, polled).map(|r| r.and_then(|r| r))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.progress(cx, polled).map(|r| r.and_then(|r| r))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.progress(cx, polled).map(|r| r.and_then(|r| r))
+    }
 }

@@ -76,6 +76,21 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         }
     }
 
+    /// The next message already in the buffer, without reading: lets an owner handle a burst
+    /// in one go (between its other duties) instead of one `select!` round per message.
+    pub fn next_buffered(&mut self) -> Option<Result<Message, LineFault>> {
+        if self.eof {
+            return None;
+        }
+        let item = self.decoder.decode(&mut self.buf)?;
+        self.partial_since = None;
+        self.shrink();
+        Some(match item {
+            Ok(line) => envelope::parse(&line).map_err(LineFault::from),
+            Err(e) => Err(LineFault::from(e)),
+        })
+    }
+
     /// The read buffer's allocation, for tests of its release.
     #[cfg(test)]
     pub(super) fn buffered_capacity(&self) -> usize {
