@@ -235,3 +235,110 @@ fn children_survive_idle_runtime_threads_and_get_the_original_nofile() {
         reg.dispose(0, &published.run_id).await.unwrap();
     });
 }
+
+/// The child's pid, from a `:pid` turn's output.
+fn pid_of(result: &acpd_protocol::subagent::SubagentResult) -> i32 {
+    result
+        .output_text()
+        .trim()
+        .strip_prefix("pid ")
+        .and_then(|p| p.parse().ok())
+        .expect("a :pid turn prints its pid")
+}
+
+/// `send` and `dispose` raced against each other, again and again: every call returns, the send
+/// either ran a turn (settled, then aborted or completed) or was refused as ended or busy, and
+/// no child outlives the dispose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_racing_dispose_never_leaks_a_child_or_hangs() {
+    let reg = registry(8, Duration::from_secs(30));
+    for round in 0..20 {
+        let published = reg.start(opts(":pid", None)).await.unwrap();
+        let first = reg.wait(0, &published.run_id).await.unwrap();
+        let pid = pid_of(&first);
+        let send = {
+            let (reg, run_id) = (reg.clone(), published.run_id.clone());
+            tokio::spawn(async move {
+                reg.send(
+                    0,
+                    &run_id,
+                    vec![ContentBlock::from(":sleep 50\nsecond".to_string())],
+                )
+                .await
+            })
+        };
+        if round % 2 == 0 {
+            tokio::task::yield_now().await;
+        }
+        let dispose = reg.dispose(0, &published.run_id);
+        tokio::time::timeout(Duration::from_secs(10), dispose)
+            .await
+            .expect("dispose returns")
+            .unwrap();
+        let sent = tokio::time::timeout(Duration::from_secs(10), send)
+            .await
+            .expect("send returns")
+            .unwrap();
+        if let Err(e) = sent {
+            assert!(
+                matches!(e.name(), ErrorName::RunEnded | ErrorName::RunBusy),
+                "round {round}: {e}"
+            );
+        }
+        assert!(!exists(pid), "round {round}: child {pid} outlived dispose");
+        assert_eq!(
+            reg.live_children(),
+            0,
+            "round {round}: a slot is still held"
+        );
+    }
+}
+
+/// keep_alive expiring while a follow-up arrives: the follow-up either runs on the still-live
+/// child or is refused as ended, never hangs; and the expired child is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_racing_keep_alive_expiry_runs_or_is_refused() {
+    let keep_alive = Duration::from_millis(200);
+    let reg = registry(8, keep_alive);
+    let (mut ran, mut refused) = (0, 0);
+    for round in 0..20 {
+        let published = reg.start(opts(":pid", None)).await.unwrap();
+        let pid = pid_of(&reg.wait(0, &published.run_id).await.unwrap());
+        // Around the expiry: a little before, at, or after it.
+        tokio::time::sleep(
+            keep_alive - Duration::from_millis(20) + Duration::from_millis(4 * round),
+        )
+        .await;
+        let prompt = vec![ContentBlock::from("again".to_string())];
+        let sent = tokio::time::timeout(
+            Duration::from_secs(10),
+            reg.send(0, &published.run_id, prompt),
+        )
+        .await
+        .expect("send returns");
+        match sent {
+            Ok(turn) => {
+                assert_eq!(turn, 2);
+                let r =
+                    tokio::time::timeout(Duration::from_secs(10), reg.wait(0, &published.run_id))
+                        .await
+                        .expect("the follow-up settles")
+                        .unwrap();
+                assert_eq!(r.output_text(), "again", "round {round}");
+                ran += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.name(), ErrorName::RunEnded, "round {round}: {e}");
+                assert!(
+                    eventually(Duration::from_secs(5), || !exists(pid)),
+                    "round {round}: an expired child {pid} lives on"
+                );
+                refused += 1;
+            }
+        }
+        reg.dispose(0, &published.run_id).await.unwrap();
+        assert!(!exists(pid), "round {round}: child {pid} outlived dispose");
+    }
+    assert_eq!(ran + refused, 20);
+    assert_eq!(reg.live_children(), 0);
+}
