@@ -33,6 +33,9 @@ pub struct LineDecoder {
     scanned: usize,
     /// Inside a dropped line: skip bytes until its newline.
     discarding: Option<Discard>,
+    /// Report lines that are not UTF-8 as [`FrameError::NotUtf8`]; off when the caller parses
+    /// every line with [`crate::envelope::parse`], which checks it itself (once is enough).
+    check_utf8: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +58,15 @@ impl LineDecoder {
             max_line,
             scanned: 0,
             discarding: None,
+            check_utf8: true,
         }
+    }
+
+    /// A decoder that leaves the UTF-8 check to the caller: for lines that go straight to
+    /// [`crate::envelope::parse`], whose own check makes a non-UTF-8 line −32700.
+    pub fn leaving_utf8_to_the_envelope(mut self) -> Self {
+        self.check_utf8 = false;
+        self
     }
 
     pub fn max_line(&self) -> usize {
@@ -116,7 +127,7 @@ impl LineDecoder {
                     if line.iter().all(u8::is_ascii_whitespace) {
                         continue;
                     }
-                    if std::str::from_utf8(&line).is_err() {
+                    if self.check_utf8 && std::str::from_utf8(&line).is_err() {
                         return Some(Err(FrameError::NotUtf8));
                     }
                     return Some(Ok(line));
@@ -182,6 +193,22 @@ pub fn encode_line(json: &[u8], out: &mut BytesMut) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_utf8_check_can_be_left_to_the_envelope() {
+        let mut buf = BytesMut::from(&b"\xff\xfe{}\n"[..]);
+        let mut checked = LineDecoder::new(64);
+        assert_eq!(
+            checked.decode(&mut buf.clone()),
+            Some(Err(FrameError::NotUtf8))
+        );
+        let mut left = LineDecoder::new(64).leaving_utf8_to_the_envelope();
+        let line = left.decode(&mut buf).unwrap().unwrap();
+        assert!(
+            crate::envelope::parse(&line).is_err(),
+            "the envelope refuses it instead"
+        );
+    }
     use proptest::prelude::*;
 
     fn decode_all(dec: &mut LineDecoder, input: &[&[u8]]) -> Vec<Result<Bytes, FrameError>> {

@@ -25,7 +25,8 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         LineReader {
             reader,
             limits,
-            decoder: LineDecoder::new(limits.max_line),
+            // Every line goes to `envelope::parse`, which checks UTF-8 itself.
+            decoder: LineDecoder::new(limits.max_line).leaving_utf8_to_the_envelope(),
             buf: BytesMut::new(),
             eof: false,
             partial_since: None,
