@@ -197,7 +197,12 @@ pub fn run(opts: &Opts) -> Value {
     for round in 1..=rounds {
         let sa = measure(&acpd, n);
         let sr = measure(&relay, n);
-        let ratio = sa.us_per_update / sr.us_per_update;
+        // A short stream can leave the relay under one clock tick: no ratio then.
+        let ratio = if sr.us_per_update > 0.0 {
+            sa.us_per_update / sr.us_per_update
+        } else {
+            f64::NAN
+        };
         let fine = sa.fine_us_per_update / sr.fine_us_per_update;
         println!(
             "{:>5} {:>10.3} [{:>9.3}] {:>10.3} [{:>9.3}] {:>6.2}x [{:>5.2}x] {:>8.2} {:>8.2}",

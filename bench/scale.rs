@@ -27,7 +27,7 @@ pub fn status_field(pid: u32, key: &str) -> u64 {
 /// What a `Ctl` drives: an `acpd stdio` it spawned, or an `acpd serve` daemon.
 enum Proc {
     Stdio {
-        _child: tokio::process::Child,
+        _child: Box<tokio::process::Child>,
         _dir: tempfile::TempDir,
     },
     Serve(std::sync::Arc<Daemon>),
@@ -55,7 +55,7 @@ impl Ctl {
         let ctl = Ctl::over(
             conn,
             Proc::Stdio {
-                _child: child,
+                _child: Box::new(child),
                 _dir: dir,
             },
             pid,
@@ -341,6 +341,8 @@ pub async fn scale(opts: &Opts) -> Value {
         let per_dispose = dispose_all / k as f64;
         let peak = peak_rss_kib(ctl.pid()).unwrap_or_default();
         let (left, zombies) = settle_children(&ctl, 5).await;
+        // What the daemon gives back once idle again.
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let rss_after = ctl.rss_kib();
         println!(
             "{:>5} {:>8.0} ms {:>7} KiB {:>7} KiB {:>7.1} KiB {:>9.0} ms {:>9.2} ms {:>7.2} ms {:>8.2}x {:>3}/{:<4} {:>5} {:>7.0} ms",
