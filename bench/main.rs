@@ -2,12 +2,15 @@
 //! figure is measured side by side with its baseline in the same run and reported as a ratio or
 //! a difference, because these machines are noisy; absolute numbers are printed too.
 //!
-//! `cargo bench -p acpd --bench acpd -- [--quick] [--json FILE] [--readme]`
+//! `cargo bench -p acpd --bench acpd -- [--quick] [--json FILE] [--readme]`, and
+//! `cargo bench -p acpd --bench acpd -- soak` for the long-running soak (not part of the table).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
+mod hotpath;
 mod parent;
 mod report;
 mod scale;
+mod soak;
 mod stream;
 
 use std::path::PathBuf;
@@ -19,11 +22,24 @@ pub struct Opts {
     pub json: Option<PathBuf>,
     /// Rewrite README.md's results table from this run.
     pub readme: bool,
+    /// `--only SECTION` (hotpath, streaming, start, scale, teardown): run just that one.
+    pub only: Option<String>,
+    /// `--sizes 64,1024`: the scale rows' K values instead of the defaults.
+    pub sizes: Option<Vec<usize>>,
+}
+
+impl Opts {
+    fn runs(&self, section: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| o == section)
+    }
 }
 
 /// `--relay CMD…`: a plain byte relay between this process's stdio and CMD's, one thread per
-/// direction. The bench puts it in the path as the floor for "one more process hop".
+/// direction, each copying read → write on the raw descriptors (no parsing, no line
+/// buffering). The bench puts it in the path as the floor for "one more process hop", and
+/// measures its CPU per update next to acpd's.
 fn relay(argv: &[String]) -> ! {
+    use std::os::fd::FromRawFd;
     use std::process::{Command, Stdio};
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
@@ -33,19 +49,21 @@ fn relay(argv: &[String]) -> ! {
         .expect("spawn the relayed command");
     let mut to_child = child.stdin.take().unwrap();
     let mut from_child = child.stdout.take().unwrap();
+    // SAFETY: fds 0 and 1 are this process's stdio, open for its whole life; ManuallyDrop keeps
+    // them from being closed twice.
+    let mut stdin = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(0) });
+    let mut stdout = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(1) });
     std::thread::spawn(move || {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut to_child);
+        let _ = copy_raw(&mut *stdin, &mut to_child);
+        drop(to_child);
     });
-    let _ = copy_unbuffered(&mut from_child, &mut std::io::stdout());
+    let _ = copy_raw(&mut from_child, &mut *stdout);
     let _ = child.kill();
     std::process::exit(0)
 }
 
-/// `io::copy` into a locked, line-buffered stdout would hold bytes back; write each read.
-fn copy_unbuffered(
-    from: &mut impl std::io::Read,
-    to: &mut impl std::io::Write,
-) -> std::io::Result<()> {
+/// One `write` per `read`, nothing held back.
+fn copy_raw(from: &mut impl std::io::Read, to: &mut impl std::io::Write) -> std::io::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = from.read(&mut buf)?;
@@ -53,7 +71,6 @@ fn copy_unbuffered(
             return Ok(());
         }
         to.write_all(&buf[..n])?;
-        to.flush()?;
     }
 }
 
@@ -71,11 +88,21 @@ async fn bench() {
         quick: false,
         json: None,
         readme: false,
+        only: None,
+        sizes: None,
     };
+    let mut soak = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => opts.quick = true,
+            "soak" => soak = true,
+            "--only" => opts.only = args.next(),
+            "--sizes" => {
+                opts.sizes = args
+                    .next()
+                    .map(|s| s.split(',').filter_map(|k| k.parse().ok()).collect())
+            }
             "--readme" => opts.readme = true,
             // Relative to the workspace root (cargo runs benches from the package directory).
             "--json" => {
@@ -92,15 +119,24 @@ async fn bench() {
         env!("CARGO_PKG_VERSION"),
         if opts.quick { " (quick)" } else { "" }
     );
+    if soak {
+        soak::run().await;
+        return;
+    }
+    let none = serde_json::Value::Null;
     let report = serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "cores": cores,
         "quick": opts.quick,
-        "streaming": stream::run(&opts).await,
-        "start": scale::start(&opts).await,
-        "scale": scale::scale(&opts).await,
-        "teardown": scale::teardown(&opts).await,
+        "hotPath": if opts.runs("hotpath") { hotpath::run(&opts) } else { none.clone() },
+        "streaming": if opts.runs("streaming") { stream::run(&opts).await } else { none.clone() },
+        "start": if opts.runs("start") { scale::start(&opts).await } else { none.clone() },
+        "scale": if opts.runs("scale") { scale::scale(&opts).await } else { none.clone() },
+        "teardown": if opts.runs("teardown") { scale::teardown(&opts).await } else { none },
     });
+    if opts.only.is_some() {
+        return;
+    }
     if opts.readme {
         let readme = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md");
         report::update_readme(&readme, &report::markdown(&report)).unwrap();

@@ -22,6 +22,21 @@ pub fn markdown(r: &Value) -> String {
         r["cores"],
         r["version"].as_str().unwrap_or("?")
     );
+    let h = &r["hotPath"];
+    let _ = writeln!(
+        md,
+        "**Hot path** (CPU per forwarded `session/update`: the process's own utime + stime from `/proc/PID/stat` over {} updates of {} B text, {}-byte lines to a parent that reads as fast as it can; median of {} alternating rounds): `acpd stdio` **{} µs** per update, a plain byte relay in the same place (two threads copying read → write, no parsing) {} µs: **{}×** the relay (schedstat: {} vs {} µs, {}×).\n",
+        h["updates"],
+        h["chunkBytes"],
+        f(&h["lineBytes"], 0),
+        h["rounds"],
+        f(&h["acpdUsPerUpdate"], 2),
+        f(&h["relayUsPerUpdate"], 2),
+        f(&h["ratio"], 1),
+        f(&h["acpdSchedUsPerUpdate"], 2),
+        f(&h["relaySchedUsPerUpdate"], 2),
+        f(&h["schedRatio"], 1),
+    );
     let st = &r["streaming"];
     let _ = writeln!(
         md,
@@ -66,22 +81,33 @@ pub fn markdown(r: &Value) -> String {
         f(&s["directMs"], 2),
         f(&s["addedMs"], 2)
     );
-    let _ = writeln!(md, "**Scale** (K live children, idle after one turn):\n");
     let _ = writeln!(
         md,
-        "| K | start all | dispose all | acpd RSS | per run | zombies after |"
+        "**Scale** (K live `echo` children, each idle after one turn, in one `acpd serve`; per child = (RSS with K − RSS of the same warm daemon with none) / K; dispose of all K at once against one cooperative dispose in the same daemon):\n"
     );
-    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "| K | start all | RSS with 0 | RSS with K | per child | dispose all | per child | one alone | threads | fds | left after |"
+    );
+    let _ = writeln!(
+        md,
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for k in r["scale"].as_array().into_iter().flatten() {
         let _ = writeln!(
             md,
-            "| {} | {} ms | {} ms | {:.1} MiB | {} KiB | {} |",
+            "| {} | {} ms | {:.1} MiB | {:.1} MiB | **{} KiB** | {} ms | **{} ms** | {} ms | {} | {} | {} |",
             k["children"],
-            f(&k["startAllMs"], 1),
-            f(&k["disposeAllMs"], 1),
+            f(&k["startAllMs"], 0),
+            k["baseRssKiB"].as_f64().unwrap_or(0.0) / 1024.0,
             k["rssKiB"].as_f64().unwrap_or(0.0) / 1024.0,
-            f(&k["perRunKiB"], 1),
-            k["zombies"]
+            f(&k["perChildKiB"], 1),
+            f(&k["disposeAllMs"], 0),
+            f(&k["disposePerChildMs"], 2),
+            f(&k["disposeAloneMs"], 2),
+            k["threads"],
+            k["fds"],
+            k["leftAfterDispose"]
         );
     }
     let t = &r["teardown"];

@@ -1,5 +1,6 @@
 //! (2) start latency, (3) scale, (4) teardown, and (5) memory under scale, measured through a
-//! real `acpd stdio` driven over its pipes.
+//! real `acpd stdio` driven over its pipes (start, teardown) or one `acpd serve` daemon over
+//! its socket (scale).
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -8,12 +9,34 @@ use acpd::wire::{self, Peer};
 use serde_json::{Value, json};
 
 use crate::parent::peak_rss_kib;
+use crate::stream::Daemon;
 use crate::{ACPD, Opts};
 
-struct Ctl {
-    child: tokio::process::Child,
-    peer: Peer,
-    _dir: tempfile::TempDir,
+/// A numeric field of `/proc/PID/status` (`VmRSS:` in KiB, `Threads:` …).
+pub fn status_field(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or_default()
+}
+
+/// What a `Ctl` drives: an `acpd stdio` it spawned, or an `acpd serve` daemon.
+enum Proc {
+    Stdio {
+        _child: Box<tokio::process::Child>,
+        _dir: tempfile::TempDir,
+    },
+    Serve(std::sync::Arc<Daemon>),
+}
+
+pub struct Ctl {
+    proc: Proc,
+    pid: u32,
+    pub peer: Peer,
 }
 
 impl Ctl {
@@ -28,19 +51,66 @@ impl Ctl {
             .current_dir(dir.path())
             .env("STATE_DIRECTORY", dir.path().join("state"));
         let (child, conn) = wired(&mut cmd);
-        let mut incoming = conn.incoming;
-        // Lifecycle notifications must be read, or the bounded queue would stall the replies.
-        tokio::spawn(async move { while incoming.recv().await.is_some() {} });
-        let ctl = Ctl {
-            child,
-            peer: conn.peer,
-            _dir: dir,
-        };
+        let pid = child.id().unwrap();
+        let ctl = Ctl::over(
+            conn,
+            Proc::Stdio {
+                _child: Box::new(child),
+                _dir: dir,
+            },
+            pid,
+        );
         ctl.call("initialize", json!({"protocolVersion": 1})).await;
         ctl
     }
 
-    async fn call(&self, method: &str, params: Value) -> Value {
+    /// One `acpd serve` with `config` plus, if it accepts them, the limits that let one
+    /// connection hold `max` runs and requests (keys of the newer config).
+    pub async fn serve(config: &str, max: usize) -> Ctl {
+        let limits = format!(
+            "max_connections = {max}\nmax_sessions_per_connection = {max}\nmax_pending_requests = {max}\n"
+        );
+        let daemon = Daemon::try_start(&format!("{limits}{config}"))
+            .or_else(|| {
+                eprintln!("(retrying without the connection limit keys)");
+                Daemon::try_start(config)
+            })
+            .expect("acpd serve starts");
+        Ctl::connect(std::sync::Arc::new(daemon)).await
+    }
+
+    /// Another initialized connection to the same daemon.
+    pub async fn connect(daemon: std::sync::Arc<Daemon>) -> Ctl {
+        let stream = tokio::net::UnixStream::connect(&daemon.socket)
+            .await
+            .unwrap();
+        let (r, w) = stream.into_split();
+        let conn = wire::connect(r, w, 1 << 24);
+        let pid = daemon.child.id();
+        let ctl = Ctl::over(conn, Proc::Serve(daemon), pid);
+        ctl.call("initialize", json!({"protocolVersion": 1})).await;
+        ctl
+    }
+
+    pub fn daemon(&self) -> Option<std::sync::Arc<Daemon>> {
+        match &self.proc {
+            Proc::Serve(d) => Some(d.clone()),
+            Proc::Stdio { .. } => None,
+        }
+    }
+
+    fn over(conn: wire::Connection, proc: Proc, pid: u32) -> Ctl {
+        let mut incoming = conn.incoming;
+        // Lifecycle notifications must be read, or the bounded queue would stall the replies.
+        tokio::spawn(async move { while incoming.recv().await.is_some() {} });
+        Ctl {
+            proc,
+            pid,
+            peer: conn.peer,
+        }
+    }
+
+    pub async fn call(&self, method: &str, params: Value) -> Value {
         let raw = self
             .peer
             .request(method, &params)
@@ -49,31 +119,35 @@ impl Ctl {
         serde_json::from_str(raw.get()).unwrap()
     }
 
-    async fn start(&self, provider: &str, text: &str) -> String {
+    pub async fn start(&self, provider: &str, text: &str) -> String {
         let r = self
             .call(
                 "_acpd/subagent/start",
-                json!({"provider": provider, "prompt": [{"type": "text", "text": text}]}),
+                json!({"provider": provider, "cwd": std::env::temp_dir(),
+                    "prompt": [{"type": "text", "text": text}]}),
             )
             .await;
         r["runId"].as_str().unwrap().to_string()
     }
 
-    fn pid(&self) -> u32 {
-        self.child.id().unwrap()
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
 
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_default()
+    pub fn rss_kib(&self) -> u64 {
+        status_field(self.pid, "VmRSS:")
+    }
+
+    pub fn threads(&self) -> u64 {
+        status_field(self.pid, "Threads:")
+    }
+
+    pub fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid)).map_or(0, |d| d.count())
     }
 
     /// Children of acpd still around, and how many of them are zombies.
-    fn children(&self) -> (usize, usize) {
+    pub fn children(&self) -> (usize, usize) {
         let me = self.pid() as i32;
         let (mut all, mut zombies) = (0, 0);
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -163,22 +237,85 @@ pub async fn start(opts: &Opts) -> Value {
     json!({ "directMs": d, "acpdMs": v, "addedMs": v - d })
 }
 
-/// (3) Scale and (5) memory under it: K live children idle after one turn.
+fn serve_config(max: usize) -> String {
+    format!(
+        "max_children = {max}\n[providers.echo]\ncommand = [\"{ACPD}\", \"agent\", \"echo\"]\nmax_concurrent = {max}\nkeep_alive = \"1h\"\n"
+    )
+}
+
+/// CPU (utime + stime, ms) of `pid`'s thread named `name`.
+fn thread_cpu_ms(pid: u32, name: &str) -> f64 {
+    let tick_ms = 1e3 / crate::hotpath::ticks_per_sec();
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .filter_map(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+            let f: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+        })
+        .sum::<f64>()
+        * tick_ms
+}
+
+/// Waits (up to `secs`) until acpd has no child left; returns (children, zombies) then.
+pub async fn settle_children(ctl: &Ctl, secs: u64) -> (usize, usize) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let c = ctl.children();
+        if c.0 == 0 || Instant::now() >= deadline {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// (3) Scale and (5) memory under it: K live children idle after one turn in one `acpd serve`,
+/// against the same daemon warm with none, and one cooperative dispose as the baseline.
 pub async fn scale(opts: &Opts) -> Value {
-    let sizes: &[usize] = if opts.quick {
-        &[1, 16]
-    } else {
-        &[1, 16, 64, 256]
+    let sizes: &[usize] = match &opts.sizes {
+        Some(sizes) => sizes,
+        None if opts.quick => &[16],
+        None => &[64, 256, 1024],
     };
-    println!("\n(3) scale: K concurrent live children (idle after one turn)");
     println!(
-        "{:>5} {:>12} {:>12} {:>14} {:>12} {:>12} {:>8}",
-        "K", "start all", "dispose all", "RSS", "per run", "peak RSS", "zombies"
+        "\n(3) scale: K live children (idle after one turn) in one acpd serve; baseline: the same daemon with 0, and one cooperative dispose"
+    );
+    println!(
+        "{:>5} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12} {:>10} {:>9} {:>7} {:>6} {:>10}",
+        "K",
+        "start all",
+        "RSS 0",
+        "RSS K",
+        "per child",
+        "dispose all",
+        "per child",
+        "one alone",
+        "ratio",
+        "thr/fds",
+        "left",
+        "reaper CPU"
     );
     let mut out = Vec::new();
     for &k in sizes {
-        let ctl = Ctl::spawn(&config(k.max(1))).await;
-        let base = ctl.rss_kib();
+        let ctl = Ctl::serve(&serve_config(k + 8), k + 8).await;
+        // Warm the daemon with a few cooperative runs: their dispose is the baseline, and the
+        // one-time costs of the first run stay out of the per-child figure.
+        let mut alone = Vec::new();
+        for _ in 0..5 {
+            let run = ctl.start("echo", "x").await;
+            ctl.call("_acpd/subagent/wait", json!({"runId": run})).await;
+            let started = Instant::now();
+            ctl.call("_acpd/subagent/dispose", json!({"runId": run}))
+                .await;
+            alone.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        let alone = median(alone);
+        settle_children(&ctl, 5).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (base, base_threads, base_fds) = (ctl.rss_kib(), ctl.threads(), ctl.fds());
         let started = Instant::now();
         let runs: Vec<String> =
             futures::future::join_all((0..k).map(|_| ctl.start("echo", "x"))).await;
@@ -188,32 +325,50 @@ pub async fn scale(opts: &Opts) -> Value {
                 .map(|r| ctl.call("_acpd/subagent/wait", json!({"runId": r}))),
         )
         .await;
-        let rss = ctl.rss_kib();
-        let per_run = (rss.saturating_sub(base)) as f64 / k as f64;
+        // Idle: measured after a second with nothing going on.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (rss, threads, fds) = (ctl.rss_kib(), ctl.threads(), ctl.fds());
+        let per_child = rss.saturating_sub(base) as f64 / k as f64;
+        let reaper_before = thread_cpu_ms(ctl.pid(), "acpd-reaper");
         let started = Instant::now();
         futures::future::join_all(
             runs.iter()
                 .map(|r| ctl.call("_acpd/subagent/dispose", json!({"runId": r}))),
         )
         .await;
-        let dispose_all = started.elapsed();
+        let dispose_all = started.elapsed().as_secs_f64() * 1e3;
+        let reaper_ms = thread_cpu_ms(ctl.pid(), "acpd-reaper") - reaper_before;
+        let per_dispose = dispose_all / k as f64;
         let peak = peak_rss_kib(ctl.pid()).unwrap_or_default();
-        let (left, zombies) = ctl.children();
+        let (left, zombies) = settle_children(&ctl, 5).await;
+        // What the daemon gives back once idle again.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let rss_after = ctl.rss_kib();
         println!(
-            "{:>5} {:>9.1} ms {:>9.1} ms {:>10} KiB {:>8.1} KiB {:>8} KiB {:>8}",
+            "{:>5} {:>8.0} ms {:>7} KiB {:>7} KiB {:>7.1} KiB {:>9.0} ms {:>9.2} ms {:>7.2} ms {:>8.2}x {:>3}/{:<4} {:>5} {:>7.0} ms",
             k,
             start_all.as_secs_f64() * 1e3,
-            dispose_all.as_secs_f64() * 1e3,
+            base,
             rss,
-            per_run,
-            peak,
-            zombies
+            per_child,
+            dispose_all,
+            per_dispose,
+            alone,
+            per_dispose / alone,
+            threads,
+            fds,
+            left,
+            reaper_ms
         );
         assert_eq!(left, 0, "every child of acpd is gone after dispose");
         out.push(json!({
             "children": k, "startAllMs": start_all.as_secs_f64() * 1e3,
-            "disposeAllMs": dispose_all.as_secs_f64() * 1e3, "rssKiB": rss, "baseRssKiB": base,
-            "perRunKiB": per_run, "peakRssKiB": peak, "leftAfterDispose": left, "zombies": zombies,
+            "baseRssKiB": base, "rssKiB": rss, "perChildKiB": per_child,
+            "rssAfterDisposeKiB": rss_after, "peakRssKiB": peak,
+            "disposeAllMs": dispose_all, "disposePerChildMs": per_dispose,
+            "disposeAloneMs": alone, "disposeRatio": per_dispose / alone,
+            "threads": threads, "baseThreads": base_threads, "fds": fds, "baseFds": base_fds,
+            "leftAfterDispose": left, "zombies": zombies, "reaperCpuMs": reaper_ms,
         }));
     }
     Value::Array(out)

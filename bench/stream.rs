@@ -21,30 +21,48 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(config: &str) -> Daemon {
+        Daemon::try_start(config).expect("acpd serve starts")
+    }
+
+    /// Starts `acpd serve` with `config`; `None` if it exits before its socket answers (a
+    /// config it rejects).
+    pub fn try_start(config: &str) -> Option<Daemon> {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("acpd.sock");
         let config_path = dir.path().join("config.toml");
         std::fs::write(&config_path, config).unwrap();
-        let child = Command::new(ACPD)
+        let mut child = Command::new(ACPD)
             .arg("--config")
             .arg(&config_path)
             .args(["serve", "--socket"])
             .arg(&socket)
             .env("STATE_DIRECTORY", dir.path().join("state"))
             .stdin(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let mut stderr = child.stderr.take().unwrap();
         for _ in 0..500 {
             if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-                break;
+                // Pass the daemon's log through from now on.
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut stderr, &mut std::io::stderr());
+                });
+                return Some(Daemon {
+                    child,
+                    socket,
+                    _dir: dir,
+                });
+            }
+            if child.try_wait().ok().flatten().is_some() {
+                let mut err = String::new();
+                let _ = stderr.read_to_string(&mut err);
+                eprintln!("acpd serve refused the config: {}", err.trim());
+                return None;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Daemon {
-            child,
-            socket,
-            _dir: dir,
-        }
+        panic!("acpd serve did not open its socket");
     }
 }
 
@@ -72,7 +90,7 @@ fn conductor() -> Option<String> {
     found.then(|| "agent-client-protocol-conductor".to_string())
 }
 
-fn relay_argv() -> Vec<String> {
+pub fn relay_argv() -> Vec<String> {
     let me = std::env::current_exe()
         .unwrap()
         .to_string_lossy()

@@ -95,6 +95,7 @@ pub async fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
     if let Some(pid) = child.id() {
         super::records::add(pid as i32);
     }
+    reaper::churned();
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let tree = ProcessTree::adopt(child);
     match pipes {

@@ -25,7 +25,9 @@ impl StderrTail {
         let lines = tail.lines.clone();
         tokio::spawn(async move {
             let mut decoder = LineDecoder::new(MAX_LINE);
-            let mut buf = BytesMut::with_capacity(4096);
+            // Held for the child's whole life, and most children write little: one line's worth
+            // (it grows if a read brings more).
+            let mut buf = BytesMut::with_capacity(MAX_LINE);
             let mut eof = false;
             while !eof {
                 eof = matches!(stderr.read_buf(&mut buf).await, Ok(0) | Err(_));

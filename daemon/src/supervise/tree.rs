@@ -131,6 +131,7 @@ impl ProcessTree {
             }
         };
         super::records::remove(self.pid());
+        reaper::churned();
         tracing::debug!(pgid = self.pid(), ?outcome, elapsed = ?started.elapsed(), "child tree torn down");
         outcome
     }
