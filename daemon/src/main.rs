@@ -6,6 +6,8 @@ use clap::Parser;
 use acpd::cli::{self, AgentCommand, Cli, Command};
 
 fn main() -> ExitCode {
+    // Before any other thread allocates, so the arena limit holds for all of them.
+    acpd::supervise::tune_allocator();
     let cli = Cli::parse();
     if let Command::Agent(AgentCommand::Sleeper { exit_after }) = cli.command {
         acpd::agent::run_sleeper(exit_after);

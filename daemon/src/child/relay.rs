@@ -79,13 +79,21 @@ impl Relay {
         let parent_gone = self.t.parent.broken();
         let child_deaf = d.wire.out.broken();
         let mut exited: Option<(std::process::ExitStatus, Instant)> = None;
+        // Made once and pinned: re-creating them every round re-registered their waiters for
+        // every message of a stream.
+        let shared = d.shared.clone();
+        let stopped = stop.cancelled();
+        let parent_broke = parent_gone.cancelled();
+        let deaf = child_deaf.cancelled();
+        let leader_exit = shared.tree.exited();
+        tokio::pin!(stopped, parent_broke, deaf, leader_exit);
         loop {
             let last_words = exited.map(|(_, at)| at);
             let room = d.wire.out.has_room(ROOM);
             tokio::select! {
                 biased;
-                _ = stop.cancelled() => return RelayEnd::Closed,
-                _ = parent_gone.cancelled() => return RelayEnd::ParentGone,
+                () = &mut stopped => return RelayEnd::Closed,
+                () = &mut parent_broke => return RelayEnd::ParentGone,
                 frame = d.wire.reader.next() => {
                     let Some(frame) = frame else {
                         let status = match exited {
@@ -105,11 +113,11 @@ impl Relay {
                         }
                     }
                 }
-                status = d.shared.tree.exited(), if exited.is_none() => {
+                status = &mut leader_exit, if exited.is_none() => {
                     exited = Some((status, Instant::now() + LAST_WORDS));
                 }
                 _ = sleep_until_opt(last_words) => return gone(exited.map(|(s, _)| s)),
-                _ = child_deaf.cancelled(), if exited.is_none() => {
+                () = &mut deaf, if exited.is_none() => {
                     return match d.exit_status_soon().await {
                         Some(s) => gone(Some(s)),
                         None => RelayEnd::ChildDeaf,
