@@ -537,6 +537,14 @@ pub fn encode_result(id: &Id, result: &RawValue) -> Vec<u8> {
 }
 
 /// An error response; `id: None` answers a line whose id could not be read.
+/// The answer to request `id`: its result, or its error.
+pub fn encode_reply(id: &Id, reply: Result<&RawValue, &RpcError>) -> Vec<u8> {
+    match reply {
+        Ok(result) => encode_result(id, result),
+        Err(error) => encode_error(Some(id), error),
+    }
+}
+
 pub fn encode_error(id: Option<&Id>, error: &RpcError) -> Vec<u8> {
     to_vec(&Out {
         jsonrpc: "2.0",

@@ -62,10 +62,7 @@ impl ChildWire {
         id: &Id,
         reply: Result<&RawValue, &RpcError>,
     ) -> Result<(), CallError> {
-        let line = match reply {
-            Ok(result) => envelope::encode_result(id, result),
-            Err(error) => envelope::encode_error(Some(id), error),
-        };
+        let line = envelope::encode_reply(id, reply);
         self.out.send_line(line).await
     }
 

@@ -182,10 +182,7 @@ impl Peer {
         id: &Id,
         reply: Result<&RawValue, &RpcError>,
     ) -> Result<(), CallError> {
-        let line = match reply {
-            Ok(result) => envelope::encode_result(id, result),
-            Err(error) => envelope::encode_error(Some(id), error),
-        };
+        let line = envelope::encode_reply(id, reply);
         self.answered(id);
         self.send_line(line).await
     }
