@@ -96,7 +96,8 @@ impl Driver {
                 cmd = self.cmds.recv() => match cmd {
                     None => break,
                     Some(Cmd::Prompt { prompt, ctl, reply }) => {
-                        let report = collect::turn(&mut self, prompt, ctl).await;
+                        // Boxed, so an idle child's task holds only a small future.
+                        let report = Box::pin(collect::turn(&mut self, prompt, ctl)).await;
                         let spent = report.child_spent;
                         let _ = reply.send(report);
                         if spent {
@@ -104,7 +105,7 @@ impl Driver {
                         }
                     }
                     Some(Cmd::Relay(target)) => {
-                        let end = relay::run(&mut self, target).await;
+                        let end = Box::pin(relay::run(&mut self, target)).await;
                         *lock(&self.shared.relay_end) = Some(end);
                         break;
                     }
