@@ -92,6 +92,11 @@ async fn drive(
     ctl: &TurnControl,
     t: &mut Turn,
 ) -> (TurnEnd, Option<String>) {
+    if ctl.cancel.is_cancelled() {
+        // Cancelled (a dispose) before the prompt went out: the child never sees it.
+        t.cancel_requested = true;
+        return (TurnEnd::Abandoned, None);
+    }
     let request = PromptRequest::new(d.shared.session_id.clone(), prompt);
     let prompt_id = match d
         .wire

@@ -93,6 +93,13 @@ impl Driver {
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
+                // What the child said before a prompt arrived is handled (and dropped) first,
+                // so it can never land in the next turn.
+                frame = self.wire.reader.next(), if reading => {
+                    if !self.between_turns(frame).await {
+                        break;
+                    }
+                }
                 cmd = self.cmds.recv() => match cmd {
                     None => break,
                     Some(Cmd::Prompt { prompt, ctl, reply }) => {
@@ -113,11 +120,6 @@ impl Driver {
                         tracing::debug!(%id, %method, "a call for a child that is not relaying");
                     }
                 },
-                frame = self.wire.reader.next(), if reading => {
-                    if !self.between_turns(frame).await {
-                        break;
-                    }
-                }
                 _ = self.shared.tree.exited() => break,
             }
         }
@@ -148,9 +150,16 @@ impl Driver {
                 tracing::debug!(%provider, run = %log, ?id, "dropping a late answer");
                 true
             }
-            Some(Ok(Message::Request { id, method, .. })) => {
+            Some(Ok(Message::Request { id, method, params })) => {
                 let _ = if method == "session/request_permission" {
-                    self.wire.respond_ok(&id, &permission::cancelled()).await
+                    // No turn to ask for: `cancelled`, or −32602 for one acpd cannot read.
+                    match permission::parse_request(params.as_deref()) {
+                        Ok(_) => self.wire.respond_ok(&id, &permission::cancelled()).await,
+                        Err(why) => {
+                            let e = RpcError::invalid_params(why);
+                            self.wire.respond(&id, Err(&e)).await
+                        }
+                    }
                 } else {
                     self.wire
                         .respond(&id, Err(&RpcError::method_not_found(&method)))

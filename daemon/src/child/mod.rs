@@ -174,6 +174,9 @@ pub struct RelayTarget {
     /// Which client methods the parent advertised, so a child's `fs/*` and `terminal/*`
     /// requests reach it (else −32601).
     pub serves: ParentServes,
+    /// The parent's `session/new` and its answer: sent by the driver before anything the child
+    /// says, so no update can reach the parent before the session id it names.
+    pub answer: Option<(Id, Box<RawValue>)>,
 }
 
 /// The client methods a parent serves.

@@ -31,6 +31,9 @@ type Forwarded = FuturesUnordered<
 /// Messages already read that are handled in one round of the pump, beyond the first.
 const BURST: usize = 63;
 
+/// Child requests waiting on the parent at once; more are refused to the child.
+const MAX_FORWARDED: usize = 64;
+
 /// Room the child's outbox must have before another parent call is taken.
 const ROOM: usize = 64 * 1024;
 
@@ -50,7 +53,10 @@ struct Relay {
     forwarded: Forwarded,
 }
 
-pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
+pub(super) async fn run(d: &mut Driver, mut t: RelayTarget) -> RelayEnd {
+    if let Some((id, reply)) = t.answer.take() {
+        let _ = t.parent.respond(&id, Ok(&reply)).await;
+    }
     let own = d.shared.session_id.clone();
     let child_prefix = format!("{{\"sessionId\":{}", envelope::json_string(&own));
     let line_prefix = format!(
@@ -366,9 +372,30 @@ impl Relay {
             let _ = d.wire.respond(&id, Err(&e)).await;
             return;
         }
-        let params = params
-            .as_deref()
-            .map(|p| with_session_id(p, &self.t.session_id).unwrap_or_else(|| p.to_owned()));
+        // Exactly the child's own sessionId, rewritten to the parent's; a request with none is
+        // forwarded as it is; anything else (another session's, two of them) never leaves.
+        let params = match params.as_deref() {
+            None => None,
+            Some(p) => match strict::session_keys(p).map(|k| (k.count, k.value)) {
+                Some((0, _)) => Some(p.to_owned()),
+                Some((1, Some(sid))) if sid == d.shared.session_id => {
+                    with_session_id(p, &self.t.session_id)
+                }
+                _ => {
+                    tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
+                        %method, "refusing a child request that does not name exactly its own session");
+                    let e =
+                        RpcError::invalid_params("the request must name exactly its own session");
+                    let _ = d.wire.respond(&id, Err(&e)).await;
+                    return;
+                }
+            },
+        };
+        if self.forwarded.len() >= MAX_FORWARDED {
+            let e = RpcError::internal("too many requests are waiting on the parent");
+            let _ = d.wire.respond(&id, Err(&e)).await;
+            return;
+        }
         if ask {
             self.asks.insert(id.clone());
         }

@@ -415,6 +415,7 @@ async fn relay_forwards_only_the_childs_own_acp_traffic_in_order() {
         parent: conn.peer.clone(),
         session_id: "minted".into(),
         serves: ParentServes::default(),
+        answer: None,
     });
     let params = serde_json::value::RawValue::from_string(
         json!({ "sessionId": "minted", "prompt": [] }).to_string(),
@@ -466,5 +467,45 @@ async fn relay_forwards_only_the_childs_own_acp_traffic_in_order() {
         child.ended().await,
         Some(super::RelayEnd::Protocol)
     ));
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn relay_refuses_a_child_request_that_names_another_session() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let (parent_side, acpd_side) = tokio::io::duplex(1 << 20);
+    let (acpd_read, acpd_write) = tokio::io::split(acpd_side);
+    let conn = wire::connect(acpd_read, acpd_write, 1 << 20);
+    let mut parent = LineReader::new(parent_side, WireLimits::default());
+    child.relay(RelayTarget {
+        parent: conn.peer.clone(),
+        session_id: "minted".into(),
+        serves: ParentServes {
+            write_text_file: true,
+            ..ParentServes::default()
+        },
+        answer: None,
+    });
+    let dup = format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"fs/write_text_file","params":{{"sessionId":"{}","path":"/x","content":"y","sessionId":"acpd-other"}}}}"#,
+        fake.session
+    );
+    let own = json!({ "jsonrpc": "2.0", "id": 6, "method": "fs/write_text_file",
+        "params": { "sessionId": fake.session, "path": "/x", "content": "y" } });
+    fake.send(&[dup, own.to_string()]).await;
+    match fake.next().await {
+        Message::Response { id, outcome } => {
+            assert_eq!(id, Some(Id::Num(5)));
+            assert_eq!(outcome.unwrap_err().code, -32602);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Only the well-formed one reaches the parent, under the parent's session id.
+    let Some(Ok(Message::Request { method, params, .. })) = parent.next().await else {
+        panic!("the parent is asked")
+    };
+    assert_eq!(method, "fs/write_text_file");
+    let params: serde_json::Value = serde_json::from_str(params.unwrap().get()).unwrap();
+    assert_eq!(params["sessionId"], "minted");
     child.shut().await;
 }

@@ -115,7 +115,6 @@ pub async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
         };
         sessions.insert(minted.clone(), SessionRef::Bridge(handle));
     }
-    let _ = conn.peer.respond(&id, Ok(&reply)).await;
     child.relay(RelayTarget {
         parent: conn.peer.clone(),
         session_id: minted.clone(),
@@ -124,6 +123,7 @@ pub async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
             write_text_file: client.has("/fs/writeTextFile"),
             terminal: client.has("/terminal"),
         },
+        answer: Some((id, reply)),
     });
     let slot = launched.slot;
     let conn2 = conn.clone();

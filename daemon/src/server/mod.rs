@@ -133,7 +133,9 @@ where
 {
     let config = ctx.registry.config();
     let wire::Connection {
-        peer, mut incoming, ..
+        peer,
+        mut incoming,
+        eof,
     } = wire::connect_with(reader, writer, config.wire_limits());
     peer.limit_pending(config.max_pending_requests);
     let (events_tx, events_rx) = mpsc::channel(wire::QUEUE_DEPTH);
@@ -181,6 +183,8 @@ where
             () = handled => {}
             _ = broken.cancelled() => break,
             _ = shutdown.cancelled() => break,
+            // A parent that hung up while we were blocked writing to it is gone too.
+            _ = eof.cancelled() => break,
         }
     }
     conn.shutdown().await;
@@ -199,13 +203,26 @@ const SHUTDOWN_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Conn {
     async fn on_request(self: &Arc<Self>, id: Id, method: String, params: Option<Box<RawValue>>) {
-        if !self.peer.admit(&id) {
-            let e = crate::registry::RegistryError::Limit {
-                limit: "max_pending_requests",
-                value: self.ctx.registry.config().max_pending_requests,
-            };
-            let _ = self.peer.respond_err(Some(&id), &typed_error(&e)).await;
-            return;
+        match self.peer.admit(&id) {
+            wire::Admit::Yes => {}
+            wire::Admit::Full => {
+                let e = crate::registry::RegistryError::Limit {
+                    limit: "max_pending_requests",
+                    value: self.ctx.registry.config().max_pending_requests,
+                };
+                let _ = self.peer.respond_err(Some(&id), &typed_error(&e)).await;
+                return;
+            }
+            wire::Admit::DuplicateId => {
+                let e = RpcError::invalid_request(format!(
+                    "id {id} is already used by a request that has not been answered"
+                ));
+                let _ = self
+                    .peer
+                    .send_line(envelope::encode_error(Some(&id), &e))
+                    .await;
+                return;
+            }
         }
         if method == "initialize" {
             return self.initialize(&id, params.as_deref()).await;
@@ -228,6 +245,7 @@ impl Conn {
             "session/prompt"
             | "session/close"
             | "session/set_mode"
+            | "session/set_model"
             | "session/set_config_option" => {
                 self.to_session(id, method, params).await;
             }

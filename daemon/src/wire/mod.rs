@@ -108,7 +108,7 @@ mod reader;
 mod tests;
 
 pub use outbox::Outbox;
-pub use peer::{Peer, Pending, PendingCall};
+pub use peer::{Admit, Peer, Pending, PendingCall};
 pub use reader::LineReader;
 
 /// A running connection: the sender and the queue of incoming messages (ends at EOF).

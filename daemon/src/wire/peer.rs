@@ -55,6 +55,16 @@ impl Pending {
     }
 }
 
+/// Whether a peer's request may be served now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    Yes,
+    /// `max_pending_requests` are unanswered.
+    Full,
+    /// A request with this id is still unanswered: two could not be told apart.
+    DuplicateId,
+}
+
 /// The peer's requests acpd has not answered yet, against `max_pending_requests`.
 struct Admission {
     open: Mutex<std::collections::HashSet<Id>>,
@@ -104,15 +114,19 @@ impl Peer {
         self.admission.max.store(max, Ordering::Relaxed);
     }
 
-    /// Counts a request from the peer until it is answered; false when that would exceed the
-    /// limit (answer it with an error at once: an answer to an unadmitted id is not counted).
-    pub fn admit(&self, id: &Id) -> bool {
+    /// Counts a request from the peer until it is answered. Refused when that would exceed the
+    /// limit, or when a request with the same id is still unanswered (answer it with an error
+    /// at once: an answer to an unadmitted id is not counted).
+    pub fn admit(&self, id: &Id) -> Admit {
         let mut open = lock(&self.admission.open);
+        if open.contains(id) {
+            return Admit::DuplicateId;
+        }
         if open.len() >= self.admission.max.load(Ordering::Relaxed) {
-            return false;
+            return Admit::Full;
         }
         open.insert(id.clone());
-        true
+        Admit::Yes
     }
 
     fn answered(&self, id: &Id) {

@@ -62,6 +62,9 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             let stall = self.partial_since.map(|t| t + self.limits.line_timeout);
             self.buf.reserve(READ_CHUNK);
             tokio::select! {
+                // Bytes that are already there always win over the deadline: the owner may
+                // have been busy elsewhere while the rest of the line arrived.
+                biased;
                 read = self.reader.read_buf(&mut self.buf) => match read {
                     Ok(0) | Err(_) => self.eof = true,
                     Ok(_) => {}

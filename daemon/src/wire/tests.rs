@@ -124,3 +124,23 @@ async fn queued_bytes_are_bounded_by_the_budget() {
         "queued {sent} bytes"
     );
 }
+
+#[tokio::test]
+async fn a_repeated_unanswered_id_is_not_admitted_twice() {
+    let (a, _b) = tokio::io::duplex(1024);
+    let (ar, aw) = tokio::io::split(a);
+    let conn = connect(ar, aw, 1024);
+    conn.peer.limit_pending(2);
+    let one = Id::Num(1);
+    assert_eq!(conn.peer.admit(&one), Admit::Yes);
+    assert_eq!(
+        conn.peer.admit(&one),
+        Admit::DuplicateId,
+        "one id, two open requests"
+    );
+    assert_eq!(conn.peer.admit(&Id::Num(2)), Admit::Yes);
+    assert_eq!(conn.peer.admit(&Id::Num(3)), Admit::Full);
+    let raw = serde_json::value::RawValue::from_string("{}".into()).unwrap();
+    conn.peer.respond(&one, Ok(&raw)).await.unwrap();
+    assert_eq!(conn.peer.admit(&one), Admit::Yes, "answered, so free again");
+}
