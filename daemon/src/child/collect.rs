@@ -23,6 +23,9 @@ use super::output::Output;
 use super::{ChildEvent, PermissionAsk, TurnControl, TurnReport, strict};
 use crate::supervise;
 
+/// Permission requests of one turn waiting on whoever answers them, at most.
+const MAX_ASKS: usize = 64;
+
 const NOTE_NOBODY_TO_ASK: &str = "permission: forwarded request rejected (nobody to ask)";
 
 #[derive(Deserialize)]
@@ -334,7 +337,9 @@ async fn on_request(
         PolicyAnswer::Forward(request) => request,
     };
     let fallback = permission::decide(&request, Decision::Reject);
-    if let Some(events) = ctl.events.as_ref().filter(|_| ctl.asks) {
+    // A child that floods permission requests gets the fallback beyond this many waiting.
+    let room = t.pending_asks.len() < MAX_ASKS;
+    if let Some(events) = ctl.events.as_ref().filter(|_| ctl.asks && room) {
         let (tx, rx) = oneshot::channel();
         let ask = PermissionAsk { request, reply: tx };
         if events.send(ChildEvent::Ask(Box::new(ask))).await.is_ok() {

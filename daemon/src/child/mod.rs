@@ -219,6 +219,11 @@ pub(crate) enum Cmd {
         method: String,
         params: Option<Box<RawValue>>,
     },
+    /// A parent's `_` extension notification (relay mode).
+    Notify {
+        method: String,
+        params: Box<RawValue>,
+    },
 }
 
 /// Shared between the handle and the driver.
@@ -323,6 +328,14 @@ impl Child {
                 };
                 Box::new((id, RpcError::internal(why)))
             })
+    }
+
+    /// Forwards a parent's extension notification (relay mode); dropped, and logged, when
+    /// the driver's queue is full or the session is over (a notification has no answer).
+    pub fn notify(&self, method: String, params: Box<RawValue>) {
+        if self.cmds.try_send(Cmd::Notify { method, params }).is_err() {
+            tracing::debug!(session = %self.shared.log_id, "dropping a parent notification");
+        }
     }
 
     /// A parent's `session/cancel` (relay mode).

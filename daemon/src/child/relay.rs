@@ -254,8 +254,15 @@ impl Relay {
     }
 
     async fn parent_cmd(&mut self, d: &mut Driver, cmd: Cmd) {
-        let Cmd::Call { id, method, params } = cmd else {
-            return;
+        let (id, method, params) = match cmd {
+            Cmd::Call { id, method, params } => (id, method, params),
+            Cmd::Notify { method, params } => {
+                if let Some(p) = with_session_id(&params, &d.shared.session_id) {
+                    let _ = d.wire.notify(&method, &p).await;
+                }
+                return;
+            }
+            Cmd::Prompt { .. } | Cmd::Relay(_) => return,
         };
         if !self.supports(&method) {
             let e = RpcError::method_not_found(&method);

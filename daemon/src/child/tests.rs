@@ -509,3 +509,34 @@ async fn relay_refuses_a_child_request_that_names_another_session() {
     assert_eq!(params["sessionId"], "minted");
     child.shut().await;
 }
+
+#[tokio::test]
+async fn relay_passes_a_parents_extension_notification_to_the_child() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let (_parent_side, acpd_side) = tokio::io::duplex(1 << 20);
+    let (acpd_read, acpd_write) = tokio::io::split(acpd_side);
+    let conn = wire::connect(acpd_read, acpd_write, 1 << 20);
+    child.relay(RelayTarget {
+        parent: conn.peer.clone(),
+        session_id: "minted".into(),
+        serves: ParentServes::default(),
+        answer: None,
+    });
+    let params = serde_json::value::RawValue::from_string(
+        json!({ "sessionId": "minted", "x": 1 }).to_string(),
+    )
+    .unwrap();
+    child.notify("_zed/hint".into(), params);
+    match fake.next().await {
+        Message::Notification { method, params } => {
+            assert_eq!(method, "_zed/hint");
+            let p: serde_json::Value = serde_json::from_str(params.unwrap().get()).unwrap();
+            assert_eq!(
+                (p["sessionId"].as_str(), p["x"].as_i64()),
+                (Some("child-session"), Some(1))
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    child.shut().await;
+}

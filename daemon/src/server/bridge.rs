@@ -38,6 +38,11 @@ impl BridgeHandle {
         self.child.cancel();
     }
 
+    /// Forwards a parent's `_` extension notification (dropped when the agent is behind).
+    pub fn notify(&self, method: String, params: Box<RawValue>) {
+        self.child.notify(method, params);
+    }
+
     /// Ends the session and waits until its child is reaped.
     pub async fn shut(&self) {
         self.child.shut().await;

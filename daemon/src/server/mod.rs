@@ -258,7 +258,8 @@ impl Conn {
     }
 
     fn on_notification(self: &Arc<Self>, method: &str, params: Option<&RawValue>) {
-        if method != "session/cancel" {
+        let extension = method.starts_with('_') && !method.starts_with("_acpd/");
+        if method != "session/cancel" && !extension {
             // Unknown notifications are ignored, as JSON-RPC and ACP ask.
             return;
         }
@@ -266,6 +267,13 @@ impl Conn {
             return;
         };
         let target = lock(&self.sessions).get(&sid).cloned();
+        if extension {
+            // `_` extensions pass to the session's agent; a run's child is acpd's to drive.
+            if let (Some(SessionRef::Bridge(b)), Some(p)) = (target, params) {
+                b.notify(method.to_string(), p.to_owned());
+            }
+            return;
+        }
         match target {
             Some(SessionRef::Bridge(b)) => {
                 b.cancel();
