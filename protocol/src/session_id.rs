@@ -78,9 +78,13 @@ pub fn splice_session_id(text: &str, to: &str) -> Option<String> {
 /// (anywhere, nested or inside strings included) needs no parse. A hot path that splices a
 /// known prefix itself must check the rest with this (or fall back to [`splice_session_id`]).
 pub fn surely_no_session_id_key(rest: &str) -> bool {
+    use memchr::memmem::Finder;
+    use std::sync::LazyLock;
+    // Built once: on the hot path a finder's set-up costs more than the search.
+    static KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"sessionId\""));
+    static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
     let bytes = rest.as_bytes();
-    memchr::memmem::find(bytes, b"\"sessionId\"").is_none()
-        && memchr::memmem::find(bytes, b"\\u").is_none()
+    KEY.find(bytes).is_none() && ESCAPE.find(bytes).is_none()
 }
 
 fn parse_fields(text: &str) -> Option<Vec<(String, &RawValue)>> {

@@ -18,10 +18,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::driver::{Driver, LAST_WORDS};
-use super::launch::sleep_until_opt;
 use super::output::Output;
 use super::{ChildEvent, PermissionAsk, TurnControl, TurnReport, strict};
 use crate::supervise;
+use crate::wire::sleep_until_opt;
 
 /// Permission requests of one turn waiting on whoever answers them, at most.
 const MAX_ASKS: usize = 64;

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::driver::{ChildWire, Driver};
 use super::{AgentInfo, CMD_DEPTH, Child, ChildSpec, Shared, StartFailure, failure};
 use crate::supervise::{self, Graces, ProcessTree, SpawnSpec, StderrTail};
-use crate::wire::{LineReader, Outbox};
+use crate::wire::{LineReader, Outbox, sleep_until_opt};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -364,13 +364,6 @@ impl Handshake {
         tokio::time::timeout(Duration::from_secs(1), self.tree.exited())
             .await
             .ok()
-    }
-}
-
-pub(super) async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }
 

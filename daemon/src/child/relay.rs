@@ -17,10 +17,10 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::driver::{Driver, LAST_WORDS};
-use super::launch::sleep_until_opt;
 use super::{Cmd, RelayEnd, RelayTarget, strict};
 use crate::supervise;
 use crate::wire::CallError;
+use crate::wire::sleep_until_opt;
 
 type Forwarded = FuturesUnordered<
     std::pin::Pin<

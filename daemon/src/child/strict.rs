@@ -4,9 +4,6 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::LazyLock;
-
-use memchr::memmem::Finder;
 
 use serde::Deserializer;
 use serde::de::{MapAccess, Visitor};
@@ -89,12 +86,8 @@ pub fn fast_own(params: &str, prefix: &str) -> bool {
     let Some(rest) = params.strip_prefix(prefix) else {
         return false;
     };
-    static KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"sessionId\""));
-    static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
-    let bytes = rest.as_bytes();
-    matches!(bytes.first(), Some(b',' | b'}'))
-        && KEY.find(bytes).is_none()
-        && ESCAPE.find(bytes).is_none()
+    matches!(rest.as_bytes().first(), Some(b',' | b'}'))
+        && acpd_protocol::session_id::surely_no_session_id_key(rest)
 }
 
 #[cfg(test)]

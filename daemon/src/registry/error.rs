@@ -41,8 +41,6 @@ pub enum RegistryError {
     },
     #[error("invalid request: {reason}")]
     InvalidRequest { reason: String },
-    #[error("limit reached: {limit} = {value}; finish or dispose what this connection holds first")]
-    Limit { limit: &'static str, value: usize },
 }
 
 impl RegistryError {
@@ -60,7 +58,6 @@ impl RegistryError {
             RegistryError::RunBusy { .. } => ErrorName::RunBusy,
             RegistryError::RunEnded { .. } => ErrorName::RunEnded,
             RegistryError::InvalidRequest { .. } => ErrorName::InvalidRequest,
-            RegistryError::Limit { .. } => ErrorName::Limit,
         }
     }
 
@@ -83,10 +80,6 @@ impl RegistryError {
         {
             data["failure"] = serde_json::to_value(failure).unwrap_or_default();
             data["diagnostic"] = serde_json::Value::String(diagnostic.clone());
-        }
-        if let RegistryError::Limit { limit, value } = self {
-            data["limit"] = serde_json::json!(limit);
-            data["value"] = serde_json::json!(value);
         }
         data
     }

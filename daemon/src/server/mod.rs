@@ -206,11 +206,9 @@ impl Conn {
         match self.peer.admit(&id) {
             wire::Admit::Yes => {}
             wire::Admit::Full => {
-                let e = crate::registry::RegistryError::Limit {
-                    limit: "max_pending_requests",
-                    value: self.ctx.registry.config().max_pending_requests,
-                };
-                let _ = self.peer.respond_err(Some(&id), &typed_error(&e)).await;
+                let max = self.ctx.registry.config().max_pending_requests;
+                let e = RpcError::limit("max_pending_requests", max as u64);
+                let _ = self.peer.respond_err(Some(&id), &e).await;
                 return;
             }
             wire::Admit::DuplicateId => {
@@ -402,10 +400,7 @@ impl Conn {
     }
 
     fn seat_limit(&self) -> RpcError {
-        typed_error(&crate::registry::RegistryError::Limit {
-            limit: "max_sessions_per_connection",
-            value: self.max_seats,
-        })
+        RpcError::limit("max_sessions_per_connection", self.max_seats as u64)
     }
 
     fn client(&self) -> ClientInfo {

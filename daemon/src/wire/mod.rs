@@ -110,6 +110,7 @@ mod tests;
 pub use outbox::Outbox;
 pub use peer::{Admit, Peer, Pending, PendingCall};
 pub use reader::LineReader;
+pub(crate) use reader::sleep_until_opt;
 
 /// A running connection: the sender and the queue of incoming messages (ends at EOF).
 pub struct Connection {

@@ -116,7 +116,8 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     }
 }
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
+/// Sleeps until `deadline`, or forever without one: a `select!` branch for an optional timer.
+pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
