@@ -7,5 +7,6 @@ pub mod config;
 pub mod registry;
 pub(crate) mod runtime;
 pub(crate) mod server;
+pub mod store;
 pub mod supervise;
 pub mod wire;

@@ -1,11 +1,13 @@
 //! acpd's wire vocabulary: NDJSON framing, the JSON-RPC 2.0 envelope, the subagent types, the
-//! typed `_acpd/*` bodies, the error table, the permission policy and the pure outcome mapping. Nothing here spawns, listens or needs a runtime, so
+//! typed `_acpd/*` bodies, the error table, the permission policy, the pure outcome mapping, prompt fitting and list pagination. Nothing here spawns, listens or needs a runtime, so
 //! every rule of the protocol can be unit- and property-tested in isolation.
 
 pub mod codec;
+pub mod content;
 pub mod diagnostic;
 pub mod envelope;
 pub mod errors;
+pub mod listing;
 pub mod methods;
 pub mod outcome;
 pub mod permission;

@@ -12,6 +12,7 @@ mod tree;
 
 pub use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
 pub use reaper::{init, tune_allocator};
+pub(crate) use records::default_state_dir;
 pub use records::{enable_default as keep_records, forget as forget_records, kill_all};
 pub use spawn::{SpawnError, SpawnSpec, Spawned, spawn};
 pub use stderr::StderrTail;

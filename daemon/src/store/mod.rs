@@ -1,0 +1,488 @@
+//! The durable session map and probe cache: one SQLite file that every acpd process of a user
+//! shares (an editor's `acpd stdio`, the daemon, a second editor), so a session created
+//! through one is listed and loaded through the next, and an agent's `initialize` answer is
+//! asked once per command line, not once per start.
+//!
+//! SQLite gives the cross-process safety: WAL lets readers run beside the one writer, a 5 s
+//! busy timeout makes writers queue instead of failing, and every write that reads first runs
+//! in an IMMEDIATE transaction (a deferred one could not wait for the lock it upgrades to).
+//! rusqlite is synchronous, so each async method runs its query on the blocking pool.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
+
+#[cfg(test)]
+mod tests;
+
+/// Bumped with every schema change; [`migrate`] brings older files up to it.
+const SCHEMA: i64 = 1;
+/// How long a writer waits for another process's write before giving up.
+const BUSY: Duration = Duration::from_secs(5);
+const FILE_NAME: &str = "sessions.sqlite3";
+
+/// A handle on the store; clones share one connection (SQLite serialises a connection's
+/// statements anyway, and one acpd process writes little).
+#[derive(Clone)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+    /// For error messages: which file to look at.
+    path: Arc<PathBuf>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+/// Every error names the file and what the user can do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create {} for the session store: {source}; check its permissions or set XDG_STATE_HOME", path.display())]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open the session store {}: {source}; check its permissions, or move it aside to start afresh", path.display())]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("the session store {} has schema version {found}, newer than this acpd's {SCHEMA}; run the newer acpd, or move the file aside to start afresh", path.display())]
+    NewerSchema { path: PathBuf, found: i64 },
+    #[error("the session store {} failed: {source}; if this persists, move the file aside to start afresh", path.display())]
+    Query {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("a session store query on {} did not finish: {reason}", path.display())]
+    Task { path: PathBuf, reason: String },
+}
+
+/// One acpd session: the id the parent knows and the child session it stands for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRow {
+    pub acpd_id: String,
+    pub provider: String,
+    pub child_session_id: String,
+    pub cwd: PathBuf,
+    pub title: Option<String>,
+    /// RFC 3339 UTC, seconds (`humantime::format_rfc3339_seconds`): sorts as text.
+    pub updated_at: String,
+}
+
+impl Store {
+    /// Opens (creating) the store at `path`: a missing directory is made 0700 and a new file
+    /// 0600 (SQLite gives its `-wal`/`-shm` files the same mode), since titles and working
+    /// directories are the user's business.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|source| StoreError::Dir {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+        }
+        // Created here, not by SQLite, to choose the mode (SQLite would use 0644).
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|source| StoreError::Dir {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let open = |source| StoreError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut conn = Connection::open(path).map_err(open)?;
+        // The timeout first: switching to WAL and migrating may wait on another process.
+        conn.busy_timeout(BUSY).map_err(open)?;
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))
+            .map_err(open)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(
+                "session store {} runs in journal mode {mode}, not WAL: writers may wait longer",
+                path.display()
+            );
+        }
+        // WAL is durable across power loss with NORMAL at the last commit's cost only.
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(open)?;
+        migrate(&mut conn, path)?;
+        Ok(Store::wrap(conn, path.to_path_buf()))
+    }
+
+    /// `<state dir>/sessions.sqlite3` (state dir =
+    /// [`crate::supervise::default_state_dir`]); None (logged) when there is no state
+    /// dir or the store cannot be opened, so acpd still runs, remembering nothing.
+    pub fn open_default() -> Option<Store> {
+        let Some(dir) = crate::supervise::default_state_dir() else {
+            tracing::warn!(
+                "no state directory (no STATE_DIRECTORY, XDG_STATE_HOME or HOME): sessions are not kept across restarts"
+            );
+            return None;
+        };
+        match Store::open(&dir.join(FILE_NAME)) {
+            Ok(store) => Some(store),
+            Err(e) => {
+                tracing::warn!("{e}; sessions are not kept across restarts");
+                None
+            }
+        }
+    }
+
+    /// A private store that lives as long as its clones: for tests and for running without a
+    /// state directory.
+    ///
+    /// # Panics
+    /// Only if SQLite cannot allocate an empty in-memory database, where the process is out of
+    /// memory anyway.
+    pub fn in_memory() -> Store {
+        let path = PathBuf::from(":memory:");
+        let conn = Connection::open_in_memory()
+            .map_err(|e| StoreError::Open {
+                path: path.clone(),
+                source: e,
+            })
+            .and_then(|mut c| migrate(&mut c, &path).map(|()| c));
+        match conn {
+            Ok(conn) => Store::wrap(conn, path),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn wrap(conn: Connection, path: PathBuf) -> Store {
+        Store {
+            conn: Arc::new(Mutex::new(conn)),
+            path: Arc::new(path),
+        }
+    }
+
+    /// Adds `row`, or replaces the row with its `acpd_id`. A child session already mapped to
+    /// another acpd id is an error: one child session has one acpd id.
+    pub async fn insert(&self, row: SessionRow) -> Result<(), StoreError> {
+        self.run(move |conn| {
+            conn.execute(
+                "INSERT INTO sessions (acpd_id, provider, child_session_id, cwd, title, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (acpd_id) DO UPDATE SET provider = excluded.provider,
+                   child_session_id = excluded.child_session_id, cwd = excluded.cwd,
+                   title = excluded.title, updated_at = excluded.updated_at",
+                params![
+                    row.acpd_id,
+                    row.provider,
+                    row.child_session_id,
+                    path_bytes(&row.cwd),
+                    row.title,
+                    row.updated_at
+                ],
+            )
+            .map(drop)
+        })
+        .await
+    }
+
+    pub async fn get(&self, acpd_id: &str) -> Result<Option<SessionRow>, StoreError> {
+        let acpd_id = acpd_id.to_owned();
+        self.run(move |conn| {
+            conn.query_row(
+                &format!("SELECT {COLUMNS} FROM sessions WHERE acpd_id = ?1"),
+                [acpd_id],
+                session_row,
+            )
+            .optional()
+        })
+        .await
+    }
+
+    /// updated_at = now; title replaced when Some. An unknown id is not an error: the session
+    /// may have been forgotten by another process meanwhile.
+    pub async fn touch(&self, acpd_id: &str, title: Option<String>) -> Result<(), StoreError> {
+        let acpd_id = acpd_id.to_owned();
+        self.run(move |conn| {
+            conn.execute(
+                "UPDATE sessions SET updated_at = ?2, title = COALESCE(?3, title)
+                 WHERE acpd_id = ?1",
+                params![acpd_id, now(), title],
+            )
+            .map(drop)
+        })
+        .await
+    }
+
+    /// Whether there was such a row.
+    pub async fn remove(&self, acpd_id: &str) -> Result<bool, StoreError> {
+        let acpd_id = acpd_id.to_owned();
+        self.run(move |conn| {
+            conn.execute("DELETE FROM sessions WHERE acpd_id = ?1", [acpd_id])
+                .map(|n| n > 0)
+        })
+        .await
+    }
+
+    /// A session a provider listed: its acpd id (minted `acpd-<uuid v4>` when new; unique on
+    /// (provider, child_session_id)), title/updated_at/cwd refreshed from the child's listing.
+    /// A title or time the listing lacks keeps the stored one; a new row without a time gets
+    /// now. One statement, so two processes adopting the same session get the same id.
+    pub async fn adopt(
+        &self,
+        provider: &str,
+        child_session_id: &str,
+        cwd: &Path,
+        title: Option<String>,
+        updated_at: Option<String>,
+    ) -> Result<String, StoreError> {
+        let (provider, child) = (provider.to_owned(), child_session_id.to_owned());
+        let cwd = path_bytes(cwd).to_vec();
+        let listed = updated_at.as_deref().map(normalize_time);
+        self.run(move |conn| {
+            conn.query_row(
+                "INSERT INTO sessions (acpd_id, provider, child_session_id, cwd, title, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, COALESCE(?6, ?7))
+                 ON CONFLICT (provider, child_session_id) DO UPDATE SET cwd = excluded.cwd,
+                   title = COALESCE(excluded.title, title), updated_at = COALESCE(?6, updated_at)
+                 RETURNING acpd_id",
+                params![
+                    format!("acpd-{}", uuid::Uuid::new_v4()),
+                    provider,
+                    child,
+                    cwd,
+                    title,
+                    listed,
+                    now()
+                ],
+                |r| r.get(0),
+            )
+        })
+        .await
+    }
+
+    /// Newest first (updated_at desc, acpd_id asc); only rows whose cwd equals `cwd` when
+    /// given (byte for byte: the caller passes the path as the client sent it).
+    pub async fn list(&self, cwd: Option<&Path>) -> Result<Vec<SessionRow>, StoreError> {
+        let cwd = cwd.map(|c| path_bytes(c).to_vec());
+        self.run(move |conn| {
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM sessions WHERE ?1 IS NULL OR cwd = ?1
+                 ORDER BY updated_at DESC, acpd_id ASC"
+            ))?;
+            stmt.query_map([cwd], session_row)?.collect()
+        })
+        .await
+    }
+
+    /// Rows of `provider` not in `listed` go (the agent deleted them); returns how many.
+    /// `listed` must be the agent's whole listing, every page of it.
+    pub async fn forget_unlisted(
+        &self,
+        provider: &str,
+        listed: &[String],
+    ) -> Result<usize, StoreError> {
+        let provider = provider.to_owned();
+        let listed: std::collections::HashSet<String> = listed.iter().cloned().collect();
+        self.run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let gone: Vec<String> = {
+                let mut stmt =
+                    tx.prepare("SELECT child_session_id FROM sessions WHERE provider = ?1")?;
+                stmt.query_map([&provider], |r| r.get::<_, String>(0))?
+                    .filter(|id| !matches!(id, Ok(id) if listed.contains(id)))
+                    .collect::<Result<_, _>>()?
+            };
+            {
+                let mut delete = tx.prepare(
+                    "DELETE FROM sessions WHERE provider = ?1 AND child_session_id = ?2",
+                )?;
+                for id in &gone {
+                    delete.execute([&provider, id])?;
+                }
+            }
+            tx.commit()?;
+            Ok(gone.len())
+        })
+        .await
+    }
+
+    /// What a provider's agent said in `initialize` (a JSON value), keyed by provider name and
+    /// a fingerprint of its command+env; None when absent or the fingerprint changed (the
+    /// provider now runs something else). An unreadable value counts as absent: it is only a
+    /// cache, and the next `probe_put` replaces it.
+    pub async fn probe_get(
+        &self,
+        provider: &str,
+        fingerprint: &str,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        let (provider, fingerprint) = (provider.to_owned(), fingerprint.to_owned());
+        let text: Option<String> = self
+            .run(move |conn| {
+                conn.query_row(
+                    "SELECT value FROM probes WHERE provider = ?1 AND fingerprint = ?2",
+                    [provider, fingerprint],
+                    |r| r.get(0),
+                )
+                .optional()
+            })
+            .await?;
+        Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
+    }
+
+    /// Replaces the provider's cached probe (one per provider: an older fingerprint's answer
+    /// is never asked for again).
+    pub async fn probe_put(
+        &self,
+        provider: &str,
+        fingerprint: &str,
+        value: &serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let (provider, fingerprint) = (provider.to_owned(), fingerprint.to_owned());
+        let value = value.to_string();
+        self.run(move |conn| {
+            conn.execute(
+                "INSERT INTO probes (provider, fingerprint, value, updated_at)
+                 VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (provider) DO UPDATE SET fingerprint = excluded.fingerprint,
+                   value = excluded.value, updated_at = excluded.updated_at",
+                params![provider, fingerprint, value, now()],
+            )
+            .map(drop)
+        })
+        .await
+    }
+
+    /// Runs `query` on the blocking pool: SQLite may wait up to [`BUSY`] for another process,
+    /// which must not stall a runtime worker.
+    async fn run<T: Send + 'static>(
+        &self,
+        query: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let conn = Arc::clone(&self.conn);
+        let done = tokio::task::spawn_blocking(move || {
+            // A panic inside a query leaves no half-done transaction (it rolls back on drop).
+            let mut conn = conn.lock().unwrap_or_else(PoisonError::into_inner);
+            query(&mut conn)
+        })
+        .await;
+        let path = self.path.to_path_buf();
+        match done {
+            Ok(result) => result.map_err(|source| StoreError::Query { path, source }),
+            Err(e) => Err(StoreError::Task {
+                path,
+                reason: e.to_string(),
+            }),
+        }
+    }
+}
+
+const COLUMNS: &str = "acpd_id, provider, child_session_id, cwd, title, updated_at";
+
+fn session_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
+    Ok(SessionRow {
+        acpd_id: r.get(0)?,
+        provider: r.get(1)?,
+        child_session_id: r.get(2)?,
+        cwd: PathBuf::from(OsString::from_vec(r.get(3)?)),
+        title: r.get(4)?,
+        updated_at: r.get(5)?,
+    })
+}
+
+/// Paths are stored as their bytes: a cwd need not be UTF-8, and it must come back exact.
+fn path_bytes(path: &Path) -> &[u8] {
+    path.as_os_str().as_bytes()
+}
+
+/// Brings the schema up to [`SCHEMA`] in one IMMEDIATE transaction, so two processes opening a
+/// new file at once create it once.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let query = |source| StoreError::Query {
+        path: path.to_path_buf(),
+        source,
+    };
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(query)?;
+    let found: i64 = tx
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(query)?;
+    if found > SCHEMA {
+        return Err(StoreError::NewerSchema {
+            path: path.to_path_buf(),
+            found,
+        });
+    }
+    if found < 1 {
+        tx.execute_batch(
+            "CREATE TABLE sessions (
+                acpd_id TEXT PRIMARY KEY NOT NULL,
+                provider TEXT NOT NULL,
+                child_session_id TEXT NOT NULL,
+                cwd BLOB NOT NULL,
+                title TEXT,
+                updated_at TEXT NOT NULL,
+                UNIQUE (provider, child_session_id)
+            );
+            CREATE INDEX sessions_by_time ON sessions (updated_at DESC, acpd_id);
+            CREATE TABLE probes (
+                provider TEXT PRIMARY KEY NOT NULL,
+                fingerprint TEXT NOT NULL,
+                value TEXT NOT NULL,
+                updated_at TEXT NOT NULL
+            );",
+        )
+        .map_err(query)?;
+    }
+    tx.pragma_update(None, "user_version", SCHEMA)
+        .map_err(query)?;
+    tx.commit().map_err(query)
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+/// A child's timestamp in our one format, so rows sort as text. Agents write RFC 3339 with
+/// fractions or offsets (`2026-12-01T11:00:00.5+01:00`); what cannot be read becomes now,
+/// which keeps the row listed rather than losing it.
+fn normalize_time(text: &str) -> String {
+    parse_time(text.trim()).map_or_else(now, |t| humantime::format_rfc3339_seconds(t).to_string())
+}
+
+fn parse_time(text: &str) -> Option<SystemTime> {
+    // humantime reads UTC only (and after a fraction takes any `+HH:MM` for `+00:00`), so a
+    // `±HH:MM` suffix is split off and applied here.
+    let split = text
+        .len()
+        .checked_sub(6)
+        .and_then(|at| text.split_at_checked(at));
+    let Some((local, &[sign @ (b'+' | b'-'), h1, h2, b':', m1, m2])) =
+        split.map(|(local, offset)| (local, offset.as_bytes()))
+    else {
+        return humantime::parse_rfc3339_weak(text).ok();
+    };
+    let digit = |b: u8| b.is_ascii_digit().then(|| u64::from(b - b'0'));
+    let (hh, mm) = (digit(h1)? * 10 + digit(h2)?, digit(m1)? * 10 + digit(m2)?);
+    if hh > 23 || mm > 59 {
+        return None;
+    }
+    let shift = Duration::from_secs(hh * 3600 + mm * 60);
+    let local = humantime::parse_rfc3339_weak(local).ok()?;
+    if sign == b'+' {
+        local.checked_sub(shift)
+    } else {
+        local.checked_add(shift)
+    }
+}

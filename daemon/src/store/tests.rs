@@ -1,0 +1,467 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::json;
+
+use super::*;
+
+fn row(id: &str, provider: &str, child: &str, cwd: &str, updated_at: &str) -> SessionRow {
+    SessionRow {
+        acpd_id: id.into(),
+        provider: provider.into(),
+        child_session_id: child.into(),
+        cwd: PathBuf::from(cwd),
+        title: Some(format!("title of {id}")),
+        updated_at: updated_at.into(),
+    }
+}
+
+fn ids(rows: &[SessionRow]) -> Vec<&str> {
+    rows.iter().map(|r| r.acpd_id.as_str()).collect()
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test]
+async fn rows_round_trip() {
+    let store = Store::in_memory();
+    let a = row("acpd-a", "echo", "c1", "/w", "2026-12-01T10:00:00Z");
+    store.insert(a.clone()).await.unwrap();
+    assert_eq!(store.get("acpd-a").await.unwrap(), Some(a.clone()));
+    assert_eq!(store.get("acpd-b").await.unwrap(), None);
+
+    // Insert again replaces by acpd id.
+    let a2 = SessionRow {
+        title: None,
+        ..a.clone()
+    };
+    store.insert(a2.clone()).await.unwrap();
+    assert_eq!(store.get("acpd-a").await.unwrap(), Some(a2));
+
+    // One child session, one acpd id.
+    let clash = row("acpd-other", "echo", "c1", "/w", "2026-12-01T10:00:00Z");
+    let err = store.insert(clash).await.unwrap_err();
+    assert!(matches!(err, StoreError::Query { .. }), "{err}");
+    assert!(err.to_string().contains(":memory:"), "{err}");
+
+    assert!(store.remove("acpd-a").await.unwrap());
+    assert!(!store.remove("acpd-a").await.unwrap());
+    assert_eq!(store.get("acpd-a").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn non_utf8_cwd_comes_back_exact() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let store = Store::in_memory();
+    let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(b"/tmp/\xffbad"));
+    let r = SessionRow {
+        cwd: cwd.clone(),
+        ..row("acpd-a", "echo", "c1", "/", "2026-12-01T10:00:00Z")
+    };
+    store.insert(r.clone()).await.unwrap();
+    assert_eq!(store.list(Some(&cwd)).await.unwrap(), vec![r]);
+}
+
+#[tokio::test]
+async fn touch_bumps_time_and_keeps_or_replaces_title() {
+    let store = Store::in_memory();
+    store
+        .insert(row("acpd-a", "echo", "c1", "/w", "2000-01-01T00:00:00Z"))
+        .await
+        .unwrap();
+    store.touch("acpd-a", None).await.unwrap();
+    let got = store.get("acpd-a").await.unwrap().unwrap();
+    assert_eq!(got.title.as_deref(), Some("title of acpd-a"));
+    assert!(
+        got.updated_at.as_str() > "2000-01-01T00:00:00Z",
+        "{}",
+        got.updated_at
+    );
+    assert!(humantime::parse_rfc3339(&got.updated_at).is_ok());
+    assert_eq!(got.updated_at.len(), "2026-12-01T10:00:00Z".len());
+
+    store.touch("acpd-a", Some("new".into())).await.unwrap();
+    let got = store.get("acpd-a").await.unwrap().unwrap();
+    assert_eq!(got.title.as_deref(), Some("new"));
+
+    // Unknown ids are fine.
+    store.touch("acpd-nope", Some("x".into())).await.unwrap();
+    assert_eq!(store.get("acpd-nope").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn list_is_newest_first_then_by_id_and_filters_on_cwd() {
+    let store = Store::in_memory();
+    for r in [
+        row("acpd-b", "echo", "c1", "/w", "2026-12-01T10:00:00Z"),
+        row("acpd-a", "echo", "c2", "/w", "2026-12-01T10:00:00Z"),
+        row("acpd-c", "echo", "c3", "/other", "2026-12-01T11:00:00Z"),
+        row("acpd-d", "codex", "c1", "/w/sub", "2026-11-30T09:00:00Z"),
+    ] {
+        store.insert(r).await.unwrap();
+    }
+    let all = store.list(None).await.unwrap();
+    assert_eq!(ids(&all), ["acpd-c", "acpd-a", "acpd-b", "acpd-d"]);
+    let w = store.list(Some(Path::new("/w"))).await.unwrap();
+    assert_eq!(ids(&w), ["acpd-a", "acpd-b"]);
+    assert!(
+        store
+            .list(Some(Path::new("/none")))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn adopt_is_idempotent_and_refreshes() {
+    let store = Store::in_memory();
+    let id = store
+        .adopt(
+            "codex",
+            "child-1",
+            Path::new("/w"),
+            Some("first".into()),
+            Some("2026-12-01T10:00:00.250Z".into()),
+        )
+        .await
+        .unwrap();
+    assert!(id.starts_with("acpd-"), "{id}");
+    assert!(uuid::Uuid::parse_str(&id["acpd-".len()..]).is_ok(), "{id}");
+    let got = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        got,
+        SessionRow {
+            acpd_id: id.clone(),
+            provider: "codex".into(),
+            child_session_id: "child-1".into(),
+            cwd: "/w".into(),
+            title: Some("first".into()),
+            updated_at: "2026-12-01T10:00:00Z".into(),
+        }
+    );
+
+    // Same session listed again: same id; no title or time keeps the stored ones.
+    let again = store
+        .adopt("codex", "child-1", Path::new("/w2"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(again, id);
+    let got = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(got.title.as_deref(), Some("first"));
+    assert_eq!(got.updated_at, "2026-12-01T10:00:00Z");
+    assert_eq!(got.cwd, Path::new("/w2"));
+
+    // A newer listing replaces both.
+    store
+        .adopt(
+            "codex",
+            "child-1",
+            Path::new("/w2"),
+            Some("renamed".into()),
+            Some("2026-12-01T12:30:00+01:00".into()),
+        )
+        .await
+        .unwrap();
+    let got = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(got.title.as_deref(), Some("renamed"));
+    assert_eq!(got.updated_at, "2026-12-01T11:30:00Z");
+
+    // Another provider's session of the same child id is another session.
+    let other = store
+        .adopt("claude", "child-1", Path::new("/w"), None, None)
+        .await
+        .unwrap();
+    assert_ne!(other, id);
+    let got = store.get(&other).await.unwrap().unwrap();
+    assert!(humantime::parse_rfc3339(&got.updated_at).is_ok());
+    assert_eq!(store.list(None).await.unwrap().len(), 2);
+}
+
+#[test]
+fn child_times_are_normalised() {
+    let cases = [
+        ("2026-12-01T10:00:00Z", "2026-12-01T10:00:00Z"),
+        ("2026-12-01T10:00:00.999999Z", "2026-12-01T10:00:00Z"),
+        ("2026-12-01T10:00:00+00:00", "2026-12-01T10:00:00Z"),
+        ("2026-12-01T10:00:00.5+05:30", "2026-12-01T04:30:00Z"),
+        ("2026-12-01T23:00:00-02:00", "2026-12-02T01:00:00Z"),
+        ("2026-12-01 10:00:00", "2026-12-01T10:00:00Z"),
+    ];
+    for (text, want) in cases {
+        assert_eq!(normalize_time(text), want, "{text}");
+    }
+    for bad in [
+        "yesterday",
+        "",
+        "2026-12-01T10:00:00+1:000",
+        "2026-12-01T10:00:00+24:00",
+    ] {
+        let got = normalize_time(bad);
+        assert!(humantime::parse_rfc3339(&got).is_ok(), "{bad} -> {got}");
+        assert!(got.as_str() > "2020", "{bad} -> {got}");
+    }
+}
+
+#[tokio::test]
+async fn forget_unlisted_removes_only_that_providers_missing_rows() {
+    let store = Store::in_memory();
+    for (p, c) in [
+        ("codex", "a"),
+        ("codex", "b"),
+        ("codex", "c"),
+        ("claude", "a"),
+    ] {
+        store
+            .adopt(p, c, Path::new("/w"), None, None)
+            .await
+            .unwrap();
+    }
+    let gone = store
+        .forget_unlisted("codex", &["b".into(), "zzz".into()])
+        .await
+        .unwrap();
+    assert_eq!(gone, 2);
+    let mut left: Vec<(String, String)> = store
+        .list(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.provider, r.child_session_id))
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [("claude".into(), "a".into()), ("codex".into(), "b".into())]
+    );
+    assert_eq!(
+        store.forget_unlisted("codex", &["b".into()]).await.unwrap(),
+        0
+    );
+    assert_eq!(store.forget_unlisted("nobody", &[]).await.unwrap(), 0);
+    assert_eq!(store.forget_unlisted("claude", &[]).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn probe_cache_is_keyed_by_fingerprint() {
+    let store = Store::in_memory();
+    assert_eq!(store.probe_get("codex", "f1").await.unwrap(), None);
+    let v1 = json!({"agentCapabilities": {"loadSession": true}, "authMethods": []});
+    store.probe_put("codex", "f1", &v1).await.unwrap();
+    assert_eq!(
+        store.probe_get("codex", "f1").await.unwrap(),
+        Some(v1.clone())
+    );
+    assert_eq!(store.probe_get("codex", "f2").await.unwrap(), None);
+    assert_eq!(store.probe_get("claude", "f1").await.unwrap(), None);
+
+    let v2 = json!({"agentCapabilities": {}});
+    store.probe_put("codex", "f2", &v2).await.unwrap();
+    assert_eq!(store.probe_get("codex", "f2").await.unwrap(), Some(v2));
+    assert_eq!(store.probe_get("codex", "f1").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn open_makes_private_dir_and_file_and_reopens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state/acpd");
+    let path = dir.join("sessions.sqlite3");
+    let store = Store::open(&path).unwrap();
+    store
+        .insert(row("acpd-a", "echo", "c1", "/w", "2026-12-01T10:00:00Z"))
+        .await
+        .unwrap();
+    assert_eq!(mode(&dir), 0o700);
+    assert_eq!(mode(&tmp.path().join("state")), 0o700);
+    assert_eq!(mode(&path), 0o600);
+    let wal = dir.join("sessions.sqlite3-wal");
+    assert!(wal.exists(), "WAL mode");
+    assert_eq!(mode(&wal), 0o600);
+    drop(store);
+
+    let store = Store::open(&path).unwrap();
+    assert!(store.get("acpd-a").await.unwrap().is_some());
+    let conn = store.conn.lock().unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA);
+}
+
+#[test]
+fn newer_schema_is_refused_with_advice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("s.sqlite3");
+    Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", SCHEMA + 1)
+        .unwrap();
+    let err = Store::open(&path).unwrap_err();
+    assert!(matches!(err, StoreError::NewerSchema { found, .. } if found == SCHEMA + 1));
+    let text = err.to_string();
+    assert!(
+        text.contains("s.sqlite3") && text.contains("move the file aside"),
+        "{text}"
+    );
+}
+
+#[test]
+fn unusable_path_names_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("plain");
+    std::fs::write(&file, "").unwrap();
+    let err = Store::open(&file.join("sessions.sqlite3")).unwrap_err();
+    assert!(matches!(err, StoreError::Dir { .. }), "{err}");
+    assert!(err.to_string().contains("plain"), "{err}");
+
+    // Not a database: SQLite notices when the schema is read.
+    let junk = tmp.path().join("junk.sqlite3");
+    std::fs::write(&junk, vec![b'x'; 4096]).unwrap();
+    let err = Store::open(&junk).unwrap_err();
+    assert!(err.to_string().contains("junk.sqlite3"), "{err}");
+}
+
+#[tokio::test]
+async fn two_stores_on_one_file_see_each_others_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("sessions.sqlite3");
+    let (a, b) = (Store::open(&path).unwrap(), Store::open(&path).unwrap());
+    a.insert(row("acpd-a", "echo", "c1", "/w", "2026-12-01T10:00:00Z"))
+        .await
+        .unwrap();
+    assert!(b.get("acpd-a").await.unwrap().is_some());
+    let id = b
+        .adopt("codex", "x", Path::new("/w"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.adopt("codex", "x", Path::new("/w"), None, None)
+            .await
+            .unwrap(),
+        id
+    );
+    b.probe_put("codex", "f", &json!(1)).await.unwrap();
+    assert_eq!(a.probe_get("codex", "f").await.unwrap(), Some(json!(1)));
+    assert!(a.remove("acpd-a").await.unwrap());
+    assert_eq!(b.get("acpd-a").await.unwrap(), None);
+}
+
+/// How many rows each writer adds in the concurrency tests.
+const WRITES: usize = 150;
+
+/// Writes `WRITES` sessions tagged `tag` and adopts the shared ones, as fast as it can.
+fn hammer(path: &Path, tag: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let store = Store::open(path).unwrap();
+    rt.block_on(async {
+        for i in 0..WRITES {
+            let id = format!("acpd-{tag}-{i}");
+            let child = format!("{tag}-{i}");
+            store
+                .insert(row(&id, "echo", &child, "/w", "2026-12-01T10:00:00Z"))
+                .await
+                .unwrap();
+            store.touch(&id, None).await.unwrap();
+            store
+                .adopt(
+                    "shared",
+                    &format!("s{}", i % 20),
+                    Path::new("/w"),
+                    None,
+                    None,
+                )
+                .await
+                .unwrap();
+        }
+    });
+}
+
+fn check_hammered(path: &Path, tags: &[&str]) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let store = Store::open(path).unwrap();
+    let rows = rt.block_on(store.list(None)).unwrap();
+    for tag in tags {
+        let prefix = format!("acpd-{tag}-");
+        let n = rows
+            .iter()
+            .filter(|r| r.acpd_id.starts_with(&prefix))
+            .count();
+        assert_eq!(n, WRITES, "{tag}");
+    }
+    // Every process adopted the same 20 sessions: 20 rows, never duplicates.
+    assert_eq!(rows.iter().filter(|r| r.provider == "shared").count(), 20);
+}
+
+#[test]
+fn concurrent_writers_on_threads_never_fail_busy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("sessions.sqlite3");
+    let tags = ["t0", "t1", "t2"];
+    std::thread::scope(|s| {
+        for tag in tags {
+            let path = &path;
+            s.spawn(move || hammer(path, tag));
+        }
+    });
+    check_hammered(&path, &tags);
+}
+
+const CHILD_FILE: &str = "ACPD_STORE_TEST_FILE";
+const CHILD_TAG: &str = "ACPD_STORE_TEST_TAG";
+
+/// The other process of `concurrent_writers_in_processes_never_fail_busy`; a no-op when the
+/// test binary runs it on its own.
+#[test]
+fn child_writer() {
+    if let (Some(path), Some(tag)) = (std::env::var_os(CHILD_FILE), std::env::var(CHILD_TAG).ok()) {
+        hammer(Path::new(&path), &tag);
+    }
+}
+
+#[test]
+fn concurrent_writers_in_processes_never_fail_busy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("sessions.sqlite3");
+    let exe = std::env::current_exe().unwrap();
+    let tags = ["p0", "p1", "p2"];
+    let children: Vec<_> = tags[1..]
+        .iter()
+        .map(|tag| {
+            Command::new(&exe)
+                .args(["--exact", "store::tests::child_writer", "--test-threads=1"])
+                .env(CHILD_FILE, &path)
+                .env(CHILD_TAG, tag)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // This process writes too, while the children do.
+    hammer(&path, tags[0]);
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "child failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The filter matched the test: it ran, it was not skipped as unknown.
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    check_hammered(&path, &tags);
+}

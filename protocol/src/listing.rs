@@ -1,0 +1,117 @@
+//! Cursor pagination as ACP defines it for `session/list`: the client passes back the
+//! `nextCursor` it was given, treats it as opaque, and the last page has no `nextCursor`.
+//!
+//! The cursor is an offset into the list as it is when each page is asked for. acpd builds the
+//! list afresh for every request (merged from its store and its agents), so there is no
+//! snapshot to hold a key into; a session created between two pages may shift the next one by
+//! one entry, which ACP's listing, a convenience for pickers, tolerates.
+
+/// Sessions per page when the caller has no reason to choose.
+pub const PAGE: usize = 50;
+
+/// Marks a cursor as ours, so one from an agent (or a stale client) is refused, not misread.
+const PREFIX: &str = "acpd-p";
+
+/// The page of `items` after `cursor` (an opaque token made by this function), and the cursor
+/// of the next page. A cursor that is not one of ours is Err (the caller answers -32602). A
+/// cursor past the end (the list shrank) gives an empty last page. `size` 0 counts as 1, so
+/// paging always ends.
+pub fn page<T>(
+    items: Vec<T>,
+    cursor: Option<&str>,
+    size: usize,
+) -> Result<(Vec<T>, Option<String>), String> {
+    let start = match cursor {
+        None => 0,
+        Some(c) => offset(c).ok_or_else(|| {
+            format!("unknown cursor {c:?}: pass a nextCursor from an earlier answer")
+        })?,
+    };
+    let size = size.max(1);
+    let total = items.len();
+    let end = start.saturating_add(size).min(total);
+    let page: Vec<T> = items
+        .into_iter()
+        .skip(start)
+        .take(end.saturating_sub(start))
+        .collect();
+    let next = (end < total).then(|| format!("{PREFIX}{end}"));
+    Ok((page, next))
+}
+
+/// The offset in one of our cursors: digits only, written as we write them (no sign, no
+/// leading zero), so every offset has exactly one cursor.
+fn offset(cursor: &str) -> Option<usize> {
+    let digits = cursor.strip_prefix(PREFIX)?;
+    let n: usize = digits.parse().ok()?;
+    (n > 0 && n.to_string() == digits).then_some(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_pages(n: usize, size: usize) -> Vec<Vec<usize>> {
+        let mut pages = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let (page, next) = page((0..n).collect(), cursor.as_deref(), size).unwrap();
+            pages.push(page);
+            match next {
+                Some(c) => cursor = Some(c),
+                None => return pages,
+            }
+        }
+    }
+
+    #[test]
+    fn pages_cover_the_list_once_in_order() {
+        for n in [0, 1, 2, 49, 50, 51, 100, 101] {
+            for size in [1, 2, 7, PAGE] {
+                let pages = all_pages(n, size);
+                let flat: Vec<usize> = pages.concat();
+                assert_eq!(flat, (0..n).collect::<Vec<_>>(), "n={n} size={size}");
+                assert!(pages.iter().all(|p| p.len() <= size));
+                assert_eq!(pages.len(), n.div_ceil(size).max(1), "n={n} size={size}");
+            }
+        }
+    }
+
+    #[test]
+    fn last_page_has_no_cursor() {
+        assert_eq!(page(vec![1, 2], None, 2), Ok((vec![1, 2], None)));
+        assert_eq!(page(Vec::<u8>::new(), None, PAGE), Ok((vec![], None)));
+        let (first, next) = page(vec![1, 2, 3], None, 2).unwrap();
+        assert_eq!(first, vec![1, 2]);
+        assert_eq!(page(vec![1, 2, 3], next.as_deref(), 2), Ok((vec![3], None)));
+    }
+
+    #[test]
+    fn cursor_past_the_end_is_an_empty_last_page() {
+        let (_, next) = page((0..10).collect::<Vec<_>>(), None, 5).unwrap();
+        assert_eq!(page(vec![1, 2], next.as_deref(), 5), Ok((vec![], None)));
+    }
+
+    #[test]
+    fn zero_size_still_advances() {
+        assert_eq!(all_pages(3, 0), vec![vec![0], vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn foreign_cursors_are_err() {
+        for c in [
+            "",
+            "5",
+            "acpd-p",
+            "acpd-p0",
+            "acpd-p05",
+            "acpd-p+5",
+            "acpd-p-1",
+            "acpd-p5 ",
+            "acpd-p99999999999999999999999",
+            "opaque-from-an-agent",
+        ] {
+            assert!(page(vec![1, 2, 3], Some(c), 1).is_err(), "{c:?}");
+        }
+    }
+}
