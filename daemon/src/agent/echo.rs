@@ -6,7 +6,6 @@
 //! turn streams, sleeps or hangs.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -18,8 +17,9 @@ use serde_json::json;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
+use super::sessions::{self, Entry, Role, SessionFile, Store};
 use super::turn::{self, TurnEnd};
-use super::{EchoArgs, Stage, script};
+use super::{EchoArgs, Stage, lifecycle, script};
 use crate::wire::{self, Incoming, Peer};
 
 /// How long an exit waits for queued output to reach stdout. Bounded because a client that
@@ -29,26 +29,55 @@ const FLUSH_GRACE: Duration = Duration::from_secs(2);
 /// State shared by the incoming loop and the turn tasks.
 pub(super) struct Agent {
     pub peer: Peer,
-    sessions: Mutex<HashMap<String, Session>>,
-    next_session: AtomicU64,
+    pub args: EchoArgs,
+    /// The `--sessions` directory, opened.
+    pub store: Option<Store>,
+    pub sessions: Mutex<HashMap<String, Session>>,
+    pub next_session: AtomicU64,
     next_turn: AtomicU64,
     /// Set by `--ignore-eof` or `:ignore-eof`; read when stdin ends.
     pub ignore_eof: AtomicBool,
     /// Set by `:deaf-stdin`: stdin is never read again (see [`Deaf`]).
     pub deaf: Arc<AtomicBool>,
+    /// The auth method `authenticate` succeeded with (`--auth`).
+    pub authenticated: Mutex<Option<String>>,
+    /// Whether the client's `initialize` had `clientCapabilities.subagents`.
+    pub client_subagents: AtomicBool,
+    /// The methods of the `_` notifications received, in order (`:ext`).
+    pub ext_seen: Mutex<Vec<String>>,
+    /// The running `:subagent-hang` sessions, so `session/cancel` can reach them.
+    pub subagents: Mutex<HashMap<String, CancellationToken>>,
 }
 
-#[derive(Default)]
-struct Session {
+pub(super) struct Session {
     turn: Option<RunningTurn>,
     /// The `systemPrompt` text given at `session/new` (only offered with `--system-prompt`).
-    system_prompt: Option<String>,
+    pub system_prompt: Option<String>,
+    /// What `--sessions` keeps of this session; written at the end of each turn.
+    pub file: Option<SessionFile>,
 }
 
 struct RunningTurn {
     /// Distinguishes this turn from a later one, so a finishing turn only clears its own slot.
     generation: u64,
     cancel: CancellationToken,
+}
+
+impl Session {
+    pub fn new(system_prompt: Option<String>, file: Option<SessionFile>) -> Session {
+        Session {
+            turn: None,
+            system_prompt,
+            file,
+        }
+    }
+
+    /// Cancels the running turn, if any (the session is being closed or deleted).
+    pub fn cancel_turn(&self) {
+        if let Some(turn) = &self.turn {
+            turn.cancel.cancel();
+        }
+    }
 }
 
 impl Agent {
@@ -98,7 +127,7 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Deaf<R> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
@@ -110,24 +139,39 @@ pub(super) async fn serve(args: EchoArgs) -> i32 {
         inner: stdin,
         deaf: deaf.clone(),
     };
+    let store = match args.sessions.as_deref().map(Store::open).transpose() {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("acpd agent echo: {e}");
+            return 1;
+        }
+    };
     let conn = wire::connect(stdin, stdout, DEFAULT_MAX_LINE);
     let mut incoming = conn.incoming;
     let agent = Arc::new(Agent {
         peer: conn.peer,
+        ignore_eof: AtomicBool::new(args.ignore_eof),
+        args,
+        store,
         sessions: Mutex::new(HashMap::new()),
         next_session: AtomicU64::new(1),
         next_turn: AtomicU64::new(1),
-        ignore_eof: AtomicBool::new(args.ignore_eof),
         deaf,
+        authenticated: Mutex::new(None),
+        client_subagents: AtomicBool::new(false),
+        ext_seen: Mutex::new(Vec::new()),
+        subagents: Mutex::new(HashMap::new()),
     });
     while let Some(message) = incoming.recv().await {
         match message {
             Incoming::Request { id, method, params } => {
-                handle_request(&agent, &args, id, &method, params.as_deref()).await;
+                handle_request(&agent, id, &method, params.as_deref()).await;
             }
             Incoming::Notification { method, params } => {
                 if method == "session/cancel" {
                     cancel(&agent, params.as_deref());
+                } else if method.starts_with('_') {
+                    lock(&agent.ext_seen).push(method);
                 }
             }
             Incoming::Fault(fault) => {
@@ -144,13 +188,8 @@ pub(super) async fn serve(args: EchoArgs) -> i32 {
     0
 }
 
-async fn handle_request(
-    agent: &Arc<Agent>,
-    args: &EchoArgs,
-    id: Id,
-    method: &str,
-    params: Option<&RawValue>,
-) {
+async fn handle_request(agent: &Arc<Agent>, id: Id, method: &str, params: Option<&RawValue>) {
+    let args = &agent.args;
     let stage = match method {
         "initialize" => Some(Stage::Initialize),
         "session/new" => Some(Stage::SessionNew),
@@ -172,14 +211,12 @@ async fn handle_request(
         }
     }
     let reply = match method {
-        "initialize" => Ok(initialize_result(args.protocol_version, args.system_prompt)),
-        "session/new" => new_session(agent, params),
         "session/prompt" => match start_prompt(agent, &id, params) {
             // The turn task answers.
             Ok(()) => return,
             Err(e) => Err(e),
         },
-        other => Err(RpcError::method_not_found(other)),
+        other => lifecycle::handle(agent, other, params).await,
     };
     let _ = match reply {
         Ok(result) => agent.peer.respond_ok(&id, &result).await,
@@ -187,65 +224,11 @@ async fn handle_request(
     };
 }
 
-fn initialize_result(protocol_version: u16, system_prompt: bool) -> serde_json::Value {
-    let session_capabilities = if system_prompt {
-        json!({ "systemPrompt": {} })
-    } else {
-        json!({})
-    };
-    json!({
-        "protocolVersion": protocol_version,
-        "agentCapabilities": {
-            "loadSession": false,
-            "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
-            "mcpCapabilities": {"http": false, "sse": false},
-            "sessionCapabilities": session_capabilities,
-        },
-        "authMethods": [],
-        "agentInfo": {"name": "acpd-echo", "version": env!("CARGO_PKG_VERSION")},
-    })
-}
-
-fn parse_params<T: for<'de> Deserialize<'de>>(params: Option<&RawValue>) -> Result<T, RpcError> {
+pub(super) fn parse_params<T: for<'de> Deserialize<'de>>(
+    params: Option<&RawValue>,
+) -> Result<T, RpcError> {
     let raw = params.map_or("null", RawValue::get);
     serde_json::from_str(raw).map_err(RpcError::invalid_params)
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct NewSessionParams {
-    cwd: Option<String>,
-    #[serde(default)]
-    system_prompt: Option<SystemPrompt>,
-}
-
-#[derive(Deserialize)]
-struct SystemPrompt {
-    content: Vec<serde_json::Value>,
-}
-
-fn new_session(agent: &Agent, params: Option<&RawValue>) -> Result<serde_json::Value, RpcError> {
-    let params: NewSessionParams = parse_params(params)?;
-    match params.cwd {
-        Some(cwd) if Path::new(&cwd).is_absolute() => {}
-        Some(cwd) => {
-            return Err(RpcError::invalid_params(format!(
-                "cwd must be an absolute path, got {cwd:?}"
-            )));
-        }
-        None => return Err(RpcError::invalid_params("missing cwd")),
-    }
-    let n = agent.next_session.fetch_add(1, Ordering::Relaxed);
-    let session_id = format!("echo-{n}");
-    let system_prompt = params.system_prompt.map(|p| text_of(&p.content));
-    lock(&agent.sessions).insert(
-        session_id.clone(),
-        Session {
-            system_prompt,
-            ..Session::default()
-        },
-    );
-    Ok(json!({ "sessionId": session_id }))
 }
 
 #[derive(Deserialize)]
@@ -259,7 +242,7 @@ struct PromptParams {
 /// ignored, as an agent that does not understand an attachment would. Blocks acpd marks as its
 /// own instructions (`_meta.acpd.instruction`) are skipped, so the echo shows what the caller
 /// wrote, not what acpd added.
-fn text_of(blocks: &[serde_json::Value]) -> String {
+pub(super) fn text_of(blocks: &[serde_json::Value]) -> String {
     blocks
         .iter()
         .filter(|block| block.get("type").and_then(|t| t.as_str()) == Some("text"))
@@ -299,16 +282,31 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
         if let Some(system) = system_prompt {
             steps.insert(0, script::Step::Echo(format!("system: {system}\n")));
         }
-        let (end, around) = turn::run(&agent, &params.session_id, &cancel, steps).await;
+        let ran = turn::run(&agent, &params.session_id, &cancel, steps, &params.prompt).await;
+        let (end, around) = (ran.end, ran.around);
         // Free the session before answering, so a client that prompts again as soon as it
         // reads the answer is not told the session is busy.
-        {
+        let record = {
             let mut sessions = lock(&agent.sessions);
-            if let Some(session) = sessions.get_mut(&params.session_id)
-                && session.turn.as_ref().map(|t| t.generation) == Some(generation)
-            {
-                session.turn = None;
+            match sessions.get_mut(&params.session_id) {
+                Some(session) => {
+                    if session.turn.as_ref().map(|t| t.generation) == Some(generation) {
+                        session.turn = None;
+                    }
+                    session.file.as_mut().map(|file| {
+                        record_turn(file, &text, ran.transcript);
+                        file.clone()
+                    })
+                }
+                None => None,
             }
+        };
+        // Written before the answer, so a client that lists or loads as soon as the turn ends
+        // sees it.
+        if let (Some(store), Some(file)) = (&agent.store, record)
+            && let Err(e) = store.save(&file)
+        {
+            eprintln!("acpd agent echo: {e}");
         }
         let answer = match end {
             TurnEnd::Stop { reason, failure } => {
@@ -327,6 +325,24 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
     Ok(())
 }
 
+/// Appends a finished turn to the session's history: the prompt text, then what was streamed.
+fn record_turn(file: &mut SessionFile, prompt: &str, streamed: String) {
+    if file.title.is_none() {
+        file.title = sessions::title_of(prompt);
+    }
+    file.history.push(Entry {
+        role: Role::User,
+        text: prompt.to_string(),
+    });
+    if !streamed.is_empty() {
+        file.history.push(Entry {
+            role: Role::Agent,
+            text: streamed,
+        });
+    }
+    file.updated_at = sessions::now();
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct CancelParams {
@@ -339,10 +355,10 @@ fn cancel(agent: &Agent, params: Option<&RawValue>) {
     let Ok(params) = parse_params::<CancelParams>(params) else {
         return;
     };
-    if let Some(turn) = lock(&agent.sessions)
-        .get(&params.session_id)
-        .and_then(|s| s.turn.as_ref())
-    {
-        turn.cancel.cancel();
+    if let Some(session) = lock(&agent.sessions).get(&params.session_id) {
+        session.cancel_turn();
+    }
+    if let Some(sub) = lock(&agent.subagents).get(&params.session_id) {
+        sub.cancel();
     }
 }

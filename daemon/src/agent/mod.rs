@@ -8,10 +8,24 @@
 //! It speaks ACP on stdin/stdout and never writes anything else to stdout.
 
 mod echo;
+mod features;
+mod lifecycle;
 mod script;
+mod sessions;
 mod turn;
 
+use std::path::PathBuf;
+
 use nix::sys::signal::{SigHandler, Signal, signal};
+
+/// A prompt capability `--prompt-caps` can advertise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PromptCap {
+    Image,
+    Audio,
+    /// `promptCapabilities.embeddedContext`.
+    Embedded,
+}
 
 /// A request the handshake flags can target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -78,9 +92,39 @@ PROMPT SCRIPT
                         options not an array); stream what came back as :permission does
   :deaf-stdin           stop reading stdin for good and stay alive (the turn goes on)
 
+  Directives for the ACP v1 additions (see the flags below):
+  :blocks               stream \"block <TYPE> <WHAT>\" for each non-text prompt block, WHAT
+                        being the uri (resource_link), resource.uri (resource) or mimeType
+                        (image, audio), or \"-\"
+  :auth                 stream \"auth <ID>\" (the method authenticate succeeded with) or
+                        \"auth none\"
+  :ext                  stream \"ext <METHOD>\" for each '_' notification received so far
+  :ext-request METHOD   send request METHOD {\"sessionId\": <own>} to the client; stream
+                        \"ext-reply <JSON>\" or \"ext-error <CODE>\"
+  :subagent TEXT        with --subagents and clientCapabilities.subagents: announce a
+                        subagent session (subagent_update on this session), stream TEXT
+                        under its own sessionId, then \"subagent <SUB ID> done\" here;
+                        otherwise stream \"subagent: client did not opt in\" (or
+                        \"subagent: agent started without --subagents\")
+  :subagent-hang TEXT   as :subagent, then wait for session/cancel of the subagent session,
+                        stream \"subagent cancelled\" and end the turn with end_turn
+
   An unknown directive streams \"unknown directive: <NAME>\"; a malformed one streams an
   explanation; both are otherwise skipped. A session/cancel ends a running turn with
   cancelled at the next step (or at once in :hang and :sleep), except in :hang-deaf.
+
+SESSIONS, AUTH AND EXTENSIONS
+  With --sessions DIR every session is a file DIR/<ID>.json (ids echo-<uuid>) holding its
+  cwd, title (first prompt line), updatedAt and history (each prompt's text and the text the
+  turn streamed; :chunks and :timed filler is not kept). session/load replays the history as
+  user_message_chunk / agent_message_chunk updates before answering; session/resume does not;
+  session/list {cwd?, cursor?} pages newest first (--list-page); session/close forgets the
+  live session (its turn is cancelled); session/delete removes the file too; session/fork
+  copies the history into a new session. An unknown id is -32002. Without --sessions these
+  methods are -32601.
+  With --auth ID, session/new|load|resume|list answer -32000 until authenticate succeeds
+  with an advertised id (another id is -32602).
+  Every request whose method starts with '_' is answered {\"echo\": METHOD, \"params\": PARAMS}.
 
 EXAMPLES
   acpd run 'hello'                 echoes hello
@@ -121,6 +165,25 @@ pub struct EchoArgs {
     /// as "system: TEXT" at the start of each turn.
     #[arg(long)]
     pub system_prompt: bool,
+    /// Persist sessions in DIR (one JSON file each, shared by every echo using DIR) and offer
+    /// session/load, resume, list, close, delete and fork.
+    #[arg(long, value_name = "DIR")]
+    pub sessions: Option<PathBuf>,
+    /// Page size of session/list (with --sessions).
+    #[arg(long, default_value_t = 50, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub list_page: u64,
+    /// Advertise auth method ID (repeatable) and refuse session/new, load, resume and list
+    /// with -32000 until `authenticate` succeeded with one of them.
+    #[arg(long = "auth", value_name = "ID")]
+    pub auth: Vec<String>,
+    /// Advertise these promptCapabilities as true (comma list of image, audio, embedded).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    pub prompt_caps: Vec<PromptCap>,
+    /// Advertise sessionCapabilities.subagents and run the :subagent directives for clients
+    /// that opted in with clientCapabilities.subagents.
+    #[arg(long)]
+    pub subagents: bool,
 }
 
 /// Runs the agent until stdin closes; returns the process exit code.
@@ -190,7 +253,37 @@ mod tests {
         assert_eq!(cli.echo.error_code, Some(-32000));
         assert_eq!(cli.echo.exit_code, 1);
         assert_eq!(cli.echo.protocol_version, 2);
+        assert!(cli.echo.sessions.is_none() && cli.echo.auth.is_empty());
+        assert!(cli.echo.prompt_caps.is_empty() && !cli.echo.subagents);
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn feature_flags_parse() {
+        let cli = Cli::parse_from([
+            "echo",
+            "--sessions",
+            "/tmp/s",
+            "--list-page",
+            "2",
+            "--auth",
+            "a",
+            "--auth",
+            "b",
+            "--prompt-caps",
+            "image,embedded",
+            "--subagents",
+        ]);
+        assert_eq!(cli.echo.sessions, Some(PathBuf::from("/tmp/s")));
+        assert_eq!(cli.echo.list_page, 2);
+        assert_eq!(cli.echo.auth, ["a", "b"]);
+        assert_eq!(
+            cli.echo.prompt_caps,
+            [PromptCap::Image, PromptCap::Embedded]
+        );
+        assert!(cli.echo.subagents);
+        assert!(Cli::try_parse_from(["echo", "--list-page", "0"]).is_err());
+        assert!(Cli::try_parse_from(["echo", "--prompt-caps", "video"]).is_err());
     }
 
     #[test]
@@ -232,6 +325,12 @@ mod tests {
             "dup-session",
             "bad-permission",
             "deaf-stdin",
+            "blocks",
+            "auth",
+            "ext",
+            "ext-request",
+            "subagent",
+            "subagent-hang",
         ] {
             assert!(
                 help.contains(&format!("  :{name} ")),

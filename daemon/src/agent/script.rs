@@ -77,6 +77,19 @@ pub enum Step {
     BadPermission,
     /// Stop reading stdin for good while staying alive.
     DeafStdin,
+    /// One line per non-text prompt block.
+    Blocks,
+    /// The auth method this connection authenticated with.
+    Auth,
+    /// The `_` notifications received so far.
+    Ext,
+    /// A request with this method to the client.
+    ExtRequest(String),
+    /// A subagent session streaming `text`; with `hang`, it then waits for its cancel.
+    Subagent {
+        text: String,
+        hang: bool,
+    },
 }
 
 /// The second `sessionId` of `:dup-session` when none is given.
@@ -182,6 +195,18 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
         }),
         "bad-permission" => no_args(rest, Step::BadPermission)?,
         "deaf-stdin" => no_args(rest, Step::DeafStdin)?,
+        "blocks" => no_args(rest, Step::Blocks)?,
+        "auth" => no_args(rest, Step::Auth)?,
+        "ext" => no_args(rest, Step::Ext)?,
+        "ext-request" => Step::ExtRequest(single(rest, "METHOD")?),
+        "subagent" => Step::Subagent {
+            text: rest.to_string(),
+            hang: false,
+        },
+        "subagent-hang" => Step::Subagent {
+            text: rest.to_string(),
+            hang: true,
+        },
         _ => return Err(Bad::Unknown),
     };
     Ok(step)
@@ -351,6 +376,42 @@ mod tests {
         assert!(explain(":dup-session a b").contains("expected [ID]"));
         assert!(explain(":garbage-then-stop now").contains("takes no arguments"));
         assert!(explain(":deaf-stdin 1").contains("takes no arguments"));
+    }
+
+    #[test]
+    fn feature_directives() {
+        assert_eq!(
+            parse(
+                ":blocks
+:auth
+:ext
+:ext-request _x/y
+:subagent hi  there
+:subagent-hang
+"
+            ),
+            vec![
+                Step::Blocks,
+                Step::Auth,
+                Step::Ext,
+                Step::ExtRequest("_x/y".into()),
+                Step::Subagent {
+                    text: "hi  there".into(),
+                    hang: false
+                },
+                Step::Subagent {
+                    text: String::new(),
+                    hang: true
+                },
+            ]
+        );
+        let explain = |text: &str| match parse(text).as_slice() {
+            [Step::Explain(why)] => why.clone(),
+            other => panic!("{text:?} parsed as {other:?}"),
+        };
+        assert!(explain(":ext-request").contains("expected METHOD"));
+        assert!(explain(":blocks x").contains("takes no arguments"));
+        assert!(explain(":auth x").contains("takes no arguments"));
     }
 
     #[test]

@@ -26,7 +26,7 @@ const FILLER: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
 const IMAGE_DATA: &str = "iVBORw0KGgo=";
 
 /// An `agent_message_chunk` update holding `text`.
-fn text_update(text: &str) -> serde_json::Value {
+pub(super) fn text_update(text: &str) -> serde_json::Value {
     json!({
         "sessionUpdate": "agent_message_chunk",
         "content": {"type": "text", "text": text},
@@ -67,37 +67,59 @@ impl Around {
     }
 }
 
-fn stop(reason: &str) -> TurnEnd {
+pub(super) fn stop(reason: &str) -> TurnEnd {
     TurnEnd::Stop {
         reason: reason.to_string(),
         failure: None,
     }
 }
 
-/// Runs the steps; never returns for turns that hang by design. The [`Around`] holds what
-/// must be written next to the answer.
+/// What a finished turn leaves: how to answer, what goes around the answer, and the text it
+/// streamed as agent messages (for `--sessions` history).
+pub(super) struct Ran {
+    pub end: TurnEnd,
+    pub around: Around,
+    pub transcript: String,
+}
+
+/// Runs the steps; never returns for turns that hang by design. `prompt` is the prompt's
+/// content blocks, for `:blocks`.
 pub(super) async fn run(
     agent: &Agent,
     session_id: &str,
     cancel: &CancellationToken,
     steps: Vec<Step>,
-) -> (TurnEnd, Around) {
+    prompt: &[serde_json::Value],
+) -> Ran {
     let turn = Turn {
         agent,
         session_id,
         cancel,
+        prompt,
         around: Mutex::new(Around::default()),
+        transcript: Mutex::new(String::new()),
     };
     let end = turn.steps(steps).await;
     let around = turn.around.into_inner().unwrap_or_else(|p| p.into_inner());
-    (end, around)
+    let transcript = turn
+        .transcript
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
+    Ran {
+        end,
+        around,
+        transcript,
+    }
 }
 
-struct Turn<'a> {
-    agent: &'a Agent,
-    session_id: &'a str,
-    cancel: &'a CancellationToken,
+pub(super) struct Turn<'a> {
+    pub agent: &'a Agent,
+    pub session_id: &'a str,
+    pub cancel: &'a CancellationToken,
+    pub prompt: &'a [serde_json::Value],
     around: Mutex<Around>,
+    /// The text of every agent message this turn streamed through [`Turn::text`].
+    transcript: Mutex<String>,
 }
 
 impl Turn<'_> {
@@ -270,6 +292,11 @@ impl Turn<'_> {
                 .agent
                 .deaf
                 .store(true, std::sync::atomic::Ordering::Release),
+            Step::Blocks => self.blocks().await,
+            Step::Auth => self.auth().await,
+            Step::Ext => self.ext().await,
+            Step::ExtRequest(method) => self.ext_request(&method).await,
+            Step::Subagent { text, hang } => return self.subagent(&text, hang).await,
         }
         None
     }
@@ -282,11 +309,16 @@ impl Turn<'_> {
 
     /// Sends one update. Send failures mean stdout is gone; the turn carries on regardless, as
     /// the process ends with stdin or by a later directive.
-    async fn update(&self, update: serde_json::Value) {
+    pub async fn update(&self, update: serde_json::Value) {
         let _ = self.agent.peer.send_line(self.update_line(update)).await;
     }
 
-    async fn text(&self, text: &str) {
+    /// Streams `text` as an agent message and keeps it for the session's history.
+    pub async fn text(&self, text: &str) {
+        self.transcript
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_str(text);
         self.update(text_update(text)).await
     }
 
