@@ -7,7 +7,7 @@
 //
 // Without `--acpd` only (a) runs. The sequence, per side:
 //   initialize → session/new → one prompt → session/list {cwd} → end that process →
-//   a NEW process: initialize → session/load of the listed id (the history replays).
+//   a NEW process: initialize → session/load of that session id (the history replays).
 // Each side has its own HOME, XDG dirs and CLAUDE_CONFIG_DIR under DIR; both use one project
 // directory and one mock model server, so their answers can be compared field by field.
 //
@@ -15,7 +15,7 @@
 // deadline, and a step that fails (error, timeout, early exit) is recorded as
 // `{"error": {...}}` and ends that side, so the test reports what failed instead of hanging.
 import { spawn } from "node:child_process";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { createInterface } from "node:readline";
 import { PassThrough, Readable, Writable } from "node:stream";
 import { fileURLToPath } from "node:url";
@@ -30,6 +30,12 @@ const PROMPT = "hello differential";
 const STEP_MS = 20_000;
 /** How long a process may take to exit after its stdin closed. */
 const EXIT_MS = 10_000;
+/**
+ * The whole run's budget: past it the report so far is printed with an `error`, so the test
+ * fails saying where it stood instead of hanging. Processes left behind end on their stdin's
+ * EOF when this one exits.
+ */
+const TOTAL_MS = 55_000;
 /**
  * Updates the agent sends on its own schedule, not as part of a turn: the slash command list
  * (after session/new and session/load) and the generated title (a background model call that
@@ -110,10 +116,11 @@ function agentEnv(port) {
 
 /**
  * Runs `command` as an ACP agent over its stdio and `body(ctx, seen)` as its client; `seen`
- * collects every session/update and other notification. Resolves with body's result after
- * stdin closed and the process exited (its exit code recorded in `exit`).
+ * collects every session/update and other notification. Then closes its stdin and waits for
+ * it to exit. `rec` gets `error` (the first failure, which ends body), `exit` (the exit code or
+ * signal) and, when either went wrong, the tail of the process's stderr.
  */
-async function session(label, command, argv, env, cwd, body) {
+async function session(label, [command, argv, env], cwd, rec, body) {
   const child = spawn(command, argv, { env, cwd, stdio: ["pipe", "pipe", "pipe"] });
   const stderr = [];
   child.stderr.on("data", (c) => stderr.push(c));
@@ -140,28 +147,26 @@ async function session(label, command, argv, env, cwd, body) {
       seen.permissionRequests += 1;
       return { outcome: { outcome: "cancelled" } };
     });
-  let result;
   const died = exited.then((code) => {
     throw new Error(`${label}: exited (${code}) before the client was done`);
   });
   try {
-    result = await Promise.race([app.connectWith(stream, (ctx) => body(ctx, seen)), died]);
+    await Promise.race([app.connectWith(stream, (ctx) => body(ctx, seen)), died]);
   } catch (e) {
-    result = { error: errorOf(e) };
+    rec.error = errorOf(e);
   }
   child.stdin.end();
-  let exit;
   try {
-    exit = await withDeadline(exited, `${label} exit`, EXIT_MS);
+    rec.exit = await withDeadline(exited, `${label} exit`, EXIT_MS);
   } catch (e) {
     child.kill("SIGKILL");
-    exit = errorOf(e);
+    rec.exit = errorOf(e);
   }
-  const tail = Buffer.concat(stderr).toString("utf8").split("\n").slice(-15).join("\n");
-  return { ...result, exit, stderrTail: exit === 0 && !result.error ? undefined : tail };
+  if (rec.exit !== 0 || rec.error) {
+    rec.stderrTail = Buffer.concat(stderr).toString("utf8").split("\n").slice(-15).join("\n");
+  }
 }
 
-/** `method` under the step deadline; its time (ms) goes into `log[prefix + method]`. */
 async function call(ctx, method, params, log, prefix = "") {
   const started = performance.now();
   try {
@@ -189,48 +194,56 @@ function summarize(updates) {
 
 /**
  * One side: a first process creates a session, prompts once and lists; a second one loads what
- * the list said. `spawnArgs()` gives [command, argv, env] for a fresh process.
+ * the list said. `spawnArgs()` gives [command, argv, env] for a fresh process. What happened
+ * goes into `out` as it happens, so a run stopped by the deadline still reports it.
  */
-async function side(label, spawnArgs, project) {
-  const out = { steps: {} };
+async function side(label, spawnArgs, project, out) {
+  out.steps = {};
   const started = performance.now();
-  const first = await session(`${label} #1`, ...spawnArgs(), project, async (ctx, seen) => {
-    const r = {};
-    const init = await call(ctx, "initialize", { protocolVersion: acp.PROTOCOL_VERSION, clientCapabilities: {} }, out.steps);
-    r.initialize = init;
+  await session(`${label} #1`, spawnArgs(), project, out, async (ctx, seen) => {
+    out.initialize = await call(ctx, "initialize", { protocolVersion: acp.PROTOCOL_VERSION, clientCapabilities: {} }, out.steps);
     const created = await call(ctx, "session/new", { cwd: project, mcpServers: [] }, out.steps);
-    r.sessionId = created.sessionId;
-    r.newKeys = Object.keys(created).sort();
+    out.sessionId = created.sessionId;
+    out.newKeys = Object.keys(created).sort();
     const before = seen.updates.length;
     const prompt = await call(ctx, "session/prompt", { sessionId: created.sessionId, prompt: [{ type: "text", text: PROMPT }] }, out.steps);
-    r.stopReason = prompt.stopReason;
-    r.turn = summarize(seen.updates.slice(before));
+    out.stopReason = prompt.stopReason;
+    out.turn = summarize(seen.updates.slice(before));
     try {
-      r.list = await call(ctx, "session/list", { cwd: project }, out.steps);
+      out.list = await call(ctx, "session/list", { cwd: project }, out.steps);
     } catch (e) {
-      r.list = { error: errorOf(e) };
+      out.list = { error: errorOf(e) };
     }
-    r.notifications = seen.notifications;
-    r.permissionRequests = seen.permissionRequests;
-    return r;
+    out.notifications = seen.notifications;
+    out.permissionRequests = seen.permissionRequests;
   });
-  Object.assign(out, first);
   out.steps["#1 process"] = Math.round(performance.now() - started);
-  if (first.error || !first.sessionId) return out;
-  const second = await session(`${label} #2`, ...spawnArgs(), project, async (ctx, seen) => {
-    const r = {};
+  if (out.error || !out.sessionId) return;
+  out.load = {};
+  await session(`${label} #2`, spawnArgs(), project, out.load, async (ctx, seen) => {
     await call(ctx, "initialize", { protocolVersion: acp.PROTOCOL_VERSION, clientCapabilities: {} }, out.steps, "#2 ");
-    const loaded = await call(ctx, "session/load", { sessionId: first.sessionId, cwd: project, mcpServers: [] }, out.steps, "#2 ");
-    r.loadKeys = Object.keys(loaded ?? {}).sort();
+    const loaded = await call(ctx, "session/load", { sessionId: out.sessionId, cwd: project, mcpServers: [] }, out.steps, "#2 ");
+    out.load.keys = Object.keys(loaded ?? {}).sort();
     // claude-agent-acp names the session in its answer; through acpd that must be acpd's id.
-    r.loadSessionId = loaded?.sessionId ?? null;
-    // Only what arrived before the answer counts as replay: ACP sends history first.
-    r.replay = summarize(seen.updates);
-    return r;
+    out.load.sessionId = loaded?.sessionId ?? null;
+    // What arrived before the answer: ACP replays the history first.
+    out.load.replay = summarize(seen.updates);
   });
-  out.load = second;
   out.steps["#2 process"] = Math.round(performance.now() - started) - out.steps["#1 process"];
-  return out;
+}
+
+const report = { agent: "@agentclientprotocol/claude-agent-acp", prompt: PROMPT, timings };
+
+function finish() {
+  // What the agents asked the model, in order: proof the prompt went through it, and the
+  // first thing to read when the agent changed what it calls.
+  try {
+    report.modelRequests = readFileSync(`${opts.work}/mock-requests.jsonl`, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+  } catch {
+    report.modelRequests = null;
+  }
+  process.stdout.write(JSON.stringify(report) + "\n");
+  process.exit(0);
 }
 
 async function main() {
@@ -238,11 +251,12 @@ async function main() {
   timings.mockReady = ms();
   const project = `${opts.work}/project`;
   mkdirSync(project, { recursive: true });
+  report.project = project;
   const env = agentEnv(port);
-  const report = { agent: "@agentclientprotocol/claude-agent-acp", prompt: PROMPT, timings };
 
   const d = sideDirs("direct");
-  report.direct = await side("claude-agent-acp", () => [process.execPath, [AGENT], { PATH: process.env.PATH, ...d.dirs, ...env }], project);
+  report.direct = {};
+  await side("claude-agent-acp", () => [process.execPath, [AGENT], { PATH: process.env.PATH, ...d.dirs, ...env }], project, report.direct);
   timings.direct = ms() - timings.mockReady;
 
   if (opts.acpd) {
@@ -265,6 +279,7 @@ async function main() {
     ].join("\n");
     const config = `${a.root}/config.toml`;
     writeFileSync(config, toml);
+    report.acpdConfig = toml;
     const acpdEnv = {
       PATH: process.env.PATH,
       ...ambient,
@@ -274,14 +289,19 @@ async function main() {
       ACPD_LOG: process.env.ACPD_LOG ?? "warn",
     };
     const started = ms();
-    report.acpd = await side("acpd stdio", () => [opts.acpd, ["--config", config, "stdio"], acpdEnv], project);
+    report.acpd = {};
+    await side("acpd stdio", () => [opts.acpd, ["--config", config, "stdio"], acpdEnv], project, report.acpd);
     timings.acpd = ms() - started;
   }
   timings.total = ms();
   mock.stdin.end();
-  return report;
 }
 
-const report = await main().catch((e) => ({ error: errorOf(e), timings }));
-process.stdout.write(JSON.stringify(report) + "\n");
-process.exit(0);
+setTimeout(() => {
+  report.error = { code: "timeout", message: `the whole run took over ${TOTAL_MS} ms`, data: null };
+  finish();
+}, TOTAL_MS).unref();
+await main().catch((e) => {
+  report.error = errorOf(e);
+});
+finish();

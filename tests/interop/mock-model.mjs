@@ -3,19 +3,23 @@
 //
 // Usage: `node mock-model.mjs [LOG]` prints `{"port":N}` as its first stdout line, then serves
 // until stdin closes (its parent went away) or SIGTERM. Every request is appended to LOG (one
-// JSON line: method, path, model, stream) when given, so a failing test can say what the agent
-// asked for.
+// JSON line: method, path, model, stream, the start of the last user text) when given, so a
+// failing test can say what the agent asked for. With MOCK_DUMP set, whole bodies go to
+// LOG.bodies too (for learning what a new agent version sends).
 //
-// What it emulates (learned from what Claude Code 0.3.318's binary calls):
-// - `POST /v1/messages` with `stream: true`: one assistant text turn as server-sent events
-//   (`message_start`, `content_block_start`, two `content_block_delta` text deltas,
+// What claude-agent-acp 0.101.0 (Claude Agent SDK 0.3.318) was seen to call, and the answers:
+// - `HEAD /api/hello`, a connectivity probe, a few times per process: 404 (it carries on).
+// - `POST /v1/messages`, `stream: true`, for the turn: one assistant text turn as server-sent
+//   events (`message_start`, `content_block_start`, two `content_block_delta` text deltas,
 //   `content_block_stop`, `message_delta` with `stop_reason: "end_turn"`, `message_stop`). The
-//   text is `REPLY <last user text>` so the test sees the prompt went through the model.
-// - `POST /v1/messages` without `stream`: the same text as one JSON message (side queries
-//   such as title generation use it).
-// - `POST /v1/messages/count_tokens`: `{"input_tokens": N}`.
-// - Anything else: 404 with an Anthropic-shaped error body (the agent treats it as "feature
-//   unavailable" rather than retrying).
+//   text is `REPLY <last user text>`, so the test sees the prompt went through the model; two
+//   deltas so a bridge that keeps only one chunk shows.
+// - `POST /v1/messages`, `stream: true`, for the session title (its instructions ask for JSON
+//   with a single "title" field): `{"title":"Differential session"}`, so the title is fixed.
+// - `POST /v1/messages` without `stream` (not seen, answered for safety): the same reply as
+//   one JSON message. `POST /v1/messages/count_tokens` (not seen): `{"input_tokens": 10}`.
+// - Anything else: 404 with an Anthropic-shaped error body.
+// Usage numbers are fixed, so the agent's `usage_update`s are too.
 import { createServer } from "node:http";
 import { appendFileSync } from "node:fs";
 
@@ -37,9 +41,21 @@ function lastUserText(body) {
   return "";
 }
 
-/** The reply's text: the prompt echoed, after the marker the test looks for. */
-function replyFor(body, raw) {
-  if (raw.includes('Return JSON with a single \\"title\\" field')) return JSON.stringify({ title: TITLE });
+/** Every text of the request (system prompt and messages), for recognizing side queries. */
+function allText(body) {
+  const texts = [];
+  const collect = (content) => {
+    if (typeof content === "string") texts.push(content);
+    else if (Array.isArray(content)) for (const b of content) if (typeof b?.text === "string") texts.push(b.text);
+  };
+  collect(body.system);
+  for (const m of Array.isArray(body.messages) ? body.messages : []) collect(m.content);
+  return texts.join("\n");
+}
+
+/** The reply's text: a fixed title for the title query, else the prompt echoed after a marker. */
+function replyFor(body) {
+  if (allText(body).includes('a single "title" field')) return JSON.stringify({ title: TITLE });
   return `REPLY ${lastUserText(body).trim()}`;
 }
 
@@ -146,7 +162,7 @@ const server = createServer((req, res) => {
       );
     }
     if (req.method === "POST" && path === "/v1/messages") {
-      const text = replyFor(body, raw);
+      const text = replyFor(body);
       return body.stream ? streamReply(res, body, text) : jsonReply(res, body, text);
     }
     if (req.method === "POST" && path === "/v1/messages/count_tokens") {
