@@ -1,0 +1,182 @@
+// A stand-in for the Anthropic Messages API on 127.0.0.1 (random port), so the real
+// claude-agent-acp (and the Claude Code binary it drives) runs offline and deterministically.
+//
+// Usage: `node mock-model.mjs [LOG]` prints `{"port":N}` as its first stdout line, then serves
+// until stdin closes (its parent went away) or SIGTERM. Every request is appended to LOG (one
+// JSON line: method, path, model, stream, the start of the last user text) when given, so a
+// failing test can say what the agent asked for. With MOCK_DUMP set, whole bodies go to
+// LOG.bodies too (for learning what a new agent version sends).
+//
+// What claude-agent-acp 0.101.0 (Claude Agent SDK 0.3.318) was seen to call, and the answers:
+// - `HEAD /api/hello`, a connectivity probe, a few times per process: 404 (it carries on).
+// - `POST /v1/messages`, `stream: true`, for the turn: one assistant text turn as server-sent
+//   events (`message_start`, `content_block_start`, two `content_block_delta` text deltas,
+//   `content_block_stop`, `message_delta` with `stop_reason: "end_turn"`, `message_stop`). The
+//   text is `REPLY <last user text>`, so the test sees the prompt went through the model; two
+//   deltas so a bridge that keeps only one chunk shows.
+// - `POST /v1/messages`, `stream: true`, for the session title (its instructions ask for JSON
+//   with a single "title" field): `{"title":"Differential session"}`, so the title is fixed.
+// - `POST /v1/messages` without `stream` (not seen, answered for safety): the same reply as
+//   one JSON message. `POST /v1/messages/count_tokens` (not seen): `{"input_tokens": 10}`.
+// - Anything else: 404 with an Anthropic-shaped error body.
+// Usage numbers are fixed, so the agent's `usage_update`s are too.
+import { createServer } from "node:http";
+import { appendFileSync } from "node:fs";
+
+const log = process.argv[2];
+
+function lastUserText(body) {
+  const messages = Array.isArray(body.messages) ? body.messages : [];
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const m = messages[i];
+    if (m.role !== "user") continue;
+    if (typeof m.content === "string") return m.content;
+    if (Array.isArray(m.content)) {
+      const texts = m.content
+        .filter((b) => b.type === "text" && !b.text.startsWith("<system-reminder>"))
+        .map((b) => b.text);
+      if (texts.length) return texts[texts.length - 1];
+    }
+  }
+  return "";
+}
+
+/** Every text of the request (system prompt and messages), for recognizing side queries. */
+function allText(body) {
+  const texts = [];
+  const collect = (content) => {
+    if (typeof content === "string") texts.push(content);
+    else if (Array.isArray(content)) for (const b of content) if (typeof b?.text === "string") texts.push(b.text);
+  };
+  collect(body.system);
+  for (const m of Array.isArray(body.messages) ? body.messages : []) collect(m.content);
+  return texts.join("\n");
+}
+
+/** The reply's text: a fixed title for the title query, else the prompt echoed after a marker. */
+function replyFor(body) {
+  if (allText(body).includes('a single "title" field')) return JSON.stringify({ title: TITLE });
+  return `REPLY ${lastUserText(body).trim()}`;
+}
+
+/** The title every session gets when the agent asks the model for one. */
+const TITLE = "Differential session";
+
+function usage(output) {
+  return {
+    input_tokens: 10,
+    output_tokens: output,
+    cache_creation_input_tokens: 0,
+    cache_read_input_tokens: 0,
+  };
+}
+
+let counter = 0;
+
+function sse(res, event, data) {
+  res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+}
+
+function streamReply(res, body, text) {
+  const id = `msg_mock_${++counter}`;
+  res.writeHead(200, {
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    "request-id": `req_mock_${counter}`,
+  });
+  sse(res, "message_start", {
+    type: "message_start",
+    message: {
+      id,
+      type: "message",
+      role: "assistant",
+      model: body.model,
+      content: [],
+      stop_reason: null,
+      stop_sequence: null,
+      usage: usage(1),
+    },
+  });
+  sse(res, "content_block_start", {
+    type: "content_block_start",
+    index: 0,
+    content_block: { type: "text", text: "" },
+  });
+  // Two deltas, split inside the text, so a client that drops all but one chunk shows.
+  const cut = Math.min(6, text.length);
+  for (const part of [text.slice(0, cut), text.slice(cut)]) {
+    sse(res, "content_block_delta", {
+      type: "content_block_delta",
+      index: 0,
+      delta: { type: "text_delta", text: part },
+    });
+  }
+  sse(res, "content_block_stop", { type: "content_block_stop", index: 0 });
+  sse(res, "message_delta", {
+    type: "message_delta",
+    delta: { stop_reason: "end_turn", stop_sequence: null },
+    usage: { output_tokens: 5 },
+  });
+  sse(res, "message_stop", { type: "message_stop" });
+  res.end();
+}
+
+function jsonReply(res, body, text) {
+  res.writeHead(200, { "content-type": "application/json", "request-id": `req_mock_${++counter}` });
+  res.end(
+    JSON.stringify({
+      id: `msg_mock_${counter}`,
+      type: "message",
+      role: "assistant",
+      model: body.model,
+      content: [{ type: "text", text }],
+      stop_reason: "end_turn",
+      stop_sequence: null,
+      usage: usage(5),
+    }),
+  );
+}
+
+function notFound(res) {
+  res.writeHead(404, { "content-type": "application/json" });
+  res.end(JSON.stringify({ type: "error", error: { type: "not_found_error", message: "mock: no such endpoint" } }));
+}
+
+const server = createServer((req, res) => {
+  const chunks = [];
+  req.on("data", (c) => chunks.push(c));
+  req.on("end", () => {
+    const raw = Buffer.concat(chunks).toString("utf8");
+    let body = {};
+    try {
+      body = raw ? JSON.parse(raw) : {};
+    } catch {
+      body = {};
+    }
+    const path = (req.url ?? "").split("?")[0];
+    if (log) {
+      if (process.env.MOCK_DUMP) appendFileSync(log + ".bodies", raw + "\n");
+      appendFileSync(
+        log,
+        JSON.stringify({ method: req.method, path, model: body.model ?? null, stream: body.stream ?? null, user: lastUserText(body).slice(0, 200) }) + "\n",
+      );
+    }
+    if (req.method === "POST" && path === "/v1/messages") {
+      const text = replyFor(body);
+      return body.stream ? streamReply(res, body, text) : jsonReply(res, body, text);
+    }
+    if (req.method === "POST" && path === "/v1/messages/count_tokens") {
+      res.writeHead(200, { "content-type": "application/json" });
+      return res.end(JSON.stringify({ input_tokens: 10 }));
+    }
+    notFound(res);
+  });
+});
+
+server.listen(0, "127.0.0.1", () => {
+  process.stdout.write(JSON.stringify({ port: server.address().port }) + "\n");
+});
+// Ends with its parent: stdin closes when the test (or the differential script) goes away.
+process.stdin.on("end", () => process.exit(0));
+process.stdin.resume();
+process.on("SIGTERM", () => process.exit(0));
