@@ -117,6 +117,20 @@ pub struct RunSummary {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunsReply {
     pub runs: Vec<RunInfo>,
+    /// Bridge sessions of the asking user (all of them: attached and detached).
+    #[serde(default)]
+    pub sessions: Vec<SessionEntry>,
+}
+
+/// One live bridge session in `_acpd/runs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionEntry {
+    pub session_id: String,
+    pub provider: String,
+    pub pid: i32,
+    /// `attached` or `detached`.
+    pub state: String,
 }
 
 /// One run in `_acpd/runs`.
@@ -151,6 +165,19 @@ pub struct StatusReply {
     /// Provider names.
     pub providers: Vec<String>,
     pub limits: StatusLimits,
+    /// Bridge sessions: open on a connection, and detached (waiting to be loaded again).
+    #[serde(default)]
+    pub sessions: SessionLoad,
+    /// Warm spares ready per provider (`warm`).
+    #[serde(default)]
+    pub spares: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionLoad {
+    pub attached: u64,
+    pub detached: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -282,8 +309,15 @@ mod tests {
                     depth: 0,
                     connection: 7,
                 }],
+                sessions: vec![SessionEntry {
+                    session_id: "acpd-1".into(),
+                    provider: "echo".into(),
+                    pid: 43,
+                    state: "detached".into(),
+                }],
             },
-            json!({"runs": [{"runId": "r1", "provider": "echo", "state": "settled", "ageS": 3, "pid": 42, "depth": 0, "connection": 7}]}),
+            json!({"runs": [{"runId": "r1", "provider": "echo", "state": "settled", "ageS": 3, "pid": 42, "depth": 0, "connection": 7}],
+                "sessions": [{"sessionId": "acpd-1", "provider": "echo", "pid": 43, "state": "detached"}]}),
         );
         round_trip(
             &StatusReply {
@@ -307,11 +341,17 @@ mod tests {
                     )]
                     .into(),
                 },
+                sessions: SessionLoad {
+                    attached: 1,
+                    detached: 2,
+                },
+                spares: [("echo".to_string(), 1)].into(),
             },
             json!({"version": "0.1.0", "pid": 9, "uptimeS": 5, "connections": 1, "runs": 2,
                 "providers": ["echo"],
                 "limits": {"maxChildren": 256, "liveChildren": 2, "queued": 1, "queueTimeoutS": 1.5,
-                    "providers": {"echo": {"maxConcurrent": 64, "live": 2}}}}),
+                    "providers": {"echo": {"maxConcurrent": 64, "live": 2}}},
+                "sessions": {"attached": 1, "detached": 2}, "spares": {"echo": 1}}),
         );
     }
 

@@ -87,6 +87,41 @@ pub fn surely_no_session_id_key(rest: &str) -> bool {
     KEY.find(bytes).is_none() && ESCAPE.find(bytes).is_none()
 }
 
+/// Whether a key names a session: `sessionId` itself or any `…SessionId`
+/// (`senderSessionId`, `recipientSessionId`, …).
+fn names_a_session(key: &str) -> bool {
+    key == "sessionId" || key.ends_with("SessionId")
+}
+
+/// Rewrites every session id in `value`, at any depth: each string under a key that names a
+/// session goes through `map`. The slow path of a relay whose child reports sessions of its
+/// own (Subagent Sessions), where ids appear nested (`subagent_update`, `session_message`).
+/// `Err` names the first id `map` does not know; `value` is then partly rewritten and must
+/// not be sent.
+pub fn remap_session_ids(
+    value: &mut serde_json::Value,
+    map: &mut impl FnMut(&str) -> Option<String>,
+) -> Result<(), String> {
+    match value {
+        serde_json::Value::Object(fields) => {
+            for (key, v) in fields.iter_mut() {
+                if names_a_session(key)
+                    && let serde_json::Value::String(id) = v
+                {
+                    *id = map(id).ok_or_else(|| id.clone())?;
+                } else {
+                    remap_session_ids(v, map)?;
+                }
+            }
+            Ok(())
+        }
+        serde_json::Value::Array(items) => {
+            items.iter_mut().try_for_each(|v| remap_session_ids(v, map))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn parse_fields(text: &str) -> Option<Vec<(String, &RawValue)>> {
     struct Fields;
     impl<'de> Visitor<'de> for Fields {
@@ -152,6 +187,30 @@ mod tests {
         assert_eq!(
             splice_session_id(text, "m").as_deref(),
             Some(r#"{"sessionId":"m","update":{"sessionId":"b","t":"\"sessionId\" \u0041"}}"#)
+        );
+    }
+
+    #[test]
+    fn remap_rewrites_nested_ids_and_names_an_unknown_one() {
+        let mut v: serde_json::Value = serde_json::from_str(
+            r#"{"sessionId":"own","update":{"sessionUpdate":"session_message","senderSessionId":"sub","list":[{"sessionId":"own"}],"text":"sessionId"}}"#,
+        )
+        .unwrap();
+        let mut map = |id: &str| match id {
+            "own" => Some("A".to_string()),
+            "sub" => Some("A.1".to_string()),
+            _ => None,
+        };
+        remap_session_ids(&mut v, &mut map).unwrap();
+        assert_eq!(
+            v.to_string(),
+            r#"{"sessionId":"A","update":{"sessionUpdate":"session_message","senderSessionId":"A.1","list":[{"sessionId":"A"}],"text":"sessionId"}}"#
+        );
+        let mut v =
+            serde_json::json!({"sessionId": "own", "update": {"recipientSessionId": "other"}});
+        assert_eq!(
+            remap_session_ids(&mut v, &mut map),
+            Err("other".to_string())
         );
     }
 

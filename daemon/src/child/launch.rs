@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acpd_protocol::acp::{ClientCapabilities, Implementation, InitializeRequest};
-use acpd_protocol::envelope::{self, AUTH_REQUIRED, Id, Message, RpcError};
+use acpd_protocol::envelope::{self, Id, Message, RpcError};
 use acpd_protocol::subagent::{Category, Stage};
 use agent_client_protocol::schema::ProtocolVersion;
 use serde::Deserialize;
@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::driver::{ChildWire, Driver};
 use super::{AgentInfo, CMD_DEPTH, Child, ChildSpec, Shared, StartFailure, failure};
+use crate::config::ProviderConfig;
 use crate::supervise::{self, Graces, ProcessTree, SpawnSpec, StderrTail};
 use crate::wire::{LineReader, Outbox, sleep_until_opt};
 
@@ -28,14 +29,11 @@ struct InitializeReply {
     #[serde(default)]
     agent_capabilities: serde_json::Value,
     #[serde(default)]
-    auth_methods: Vec<AuthMethodId>,
+    auth_methods: Vec<serde_json::Value>,
     #[serde(default)]
     agent_info: serde_json::Value,
-}
-
-#[derive(Deserialize)]
-struct AuthMethodId {
-    id: String,
+    #[serde(default, rename = "_meta")]
+    meta: serde_json::Value,
 }
 
 #[derive(Deserialize)]
@@ -57,64 +55,164 @@ pub(super) async fn start(
     client_capabilities: ClientCapabilities,
     cancel: &CancellationToken,
 ) -> Result<Child, StartFailure> {
-    let h = spawn(spec).await?;
-    handshake(h, client_capabilities, cancel).await
+    let open = Open::Create {
+        method: "session/new",
+        params: spec.session.new_session_params(&spec.cwd),
+    };
+    initialize(spec, client_capabilities, cancel)
+        .await?
+        .open(open, cancel)
+        .await
 }
 
-/// Runs the handshake on a spawned child, then starts its driver.
-async fn handshake(
-    mut h: Handshake,
+/// Spawns the child and runs `initialize`. On failure the child's whole tree is gone.
+pub async fn initialize(
+    spec: ChildSpec,
     client_capabilities: ClientCapabilities,
     cancel: &CancellationToken,
-) -> Result<Child, StartFailure> {
-    let deadline = Instant::now() + h.spec.provider.handshake_timeout;
-    let result = async {
-        let agent = h.initialize(client_capabilities, deadline, cancel).await?;
-        let (session_id, reply) = h.new_session(deadline, cancel).await?;
-        Ok((agent, session_id, reply))
-    }
-    .await;
-    let (agent, session_id, session_reply) = match result {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(
-                provider = %h.spec.provider.name, run = %h.spec.run_id,
-                stderr_tail = ?h.stderr.snapshot(), "child failed to start: {e}"
-            );
-            h.teardown().await;
-            return Err(e);
+) -> Result<Initialized, StartFailure> {
+    let h = spawn(spec).await?;
+    Initialized::handshake(h, client_capabilities, cancel).await
+}
+
+/// How a child's session comes to be.
+pub enum Open {
+    /// `method` (`session/new`, `session/fork`) is sent now with `params`; the child's session
+    /// id is the one its answer names.
+    Create {
+        method: &'static str,
+        params: serde_json::Value,
+    },
+    /// A session the agent already has: the relay's first call (`session/load` or
+    /// `session/resume`, the parent's own) makes it live, so a replay reaches the parent.
+    Existing { child_session_id: String },
+}
+
+/// A spawned child that answered `initialize` and has no session yet: a warm spare, a child
+/// asked one question (`session/list`, `session/delete`, `authenticate`), or a bridge about to
+/// open or load its session.
+pub struct Initialized {
+    h: Handshake,
+    agent: AgentInfo,
+    /// When `initialize` was answered (a spare's age).
+    pub ready_at: std::time::Instant,
+}
+
+impl Initialized {
+    async fn handshake(
+        mut h: Handshake,
+        client_capabilities: ClientCapabilities,
+        cancel: &CancellationToken,
+    ) -> Result<Initialized, StartFailure> {
+        let deadline = Instant::now() + h.spec.provider.handshake_timeout;
+        match h.initialize(client_capabilities, deadline, cancel).await {
+            Ok(agent) => Ok(Initialized {
+                h,
+                agent,
+                ready_at: std::time::Instant::now(),
+            }),
+            Err(e) => Err(h.fail(e).await),
         }
-    };
-    let (tx, rx) = mpsc::channel(CMD_DEPTH);
-    let shared = Arc::new(Shared {
-        provider: h.spec.provider.clone(),
-        relay_child: h.spec.relay,
-        log_id: h.spec.run_id.clone(),
-        session_id,
-        session_reply,
-        agent,
-        tree: h.tree,
-        out: h.wire.out.clone(),
-        stderr: h.stderr,
-        relay_cancel: Notify::new(),
-        stop: CancellationToken::new(),
-        done: CancellationToken::new(),
-        relay_end: std::sync::Mutex::new(None),
-    });
-    tokio::spawn(Driver::new(shared.clone(), h.wire, rx).run());
-    Ok(Child { cmds: tx, shared })
+    }
+
+    pub fn agent(&self) -> &AgentInfo {
+        &self.agent
+    }
+
+    pub fn provider(&self) -> &Arc<ProviderConfig> {
+        &self.h.spec.provider
+    }
+
+    /// False once the child's leader has exited (a spare that died waiting).
+    pub fn alive(&self) -> bool {
+        self.h.tree.exit_status().is_none()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.h.tree.pid()
+    }
+
+    /// One request and its answer, before any session: `authenticate`, `session/list`,
+    /// `session/delete`. The child's own error comes back as [`StartFailure::Refused`]; a
+    /// child that dies, hangs past `handshake_timeout` or breaks the protocol is torn down.
+    pub async fn call(
+        &mut self,
+        method: &str,
+        params: &RawValue,
+        cancel: &CancellationToken,
+    ) -> Result<Box<RawValue>, StartFailure> {
+        let deadline = Instant::now() + self.h.spec.provider.handshake_timeout;
+        match self
+            .h
+            .exchange(Stage::SessionNew, method, params, deadline, cancel)
+            .await
+        {
+            Ok(raw) => Ok(raw),
+            Err(e @ StartFailure::Refused { .. }) => Err(e),
+            Err(e) => {
+                self.h.teardown().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs the teardown ladder.
+    pub async fn close(self) {
+        self.h.teardown().await;
+    }
+
+    /// Opens the child's session and starts its driver. On failure the child is gone.
+    pub async fn open(
+        mut self,
+        open: Open,
+        cancel: &CancellationToken,
+    ) -> Result<Child, StartFailure> {
+        let deadline = Instant::now() + self.h.spec.provider.handshake_timeout;
+        let (session_id, session_reply) = match open {
+            Open::Create { method, params } => {
+                match self
+                    .h
+                    .create_session(method, &params, deadline, cancel)
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(e) => return Err(self.h.fail(e).await),
+                }
+            }
+            Open::Existing { child_session_id } => {
+                (child_session_id, envelope::to_raw(&serde_json::json!({})))
+            }
+        };
+        let h = self.h;
+        let (tx, rx) = mpsc::channel(CMD_DEPTH);
+        let shared = Arc::new(Shared {
+            provider: h.spec.provider.clone(),
+            relay_child: h.spec.relay,
+            log_id: h.spec.run_id.clone(),
+            session_id,
+            session_reply,
+            agent: self.agent,
+            tree: h.tree,
+            out: h.wire.out.clone(),
+            stderr: h.stderr,
+            relay_cancel: Notify::new(),
+            relay_detach: Notify::new(),
+            stop: CancellationToken::new(),
+            done: CancellationToken::new(),
+            relay_end: std::sync::Mutex::new(None),
+        });
+        tokio::spawn(Driver::new(shared.clone(), h.wire, rx).run());
+        Ok(Child { cmds: tx, shared })
+    }
 }
 
 /// Spawns the child, runs `initialize` only, and tears it down: what the agent says about
 /// itself, learned before a run's own child is spawned.
 pub async fn probe(spec: ChildSpec, cancel: &CancellationToken) -> Result<AgentInfo, StartFailure> {
-    let mut h = spawn(spec).await?;
-    let deadline = Instant::now() + h.spec.provider.handshake_timeout;
-    let result = h
-        .initialize(ClientCapabilities::default(), deadline, cancel)
-        .await;
-    h.teardown().await;
-    result
+    let ready = initialize(spec, ClientCapabilities::default(), cancel).await?;
+    let agent = ready.agent.clone();
+    ready.close().await;
+    Ok(agent)
 }
 
 async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
@@ -160,7 +258,15 @@ pub(super) async fn start_over(
         wire,
         stderr,
     };
-    handshake(h, ClientCapabilities::default(), &CancellationToken::new()).await
+    let cancel = CancellationToken::new();
+    let open = Open::Create {
+        method: "session/new",
+        params: h.spec.session.new_session_params(&h.spec.cwd),
+    };
+    Initialized::handshake(h, ClientCapabilities::default(), &cancel)
+        .await?
+        .open(open, &cancel)
+        .await
 }
 
 /// Something that stopped us waiting for a handshake reply.
@@ -220,33 +326,39 @@ impl Handshake {
         Ok(AgentInfo {
             protocol_version: reply.protocol_version,
             agent_info: reply.agent_info,
-            auth_method_ids: reply.auth_methods.into_iter().map(|m| m.id).collect(),
+            auth_method_ids: reply
+                .auth_methods
+                .iter()
+                .filter_map(|m| m.get("id")?.as_str().map(str::to_string))
+                .collect(),
+            auth_methods: reply.auth_methods,
+            meta: reply.meta,
             capabilities: reply.agent_capabilities,
         })
     }
 
-    async fn new_session(
+    /// Logs a failed start and tears the child down.
+    async fn fail(&self, e: StartFailure) -> StartFailure {
+        tracing::warn!(
+            provider = %self.spec.provider.name, run = %self.spec.run_id,
+            stderr_tail = ?self.stderr.snapshot(), "child failed to start: {e}"
+        );
+        self.teardown().await;
+        e
+    }
+
+    async fn create_session(
         &mut self,
+        method: &str,
+        params: &serde_json::Value,
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<(String, Box<RawValue>), StartFailure> {
-        let mut new = serde_json::json!({ "cwd": self.spec.cwd, "mcpServers": [] });
-        if let Some(servers) = &self.spec.session.mcp_servers
-            && let Ok(servers) = serde_json::from_str::<serde_json::Value>(servers.get())
-        {
-            new["mcpServers"] = servers;
-        }
-        if let Some(prompt) = &self.spec.session.system_prompt {
-            new["systemPrompt"] = serde_json::json!({
-                "mode": "append",
-                "content": [{ "type": "text", "text": prompt }],
-            });
-        }
         let raw = self
             .exchange(
                 Stage::SessionNew,
-                "session/new",
-                &envelope::to_raw(&new),
+                method,
+                &envelope::to_raw(params),
                 deadline,
                 cancel,
             )
@@ -255,7 +367,7 @@ impl Handshake {
             handshake_failure(
                 Stage::SessionNew,
                 Category::Protocol,
-                format!("bad session/new result: {e}"),
+                format!("bad {method} result: {e}"),
             )
         })?;
         Ok((reply.session_id, raw))
@@ -280,19 +392,11 @@ impl Handshake {
         };
         Err(match interrupt {
             Interrupt::Cancelled => StartFailure::Cancelled { stage },
-            Interrupt::Rpc(e) => {
-                let category = if e.code == AUTH_REQUIRED {
-                    Category::Auth
-                } else {
-                    Category::Rpc
-                };
-                let mut f = failure(stage, category);
-                f.code = Some(e.code);
-                StartFailure::Handshake {
-                    failure: f,
-                    detail: format!("child answered {method} with error {}", e.code),
-                }
-            }
+            Interrupt::Rpc(error) => StartFailure::Refused {
+                stage,
+                method: method.to_string(),
+                error: Box::new(error),
+            },
             Interrupt::Exited(status) => {
                 let mut f = failure(stage, Category::ProcessExit);
                 if let Some(status) = status {

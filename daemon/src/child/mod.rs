@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use acpd_protocol::acp::{ContentBlock, RequestPermissionRequest, RequestPermissionResponse};
-use acpd_protocol::envelope::{Id, RpcError};
+use acpd_protocol::envelope::{AUTH_REQUIRED, Id, RpcError};
 use acpd_protocol::outcome::TurnEnd;
 use acpd_protocol::subagent::{Category, Failure, Stage};
 use serde_json::value::RawValue;
@@ -33,7 +33,7 @@ use crate::config::ProviderConfig;
 use crate::supervise::{self, Graces, ProcessTree, SpawnError, StderrTail, TeardownOutcome};
 use crate::wire::{Outbox, Peer, WireLimits};
 
-pub use launch::probe;
+pub use launch::{Initialized, Open, initialize, probe};
 
 /// How a child is started.
 #[derive(Debug, Clone)]
@@ -87,6 +87,25 @@ pub struct SessionParams {
     pub system_prompt: Option<String>,
 }
 
+impl SessionParams {
+    /// A delegated run's `session/new` params.
+    pub fn new_session_params(&self, cwd: &std::path::Path) -> serde_json::Value {
+        let mut new = serde_json::json!({ "cwd": cwd, "mcpServers": [] });
+        if let Some(servers) = &self.mcp_servers
+            && let Ok(servers) = serde_json::from_str::<serde_json::Value>(servers.get())
+        {
+            new["mcpServers"] = servers;
+        }
+        if let Some(prompt) = &self.system_prompt {
+            new["systemPrompt"] = serde_json::json!({
+                "mode": "append",
+                "content": [{ "type": "text", "text": prompt }],
+            });
+        }
+        new
+    }
+}
+
 /// Why a child could not be published.
 #[derive(Debug, thiserror::Error)]
 pub enum StartFailure {
@@ -94,6 +113,14 @@ pub enum StartFailure {
     Spawn(#[from] SpawnError),
     #[error("{} failed ({}): {detail}", failure.stage.as_str(), failure.category.as_str())]
     Handshake { failure: Failure, detail: String },
+    /// The child answered a handshake call with an error: kept whole, so a bridge can pass
+    /// an auth-required error (code, message, data) to the editor's login UI.
+    #[error("{} failed: the agent answered {method} with error {}: {}", stage.as_str(), error.code, error.message)]
+    Refused {
+        stage: Stage,
+        method: String,
+        error: Box<RpcError>,
+    },
     #[error("cancelled during {}", stage.as_str())]
     Cancelled { stage: Stage },
 }
@@ -104,6 +131,16 @@ impl StartFailure {
         match self {
             StartFailure::Spawn(_) => failure(Stage::Spawn, Category::Spawn),
             StartFailure::Handshake { failure, .. } => failure.clone(),
+            StartFailure::Refused { stage, error, .. } => {
+                let category = if error.code == AUTH_REQUIRED {
+                    Category::Auth
+                } else {
+                    Category::Rpc
+                };
+                let mut f = failure(*stage, category);
+                f.code = Some(error.code);
+                f
+            }
             StartFailure::Cancelled { stage } => {
                 failure(*stage, Category::Reported("cancelled".into()))
             }
@@ -111,13 +148,19 @@ impl StartFailure {
     }
 }
 
-/// What the child said about itself in `initialize`.
-#[derive(Debug, Clone, Default)]
+/// What the child said about itself in `initialize` (kept in the durable probe cache).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct AgentInfo {
     pub protocol_version: serde_json::Value,
     /// `agentInfo` as the child sent it (name, version, title).
     pub agent_info: serde_json::Value,
     pub auth_method_ids: Vec<String>,
+    /// `authMethods` as the child sent them.
+    #[serde(default)]
+    pub auth_methods: Vec<serde_json::Value>,
+    /// The result's own `_meta`.
+    #[serde(default)]
+    pub meta: serde_json::Value,
     /// `agentCapabilities` as the child sent them.
     pub capabilities: serde_json::Value,
 }
@@ -174,9 +217,27 @@ pub struct RelayTarget {
     /// Which client methods the parent advertised, so a child's `fs/*` and `terminal/*`
     /// requests reach it (else −32601).
     pub serves: ParentServes,
-    /// The parent's `session/new` and its answer: sent by the driver before anything the child
-    /// says, so no update can reach the parent before the session id it names.
-    pub answer: Option<(Id, Box<RawValue>)>,
+    /// What the relay does before anything else, so no update can reach the parent before
+    /// the session id it names.
+    pub first: First,
+    /// How long the session outlives its parent's connection, waiting to be attached again
+    /// (`detach_timeout`); `None`: it ends with the connection.
+    pub detach: Option<std::time::Duration>,
+}
+
+/// The first thing a relay does toward its parent.
+pub enum First {
+    Nothing,
+    /// Answers the parent's `session/new` (or the `session/load` that re-attached it).
+    Answer(Id, Box<RawValue>),
+    /// Forwards the parent's `session/load` or `session/resume`: the call that makes an
+    /// existing session live. Its replay reaches the parent under the parent's session id;
+    /// if the agent refuses it, the parent gets the agent's error and the session ends.
+    Open {
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+    },
 }
 
 /// The client methods a parent serves.
@@ -185,6 +246,8 @@ pub struct ParentServes {
     pub read_text_file: bool,
     pub write_text_file: bool,
     pub terminal: bool,
+    /// The parent opted in to Subagent Sessions: the child's own reach it, remapped.
+    pub subagents: bool,
 }
 
 /// How a bridge session ended, for the parent's log and the answer to its open calls.
@@ -203,6 +266,10 @@ pub enum RelayEnd {
     ParentGone,
     /// `session/close` succeeded, or the owner shut the session.
     Closed,
+    /// The agent refused the `session/load` or `session/resume` that was to open it.
+    OpenRefused,
+    /// Detached from its parent for `detach_timeout` without being attached again.
+    Expired,
 }
 
 pub(crate) enum Cmd {
@@ -240,6 +307,8 @@ struct Shared {
     stderr: StderrTail,
     /// A parent's `session/cancel` (relay mode); not queued behind calls.
     relay_cancel: Notify,
+    /// The parent's connection closed: detach (relay mode, with `detach`).
+    relay_detach: Notify,
     /// Set when the owner shuts the child: the driver stops at once.
     stop: CancellationToken,
     /// Cancelled when the driver has ended (relay: the session is over).
@@ -343,6 +412,12 @@ impl Child {
         self.shared.relay_cancel.notify_one();
     }
 
+    /// The parent's connection is closing: the session waits for [`Child::relay`] to attach it
+    /// to another for its `detach` time, then ends (relay mode).
+    pub fn detach(&self) {
+        self.shared.relay_detach.notify_one();
+    }
+
     /// Stops the driver and runs the teardown ladder. Idempotent; returns once the tree is gone.
     pub async fn shut(&self) -> TeardownOutcome {
         self.shared.stop.cancel();
@@ -406,6 +481,15 @@ impl Shared {
 /// `Child::call` only ever queues `Cmd::Call`.
 fn unreachable_id() -> (Id, &'static str) {
     (Id::Num(-1), "the session is over")
+}
+
+/// ACP's "Session not found" (-32002), naming the id.
+pub(crate) fn session_not_found(sid: &str) -> RpcError {
+    RpcError::new(
+        acpd_protocol::envelope::RESOURCE_NOT_FOUND,
+        "Session not found",
+    )
+    .with_data(serde_json::json!({ "sessionId": sid }))
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -4,12 +4,17 @@
 //! as text with no JSON work beyond the envelope parse. A child's request reaches the parent
 //! only if the parent serves it (`fs/*`, `terminal/*` as advertised, `_` extensions) and its
 //! permission requests go by the provider's policy.
+//!
+//! A session can outlive its parent's connection (`detach`): the relay then keeps reading
+//! the child, holds its permission requests, and waits to be attached to another connection,
+//! which is asked them again. A child's own subagent sessions reach a parent that opted in
+//! under ids acpd mints (`<session id>.<n>`), and calls on them are routed back.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, Message, RpcError};
 use acpd_protocol::permission::{self, PolicyAnswer};
-use acpd_protocol::session_id::{splice_session_id, with_session_id};
+use acpd_protocol::session_id::{remap_session_ids, splice_session_id, with_session_id};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde_json::json;
@@ -17,7 +22,7 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::driver::{Driver, LAST_WORDS};
-use super::{Cmd, RelayEnd, RelayTarget, strict};
+use super::{Cmd, First, RelayEnd, RelayTarget, strict};
 use crate::supervise;
 use crate::wire::CallError;
 use crate::wire::sleep_until_opt;
@@ -48,35 +53,61 @@ struct Relay {
     caps: serde_json::Value,
     /// Parent calls forwarded to the child, by the id acpd gave them: (parent's id, method).
     open: HashMap<Id, (Id, String)>,
-    /// Child permission requests waiting on the parent (answered `cancelled` on cancel).
-    asks: HashSet<Id>,
+    /// The child id of the `session/load`/`session/resume` that opens the session.
+    opening: Option<Id>,
+    /// Child permission requests waiting on the parent, with the params it was asked with
+    /// (answered `cancelled` on cancel; asked again after a re-attach).
+    asks: HashMap<Id, Option<Box<RawValue>>>,
+    /// Other child requests waiting on the parent.
+    waiting: std::collections::HashSet<Id>,
     forwarded: Forwarded,
+    /// The child's subagent sessions: its id → the id the parent knows, and back.
+    subs: HashMap<String, String>,
+    subs_back: HashMap<String, String>,
 }
 
-pub(super) async fn run(d: &mut Driver, mut t: RelayTarget) -> RelayEnd {
-    if let Some((id, reply)) = t.answer.take() {
-        let _ = t.parent.respond(&id, Ok(&reply)).await;
-    }
+pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
     let own = d.shared.session_id.clone();
     let child_prefix = format!("{{\"sessionId\":{}", envelope::json_string(&own));
-    let line_prefix = format!(
-        "{{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{{\"sessionId\":{}",
-        envelope::json_string(&t.session_id)
-    )
-    .into_bytes();
     let mut r = Relay {
+        line_prefix: line_prefix(&t.session_id),
         t,
         child_prefix,
-        line_prefix,
         reply: serde_json::from_str(d.shared.session_reply.get()).unwrap_or_default(),
         caps: d.shared.agent.capabilities.clone(),
         open: HashMap::new(),
-        asks: HashSet::new(),
+        opening: None,
+        asks: HashMap::new(),
+        waiting: Default::default(),
         forwarded: FuturesUnordered::new(),
+        subs: HashMap::new(),
+        subs_back: HashMap::new(),
     };
-    let end = r.pump(d).await;
+    r.first(d).await;
+    let end = loop {
+        let end = r.pump(d).await;
+        let detach = r.t.detach;
+        match (end, detach) {
+            (RelayEnd::ParentGone, Some(wait)) if !d.shared.stop.is_cancelled() => {
+                match r.detached(d, wait).await {
+                    Ok(()) => continue,
+                    Err(end) => break end,
+                }
+            }
+            (end, _) => break end,
+        }
+    };
     r.finish(d, &end).await;
     end
+}
+
+/// The forwarded line up to the rest of the params, with the parent's session id.
+fn line_prefix(session_id: &str) -> Vec<u8> {
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{{\"sessionId\":{}",
+        envelope::json_string(session_id)
+    )
+    .into_bytes()
 }
 
 impl Relay {
@@ -129,6 +160,7 @@ impl Relay {
                         None => RelayEnd::ChildDeaf,
                     };
                 }
+                _ = d.shared.relay_detach.notified() => return RelayEnd::ParentGone,
                 _ = d.shared.relay_cancel.notified() => {
                     // Calls queued before the cancel go first, so a cancel never overtakes
                     // the prompt it cancels.
@@ -198,10 +230,21 @@ impl Relay {
                 format!("agent \"{name}\" stopped reading its input (write_timeout); the session is closed"),
             )
             .with_data(json!({ "provider": name, "category": "hung" })),
-            RelayEnd::ParentGone | RelayEnd::Closed => RpcError::internal("the session was closed"),
+            RelayEnd::ParentGone
+            | RelayEnd::Closed
+            | RelayEnd::OpenRefused
+            | RelayEnd::Expired => RpcError::internal("the session was closed"),
         };
         let parent = self.t.parent.clone();
         let stop = d.shared.stop.clone();
+        for id in self
+            .waiting
+            .drain()
+            .chain(self.asks.drain().map(|(id, _)| id))
+        {
+            let e = RpcError::internal("the session is closed");
+            let _ = d.wire.respond(&id, Err(&e)).await;
+        }
         let mut ids: Vec<Id> = self.open.drain().map(|(_, (pid, _))| pid).collect();
         d.cmds.close();
         while let Ok(cmd) = d.cmds.try_recv() {
@@ -209,7 +252,7 @@ impl Relay {
                 ids.push(id);
             }
         }
-        if matches!(end, RelayEnd::ParentGone) {
+        if matches!(end, RelayEnd::ParentGone | RelayEnd::Expired) {
             return;
         }
         for id in ids {
@@ -232,12 +275,19 @@ impl Relay {
         id: Option<Id>,
         outcome: Result<Box<RawValue>, RpcError>,
     ) -> Option<RelayEnd> {
-        let (pid, method) = id.and_then(|id| self.open.remove(&id))?;
+        let id = id?;
+        let (pid, method) = self.open.remove(&id)?;
         let _ = self
             .t
             .parent
             .respond(&pid, outcome.as_ref().map(|r| &**r))
             .await;
+        if self.opening.as_ref() == Some(&id) {
+            self.opening = None;
+            if outcome.is_err() {
+                return Some(RelayEnd::OpenRefused);
+            }
+        }
         (method == "session/close" && outcome.is_ok()).then_some(RelayEnd::Closed)
     }
 
@@ -246,6 +296,7 @@ impl Relay {
         match method {
             "session/prompt" => true,
             "session/close" => present(self.caps.pointer("/sessionCapabilities/close")),
+            "session/set_title" => present(self.caps.pointer("/sessionCapabilities/title")),
             "session/set_mode" => present(self.reply.get("modes")),
             "session/set_config_option" => present(self.reply.get("configOptions")),
             "session/set_model" => present(self.reply.get("models")),
@@ -257,7 +308,7 @@ impl Relay {
         let (id, method, params) = match cmd {
             Cmd::Call { id, method, params } => (id, method, params),
             Cmd::Notify { method, params } => {
-                if let Some(p) = with_session_id(&params, &d.shared.session_id) {
+                if let Ok(p) = self.to_child(&params, &d.shared.session_id) {
                     let _ = d.wire.notify(&method, &p).await;
                 }
                 return;
@@ -269,16 +320,150 @@ impl Relay {
             let _ = self.t.parent.respond_err(Some(&id), &e).await;
             return;
         }
-        let params = params
-            .as_deref()
-            .map(|p| with_session_id(p, &d.shared.session_id).unwrap_or_else(|| p.to_owned()));
+        let params = match params.as_deref() {
+            None => None,
+            Some(p) => match self.to_child(p, &d.shared.session_id) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    let _ = self.t.parent.respond_err(Some(&id), &e).await;
+                    return;
+                }
+            },
+        };
+        self.send_call(d, id, method, params).await;
+    }
+
+    /// The parent's params with the session id it names turned into the child's (its own
+    /// session's, or a subagent session's).
+    fn to_child(&self, params: &RawValue, own: &str) -> Result<Box<RawValue>, RpcError> {
+        let Some(sid) = acpd_protocol::session_id::session_id(params) else {
+            return Ok(params.to_owned());
+        };
+        let child = if sid == self.t.session_id {
+            own
+        } else if let Some(c) = self.subs_back.get(&sid) {
+            c
+        } else {
+            return Err(crate::child::session_not_found(&sid));
+        };
+        Ok(with_session_id(params, child).unwrap_or_else(|| params.to_owned()))
+    }
+
+    /// Sends a parent's call on; its child id, or `None` when the parent got an error.
+    async fn send_call(
+        &mut self,
+        d: &mut Driver,
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+    ) -> Option<Id> {
         match d.wire.request(&method, params.as_deref()).await {
             Ok(child_id) => {
-                self.open.insert(child_id, (id, method));
+                self.open.insert(child_id.clone(), (id, method));
+                Some(child_id)
             }
             Err(_) => {
                 let e = RpcError::internal("the agent is not reading its input");
                 let _ = self.t.parent.respond_err(Some(&id), &e).await;
+                None
+            }
+        }
+    }
+
+    /// What the relay does before anything the child says reaches the parent.
+    async fn first(&mut self, d: &mut Driver) {
+        match std::mem::replace(&mut self.t.first, First::Nothing) {
+            First::Nothing => {}
+            First::Answer(id, reply) => {
+                let _ = self.t.parent.respond(&id, Ok(&reply)).await;
+            }
+            First::Open { id, method, params } => {
+                let own = d.shared.session_id.clone();
+                let params = params
+                    .as_deref()
+                    .map(|p| with_session_id(p, &own).unwrap_or_else(|| p.to_owned()));
+                self.opening = self.send_call(d, id, method, params).await;
+            }
+        }
+        // Permission requests held while detached are asked again.
+        let held: Vec<(Id, Option<Box<RawValue>>)> = self.asks.drain().collect();
+        for (id, params) in held {
+            self.ask_parent(id, "session/request_permission", params, true)
+                .await;
+        }
+    }
+
+    /// Between connections: the child keeps running and is read (its updates are dropped, its
+    /// permission requests held, anything else refused) until it is attached again (`Ok`),
+    /// `wait` passes, or it ends.
+    async fn detached(
+        &mut self,
+        d: &mut Driver,
+        wait: std::time::Duration,
+    ) -> Result<(), RelayEnd> {
+        let session = self.t.session_id.clone();
+        tracing::info!(provider = %d.shared.provider.name, %session, ?wait, "bridge session detached");
+        // Calls of the old connection get no answer; requests it was asked are answered or
+        // held.
+        self.open.clear();
+        self.opening = None;
+        self.forwarded = FuturesUnordered::new();
+        for id in std::mem::take(&mut self.waiting) {
+            let e = RpcError::internal("the client disconnected");
+            let _ = d.wire.respond(&id, Err(&e)).await;
+        }
+        let expires = Instant::now() + wait;
+        let stop = d.shared.stop.clone();
+        let mut dropped = 0u64;
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return Err(RelayEnd::Closed),
+                frame = d.wire.reader.next() => match frame {
+                    None => return Err(gone(d.exit_status_soon().await)),
+                    Some(Err(_)) => return Err(RelayEnd::Protocol),
+                    Some(Ok(Message::Request { id, method, params })) => {
+                        if method == "session/request_permission" {
+                            match permission::answer_by_policy(d.shared.provider.permission, params.as_deref()) {
+                                PolicyAnswer::InvalidParams(why) => {
+                                    let _ = d.wire.respond(&id, Err(&RpcError::invalid_params(why))).await;
+                                }
+                                PolicyAnswer::Answer(answer) => {
+                                    let _ = d.wire.respond_ok(&id, &answer).await;
+                                }
+                                PolicyAnswer::Forward(_) if self.asks.len() < MAX_FORWARDED => {
+                                    let params = params.as_deref().and_then(|p| self.to_parent_params(p, &d.shared.session_id).ok());
+                                    self.asks.insert(id, params);
+                                }
+                                PolicyAnswer::Forward(_) => {
+                                    let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
+                                }
+                            }
+                        } else {
+                            let e = RpcError::internal("no client is attached to this session");
+                            let _ = d.wire.respond(&id, Err(&e)).await;
+                        }
+                    }
+                    Some(Ok(_)) => dropped += 1,
+                },
+                cmd = d.cmds.recv() => match cmd {
+                    None => return Err(RelayEnd::Closed),
+                    Some(Cmd::Relay(t)) => {
+                        tracing::info!(provider = %d.shared.provider.name, %session, dropped, "bridge session attached again");
+                        self.line_prefix = line_prefix(&t.session_id);
+                        self.t = t;
+                        self.first(d).await;
+                        return Ok(());
+                    }
+                    Some(Cmd::Call { id, .. }) => {
+                        tracing::debug!(%id, "a call for a detached session");
+                    }
+                    Some(_) => {}
+                },
+                _ = tokio::time::sleep_until(expires) => {
+                    tracing::info!(provider = %d.shared.provider.name, %session, "detached session expired (detach_timeout)");
+                    return Err(RelayEnd::Expired);
+                }
             }
         }
     }
@@ -286,9 +471,25 @@ impl Relay {
     async fn cancel(&mut self, d: &mut Driver) {
         let cancel = envelope::to_raw(&json!({ "sessionId": d.shared.session_id }));
         let _ = d.wire.notify("session/cancel", &cancel).await;
-        for id in std::mem::take(&mut self.asks) {
+        for (id, _) in std::mem::take(&mut self.asks) {
             let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
         }
+    }
+
+    /// A child's params with the session ids it names turned into the parent's: its own
+    /// session's and its announced subagent sessions'. `Err` when it names another.
+    fn to_parent_params(&self, params: &RawValue, own: &str) -> Result<Box<RawValue>, String> {
+        let mut value: serde_json::Value =
+            serde_json::from_str(params.get()).map_err(|e| e.to_string())?;
+        let mut map = |id: &str| {
+            if id == own {
+                Some(self.t.session_id.clone())
+            } else {
+                self.subs.get(id).cloned()
+            }
+        };
+        remap_session_ids(&mut value, &mut map)?;
+        Ok(envelope::to_raw(&value))
     }
 
     async fn child_notification(
@@ -297,8 +498,9 @@ impl Relay {
         method: &str,
         params: Option<Box<RawValue>>,
     ) {
+        let session = self.t.session_id.clone();
         let log = |why: &str| {
-            tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
+            tracing::warn!(provider = %d.shared.provider.name, %session,
                 %method, "dropping a child notification: {why}");
         };
         if !strict::forwardable(method) {
@@ -323,25 +525,65 @@ impl Relay {
         }
         let keys = strict::session_keys(&params);
         let own = &d.shared.session_id;
-        match keys.as_ref().map(|k| (k.count, k.value.as_deref())) {
-            Some((1, Some(sid))) if sid == own => {}
-            Some((0, _)) if method != "session/update" => {
+        let sid = keys.as_ref().and_then(|k| k.value.as_deref());
+        let target = match (keys.as_ref().map(|k| k.count), sid) {
+            (Some(1), Some(sid)) if sid == own => self.t.session_id.clone(),
+            (Some(1), Some(sid)) if self.subs.contains_key(sid) => self.subs[sid].clone(),
+            (Some(0), _) if method != "session/update" => {
                 return self
                     .to_parent(envelope::encode_notification(method, Some(&params)))
                     .await;
             }
-            Some((0, _)) => return log("no sessionId"),
-            Some((1, _)) => return log("another session's sessionId"),
-            Some(_) => return log("more than one sessionId"),
-            None => return log("params are not an object"),
+            (Some(0), _) => return log("no sessionId"),
+            (Some(1), _) => return log("another session's sessionId"),
+            (Some(_), _) => return log("more than one sessionId"),
+            (None, _) => return log("params are not an object"),
+        };
+        let nested = !acpd_protocol::session_id::surely_no_session_id_key(
+            keys.as_ref().and_then(|k| k.update).map_or("", |u| u.get()),
+        );
+        if nested || text.contains("SessionId\"") {
+            if !self.t.serves.subagents {
+                return log("it names other sessions and the client did not opt in to subagents");
+            }
+            return match self.subagent_traffic(own, &params) {
+                Ok(p) => {
+                    self.to_parent(envelope::encode_notification(method, Some(&p)))
+                        .await
+                }
+                Err(id) => log(&format!(
+                    "it names a session the agent never announced ({id})"
+                )),
+            };
         }
-        match splice_session_id(text, &self.t.session_id) {
+        match splice_session_id(text, &target) {
             Some(spliced) => {
                 self.to_parent(envelope::encode_notification_text(method, &spliced))
                     .await
             }
             None => log("cannot rewrite its sessionId"),
         }
+    }
+
+    /// An update that names other sessions: a `subagent_update` announcing (or updating) one
+    /// of the child's own subagent sessions gets it a minted id; every session id it names
+    /// must be the child's own or an announced one.
+    fn subagent_traffic(&mut self, own: &str, params: &RawValue) -> Result<Box<RawValue>, String> {
+        let value: serde_json::Value =
+            serde_json::from_str(params.get()).map_err(|e| e.to_string())?;
+        if value
+            .pointer("/update/sessionUpdate")
+            .and_then(|v| v.as_str())
+            == Some("subagent_update")
+            && let Some(sub) = value.pointer("/update/sessionId").and_then(|v| v.as_str())
+            && sub != own
+            && !self.subs.contains_key(sub)
+        {
+            let minted = format!("{}.{}", self.t.session_id, self.subs.len() + 1);
+            self.subs_back.insert(minted.clone(), sub.to_string());
+            self.subs.insert(sub.to_string(), minted);
+        }
+        self.to_parent_params(params, own)
     }
 
     async fn child_request(
@@ -388,6 +630,9 @@ impl Relay {
                 Some((1, Some(sid))) if sid == d.shared.session_id => {
                     with_session_id(p, &self.t.session_id)
                 }
+                Some((1, Some(sid))) if self.subs.contains_key(&*sid) => {
+                    with_session_id(p, &self.subs[&*sid])
+                }
                 _ => {
                     tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
                         %method, "refusing a child request that does not name exactly its own session");
@@ -403,10 +648,17 @@ impl Relay {
             let _ = d.wire.respond(&id, Err(&e)).await;
             return;
         }
+        self.ask_parent(id, &method, params, ask).await;
+    }
+
+    /// Forwards a child's request to the parent; its answer comes back through `forwarded`.
+    async fn ask_parent(&mut self, id: Id, method: &str, params: Option<Box<RawValue>>, ask: bool) {
         if ask {
-            self.asks.insert(id.clone());
+            self.asks.insert(id.clone(), params.clone());
+        } else {
+            self.waiting.insert(id.clone());
         }
-        let call = self.t.parent.call_raw(&method, params.as_deref()).await;
+        let call = self.t.parent.call_raw(method, params.as_deref()).await;
         self.forwarded.push(Box::pin(async move {
             let result = match call {
                 Ok(call) => call.result().await,
@@ -424,8 +676,11 @@ impl Relay {
         result: Result<Box<RawValue>, CallError>,
     ) {
         // A permission request already answered `cancelled` stays answered.
-        if ask && !self.asks.remove(&id) {
+        if ask && self.asks.remove(&id).is_none() {
             return;
+        }
+        if !ask {
+            self.waiting.remove(&id);
         }
         let _ = match result {
             Ok(raw) => d.wire.respond(&id, Ok(&raw)).await,

@@ -415,7 +415,8 @@ async fn relay_forwards_only_the_childs_own_acp_traffic_in_order() {
         parent: conn.peer.clone(),
         session_id: "minted".into(),
         serves: ParentServes::default(),
-        answer: None,
+        first: super::First::Nothing,
+        detach: None,
     });
     let params = serde_json::value::RawValue::from_string(
         json!({ "sessionId": "minted", "prompt": [] }).to_string(),
@@ -484,7 +485,8 @@ async fn relay_refuses_a_child_request_that_names_another_session() {
             write_text_file: true,
             ..ParentServes::default()
         },
-        answer: None,
+        first: super::First::Nothing,
+        detach: None,
     });
     let dup = format!(
         r#"{{"jsonrpc":"2.0","id":5,"method":"fs/write_text_file","params":{{"sessionId":"{}","path":"/x","content":"y","sessionId":"acpd-other"}}}}"#,
@@ -520,7 +522,8 @@ async fn relay_passes_a_parents_extension_notification_to_the_child() {
         parent: conn.peer.clone(),
         session_id: "minted".into(),
         serves: ParentServes::default(),
-        answer: None,
+        first: super::First::Nothing,
+        detach: None,
     });
     let params = serde_json::value::RawValue::from_string(
         json!({ "sessionId": "minted", "x": 1 }).to_string(),

@@ -244,7 +244,21 @@ fn print_status(v: &Value) -> std::io::Result<()> {
                 .collect()
         })
         .unwrap_or_default();
-    outln!("providers: {}", providers.join(", "))
+    outln!("providers: {}", providers.join(", "))?;
+    let spares: Vec<String> = v["spares"]
+        .as_object()
+        .map(|m| m.iter().map(|(name, n)| format!("{name} {n}")).collect())
+        .unwrap_or_default();
+    outln!(
+        "bridge sessions: {} attached, {} detached   warm spares: {}",
+        v["sessions"]["attached"],
+        v["sessions"]["detached"],
+        if spares.is_empty() {
+            "none".to_string()
+        } else {
+            spares.join(", ")
+        }
+    )
 }
 
 /// 0, or [`super::EXIT_IO`] when stdout could not be written.
@@ -288,6 +302,26 @@ fn print_runs(v: &Value) -> std::io::Result<()> {
             r["pid"].as_i64().map_or("-".into(), |p| p.to_string()),
             r["depth"],
             r["connection"]
+        )?;
+    }
+    let sessions = v["sessions"].as_array().map_or(&[][..], |s| s.as_slice());
+    if !sessions.is_empty() {
+        outln!(
+            "\n{:<48} {:<12} {:<9} {:>8}",
+            "SESSION",
+            "PROVIDER",
+            "STATE",
+            "PID"
+        )?;
+    }
+    for s in sessions {
+        let f = |k: &str| s[k].as_str().unwrap_or("-").to_string();
+        outln!(
+            "{:<48} {:<12} {:<9} {:>8}",
+            f("sessionId"),
+            f("provider"),
+            f("state"),
+            s["pid"]
         )?;
     }
     Ok(())

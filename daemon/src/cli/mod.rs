@@ -177,6 +177,9 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
         caller_cwd: std::env::current_dir().ok(),
         daemon: Default::default(),
         shutdown: Default::default(),
+        // One editor per process: its sessions end with it (and are loaded again later).
+        sessions: crate::server::Sessions::new(crate::server::open_store(), None),
+        peer_uid: None,
     };
     crate::runtime::serve_stdio(ctx, shutdown).await;
     crate::supervise::forget_records();

@@ -46,6 +46,10 @@ pub struct ProviderConfig {
     pub eof_grace: Duration,
     pub term_grace: Duration,
     pub max_concurrent: usize,
+    /// Children kept spawned and initialized ahead of bridge sessions (`warm`).
+    pub warm: usize,
+    /// A spare older than this is replaced by a fresh one.
+    pub warm_max_age: Duration,
     /// True only for the built-in echo provider, so callers can tell it was not configured.
     pub builtin: bool,
 }
@@ -69,6 +73,8 @@ impl ProviderConfig {
             eof_grace: Duration::from_secs(2),
             term_grace: Duration::from_secs(3),
             max_concurrent: 64,
+            warm: 0,
+            warm_max_age: Duration::from_secs(30 * 60),
             builtin: false,
         }
     }
@@ -100,6 +106,9 @@ pub struct Config {
     pub max_sessions_per_connection: usize,
     /// Unanswered requests one parent connection may have outstanding.
     pub max_pending_requests: usize,
+    /// (`acpd serve`) How long a bridge session outlives the editor connection that held it,
+    /// waiting to be loaded again; `None` (`"0s"`): it ends with the connection.
+    pub detach_timeout: Option<Duration>,
     /// Sorted by name (the built-in echo is just the entry named `echo`).
     pub providers: BTreeMap<String, Arc<ProviderConfig>>,
 }
@@ -154,6 +163,7 @@ struct RawConfig {
     write_timeout: Option<Spanned<String>>,
     max_sessions_per_connection: Option<Spanned<usize>>,
     max_pending_requests: Option<Spanned<usize>>,
+    detach_timeout: Option<Spanned<String>>,
     #[serde(default)]
     providers: BTreeMap<Spanned<String>, RawProvider>,
 }
@@ -177,6 +187,8 @@ struct RawProvider {
     eof_grace: Option<Spanned<String>>,
     term_grace: Option<Spanned<String>>,
     max_concurrent: Option<Spanned<usize>>,
+    warm: Option<Spanned<usize>>,
+    warm_max_age: Option<Spanned<String>>,
 }
 
 /// A byte size: an integer, or a string like `"8MiB"`; at least 1.
@@ -229,6 +241,7 @@ impl Config {
             write_timeout: Duration::from_secs(30),
             max_sessions_per_connection: 16,
             max_pending_requests: 64,
+            detach_timeout: Some(Duration::from_secs(600)),
             providers: BTreeMap::from([(ECHO.to_owned(), Arc::new(echo))]),
         }
     }
@@ -338,6 +351,10 @@ impl Config {
         if let Some(wait) = raw.queue_timeout {
             let d = parse_duration(&wait, "queue_timeout", &at)?;
             config.queue_timeout = (!d.is_zero()).then_some(d);
+        }
+        if let Some(wait) = raw.detach_timeout {
+            let d = parse_duration(&wait, "detach_timeout", &at)?;
+            config.detach_timeout = (!d.is_zero()).then_some(d);
         }
         if let Some(group) = raw.allow_group {
             if group.get_ref().is_empty() {
@@ -461,6 +478,28 @@ fn build_provider(
     provider.term_grace = dur(raw.term_grace, "term_grace", provider.term_grace)?;
     if let Some(max) = raw.max_concurrent {
         provider.max_concurrent = at_least_one(max, &key("max_concurrent"), at)?;
+    }
+    if let Some(warm) = raw.warm {
+        if *warm.get_ref() > provider.max_concurrent {
+            let msg = format!(
+                "must not exceed max_concurrent ({}), got {}",
+                provider.max_concurrent,
+                warm.get_ref()
+            );
+            return Err(at(warm.span(), &key("warm"), &msg));
+        }
+        provider.warm = warm.into_inner();
+    }
+    if let Some(age) = raw.warm_max_age {
+        let d = parse_duration(&age, &key("warm_max_age"), at)?;
+        if d.is_zero() {
+            return Err(at(
+                age.span(),
+                &key("warm_max_age"),
+                "must be longer than 0s",
+            ));
+        }
+        provider.warm_max_age = d;
     }
     Ok(provider)
 }

@@ -171,6 +171,8 @@ keep_alive = "0s"
 eof_grace = "1s"
 term_grace = "4s"
 max_concurrent = 3
+warm = 2
+warm_max_age = "5m"
 "#;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.toml");
@@ -203,6 +205,8 @@ max_concurrent = 3
         eof_grace: secs(1),
         term_grace: secs(4),
         max_concurrent: 3,
+        warm: 2,
+        warm_max_age: secs(300),
         builtin: false,
     };
     assert_eq!(c.provider("codex").map(|p| p.as_ref()), Some(&expected));
@@ -324,5 +328,29 @@ fn sizes() {
     assert_eq!(
         parse("max_output = 4096\n").map(|c| c.max_output).ok(),
         Some(4096)
+    );
+}
+
+#[test]
+fn warm_spares_fit_the_providers_limit_and_detach_can_be_off() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("config.toml");
+    std::fs::write(
+        &path,
+        "detach_timeout = \"0s\"\n[providers.a]\ncommand = [\"a\"]\nmax_concurrent = 2\nwarm = 3\n",
+    )
+    .expect("write config");
+    let e = Config::load(Some(&path), echo_command()).expect_err("warm above max_concurrent");
+    assert!(
+        e.to_string()
+            .contains(":5: providers.a.warm: must not exceed max_concurrent (2), got 3"),
+        "{e}"
+    );
+    std::fs::write(&path, "detach_timeout = \"0s\"\n").expect("write config");
+    let c = Config::load(Some(&path), echo_command()).expect("valid config");
+    assert_eq!(c.detach_timeout, None);
+    assert_eq!(
+        Config::builtin(echo_command()).detach_timeout,
+        Some(Duration::from_secs(600))
     );
 }

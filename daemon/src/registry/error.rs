@@ -27,6 +27,9 @@ pub enum RegistryError {
         provider: String,
         failure: Box<Failure>,
         diagnostic: String,
+        /// The agent's own error, when it refused a handshake call: a bridge passes it to the
+        /// editor as it is (an auth-required error's code and data drive its login UI).
+        agent_error: Option<Box<acpd_protocol::envelope::RpcError>>,
     },
     #[error("the start of a \"{provider}\" run was cancelled before it was published")]
     StartCancelled { provider: String },

@@ -118,6 +118,10 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         };
     }
     let failure = e.failure();
+    let agent_error = match &e {
+        StartFailure::Refused { error, .. } => Some(error.clone()),
+        _ => None,
+    };
     let diagnostic = diagnostic::build(&diagnostic::Facts {
         provider: &provider.name,
         failure: Some(&failure),
@@ -127,5 +131,6 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         provider: provider.name.clone(),
         failure: Box::new(failure),
         diagnostic,
+        agent_error,
     }
 }

@@ -2,11 +2,13 @@
 //! cwd, capacity — all checked before anything is spawned), the run table, and run ids.
 //! Everything after publication lives in [`run`].
 
+mod bridge;
 mod error;
 mod events;
 mod gate;
 mod run;
 mod schema;
+mod warm;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,6 +24,7 @@ use crate::child::{self, AgentInfo, Child, ChildSpec, SessionParams};
 use crate::config::{Config, ProviderConfig};
 use schema::OutputSchema;
 
+pub use bridge::{BridgeRequest, Ready, advertises};
 pub use error::RegistryError;
 pub use events::RunEvent;
 pub use gate::DepthContext;
@@ -57,15 +60,6 @@ pub struct StartOptions {
     pub cancel: CancellationToken,
     /// A run id minted by the caller, so it can file the run before its first event.
     pub run_id: Option<String>,
-}
-
-/// What a bridge session asks for.
-pub struct BridgeRequest<'a> {
-    pub provider: Option<&'a str>,
-    pub cwd: &'a Path,
-    pub session: SessionParams,
-    pub client_capabilities: ClientCapabilities,
-    pub cancel: &'a CancellationToken,
 }
 
 /// A started child with its claim on the limits (released when the slot is dropped).
@@ -120,6 +114,9 @@ struct Inner {
     /// What each provider's agent said in `initialize`, learned once by a probe.
     /// Only successes are kept: a probe that failed (a cancel, a slow start) is tried again.
     probes: Mutex<HashMap<String, Arc<OnceCell<AgentInfo>>>>,
+    /// Warm spares per provider, and the token that stops keeping them.
+    pool: Mutex<warm::Pool>,
+    warm_stop: Mutex<Option<CancellationToken>>,
 }
 
 #[derive(Default)]
@@ -179,6 +176,8 @@ impl Registry {
                 depth,
                 table: Mutex::new(Table::default()),
                 probes: Mutex::new(HashMap::new()),
+                pool: Mutex::default(),
+                warm_stop: Mutex::new(None),
                 freed: tokio::sync::Notify::new(),
                 queued: Default::default(),
             }),
@@ -376,29 +375,6 @@ impl Registry {
             .ok_or_else(|| RegistryError::NoProvider {
                 name: name.to_string(),
             })
-    }
-
-    /// Opens a child for a bridge session: the same gate as a delegation (provider, depth,
-    /// cwd, capacity), the parent's capabilities and `mcpServers` passed on.
-    pub async fn open_bridge(&self, req: BridgeRequest<'_>) -> Result<Launched, RegistryError> {
-        let config = self.config();
-        let provider = self.provider(&config, req.provider)?;
-        let log_id = format!("bridge-{}", uuid::Uuid::new_v4());
-        self.launch(
-            &config,
-            provider,
-            Launch {
-                log_id: &log_id,
-                max_depth: None,
-                cwd: Some(req.cwd),
-                caller_cwd: None,
-                session: req.session,
-                client_capabilities: req.client_capabilities,
-                cancel: req.cancel,
-                relay: true,
-            },
-        )
-        .await
     }
 
     async fn launch(

@@ -18,7 +18,7 @@ use super::shutdown::{self, Shutdown};
 use super::{notify, socket};
 use crate::config::{Config, ConfigError};
 use crate::registry::{DepthContext, Registry};
-use crate::server::{self, DaemonInfo, ServerContext};
+use crate::server::{self, DaemonInfo, ServerContext, Sessions};
 use crate::supervise;
 
 #[derive(Debug, thiserror::Error)]
@@ -76,14 +76,19 @@ pub async fn serve(
         }
     };
 
+    let detach = config.detach_timeout;
     let registry = Registry::new(config, DepthContext::from_env());
     let cancel_all = CancellationToken::new();
+    let sessions = Sessions::new(crate::server::open_store(), detach);
     let ctx = ServerContext {
         registry: registry.clone(),
         caller_cwd: None,
         daemon: Arc::new(DaemonInfo::default()),
         shutdown: cancel_all.clone(),
+        sessions: sessions.clone(),
+        peer_uid: None,
     };
+    registry.keep_warm(cancel_all.clone());
     let tracker = TaskTracker::new();
     let own_uid = Uid::effective();
     // Connections being served, counted here (not in the connection task) so a burst of
@@ -124,8 +129,9 @@ pub async fn serve(
                     continue;
                 }
                 let slot = Slot::take(&open);
+                let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
                 let (reader, writer) = stream.into_split();
-                let conn_ctx = ctx.clone();
+                let conn_ctx = ServerContext { peer_uid, ..ctx.clone() };
                 tracker.spawn(async move {
                     let _slot = slot;
                     server::serve(reader, writer, conn_ctx).await;
@@ -149,7 +155,11 @@ pub async fn serve(
     tracing::info!(?bound, "shutting down: cancelling every run");
     cancel_all.cancel();
     tracker.close();
-    shutdown::drain(tracker.wait(), &shutdown, bound).await;
+    // Detached sessions belong to no connection: they end with acpd.
+    let all = async {
+        futures::join!(tracker.wait(), sessions.shut_all(), registry.drain_spares());
+    };
+    shutdown::drain(all, &shutdown, bound).await;
     supervise::forget_records();
     Ok(())
 }

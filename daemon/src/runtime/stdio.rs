@@ -67,8 +67,14 @@ fn socket(fd: OwnedFd) -> Option<tokio::net::UnixStream> {
 pub async fn serve_stdio(ctx: ServerContext, shutdown: Shutdown) {
     let registry = ctx.registry.clone();
     let cancel_all = ctx.shutdown.clone();
+    let warm = cancel_all.child_token();
+    registry.keep_warm(warm.clone());
     let (reader, writer) = stdio();
-    let serving = server::serve(reader, writer, ctx);
+    let serving = async {
+        server::serve(reader, writer, ctx).await;
+        warm.cancel();
+        registry.drain_spares().await;
+    };
     tokio::pin!(serving);
     tokio::select! {
         () = &mut serving => return,

@@ -1,21 +1,25 @@
 //! Bridge sessions: one parent session proxied to one child session by the child's driver in
-//! relay mode (see `child/relay.rs`). This module opens the session (through the registry's
-//! gate), files it under the id acpd minted, and closes it when the driver ends; it never
+//! relay mode (see `child/relay.rs`). This module opens the session the way the editor asked
+//! — `session/new`, `session/fork`, or `session/load`/`session/resume` of an acpd id, which
+//! attaches a detached live child at once or starts the provider and loads the child's
+//! session — files it under its acpd id, and lets it go when the driver ends. It never
 //! touches the child's wire.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use acpd_protocol::acp::ClientCapabilities;
+use acpd_protocol::content::{Fitted, PromptCaps, fit_prompt};
 use acpd_protocol::envelope::{Id, RpcError};
 use acpd_protocol::session_id::with_session_id;
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::{Conn, SessionRef, lock, raw, typed_error};
-use crate::child::{Child, ParentServes, RelayTarget, SessionParams};
+use super::{Conn, Seat, SessionRef, bridge_error, lock, raw, session_not_found};
+use crate::child::{Child, First, Open, ParentServes, RelayTarget};
 use crate::registry::BridgeRequest;
+use crate::store::SessionRow;
 
 /// The router's handle on a bridge session.
 #[derive(Clone)]
@@ -24,13 +28,28 @@ pub struct BridgeHandle {
 }
 
 impl BridgeHandle {
-    /// Forwards a parent's call; on refusal the caller answers the parent.
+    /// Forwards a parent's call; on refusal the caller answers the parent. A prompt holding
+    /// content the agent did not advertise is converted where ACP allows or refused.
     pub fn forward(
         &self,
         id: Id,
         method: String,
         params: Option<Box<RawValue>>,
     ) -> Result<(), Box<(Id, RpcError)>> {
+        let params = match (method.as_str(), params) {
+            ("session/prompt", Some(p)) => {
+                let caps = PromptCaps::from_agent_capabilities(&self.child.agent().capabilities);
+                match fit_prompt(&p, caps) {
+                    Ok(Fitted::Unchanged) => Some(p),
+                    Ok(Fitted::Converted(p)) => Some(p),
+                    Err(why) => {
+                        let why = format!("agent \"{}\": {why}", self.child.provider().name);
+                        return Err(Box::new((id, RpcError::invalid_params(why))));
+                    }
+                }
+            }
+            (_, p) => p,
+        };
         self.child.call(id, method, params)
     }
 
@@ -38,7 +57,7 @@ impl BridgeHandle {
         self.child.cancel();
     }
 
-    /// Forwards a parent's `_` extension notification (dropped when the agent is behind).
+    /// Forwards a parent's notification (dropped when the agent is behind).
     pub fn notify(&self, method: String, params: Box<RawValue>) {
         self.child.notify(method, params);
     }
@@ -47,14 +66,16 @@ impl BridgeHandle {
     pub async fn shut(&self) {
         self.child.shut().await;
     }
+
+    pub fn child(&self) -> &Child {
+        &self.child
+    }
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct NewSession {
     cwd: PathBuf,
-    #[serde(default)]
-    mcp_servers: Option<Box<RawValue>>,
     #[serde(default, rename = "_meta")]
     meta: Option<serde_json::Value>,
 }
@@ -70,76 +91,299 @@ pub async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
         let e = RpcError::invalid_params("cwd must be an absolute path");
         return conn.reply_err(&id, &e).await;
     }
-    let Some(seat) = conn.take_seat() else {
-        return conn.reply_err(&id, &conn.seat_limit()).await;
-    };
     let provider = req
         .meta
         .as_ref()
         .and_then(|m| m.pointer("/acpd/provider"))
         .and_then(|p| p.as_str())
         .map(str::to_string);
-    let client = conn.client();
-    let mut capabilities: ClientCapabilities =
-        serde_json::from_value(client.capabilities.clone()).unwrap_or_default();
-    // A bridged child's own subagents would need their ids remapped too; not offered yet.
-    capabilities.subagents = None;
+    let params = forwarded_params(params.as_deref());
+    let opened = Opening {
+        provider: provider.as_deref(),
+        cwd: req.cwd,
+        method: "session/new",
+        params,
+        needs: None,
+    };
+    create(conn, id, opened).await;
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ExistingSession {
+    session_id: String,
+    #[serde(default)]
+    cwd: Option<PathBuf>,
+}
+
+/// `session/fork` of an acpd id: the provider forks its session into a new one, which gets a
+/// new acpd id and a child of its own.
+pub async fn fork(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
+    let Some((req, row)) = existing(&conn, &id, params.as_deref()).await else {
+        return;
+    };
+    let cwd = req.cwd.unwrap_or_else(|| row.cwd.clone());
+    let Some(params) = params
+        .as_deref()
+        .and_then(|p| with_session_id(p, &row.child_session_id))
+    else {
+        return conn
+            .reply_err(
+                &id,
+                &RpcError::invalid_params("session/fork needs a sessionId"),
+            )
+            .await;
+    };
+    let opened = Opening {
+        provider: Some(&row.provider),
+        cwd,
+        method: "session/fork",
+        params: forwarded_params(Some(&params)),
+        needs: Some("/sessionCapabilities/fork"),
+    };
+    create(conn, id, opened).await;
+}
+
+/// A session a child creates (`session/new`, `session/fork`).
+struct Opening<'a> {
+    provider: Option<&'a str>,
+    cwd: PathBuf,
+    method: &'static str,
+    params: serde_json::Value,
+    needs: Option<&'static str>,
+}
+
+async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
+    let Some(seat) = conn.take_seat() else {
+        return conn.reply_err(&id, &conn.seat_limit()).await;
+    };
+    let auth = conn.auth_for(
+        o.provider
+            .unwrap_or(&conn.ctx.registry.config().default_provider),
+    );
     let launched = conn
         .ctx
         .registry
         .open_bridge(BridgeRequest {
-            provider: provider.as_deref(),
-            cwd: &req.cwd,
-            session: SessionParams {
-                mcp_servers: req.mcp_servers,
-                system_prompt: None,
+            provider: o.provider,
+            cwd: &o.cwd,
+            open: Open::Create {
+                method: o.method,
+                params: o.params,
             },
-            client_capabilities: capabilities,
+            needs: o.needs,
+            client_capabilities: conn.child_capabilities(),
+            auth: auth.as_deref(),
             cancel: &conn.closing,
         })
         .await;
     let launched = match launched {
         Ok(l) => l,
-        Err(e) => return conn.reply_err(&id, &typed_error(&e)).await,
+        Err(e) => return conn.reply_err(&id, &bridge_error(&e)).await,
     };
     let minted = format!("acpd-{}", uuid::Uuid::new_v4());
     let child = launched.child;
+    let row = SessionRow {
+        acpd_id: minted.clone(),
+        provider: launched.provider.name.clone(),
+        child_session_id: child.session_id().to_string(),
+        cwd: o.cwd,
+        title: None,
+        updated_at: super::sessions::now(),
+    };
+    if let Err(e) = conn.ctx.sessions.store.insert(row).await {
+        tracing::warn!(session = %minted, "the session map cannot keep this session: {e}");
+    }
     let reply = with_session_id(child.session_reply(), &minted)
         .unwrap_or_else(|| raw(&json!({ "sessionId": minted })));
+    conn.ctx
+        .sessions
+        .file(&minted, child.clone(), launched.slot, conn.ctx.peer_uid);
+    attach(conn, minted, child, First::Answer(id, reply), seat).await;
+}
+
+/// `session/load` and `session/resume` of an acpd id.
+pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<RawValue>>) {
+    let sid = params
+        .as_deref()
+        .and_then(acpd_protocol::session_id::session_id);
+    if let Some(sid) = &sid {
+        match conn.ctx.sessions.take_detached(sid, conn.ctx.peer_uid) {
+            Err(e) => return conn.reply_err(&id, &e).await,
+            Ok(Some(child)) => return reattach(conn, id, sid.clone(), child).await,
+            Ok(None) => {}
+        }
+    }
+    let Some((req, row)) = existing(&conn, &id, params.as_deref()).await else {
+        return;
+    };
+    if lock(&conn.sessions).contains_key(&req.session_id) {
+        let e = RpcError::invalid_request(format!(
+            "session {} is already open on this connection",
+            req.session_id
+        ));
+        return conn.reply_err(&id, &e).await;
+    }
+    let Some(seat) = conn.take_seat() else {
+        return conn.reply_err(&id, &conn.seat_limit()).await;
+    };
+    let needs = if method == "session/load" {
+        "/loadSession"
+    } else {
+        "/sessionCapabilities/resume"
+    };
+    let cwd = req.cwd.unwrap_or_else(|| row.cwd.clone());
+    let auth = conn.auth_for(&row.provider);
+    let launched = conn
+        .ctx
+        .registry
+        .open_bridge(BridgeRequest {
+            provider: Some(&row.provider),
+            cwd: &cwd,
+            open: Open::Existing {
+                child_session_id: row.child_session_id.clone(),
+            },
+            needs: Some(needs),
+            client_capabilities: conn.child_capabilities(),
+            auth: auth.as_deref(),
+            cancel: &conn.closing,
+        })
+        .await;
+    let launched = match launched {
+        Ok(l) => l,
+        Err(e) => return conn.reply_err(&id, &bridge_error(&e)).await,
+    };
+    let child = launched.child;
+    conn.ctx.sessions.file(
+        &row.acpd_id,
+        child.clone(),
+        launched.slot,
+        conn.ctx.peer_uid,
+    );
+    let params = Some(raw(&forwarded_params(params.as_deref())));
+    let first = First::Open { id, method, params };
+    attach(conn, row.acpd_id, child, first, seat).await;
+}
+
+/// A detached live session attached to this connection: no reload, its pending permission
+/// requests asked again.
+async fn reattach(conn: Arc<Conn>, id: Id, sid: String, child: Child) {
+    let Some(seat) = conn.take_seat() else {
+        conn.ctx.sessions.release(&sid, &child, false).await;
+        return conn.reply_err(&id, &conn.seat_limit()).await;
+    };
+    // What the agent answered at `session/new` (modes, models, config options), without the
+    // session id a load does not answer with.
+    let mut reply: serde_json::Value =
+        serde_json::from_str(child.session_reply().get()).unwrap_or_else(|_| json!({}));
+    if let Some(obj) = reply.as_object_mut() {
+        obj.remove("sessionId");
+    }
+    attach(conn, sid, child, First::Answer(id, raw(&reply)), seat).await;
+}
+
+/// The acpd id a request names and its row in the session map; answers the parent when
+/// there is none.
+async fn existing(
+    conn: &Arc<Conn>,
+    id: &Id,
+    params: Option<&RawValue>,
+) -> Option<(ExistingSession, SessionRow)> {
+    let req: ExistingSession = match acpd_protocol::methods::parse_params(params) {
+        Ok(r) => r,
+        Err(e) => {
+            conn.reply_err(id, &RpcError::invalid_params(e)).await;
+            return None;
+        }
+    };
+    if let Some(cwd) = &req.cwd
+        && !cwd.is_absolute()
+    {
+        conn.reply_err(
+            id,
+            &RpcError::invalid_params("cwd must be an absolute path"),
+        )
+        .await;
+        return None;
+    }
+    match conn.ctx.sessions.store.get(&req.session_id).await {
+        Ok(Some(row)) => Some((req, row)),
+        Ok(None) => {
+            conn.reply_err(id, &session_not_found(&req.session_id))
+                .await;
+            None
+        }
+        Err(e) => {
+            conn.reply_err(id, &RpcError::internal(e.to_string())).await;
+            None
+        }
+    }
+}
+
+/// The editor's params as the agent gets them: acpd's own `_meta.acpd` taken out.
+fn forwarded_params(params: Option<&RawValue>) -> serde_json::Value {
+    let mut value: serde_json::Value = params
+        .and_then(|p| serde_json::from_str(p.get()).ok())
+        .unwrap_or_else(|| json!({}));
+    if let Some(meta) = value.get_mut("_meta").and_then(|m| m.as_object_mut()) {
+        meta.remove("acpd");
+        if meta.is_empty() {
+            value.as_object_mut().map(|o| o.remove("_meta"));
+        }
+    }
+    if value.get("mcpServers").is_none() {
+        value["mcpServers"] = json!([]);
+    }
+    value
+}
+
+/// Files a live session on this connection and starts relaying it here.
+async fn attach(conn: Arc<Conn>, sid: String, child: Child, first: First, seat: Seat) {
     {
         // Under the sessions lock, which shutdown takes after cancelling `closing`: the
-        // session is either drained by shutdown or never filed.
+        // session is either released by shutdown or never filed.
         let mut sessions = lock(&conn.sessions);
         if conn.closing.is_cancelled() {
             drop(sessions);
-            child.shut().await;
+            let shutting = conn.ctx.shutdown.is_cancelled();
+            conn.ctx.sessions.release(&sid, &child, shutting).await;
             return;
         }
         let handle = BridgeHandle {
             child: child.clone(),
         };
-        sessions.insert(minted.clone(), SessionRef::Bridge(handle));
+        sessions.insert(sid.clone(), SessionRef::Bridge(handle));
     }
+    let client = conn.client();
     child.relay(RelayTarget {
         parent: conn.peer.clone(),
-        session_id: minted.clone(),
+        session_id: sid.clone(),
         serves: ParentServes {
             read_text_file: client.has("/fs/readTextFile"),
             write_text_file: client.has("/fs/writeTextFile"),
             terminal: client.has("/terminal"),
+            subagents: client.subagents,
         },
-        answer: Some((id, reply)),
+        first,
+        detach: conn.ctx.sessions.detach,
     });
-    let slot = launched.slot;
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
-        let end = child.ended().await;
-        tracing::info!(provider = %child.provider().name, session = %minted, ?end, "bridge session ended");
-        lock(&conn2.sessions).remove(&minted);
-        child.shut().await;
-        drop(slot);
+        tokio::select! {
+            _ = child.ended() => {
+                lock(&conn2.sessions).remove(&sid);
+                // Closing the session closes its subagents too, once the child is gone.
+                conn2.cascade(&sid, true);
+            }
+            () = conn2.closing.cancelled() => {}
+        }
         drop(seat);
-        // Closing the session closes its subagents too, once the child is gone.
-        conn2.cascade(&minted, true);
     });
+}
+
+impl Conn {
+    /// The capabilities a bridge child is initialized with: the editor's own.
+    fn child_capabilities(&self) -> ClientCapabilities {
+        serde_json::from_value(self.client().capabilities.clone()).unwrap_or_default()
+    }
 }

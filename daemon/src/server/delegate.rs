@@ -199,7 +199,11 @@ async fn runs(conn: &Conn, id: Id) {
             connection: r.owner,
         })
         .collect();
-    let _ = conn.peer.respond_ok(&id, &RunsReply { runs }).await;
+    let sessions = conn.ctx.sessions.entries(conn.ctx.peer_uid);
+    let _ = conn
+        .peer
+        .respond_ok(&id, &RunsReply { runs, sessions })
+        .await;
 }
 
 /// `_acpd/status`: daemon-wide, any connection may ask.
@@ -235,6 +239,14 @@ fn status(conn: &Conn) -> StatusReply {
             queue_timeout_s: config.queue_timeout.map(|d| d.as_secs_f64()),
             providers,
         },
+        sessions: {
+            let counts = conn.ctx.sessions.counts();
+            acpd_protocol::methods::SessionLoad {
+                attached: counts.attached as u64,
+                detached: counts.detached as u64,
+            }
+        },
+        spares: registry.spare_counts(),
     }
 }
 

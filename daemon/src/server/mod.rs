@@ -7,17 +7,20 @@
 //! and Subagent Sessions announced on the parent's sessions ([`events`]).
 
 mod bridge;
+mod capabilities;
 mod delegate;
 mod events;
+mod sessions;
+
+pub use sessions::{Sessions, open_store};
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use acpd_protocol::envelope::{self, Id, RESOURCE_NOT_FOUND, RpcError};
+use acpd_protocol::envelope::{self, Id, RpcError};
 use acpd_protocol::session_id::session_id;
-use serde_json::json;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -59,6 +62,10 @@ pub struct ServerContext {
     pub daemon: Arc<DaemonInfo>,
     /// Cancelled when acpd shuts down: every connection cancels and reaps what it started.
     pub shutdown: CancellationToken,
+    /// Every live bridge session of this process and the durable session map.
+    pub sessions: Arc<Sessions>,
+    /// The connected user (`acpd serve`); only they may attach their detached sessions.
+    pub peer_uid: Option<u32>,
 }
 
 /// Daemon-wide facts for `_acpd/status`.
@@ -119,6 +126,8 @@ pub(crate) struct Conn {
     /// Seats taken (bridge sessions and undisposed runs), against `max_sessions_per_connection`.
     seats: Arc<std::sync::atomic::AtomicUsize>,
     max_seats: usize,
+    /// Per provider, the `authenticate` params that succeeded on this connection.
+    auth: Mutex<HashMap<String, Box<RawValue>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -151,6 +160,7 @@ where
         closing: CancellationToken::new(),
         seats: Arc::default(),
         max_seats: config.max_sessions_per_connection,
+        auth: Mutex::new(HashMap::new()),
     });
     conn.tracker.spawn(events::pump(conn.clone(), events_rx));
     conn.ctx.daemon.connections.fetch_add(1, Ordering::Relaxed);
@@ -223,28 +233,49 @@ impl Conn {
             }
         }
         if method == "initialize" {
-            return self.initialize(&id, params.as_deref()).await;
+            // Spawned: learning what the agent advertises may take a probe.
+            let conn = self.clone();
+            self.tracker
+                .spawn(capabilities::initialize(conn, id, params));
+            return;
         }
         if lock(&self.client).is_none() {
             let e = RpcError::invalid_request(format!("initialize must complete before {method}"));
             return self.reply_err(&id, &e).await;
         }
+        let conn = self.clone();
         match method.as_str() {
             "session/new" => {
-                let conn = self.clone();
-                self.tracker
-                    .spawn(async move { bridge::open(conn, id, params).await });
+                self.tracker.spawn(bridge::open(conn, id, params));
             }
             "session/load" | "session/resume" => {
-                self.reply_err(&id, &RpcError::method_not_found(&method))
-                    .await;
+                self.tracker.spawn(bridge::load(conn, id, method, params));
+            }
+            "session/fork" => {
+                self.tracker.spawn(bridge::fork(conn, id, params));
+            }
+            "session/list" => {
+                self.tracker.spawn(sessions::list(conn, id, params));
+            }
+            "session/delete" => {
+                self.tracker.spawn(sessions::delete(conn, id, params));
+            }
+            "authenticate" | "logout" => {
+                self.tracker
+                    .spawn(capabilities::authenticate(conn, id, method, params));
             }
             m if m.starts_with("_acpd/") => delegate::handle(self, id, &method, params).await,
+            "session/close" if !self.has_session(params.as_deref()) => {
+                self.tracker
+                    .spawn(sessions::close_elsewhere(conn, id, params));
+            }
             "session/prompt"
             | "session/close"
             | "session/set_mode"
             | "session/set_model"
-            | "session/set_config_option" => {
+            | "session/set_config_option"
+            | "session/set_title" => {
+                self.note_activity(&method, params.as_deref());
                 self.to_session(id, method, params).await;
             }
             m if m.starts_with('_') => self.to_session(id, method, params).await,
@@ -253,6 +284,55 @@ impl Conn {
                     .await
             }
         }
+    }
+
+    /// Whether the request names a session open on this connection.
+    fn has_session(&self, params: Option<&RawValue>) -> bool {
+        params
+            .and_then(session_id)
+            .is_some_and(|sid| self.session(&sid).is_some())
+    }
+
+    /// A session this connection holds: its own, or one of a bridge child's subagent sessions
+    /// (`<session id>.<n>`), which its bridge routes.
+    fn session(&self, sid: &str) -> Option<SessionRef> {
+        let sessions = lock(&self.sessions);
+        if let Some(s) = sessions.get(sid) {
+            return Some(s.clone());
+        }
+        let (parent, _) = sid.rsplit_once('.')?;
+        match sessions.get(parent) {
+            Some(SessionRef::Bridge(b)) => Some(SessionRef::Bridge(b.clone())),
+            _ => None,
+        }
+    }
+
+    /// A prompt or a new title: the session map's `updatedAt` (and title) follow.
+    fn note_activity(&self, method: &str, params: Option<&RawValue>) {
+        let Some(sid) = params.and_then(session_id) else {
+            return;
+        };
+        let title = (method == "session/set_title")
+            .then(|| {
+                params
+                    .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
+                    .and_then(|v| v.get("title")?.as_str().map(str::to_string))
+            })
+            .flatten();
+        if method != "session/prompt" && title.is_none() {
+            return;
+        }
+        let store = self.ctx.sessions.store.clone();
+        self.tracker.spawn(async move {
+            if let Err(e) = store.touch(&sid, title).await {
+                tracing::debug!(session = %sid, "cannot note the session's activity: {e}");
+            }
+        });
+    }
+
+    /// The `authenticate` params this connection used with `provider`.
+    fn auth_for(&self, provider: &str) -> Option<Box<RawValue>> {
+        lock(&self.auth).get(provider).cloned()
     }
 
     fn on_notification(self: &Arc<Self>, method: &str, params: Option<&RawValue>) {
@@ -264,7 +344,8 @@ impl Conn {
         let Some(sid) = params.and_then(session_id) else {
             return;
         };
-        let target = lock(&self.sessions).get(&sid).cloned();
+        let own = lock(&self.sessions).get(&sid).cloned();
+        let target = own.clone().or_else(|| self.session(&sid));
         if extension {
             // `_` extensions pass to the session's agent; a run's child is acpd's to drive.
             if let (Some(SessionRef::Bridge(b)), Some(p)) = (target, params) {
@@ -273,6 +354,12 @@ impl Conn {
             return;
         }
         match target {
+            // A bridge child's subagent session: its bridge routes the cancel to the child.
+            Some(SessionRef::Bridge(b)) if own.is_none() => {
+                if let Some(p) = params {
+                    b.notify(method.to_string(), p.to_owned());
+                }
+            }
             Some(SessionRef::Bridge(b)) => {
                 b.cancel();
                 self.cascade(&sid, false);
@@ -290,51 +377,10 @@ impl Conn {
         let _ = self.peer.respond_err(id.as_ref(), &error).await;
     }
 
-    async fn initialize(&self, id: &Id, params: Option<&RawValue>) {
-        let params: serde_json::Value = params
-            .and_then(|p| serde_json::from_str(p.get()).ok())
-            .unwrap_or_default();
-        let capabilities = params
-            .get("clientCapabilities")
-            .cloned()
-            .unwrap_or(json!({}));
-        let subagents = capabilities.get("subagents").is_some_and(|v| !v.is_null());
-        *lock(&self.client) = Some(ClientInfo {
-            capabilities,
-            subagents,
-        });
-        let providers: Vec<String> = self
-            .ctx
-            .registry
-            .providers()
-            .into_iter()
-            .map(|p| p.name)
-            .collect();
-        let result = json!({
-            "protocolVersion": 1,
-            "agentCapabilities": {
-                "loadSession": false,
-                "promptCapabilities": { "image": false, "audio": false, "embeddedContext": false },
-                "mcpCapabilities": { "http": false, "sse": false },
-                "sessionCapabilities": {},
-                "_meta": { "acpd": {
-                    "version": env!("CARGO_PKG_VERSION"),
-                    "methods": METHODS,
-                    "providers": providers,
-                }},
-            },
-            "authMethods": [],
-            "agentInfo": { "name": "acpd", "version": env!("CARGO_PKG_VERSION") },
-        });
-        let _ = self.peer.respond_ok(id, &result).await;
-    }
-
     /// Routes a request that names a session to that session.
     async fn to_session(self: &Arc<Self>, id: Id, method: String, params: Option<Box<RawValue>>) {
         let sid = params.as_deref().and_then(session_id);
-        let target = sid
-            .as_ref()
-            .and_then(|s| lock(&self.sessions).get(s).cloned());
+        let target = sid.as_ref().and_then(|s| self.session(s));
         match (target, sid) {
             (Some(SessionRef::Bridge(b)), _) => {
                 if let Err(refused) = b.forward(id, method, params) {
@@ -414,14 +460,21 @@ impl Conn {
     /// The parent is gone: cancel and reap every bridge and run of this connection.
     async fn shutdown(&self) {
         self.closing.cancel();
-        let bridges: Vec<bridge::BridgeHandle> = lock(&self.sessions)
+        let bridges: Vec<(String, bridge::BridgeHandle)> = lock(&self.sessions)
             .drain()
-            .filter_map(|(_, s)| match s {
-                SessionRef::Bridge(b) => Some(b),
+            .filter_map(|(sid, s)| match s {
+                SessionRef::Bridge(b) => Some((sid, b)),
                 SessionRef::Run { .. } => None,
             })
             .collect();
-        let closing_bridges = futures::future::join_all(bridges.iter().map(|b| b.shut()));
+        // With `detach_timeout`, bridge sessions outlive the connection (not acpd).
+        let shutting = self.ctx.shutdown.is_cancelled();
+        let sessions = &self.ctx.sessions;
+        let closing_bridges = futures::future::join_all(
+            bridges
+                .iter()
+                .map(|(sid, b)| sessions.release(sid, b.child(), shutting)),
+        );
         let disposing_runs = self.ctx.registry.dispose_owner(self.owner);
         futures::join!(closing_bridges, disposing_runs);
         self.tracker.close();
@@ -430,13 +483,24 @@ impl Conn {
     }
 }
 
-pub(crate) fn session_not_found(sid: &str) -> RpcError {
-    RpcError::new(RESOURCE_NOT_FOUND, "Session not found").with_data(json!({ "sessionId": sid }))
-}
+pub(crate) use crate::child::session_not_found;
 
 /// An error with acpd's typed code, `data.code` the stable name.
 pub(crate) fn typed_error(e: &crate::registry::RegistryError) -> RpcError {
     RpcError::new(e.name().code(), e.to_string()).with_data(e.data())
+}
+
+/// A bridge's error: the agent's own when it refused (an editor sees exactly what the agent
+/// said, as if it talked to it directly), else acpd's typed one.
+pub(crate) fn bridge_error(e: &crate::registry::RegistryError) -> RpcError {
+    if let crate::registry::RegistryError::StartFailed {
+        agent_error: Some(error),
+        ..
+    } = e
+    {
+        return (**error).clone();
+    }
+    typed_error(e)
 }
 
 pub(crate) fn raw(value: &impl serde::Serialize) -> Box<RawValue> {

@@ -1,0 +1,145 @@
+//! What the editor learns in `initialize`, and authentication: acpd answers with what the
+//! default provider's agent advertises (prompt, MCP and session capabilities, `loadSession`,
+//! its auth methods), learned from a live child, an earlier probe, the durable probe cache or
+//! a probe now, with acpd's own `_meta.acpd` added; `authenticate` and `logout` are performed
+//! on a child of the provider, and a successful `authenticate` is replayed on every later
+//! child of that provider this connection starts.
+
+use std::sync::Arc;
+
+use acpd_protocol::acp::ClientCapabilities;
+use acpd_protocol::envelope::{Id, RpcError};
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use super::{ClientInfo, Conn, METHODS, bridge_error, lock};
+use crate::child::AgentInfo;
+
+/// `initialize`: the editor's capabilities noted, the default agent's mirrored.
+pub async fn initialize(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
+    let params: serde_json::Value = params
+        .and_then(|p| serde_json::from_str(p.get()).ok())
+        .unwrap_or_default();
+    let capabilities = params
+        .get("clientCapabilities")
+        .cloned()
+        .unwrap_or(json!({}));
+    let subagents = capabilities.get("subagents").is_some_and(|v| !v.is_null());
+    *lock(&conn.client) = Some(ClientInfo {
+        capabilities,
+        subagents,
+    });
+    let registry = &conn.ctx.registry;
+    let agent = match registry
+        .agent_info(None, Some(&conn.ctx.sessions.store), &conn.closing)
+        .await
+    {
+        Ok(agent) => Some(agent),
+        Err(e) => {
+            let default = registry.config().default_provider.clone();
+            tracing::warn!(provider = %default,
+                "cannot learn what the default agent advertises; answering initialize conservatively: {e}");
+            None
+        }
+    };
+    let providers: Vec<String> = registry.providers().into_iter().map(|p| p.name).collect();
+    let _ = conn
+        .peer
+        .respond_ok(&id, &answer(agent.as_ref(), &providers))
+        .await;
+}
+
+/// The `initialize` result: the agent's own, with `_meta.acpd`; acpd's conservative one when
+/// the agent could not be asked.
+fn answer(agent: Option<&AgentInfo>, providers: &[String]) -> serde_json::Value {
+    let acpd = json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "methods": METHODS,
+        "providers": providers,
+    });
+    let Some(agent) = agent else {
+        return json!({
+            "protocolVersion": 1,
+            "agentCapabilities": {
+                "loadSession": false,
+                "promptCapabilities": { "image": false, "audio": false, "embeddedContext": false },
+                "mcpCapabilities": { "http": false, "sse": false },
+                "sessionCapabilities": {},
+                "_meta": { "acpd": acpd },
+            },
+            "authMethods": [],
+            "agentInfo": { "name": "acpd", "version": env!("CARGO_PKG_VERSION") },
+        });
+    };
+    let mut caps = match &agent.capabilities {
+        serde_json::Value::Object(_) => agent.capabilities.clone(),
+        _ => json!({}),
+    };
+    if !caps.get("_meta").is_some_and(|m| m.is_object()) {
+        caps["_meta"] = json!({});
+    }
+    caps["_meta"]["acpd"] = acpd;
+    let mut result = json!({
+        "protocolVersion": 1,
+        "agentCapabilities": caps,
+        "authMethods": agent.auth_methods,
+    });
+    if !agent.agent_info.is_null() {
+        result["agentInfo"] = agent.agent_info.clone();
+    }
+    if agent.meta.is_object() {
+        result["_meta"] = agent.meta.clone();
+    }
+    result
+}
+
+/// `authenticate` (and `logout`): asked of a new child of the provider (`_meta.acpd.provider`,
+/// else the default), whose answer, error included, goes to the editor as it is.
+pub async fn authenticate(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<RawValue>>) {
+    let provider = params
+        .as_deref()
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
+        .and_then(|v| {
+            v.pointer("/_meta/acpd/provider")?
+                .as_str()
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| conn.ctx.registry.config().default_provider.clone());
+    let params = params.unwrap_or_else(|| super::raw(&json!({})));
+    // A logout forgets the login first, so no later child replays it.
+    let prior = if method == "logout" {
+        lock(&conn.auth).remove(&provider);
+        None
+    } else {
+        conn.auth_for(&provider)
+    };
+    let ready = conn
+        .ctx
+        .registry
+        .ready(
+            Some(&provider),
+            None,
+            ClientCapabilities::default(),
+            prior.as_deref(),
+            &conn.closing,
+        )
+        .await;
+    let mut ready = match ready {
+        Ok(r) => r,
+        Err(e) => return conn.reply_err(&id, &bridge_error(&e)).await,
+    };
+    let answer = ready.call(&method, &params, &conn.closing).await;
+    ready.close().await;
+    match answer {
+        Ok(result) => {
+            if method == "authenticate" {
+                lock(&conn.auth).insert(provider, params);
+            }
+            let _ = conn.peer.respond(&id, Ok(&result)).await;
+        }
+        Err(e) => {
+            let e: RpcError = bridge_error(&e);
+            conn.reply_err(&id, &e).await
+        }
+    }
+}
