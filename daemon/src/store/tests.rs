@@ -190,6 +190,8 @@ fn child_times_are_normalised() {
         ("2026-12-01T10:00:00.999999Z", "2026-12-01T10:00:00Z"),
         ("2026-12-01T10:00:00+00:00", "2026-12-01T10:00:00Z"),
         ("2026-12-01T10:00:00.5+05:30", "2026-12-01T04:30:00Z"),
+        ("2026-12-01T10:00:00.5+00:00", "2026-12-01T10:00:00Z"),
+        ("2026-12-01T10:00:00-00:00", "2026-12-01T10:00:00Z"),
         ("2026-12-01T23:00:00-02:00", "2026-12-02T01:00:00Z"),
         ("2026-12-01 10:00:00", "2026-12-01T10:00:00Z"),
     ];
@@ -352,7 +354,7 @@ async fn two_stores_on_one_file_see_each_others_writes() {
 }
 
 /// How many rows each writer adds in the concurrency tests.
-const WRITES: usize = 150;
+const WRITES: usize = 100;
 
 /// Writes `WRITES` sessions tagged `tag` and adopts the shared ones, as fast as it can.
 fn hammer(path: &Path, tag: &str) {
@@ -432,7 +434,8 @@ fn concurrent_writers_in_processes_never_fail_busy() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("sessions.sqlite3");
     let exe = std::env::current_exe().unwrap();
-    let tags = ["p0", "p1", "p2"];
+    // Several children at once: opening a new file together is a race of its own.
+    let tags = ["p0", "p1", "p2", "p3", "p4"];
     let children: Vec<_> = tags[1..]
         .iter()
         .map(|tag| {
