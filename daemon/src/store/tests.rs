@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::io::Read as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -444,26 +445,29 @@ fn concurrent_writers_in_processes_never_fail_busy() {
                 .env(CHILD_FILE, &path)
                 .env(CHILD_TAG, tag)
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
+                // libtest reports a failing test's panic on stdout.
+                .stderr(Stdio::null())
                 .spawn()
                 .unwrap()
         })
         .collect();
     // This process writes too, while the children do.
     hammer(&path, tags[0]);
-    for child in children {
-        let out = child.wait_with_output().unwrap();
+    for mut child in children {
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        // Judged by its report, not its status: another test of this binary starts acpd's
+        // reaper, which may reap this child first (ECHILD here).
+        let _ = child.wait();
+        // "1 passed" also shows the filter matched: the test ran, it was not skipped.
         assert!(
-            out.status.success(),
-            "child failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // The filter matched the test: it ran, it was not skipped as unknown.
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
+            out.contains("test result: ok. 1 passed"),
+            "child failed:\n{out}"
         );
     }
     check_hammered(&path, &tags);
