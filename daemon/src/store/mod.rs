@@ -127,7 +127,7 @@ impl Store {
     }
 
     /// `<state dir>/sessions.sqlite3` (state dir =
-    /// [`crate::supervise::default_state_dir`]); None (logged) when there is no state
+    /// `crate::supervise::default_state_dir`); None (logged) when there is no state
     /// dir or the store cannot be opened, so acpd still runs, remembering nothing.
     pub fn open_default() -> Option<Store> {
         let Some(dir) = crate::supervise::default_state_dir() else {
