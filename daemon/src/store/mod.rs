@@ -13,7 +13,7 @@ use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 
@@ -80,7 +80,8 @@ pub struct SessionRow {
 impl Store {
     /// Opens (creating) the store at `path`: a missing directory is made 0700 and a new file
     /// 0600 (SQLite gives its `-wal`/`-shm` files the same mode), since titles and working
-    /// directories are the user's business.
+    /// directories are the user's business. Blocking: it may wait up to 5 s for other
+    /// processes opening or writing the same file.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::DirBuilder::new()
@@ -110,16 +111,15 @@ impl Store {
         let mut conn = Connection::open(path).map_err(open)?;
         // The timeout first: switching to WAL and migrating may wait on another process.
         conn.busy_timeout(BUSY).map_err(open)?;
-        let mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))
-            .map_err(open)?;
+        let mode = use_wal(&conn).map_err(open)?;
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(
                 "session store {} runs in journal mode {mode}, not WAL: writers may wait longer",
                 path.display()
             );
         }
-        // WAL is durable across power loss with NORMAL at the last commit's cost only.
+        // In WAL mode NORMAL never corrupts the file; a power cut may lose the last commits,
+        // which the next listing of the agents relearns, and commits skip an fsync each.
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(open)?;
         migrate(&mut conn, path)?;
@@ -127,7 +127,7 @@ impl Store {
     }
 
     /// `<state dir>/sessions.sqlite3` (state dir =
-    /// [`crate::supervise::default_state_dir`]); None (logged) when there is no state
+    /// `crate::supervise::default_state_dir`); None (logged) when there is no state
     /// dir or the store cannot be opened, so acpd still runs, remembering nothing.
     pub fn open_default() -> Option<Store> {
         let Some(dir) = crate::supervise::default_state_dir() else {
@@ -196,6 +196,7 @@ impl Store {
         .await
     }
 
+    /// The row of `acpd_id`, whichever process wrote it.
     pub async fn get(&self, acpd_id: &str) -> Result<Option<SessionRow>, StoreError> {
         let acpd_id = acpd_id.to_owned();
         self.run(move |conn| {
@@ -403,6 +404,24 @@ fn session_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
 /// Paths are stored as their bytes: a cwd need not be UTF-8, and it must come back exact.
 fn path_bytes(path: &Path) -> &[u8] {
     path.as_os_str().as_bytes()
+}
+
+/// Switches `conn`'s file to WAL (a no-op when it is already). The switch is the one step for
+/// which SQLite answers SQLITE_BUSY at once instead of calling the busy handler (seen when
+/// several processes open a new file together), so it is retried here for as long as
+/// [`BUSY`].
+fn use_wal(conn: &Connection) -> rusqlite::Result<String> {
+    let deadline = Instant::now() + BUSY;
+    loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0)) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            done => return done,
+        }
+    }
 }
 
 /// Brings the schema up to [`SCHEMA`] in one IMMEDIATE transaction, so two processes opening a

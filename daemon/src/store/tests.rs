@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::io::Read as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -190,6 +191,8 @@ fn child_times_are_normalised() {
         ("2026-12-01T10:00:00.999999Z", "2026-12-01T10:00:00Z"),
         ("2026-12-01T10:00:00+00:00", "2026-12-01T10:00:00Z"),
         ("2026-12-01T10:00:00.5+05:30", "2026-12-01T04:30:00Z"),
+        ("2026-12-01T10:00:00.5+00:00", "2026-12-01T10:00:00Z"),
+        ("2026-12-01T10:00:00-00:00", "2026-12-01T10:00:00Z"),
         ("2026-12-01T23:00:00-02:00", "2026-12-02T01:00:00Z"),
         ("2026-12-01 10:00:00", "2026-12-01T10:00:00Z"),
     ];
@@ -352,7 +355,7 @@ async fn two_stores_on_one_file_see_each_others_writes() {
 }
 
 /// How many rows each writer adds in the concurrency tests.
-const WRITES: usize = 150;
+const WRITES: usize = 100;
 
 /// Writes `WRITES` sessions tagged `tag` and adopts the shared ones, as fast as it can.
 fn hammer(path: &Path, tag: &str) {
@@ -432,7 +435,8 @@ fn concurrent_writers_in_processes_never_fail_busy() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("sessions.sqlite3");
     let exe = std::env::current_exe().unwrap();
-    let tags = ["p0", "p1", "p2"];
+    // Several children at once: opening a new file together is a race of its own.
+    let tags = ["p0", "p1", "p2", "p3", "p4"];
     let children: Vec<_> = tags[1..]
         .iter()
         .map(|tag| {
@@ -441,26 +445,29 @@ fn concurrent_writers_in_processes_never_fail_busy() {
                 .env(CHILD_FILE, &path)
                 .env(CHILD_TAG, tag)
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
+                // libtest reports a failing test's panic on stdout.
+                .stderr(Stdio::null())
                 .spawn()
                 .unwrap()
         })
         .collect();
     // This process writes too, while the children do.
     hammer(&path, tags[0]);
-    for child in children {
-        let out = child.wait_with_output().unwrap();
+    for mut child in children {
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        // Judged by its report, not its status: another test of this binary starts acpd's
+        // reaper, which may reap this child first (ECHILD here).
+        let _ = child.wait();
+        // "1 passed" also shows the filter matched: the test ran, it was not skipped.
         assert!(
-            out.status.success(),
-            "child failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // The filter matched the test: it ran, it was not skipped as unknown.
-        assert!(
-            String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
+            out.contains("test result: ok. 1 passed"),
+            "child failed:\n{out}"
         );
     }
     check_hammered(&path, &tags);
