@@ -240,7 +240,7 @@ fn socket_is_private_and_a_second_daemon_refuses() {
         .unwrap();
     assert_eq!(code(&out), 1);
     assert!(String::from_utf8_lossy(&out.stderr).contains("already serving"));
-    let records = std::fs::read_dir(&d.state).unwrap().count();
+    let records = records_in(&d.state).len();
     assert_eq!(
         records, 1,
         "the refused daemon left a record beside the live one's"
@@ -472,7 +472,7 @@ async fn strays_of_a_sigkilled_daemon_are_swept_at_the_next_start() {
         note["update"]["content"]["text"].as_str().unwrap(),
         "grandchild ",
     );
-    let records = std::fs::read_dir(&d.state).unwrap().count();
+    let records = records_in(&d.state).len();
     assert_eq!(records, 1, "one record for the live daemon");
 
     let mut d = d;
@@ -892,10 +892,7 @@ async fn sixty_four_concurrent_starts_are_all_recorded_and_swept() {
         .collect();
     leaders.sort_unstable();
     assert_eq!(leaders.len(), RUNS, "{runs}");
-    let records: Vec<PathBuf> = std::fs::read_dir(&d.state)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let records = records_in(&d.state);
     assert_eq!(
         records.len(),
         1,
@@ -936,4 +933,17 @@ async fn sixty_four_concurrent_starts_are_all_recorded_and_swept() {
         .unwrap_or_else(|| panic!("no sweep logged: {log}"));
     assert!(killed >= RUNS, "swept {killed} processes: {log}");
     d.terminate();
+}
+
+/// What the state directory holds besides the session map: child records (and temp files).
+fn records_in(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            !p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("sessions.sqlite3"))
+        })
+        .collect()
 }

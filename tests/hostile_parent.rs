@@ -229,7 +229,8 @@ fn write_timeout_toward_a_parent_that_stops_reading_closes_it() {
 #[test]
 fn write_timeout_toward_a_socket_client_that_stops_reading_closes_it() {
     subreaper();
-    let env = env_with("write_timeout = \"2s\"");
+    // Detach off: the session ends with its connection (detaching is bridge_sessions.rs').
+    let env = env_with("write_timeout = \"2s\"\ndetach_timeout = \"0s\"");
     let serve = Serve::start(&env);
     let mut raw = serve.connect();
     raw.initialize(json!({}));
@@ -293,7 +294,7 @@ fn socket_client_that_half_closes_mid_turn_has_its_children_torn_down() {
 #[test]
 fn socket_client_that_half_closes_mid_bridge_turn_has_its_child_torn_down() {
     subreaper();
-    let env = env_with("");
+    let env = env_with("detach_timeout = \"0s\"");
     let serve = Serve::start(&env);
     for script in [":pid\n:hang", ":pid\n:chunks 1000000 1024"] {
         let mut raw = serve.connect();
@@ -319,7 +320,7 @@ fn socket_client_that_half_closes_mid_bridge_turn_has_its_child_torn_down() {
 #[test]
 fn socket_client_that_half_closes_while_not_reading_has_its_child_torn_down() {
     subreaper();
-    let env = env_with("");
+    let env = env_with("detach_timeout = \"0s\"");
     let serve = Serve::start(&env);
     let mut raw = serve.connect();
     raw.initialize(json!({}));

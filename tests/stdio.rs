@@ -33,7 +33,9 @@ async fn initialize_advertises_acpd() {
             .contains(&json!("_acpd/subagent/start"))
     );
     assert_eq!(meta["providers"], json!(["echo", "fast"]));
+    // What the default agent (the built-in echo) advertises, mirrored.
     assert_eq!(init["agentCapabilities"]["loadSession"], false);
+    assert_eq!(init["agentInfo"]["name"], "acpd-echo");
     let e = client
         .request(
             "session/load",
@@ -41,7 +43,7 @@ async fn initialize_advertises_acpd() {
         )
         .await
         .unwrap_err();
-    assert_eq!(i32::from(e.code), -32601);
+    assert_eq!(i32::from(e.code), -32002, "{e:?}");
     let e = client.request("_other/thing", json!({})).await.unwrap_err();
     assert_eq!(i32::from(e.code), -32601);
     assert!(client.close().await.success());

@@ -48,7 +48,12 @@ struct Handshake {
     tree: ProcessTree,
     wire: ChildWire,
     stderr: StderrTail,
+    /// Notifications the child sent during the handshake.
+    early: Vec<(String, Option<Box<RawValue>>)>,
 }
+
+/// Handshake notifications kept for a bridge's parent, at most.
+const EARLY: usize = 16;
 
 pub(super) async fn start(
     spec: ChildSpec,
@@ -200,6 +205,7 @@ impl Initialized {
             stop: CancellationToken::new(),
             done: CancellationToken::new(),
             relay_end: std::sync::Mutex::new(None),
+            early: std::sync::Mutex::new(h.early),
         });
         tokio::spawn(Driver::new(shared.clone(), h.wire, rx).run());
         Ok(Child { cmds: tx, shared })
@@ -235,6 +241,7 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
         tree: spawned.tree,
         wire,
         stderr,
+        early: Vec::new(),
     })
 }
 
@@ -257,6 +264,7 @@ pub(super) async fn start_over(
         tree: spawned.tree,
         wire,
         stderr,
+        early: Vec::new(),
     };
     let cancel = CancellationToken::new();
     let open = Open::Create {
@@ -447,7 +455,13 @@ impl Handshake {
                             .respond(&id, Err(&RpcError::method_not_found(&method)))
                             .await;
                     }
-                    Some(Ok(Message::Notification { .. })) => {}
+                    Some(Ok(Message::Notification { method, params })) => {
+                        // Kept for a bridge's parent (e.g. an agent's `_auth/status_update`
+                        // during `session/new`), a few at most.
+                        if self.spec.relay && self.early.len() < EARLY && super::strict::forwardable(&method) {
+                            self.early.push((method, params));
+                        }
+                    }
                 },
                 status = self.tree.exited(), if exited.is_none() => {
                     // Its answer may already be in the pipe.

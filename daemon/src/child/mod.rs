@@ -314,6 +314,8 @@ struct Shared {
     /// Cancelled when the driver has ended (relay: the session is over).
     done: CancellationToken,
     relay_end: std::sync::Mutex<Option<RelayEnd>>,
+    /// Notifications sent during the handshake, for a bridge's parent.
+    early: std::sync::Mutex<Vec<(String, Option<Box<RawValue>>)>>,
 }
 
 /// The owner's handle on a live, initialized child with one ACP session.

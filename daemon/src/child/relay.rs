@@ -44,6 +44,8 @@ const ROOM: usize = 64 * 1024;
 
 struct Relay {
     t: RelayTarget,
+    /// The child's own session id.
+    own: String,
     /// `{"sessionId":"<child's>"` — what nearly every update's params start with.
     child_prefix: String,
     /// The forwarded line up to the rest of the params, with the minted id.
@@ -73,6 +75,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         line_prefix: line_prefix(&t.session_id),
         t,
         child_prefix,
+        own,
         reply: serde_json::from_str(d.shared.session_reply.get()).unwrap_or_default(),
         caps: d.shared.agent.capabilities.clone(),
         open: HashMap::new(),
@@ -84,6 +87,10 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         subs_back: HashMap::new(),
     };
     r.first(d).await;
+    let early = std::mem::take(&mut *super::lock(&d.shared.early));
+    for (method, params) in early {
+        r.child_notification(d, &method, params).await;
+    }
     let end = loop {
         let end = r.pump(d).await;
         let detach = r.t.detach;
@@ -277,6 +284,16 @@ impl Relay {
     ) -> Option<RelayEnd> {
         let id = id?;
         let (pid, method) = self.open.remove(&id)?;
+        // An answer naming the child's session (a load's, a resume's) names the parent's.
+        let outcome = outcome.map(|r| {
+            let names_own = r.get().contains(self.own.as_str())
+                && acpd_protocol::session_id::session_id(&r).as_deref() == Some(self.own.as_str());
+            if names_own {
+                with_session_id(&r, &self.t.session_id).unwrap_or(r)
+            } else {
+                r
+            }
+        });
         let _ = self
             .t
             .parent

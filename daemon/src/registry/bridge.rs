@@ -101,11 +101,7 @@ impl Registry {
         let config = self.config();
         let provider = self.provider(&config, provider)?;
         let (depth, max_depth) = self.check_depth(&config, None)?;
-        let home = std::env::var_os("HOME")
-            .map(std::path::PathBuf::from)
-            .filter(|h| h.is_absolute())
-            .unwrap_or_else(|| "/".into());
-        let cwd = resolve_cwd(&provider, cwd, Some(&home))?;
+        let cwd = resolve_cwd(&provider, cwd, Some(&home()))?;
         let slot = self.claim(&config, &provider, cancel).await?;
         let spec = ChildSpec {
             relay: true,
@@ -224,6 +220,15 @@ impl Registry {
         names.sort_by_key(|n| *n != config.default_provider);
         names
     }
+}
+
+/// Where a child asked no question about a directory starts (a spare, a probe, a listing):
+/// the user's home, else `/`.
+pub(super) fn home() -> std::path::PathBuf {
+    std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .filter(|h| h.is_absolute() && h.is_dir())
+        .unwrap_or_else(|| "/".into())
 }
 
 /// What identifies an agent's answer in the durable cache: its command and environment.

@@ -348,7 +348,8 @@ impl Registry {
         let config = self.config();
         let provider = self.provider(&config, Some(provider))?;
         let (depth, max_depth) = self.check_depth(&config, None)?;
-        let cwd = resolve_cwd(&provider, None, cwd)?;
+        let home = bridge::home();
+        let cwd = resolve_cwd(&provider, None, Some(cwd.unwrap_or(&home)))?;
         let _slot = self.claim(&config, &provider, cancel).await?;
         let spec = ChildSpec {
             limits: config.wire_limits(),
