@@ -12,6 +12,7 @@ mod report;
 mod scale;
 mod soak;
 mod stream;
+mod warm;
 
 use std::path::PathBuf;
 
@@ -22,7 +23,7 @@ pub struct Opts {
     pub json: Option<PathBuf>,
     /// Rewrite README.md's results table from this run.
     pub readme: bool,
-    /// `--only SECTION` (hotpath, streaming, start, scale, teardown): run just that one.
+    /// `--only SECTION` (hotpath, streaming, start, scale, teardown, warm): run just that one.
     pub only: Option<String>,
     /// `--sizes 64,1024`: the scale rows' K values instead of the defaults.
     pub sizes: Option<Vec<usize>>,
@@ -132,7 +133,8 @@ async fn bench() {
         "streaming": if opts.runs("streaming") { stream::run(&opts).await } else { none.clone() },
         "start": if opts.runs("start") { scale::start(&opts).await } else { none.clone() },
         "scale": if opts.runs("scale") { scale::scale(&opts).await } else { none.clone() },
-        "teardown": if opts.runs("teardown") { scale::teardown(&opts).await } else { none },
+        "teardown": if opts.runs("teardown") { scale::teardown(&opts).await } else { none.clone() },
+        "warm": if opts.runs("warm") { warm::run(&opts).await } else { none },
     });
     if opts.only.is_some() {
         return;

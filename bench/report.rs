@@ -119,6 +119,17 @@ pub fn markdown(r: &Value) -> String {
         f(&t["gracesMs"], 0),
         f(&t["deafOverGracesMs"], 2)
     );
+    let w = &r["warm"];
+    if !w.is_null() {
+        let _ = writeln!(
+            md,
+            "\n**Warm start** (an agent whose initialize takes {} ms): bridge `session/new` through `acpd serve` with a ready spare (`warm = 1`) {} ms vs the same agent's cold spawn + initialize + session/new {} ms: **{}×** (target ≤ 0.15×).",
+            w["initMs"],
+            f(&w["warmMs"], 1),
+            f(&w["coldMs"], 1),
+            f(&w["ratio"], 3)
+        );
+    }
     md
 }
 

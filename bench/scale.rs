@@ -170,7 +170,9 @@ impl Ctl {
 }
 
 /// Spawns `cmd` with piped stdio and speaks JSON-RPC to it with acpd's own engine.
-fn wired(cmd: &mut tokio::process::Command) -> (tokio::process::Child, wire::Connection) {
+pub(crate) fn wired(
+    cmd: &mut tokio::process::Command,
+) -> (tokio::process::Child, wire::Connection) {
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -192,7 +194,7 @@ fn config(max: usize) -> String {
     )
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

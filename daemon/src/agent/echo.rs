@@ -210,6 +210,9 @@ async fn handle_request(agent: &Arc<Agent>, id: Id, method: &str, params: Option
             return;
         }
     }
+    if let (Some(ms), "initialize") = (args.init_delay, method) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     let reply = match method {
         "session/prompt" => match start_prompt(agent, &id, params) {
             // The turn task answers.

@@ -165,6 +165,10 @@ pub struct EchoArgs {
     /// as "system: TEXT" at the start of each turn.
     #[arg(long)]
     pub system_prompt: bool,
+    /// Answer initialize only after MS milliseconds: an agent whose start dominates (the warm
+    /// spare benchmark's).
+    #[arg(long, value_name = "MS")]
+    pub init_delay: Option<u64>,
     /// Persist sessions in DIR (one JSON file each, shared by every echo using DIR) and offer
     /// session/load, resume, list, close, delete and fork.
     #[arg(long, value_name = "DIR")]

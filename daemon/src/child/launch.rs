@@ -347,10 +347,14 @@ impl Handshake {
 
     /// Logs a failed start and tears the child down.
     async fn fail(&self, e: StartFailure) -> StartFailure {
-        tracing::warn!(
-            provider = %self.spec.provider.name, run = %self.spec.run_id,
-            stderr_tail = ?self.stderr.snapshot(), "child failed to start: {e}"
-        );
+        if let StartFailure::Cancelled { .. } = e {
+            tracing::debug!(provider = %self.spec.provider.name, run = %self.spec.run_id, "child start {e}");
+        } else {
+            tracing::warn!(
+                provider = %self.spec.provider.name, run = %self.spec.run_id,
+                stderr_tail = ?self.stderr.snapshot(), "child failed to start: {e}"
+            );
+        }
         self.teardown().await;
         e
     }

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 
 use super::{Conn, Seat, SessionRef, bridge_error, lock, raw, session_not_found};
 use crate::child::{Child, First, Open, ParentServes, RelayTarget};
-use crate::registry::BridgeRequest;
+use crate::registry::{BridgeRequest, advertises};
 use crate::store::SessionRow;
 
 /// The router's handle on a bridge session.
@@ -191,7 +191,11 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
         title: None,
         updated_at: super::sessions::now(),
     };
-    if let Err(e) = conn.ctx.sessions.store.insert(row).await {
+    // Only a session the agent can bring back is worth remembering (and listing).
+    let agent = child.agent();
+    let lasting =
+        advertises(agent, "/loadSession") || advertises(agent, "/sessionCapabilities/resume");
+    if lasting && let Err(e) = conn.ctx.sessions.store.insert(row).await {
         tracing::warn!(session = %minted, "the session map cannot keep this session: {e}");
     }
     let reply = with_session_id(child.session_reply(), &minted)
