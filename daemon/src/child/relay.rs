@@ -66,6 +66,8 @@ struct Relay {
     /// The child's subagent sessions: its id → the id the parent knows, and back.
     subs: HashMap<String, String>,
     subs_back: HashMap<String, String>,
+    /// Another connection's attach that arrived before this relay saw its own go.
+    attach_next: Option<RelayTarget>,
 }
 
 pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
@@ -85,6 +87,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         forwarded: FuturesUnordered::new(),
         subs: HashMap::new(),
         subs_back: HashMap::new(),
+        attach_next: None,
     };
     r.first(d).await;
     let early = std::mem::take(&mut *super::lock(&d.shared.early));
@@ -174,6 +177,9 @@ impl Relay {
                     while let Ok(cmd) = d.cmds.try_recv() {
                         self.parent_cmd(d, cmd).await;
                     }
+                    if self.attach_next.is_some() {
+                        return RelayEnd::ParentGone;
+                    }
                     self.cancel(d).await;
                 }
                 // The child is behind on reading: take no more of the parent's calls until it
@@ -181,7 +187,12 @@ impl Relay {
                 () = d.wire.out.room(ROOM), if !room => {}
                 cmd = d.cmds.recv(), if room => match cmd {
                     None => return RelayEnd::Closed,
-                    Some(cmd) => self.parent_cmd(d, cmd).await,
+                    Some(cmd) => {
+                        self.parent_cmd(d, cmd).await;
+                        if self.attach_next.is_some() {
+                            return RelayEnd::ParentGone;
+                        }
+                    }
                 },
                 Some((id, ask, result)) = self.forwarded.next(), if !self.forwarded.is_empty() => {
                     self.parent_answered(d, id, ask, result).await;
@@ -330,7 +341,13 @@ impl Relay {
                 }
                 return;
             }
-            Cmd::Prompt { .. } | Cmd::Relay(_) => return,
+            // Attached elsewhere before this relay saw its connection go: the pump ends as if
+            // the connection broke, and `detached` attaches it at once.
+            Cmd::Relay(t) => {
+                self.attach_next = Some(t);
+                return;
+            }
+            Cmd::Prompt { .. } => return,
         };
         if !self.supports(&method) {
             let e = RpcError::method_not_found(&method);
@@ -420,14 +437,10 @@ impl Relay {
     ) -> Result<(), RelayEnd> {
         let session = self.t.session_id.clone();
         tracing::info!(provider = %d.shared.provider.name, %session, ?wait, "bridge session detached");
-        // Calls of the old connection get no answer; requests it was asked are answered or
-        // held.
-        self.open.clear();
-        self.opening = None;
-        self.forwarded = FuturesUnordered::new();
-        for id in std::mem::take(&mut self.waiting) {
-            let e = RpcError::internal("the client disconnected");
-            let _ = d.wire.respond(&id, Err(&e)).await;
+        self.leave(d).await;
+        if let Some(t) = self.attach_next.take() {
+            self.switch(d, t).await;
+            return Ok(());
         }
         let expires = Instant::now() + wait;
         let stop = d.shared.stop.clone();
@@ -467,9 +480,7 @@ impl Relay {
                     None => return Err(RelayEnd::Closed),
                     Some(Cmd::Relay(t)) => {
                         tracing::info!(provider = %d.shared.provider.name, %session, dropped, "bridge session attached again");
-                        self.line_prefix = line_prefix(&t.session_id);
-                        self.t = t;
-                        self.first(d).await;
+                        self.switch(d, t).await;
                         return Ok(());
                     }
                     Some(Cmd::Call { id, .. }) => {
@@ -483,6 +494,27 @@ impl Relay {
                 }
             }
         }
+    }
+
+    /// The old connection is gone: its calls get no answer, the requests it was asked are
+    /// answered (permission requests are kept, to be asked again).
+    async fn leave(&mut self, d: &mut Driver) {
+        self.open.clear();
+        self.opening = None;
+        self.forwarded = FuturesUnordered::new();
+        for id in std::mem::take(&mut self.waiting) {
+            let e = RpcError::internal("the client disconnected");
+            let _ = d.wire.respond(&id, Err(&e)).await;
+        }
+    }
+
+    /// Attached to another connection.
+    async fn switch(&mut self, d: &mut Driver, t: RelayTarget) {
+        // A detach signalled for the old connection must not detach the new one.
+        let _ = futures::FutureExt::now_or_never(d.shared.relay_detach.notified());
+        self.line_prefix = line_prefix(&t.session_id);
+        self.t = t;
+        self.first(d).await;
     }
 
     async fn cancel(&mut self, d: &mut Driver) {

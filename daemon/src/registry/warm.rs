@@ -182,6 +182,10 @@ impl Registry {
                             None
                         }
                         Ok(ready) => Some(ready),
+                        Err(e @ super::RegistryError::Capacity { .. }) => {
+                            tracing::debug!(provider = %provider.name, "no room for a warm spare: {e}");
+                            None
+                        }
                         Err(e) => {
                             tracing::warn!(provider = %provider.name, "a warm spare failed to start: {e}");
                             None

@@ -93,10 +93,12 @@ impl Sessions {
     /// The connection holding the session closed: it waits for another (`detach`), or ends.
     pub async fn release(&self, id: &str, child: &Child, shutting_down: bool) {
         if self.detach.is_some() && !shutting_down {
+            // Signalled before anyone can take it, so the detach never lands on the next
+            // connection.
+            child.detach();
             if let Some(live) = lock(&self.live).get_mut(id) {
                 live.attached = false;
             }
-            child.detach();
         } else {
             child.shut().await;
         }
