@@ -10,11 +10,14 @@
 //! which is asked them again. A child's own subagent sessions reach a parent that opted in
 //! under ids acpd mints (`<session id>.<n>`), and calls on them are routed back.
 
+mod detach;
+mod ids;
+
 use std::collections::HashMap;
 
 use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, Message, RpcError};
 use acpd_protocol::permission::{self, PolicyAnswer};
-use acpd_protocol::session_id::{remap_session_ids, splice_session_id, with_session_id};
+use acpd_protocol::session_id::{splice_session_id, with_session_id};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde_json::json;
@@ -367,22 +370,6 @@ impl Relay {
         self.send_call(d, id, method, params).await;
     }
 
-    /// The parent's params with the session id it names turned into the child's (its own
-    /// session's, or a subagent session's).
-    fn to_child(&self, params: &RawValue, own: &str) -> Result<Box<RawValue>, RpcError> {
-        let Some(sid) = acpd_protocol::session_id::session_id(params) else {
-            return Ok(params.to_owned());
-        };
-        let child = if sid == self.t.session_id {
-            own
-        } else if let Some(c) = self.subs_back.get(&sid) {
-            c
-        } else {
-            return Err(crate::child::session_not_found(&sid));
-        };
-        Ok(with_session_id(params, child).unwrap_or_else(|| params.to_owned()))
-    }
-
     /// Sends a parent's call on; its child id, or `None` when the parent got an error.
     async fn send_call(
         &mut self,
@@ -427,118 +414,12 @@ impl Relay {
         }
     }
 
-    /// Between connections: the child keeps running and is read (its updates are dropped, its
-    /// permission requests held, anything else refused) until it is attached again (`Ok`),
-    /// `wait` passes, or it ends.
-    async fn detached(
-        &mut self,
-        d: &mut Driver,
-        wait: std::time::Duration,
-    ) -> Result<(), RelayEnd> {
-        let session = self.t.session_id.clone();
-        tracing::info!(provider = %d.shared.provider.name, %session, ?wait, "bridge session detached");
-        self.leave(d).await;
-        if let Some(t) = self.attach_next.take() {
-            self.switch(d, t).await;
-            return Ok(());
-        }
-        let expires = Instant::now() + wait;
-        let stop = d.shared.stop.clone();
-        let mut dropped = 0u64;
-        loop {
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => return Err(RelayEnd::Closed),
-                frame = d.wire.reader.next() => match frame {
-                    None => return Err(gone(d.exit_status_soon().await)),
-                    Some(Err(_)) => return Err(RelayEnd::Protocol),
-                    Some(Ok(Message::Request { id, method, params })) => {
-                        if method == "session/request_permission" {
-                            match permission::answer_by_policy(d.shared.provider.permission, params.as_deref()) {
-                                PolicyAnswer::InvalidParams(why) => {
-                                    let _ = d.wire.respond(&id, Err(&RpcError::invalid_params(why))).await;
-                                }
-                                PolicyAnswer::Answer(answer) => {
-                                    let _ = d.wire.respond_ok(&id, &answer).await;
-                                }
-                                PolicyAnswer::Forward(_) if self.asks.len() < MAX_FORWARDED => {
-                                    let params = params.as_deref().and_then(|p| self.to_parent_params(p, &d.shared.session_id).ok());
-                                    self.asks.insert(id, params);
-                                }
-                                PolicyAnswer::Forward(_) => {
-                                    let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
-                                }
-                            }
-                        } else {
-                            let e = RpcError::internal("no client is attached to this session");
-                            let _ = d.wire.respond(&id, Err(&e)).await;
-                        }
-                    }
-                    Some(Ok(_)) => dropped += 1,
-                },
-                cmd = d.cmds.recv() => match cmd {
-                    None => return Err(RelayEnd::Closed),
-                    Some(Cmd::Relay(t)) => {
-                        tracing::info!(provider = %d.shared.provider.name, %session, dropped, "bridge session attached again");
-                        self.switch(d, t).await;
-                        return Ok(());
-                    }
-                    Some(Cmd::Call { id, .. }) => {
-                        tracing::debug!(%id, "a call for a detached session");
-                    }
-                    Some(_) => {}
-                },
-                _ = tokio::time::sleep_until(expires) => {
-                    tracing::info!(provider = %d.shared.provider.name, %session, "detached session expired (detach_timeout)");
-                    return Err(RelayEnd::Expired);
-                }
-            }
-        }
-    }
-
-    /// The old connection is gone: its calls get no answer, the requests it was asked are
-    /// answered (permission requests are kept, to be asked again).
-    async fn leave(&mut self, d: &mut Driver) {
-        self.open.clear();
-        self.opening = None;
-        self.forwarded = FuturesUnordered::new();
-        for id in std::mem::take(&mut self.waiting) {
-            let e = RpcError::internal("the client disconnected");
-            let _ = d.wire.respond(&id, Err(&e)).await;
-        }
-    }
-
-    /// Attached to another connection.
-    async fn switch(&mut self, d: &mut Driver, t: RelayTarget) {
-        // A detach signalled for the old connection must not detach the new one.
-        let _ = futures::FutureExt::now_or_never(d.shared.relay_detach.notified());
-        self.line_prefix = line_prefix(&t.session_id);
-        self.t = t;
-        self.first(d).await;
-    }
-
     async fn cancel(&mut self, d: &mut Driver) {
         let cancel = envelope::to_raw(&json!({ "sessionId": d.shared.session_id }));
         let _ = d.wire.notify("session/cancel", &cancel).await;
         for (id, _) in std::mem::take(&mut self.asks) {
             let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
         }
-    }
-
-    /// A child's params with the session ids it names turned into the parent's: its own
-    /// session's and its announced subagent sessions'. `Err` when it names another.
-    fn to_parent_params(&self, params: &RawValue, own: &str) -> Result<Box<RawValue>, String> {
-        let mut value: serde_json::Value =
-            serde_json::from_str(params.get()).map_err(|e| e.to_string())?;
-        let mut map = |id: &str| {
-            if id == own {
-                Some(self.t.session_id.clone())
-            } else {
-                self.subs.get(id).cloned()
-            }
-        };
-        remap_session_ids(&mut value, &mut map)?;
-        Ok(envelope::to_raw(&value))
     }
 
     async fn child_notification(
@@ -612,27 +493,6 @@ impl Relay {
             }
             None => log("cannot rewrite its sessionId"),
         }
-    }
-
-    /// An update that names other sessions: a `subagent_update` announcing (or updating) one
-    /// of the child's own subagent sessions gets it a minted id; every session id it names
-    /// must be the child's own or an announced one.
-    fn subagent_traffic(&mut self, own: &str, params: &RawValue) -> Result<Box<RawValue>, String> {
-        let value: serde_json::Value =
-            serde_json::from_str(params.get()).map_err(|e| e.to_string())?;
-        if value
-            .pointer("/update/sessionUpdate")
-            .and_then(|v| v.as_str())
-            == Some("subagent_update")
-            && let Some(sub) = value.pointer("/update/sessionId").and_then(|v| v.as_str())
-            && sub != own
-            && !self.subs.contains_key(sub)
-        {
-            let minted = format!("{}.{}", self.t.session_id, self.subs.len() + 1);
-            self.subs_back.insert(minted.clone(), sub.to_string());
-            self.subs.insert(sub.to_string(), minted);
-        }
-        self.to_parent_params(params, own)
     }
 
     async fn child_request(

@@ -1,0 +1,103 @@
+//! A bridge session between connections: detached from the one that closed, attached to the
+//! next that loads it (`detach_timeout`).
+
+use acpd_protocol::envelope::{Message, RpcError};
+use acpd_protocol::permission::{self, PolicyAnswer};
+use futures::stream::FuturesUnordered;
+use tokio::time::Instant;
+
+use super::{MAX_FORWARDED, Relay, gone};
+use crate::child::driver::Driver;
+use crate::child::{Cmd, RelayEnd, RelayTarget};
+
+impl Relay {
+    /// Between connections: the child keeps running and is read (its updates are dropped, its
+    /// permission requests held, anything else refused) until it is attached again (`Ok`),
+    /// `wait` passes, or it ends.
+    pub(super) async fn detached(
+        &mut self,
+        d: &mut Driver,
+        wait: std::time::Duration,
+    ) -> Result<(), RelayEnd> {
+        let session = self.t.session_id.clone();
+        tracing::info!(provider = %d.shared.provider.name, %session, ?wait, "bridge session detached");
+        self.leave(d).await;
+        if let Some(t) = self.attach_next.take() {
+            self.switch(d, t).await;
+            return Ok(());
+        }
+        let expires = Instant::now() + wait;
+        let stop = d.shared.stop.clone();
+        let mut dropped = 0u64;
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return Err(RelayEnd::Closed),
+                frame = d.wire.reader.next() => match frame {
+                    None => return Err(gone(d.exit_status_soon().await)),
+                    Some(Err(_)) => return Err(RelayEnd::Protocol),
+                    Some(Ok(Message::Request { id, method, params })) => {
+                        if method == "session/request_permission" {
+                            match permission::answer_by_policy(d.shared.provider.permission, params.as_deref()) {
+                                PolicyAnswer::InvalidParams(why) => {
+                                    let _ = d.wire.respond(&id, Err(&RpcError::invalid_params(why))).await;
+                                }
+                                PolicyAnswer::Answer(answer) => {
+                                    let _ = d.wire.respond_ok(&id, &answer).await;
+                                }
+                                PolicyAnswer::Forward(_) if self.asks.len() < MAX_FORWARDED => {
+                                    let params = params.as_deref().and_then(|p| self.to_parent_params(p, &d.shared.session_id).ok());
+                                    self.asks.insert(id, params);
+                                }
+                                PolicyAnswer::Forward(_) => {
+                                    let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
+                                }
+                            }
+                        } else {
+                            let e = RpcError::internal("no client is attached to this session");
+                            let _ = d.wire.respond(&id, Err(&e)).await;
+                        }
+                    }
+                    Some(Ok(_)) => dropped += 1,
+                },
+                cmd = d.cmds.recv() => match cmd {
+                    None => return Err(RelayEnd::Closed),
+                    Some(Cmd::Relay(t)) => {
+                        tracing::info!(provider = %d.shared.provider.name, %session, dropped, "bridge session attached again");
+                        self.switch(d, t).await;
+                        return Ok(());
+                    }
+                    Some(Cmd::Call { id, .. }) => {
+                        tracing::debug!(%id, "a call for a detached session");
+                    }
+                    Some(_) => {}
+                },
+                _ = tokio::time::sleep_until(expires) => {
+                    tracing::info!(provider = %d.shared.provider.name, %session, "detached session expired (detach_timeout)");
+                    return Err(RelayEnd::Expired);
+                }
+            }
+        }
+    }
+
+    /// The old connection is gone: its calls get no answer, the requests it was asked are
+    /// answered (permission requests are kept, to be asked again).
+    pub(super) async fn leave(&mut self, d: &mut Driver) {
+        self.open.clear();
+        self.opening = None;
+        self.forwarded = FuturesUnordered::new();
+        for id in std::mem::take(&mut self.waiting) {
+            let e = RpcError::internal("the client disconnected");
+            let _ = d.wire.respond(&id, Err(&e)).await;
+        }
+    }
+
+    /// Attached to another connection.
+    pub(super) async fn switch(&mut self, d: &mut Driver, t: RelayTarget) {
+        // A detach signalled for the old connection must not detach the new one.
+        let _ = futures::FutureExt::now_or_never(d.shared.relay_detach.notified());
+        self.line_prefix = super::line_prefix(&t.session_id);
+        self.t = t;
+        self.first(d).await;
+    }
+}

@@ -1,0 +1,71 @@
+//! Session ids across the relay: the parent knows the acpd id (and `<acpd id>.<n>` for the
+//! child's own subagent sessions), the child knows its own.
+
+use acpd_protocol::envelope::{self, RpcError};
+use acpd_protocol::session_id::{remap_session_ids, with_session_id};
+use serde_json::value::RawValue;
+
+use super::Relay;
+
+impl Relay {
+    /// The parent's params with the session id it names turned into the child's (its own
+    /// session's, or a subagent session's).
+    pub(super) fn to_child(&self, params: &RawValue, own: &str) -> Result<Box<RawValue>, RpcError> {
+        let Some(sid) = acpd_protocol::session_id::session_id(params) else {
+            return Ok(params.to_owned());
+        };
+        let child = if sid == self.t.session_id {
+            own
+        } else if let Some(c) = self.subs_back.get(&sid) {
+            c
+        } else {
+            return Err(crate::child::session_not_found(&sid));
+        };
+        Ok(with_session_id(params, child).unwrap_or_else(|| params.to_owned()))
+    }
+
+    /// A child's params with the session ids it names turned into the parent's: its own
+    /// session's and its announced subagent sessions'. `Err` when it names another.
+    pub(super) fn to_parent_params(
+        &self,
+        params: &RawValue,
+        own: &str,
+    ) -> Result<Box<RawValue>, String> {
+        let mut value: serde_json::Value =
+            serde_json::from_str(params.get()).map_err(|e| e.to_string())?;
+        let mut map = |id: &str| {
+            if id == own {
+                Some(self.t.session_id.clone())
+            } else {
+                self.subs.get(id).cloned()
+            }
+        };
+        remap_session_ids(&mut value, &mut map)?;
+        Ok(envelope::to_raw(&value))
+    }
+
+    /// An update that names other sessions: a `subagent_update` announcing (or updating) one
+    /// of the child's own subagent sessions gets it a minted id; every session id it names
+    /// must be the child's own or an announced one.
+    pub(super) fn subagent_traffic(
+        &mut self,
+        own: &str,
+        params: &RawValue,
+    ) -> Result<Box<RawValue>, String> {
+        let value: serde_json::Value =
+            serde_json::from_str(params.get()).map_err(|e| e.to_string())?;
+        if value
+            .pointer("/update/sessionUpdate")
+            .and_then(|v| v.as_str())
+            == Some("subagent_update")
+            && let Some(sub) = value.pointer("/update/sessionId").and_then(|v| v.as_str())
+            && sub != own
+            && !self.subs.contains_key(sub)
+        {
+            let minted = format!("{}.{}", self.t.session_id, self.subs.len() + 1);
+            self.subs_back.insert(minted.clone(), sub.to_string());
+            self.subs.insert(sub.to_string(), minted);
+        }
+        self.to_parent_params(params, own)
+    }
+}
