@@ -189,7 +189,7 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
         child_session_id: child.session_id().to_string(),
         cwd: o.cwd,
         title: None,
-        updated_at: super::sessions::now(),
+        updated_at: crate::store::now(),
     };
     // Only a session the agent can bring back is worth remembering (and listing).
     let agent = child.agent();

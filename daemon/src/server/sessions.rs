@@ -29,11 +29,6 @@ pub fn open_store() -> Store {
     Store::open_default().unwrap_or_else(Store::in_memory)
 }
 
-/// Now, as the session map writes it.
-pub fn now() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
-}
-
 /// Every live bridge session of this acpd process.
 pub struct Sessions {
     pub store: Store,

@@ -73,7 +73,7 @@ pub struct SessionRow {
     pub child_session_id: String,
     pub cwd: PathBuf,
     pub title: Option<String>,
-    /// RFC 3339 UTC, seconds (`humantime::format_rfc3339_seconds`): sorts as text.
+    /// RFC 3339 UTC with milliseconds ([`now`]): sorts as text.
     pub updated_at: String,
 }
 
@@ -469,15 +469,17 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     tx.commit().map_err(query)
 }
 
-fn now() -> String {
-    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+/// Now, as the map writes times: RFC 3339 UTC with milliseconds, so sessions updated within
+/// one second still sort newest first.
+pub fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
 /// A child's timestamp in our one format, so rows sort as text. Agents write RFC 3339 with
 /// fractions or offsets (`2026-12-01T11:00:00.5+01:00`); what cannot be read becomes now,
 /// which keeps the row listed rather than losing it.
 fn normalize_time(text: &str) -> String {
-    parse_time(text.trim()).map_or_else(now, |t| humantime::format_rfc3339_seconds(t).to_string())
+    parse_time(text.trim()).map_or_else(now, |t| humantime::format_rfc3339_millis(t).to_string())
 }
 
 fn parse_time(text: &str) -> Option<SystemTime> {

@@ -84,7 +84,7 @@ async fn touch_bumps_time_and_keeps_or_replaces_title() {
         got.updated_at
     );
     assert!(humantime::parse_rfc3339(&got.updated_at).is_ok());
-    assert_eq!(got.updated_at.len(), "2026-12-01T10:00:00Z".len());
+    assert_eq!(got.updated_at.len(), "2026-12-01T10:00:00.000Z".len());
 
     store.touch("acpd-a", Some("new".into())).await.unwrap();
     let got = store.get("acpd-a").await.unwrap().unwrap();
@@ -143,7 +143,7 @@ async fn adopt_is_idempotent_and_refreshes() {
             child_session_id: "child-1".into(),
             cwd: "/w".into(),
             title: Some("first".into()),
-            updated_at: "2026-12-01T10:00:00Z".into(),
+            updated_at: "2026-12-01T10:00:00.250Z".into(),
         }
     );
 
@@ -155,7 +155,7 @@ async fn adopt_is_idempotent_and_refreshes() {
     assert_eq!(again, id);
     let got = store.get(&id).await.unwrap().unwrap();
     assert_eq!(got.title.as_deref(), Some("first"));
-    assert_eq!(got.updated_at, "2026-12-01T10:00:00Z");
+    assert_eq!(got.updated_at, "2026-12-01T10:00:00.250Z");
     assert_eq!(got.cwd, Path::new("/w2"));
 
     // A newer listing replaces both.
@@ -171,7 +171,7 @@ async fn adopt_is_idempotent_and_refreshes() {
         .unwrap();
     let got = store.get(&id).await.unwrap().unwrap();
     assert_eq!(got.title.as_deref(), Some("renamed"));
-    assert_eq!(got.updated_at, "2026-12-01T11:30:00Z");
+    assert_eq!(got.updated_at, "2026-12-01T11:30:00.000Z");
 
     // Another provider's session of the same child id is another session.
     let other = store
@@ -187,14 +187,14 @@ async fn adopt_is_idempotent_and_refreshes() {
 #[test]
 fn child_times_are_normalised() {
     let cases = [
-        ("2026-12-01T10:00:00Z", "2026-12-01T10:00:00Z"),
-        ("2026-12-01T10:00:00.999999Z", "2026-12-01T10:00:00Z"),
-        ("2026-12-01T10:00:00+00:00", "2026-12-01T10:00:00Z"),
-        ("2026-12-01T10:00:00.5+05:30", "2026-12-01T04:30:00Z"),
-        ("2026-12-01T10:00:00.5+00:00", "2026-12-01T10:00:00Z"),
-        ("2026-12-01T10:00:00-00:00", "2026-12-01T10:00:00Z"),
-        ("2026-12-01T23:00:00-02:00", "2026-12-02T01:00:00Z"),
-        ("2026-12-01 10:00:00", "2026-12-01T10:00:00Z"),
+        ("2026-12-01T10:00:00Z", "2026-12-01T10:00:00.000Z"),
+        ("2026-12-01T10:00:00.999999Z", "2026-12-01T10:00:00.999Z"),
+        ("2026-12-01T10:00:00+00:00", "2026-12-01T10:00:00.000Z"),
+        ("2026-12-01T10:00:00.5+05:30", "2026-12-01T04:30:00.500Z"),
+        ("2026-12-01T10:00:00.5+00:00", "2026-12-01T10:00:00.500Z"),
+        ("2026-12-01T10:00:00-00:00", "2026-12-01T10:00:00.000Z"),
+        ("2026-12-01T23:00:00-02:00", "2026-12-02T01:00:00.000Z"),
+        ("2026-12-01 10:00:00", "2026-12-01T10:00:00.000Z"),
     ];
     for (text, want) in cases {
         assert_eq!(normalize_time(text), want, "{text}");
