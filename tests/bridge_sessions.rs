@@ -334,6 +334,29 @@ fn initialize_mirrors_the_default_agent_and_a_second_process_answers_from_the_ca
     assert_eq!(say(&mut second, &sid, "hi"), "hi");
     assert_eq!(starts(&log), before + 2, "a probe started the agent again");
     finish(second);
+
+    // Another command is another agent: the cache does not answer for it.
+    let mut command = vec![script.to_str().unwrap().to_string()];
+    command.extend(["--prompt-caps".to_string(), "audio".to_string()]);
+    write_config(
+        &env,
+        &[
+            Provider {
+                name: "main",
+                command,
+            },
+            echo("other", &[]),
+        ],
+    );
+    let before = starts(&log);
+    let (third, changed) = connect(&env, json!({}));
+    assert_eq!(
+        changed["agentCapabilities"]["promptCapabilities"],
+        json!({"image": false, "audio": true, "embeddedContext": false})
+    );
+    assert_eq!(changed["authMethods"], json!([]));
+    assert_eq!(starts(&log), before + 1, "one probe of the new command");
+    finish(third);
 }
 
 #[test]
@@ -517,7 +540,10 @@ fn fork_close_delete_and_unknown_ids() {
 
     // Delete (of a session open here): it ends, and it is gone from the list and for load.
     assert_eq!(raw.ok("session/delete", json!({"sessionId": s})), json!({}));
-    assert_eq!(ids_of(&list_all(&mut raw, json!({}))), [f.clone()]);
+    assert_eq!(
+        ids_of(&list_all(&mut raw, json!({}))),
+        std::slice::from_ref(&f)
+    );
     assert_eq!(
         code_of(
             &mut raw,
@@ -625,7 +651,13 @@ fn prompt_content_is_fitted_to_each_agent() {
 
 #[test]
 fn authentication_passes_through_and_is_replayed_on_later_children() {
-    let env = env_with(|_| vec![echo("main", &["--auth", "key"])]);
+    let env = env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        vec![echo(
+            "main",
+            &["--auth", "key", "--sessions", &dir_arg(&sessions)],
+        )]
+    });
     let (mut raw, init) = connect(&env, json!({}));
     assert_eq!(init["authMethods"], json!([{"id": "key", "name": "key"}]));
 
@@ -667,7 +699,7 @@ fn authentication_passes_through_and_is_replayed_on_later_children() {
     assert_eq!(say(&mut raw, &s2, ":auth"), "auth key\n");
     finish(raw);
 
-    // Another connection has not authenticated.
+    // Another connection has not authenticated: the agent refuses its new and its load.
     let (mut other, _) = connect(&env, json!({}));
     assert_eq!(
         code_of(
@@ -677,6 +709,29 @@ fn authentication_passes_through_and_is_replayed_on_later_children() {
         ),
         -32000
     );
+    let e = error_of(&mut other, "session/load", load_params(&s1, env.path()));
+    assert_eq!(e["code"], -32000, "{e}");
+    assert_eq!(e["data"], json!({"authMethods": ["key"]}), "{e}");
+    // Once it has, the children that list and load are authenticated too.
+    assert_eq!(
+        other.ok("authenticate", json!({"methodId": "key"})),
+        json!({})
+    );
+    let mut listed = ids_of(&list_all(&mut other, json!({})));
+    listed.sort();
+    let mut made = vec![s1.clone(), s2];
+    made.sort();
+    assert_eq!(listed, made);
+    let (before, answer) = call_seen(&mut other, "session/load", load_params(&s1, env.path()));
+    assert!(answer.get("error").is_none(), "{answer}");
+    assert_eq!(
+        replay(&before, &s1),
+        pairs(&[
+            ("user_message_chunk", ":auth"),
+            ("agent_message_chunk", "auth key\n"),
+        ])
+    );
+    assert_eq!(say(&mut other, &s1, ":auth"), "auth key\n");
     finish(other);
 }
 
@@ -810,5 +865,115 @@ fn extensions_pass_both_ways_with_the_session_id_remapped() {
         assert_eq!(done.value["result"]["stopReason"], "end_turn");
         assert_eq!(agent_text(&raw.seen[start..], &s), expected);
     }
+    finish(raw);
+}
+
+/// `_acpd/status`'s count of live children, polled until it is `want` (or the wait ends).
+fn live_children_become(raw: &mut Raw, want: u64) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let status = raw.ok("_acpd/status", json!({}));
+        let live = status["limits"]["liveChildren"].as_u64().unwrap();
+        if live == want || std::time::Instant::now() >= deadline {
+            return live;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The answers to `ids`, each within a few seconds (a request never answered fails fast).
+fn answers(raw: &mut Raw, ids: &[u64]) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut got: Vec<Option<Value>> = vec![None; ids.len()];
+    while got.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Some(line) = raw.next_within(left) else {
+            let missing: Vec<u64> = ids
+                .iter()
+                .zip(&got)
+                .filter(|(_, g)| g.is_none())
+                .map(|(id, _)| *id)
+                .collect();
+            panic!(
+                "requests {missing:?} never answered; seen {:?}",
+                raw.seen_text()
+            );
+        };
+        match ids
+            .iter()
+            .position(|id| line.is_response() && line.value["id"] == *id)
+        {
+            Some(i) => got[i] = Some(line.value),
+            None => raw.seen.push(line),
+        }
+    }
+    got.into_iter().map(Option::unwrap).collect()
+}
+
+#[test]
+fn two_loads_of_one_session_at_once_open_it_once() {
+    let env = env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
+    });
+    let cwd = env.path().to_path_buf();
+    let (mut raw, _) = connect(&env, json!({}));
+    let s = new_in(&mut raw, &cwd, "main");
+    assert_eq!(say(&mut raw, &s, "one"), "one");
+    assert_eq!(raw.ok("session/close", json!({"sessionId": s})), json!({}));
+    assert_eq!(
+        live_children_become(&mut raw, 0),
+        0,
+        "the closed session's child"
+    );
+
+    // An editor that loads twice without waiting (a double click) gets one session.
+    let start = raw.seen.len();
+    let first = raw.send("session/load", load_params(&s, &cwd));
+    let second = raw.send("session/load", load_params(&s, &cwd));
+    let got = answers(&mut raw, &[first, second]);
+    let ok = got.iter().filter(|a| a.get("result").is_some()).count();
+    assert_eq!(ok, 1, "exactly one load opens it: {got:?}");
+    let refused = got.iter().find(|a| a.get("error").is_some()).unwrap();
+    assert_eq!(refused["error"]["code"], -32600, "{refused}");
+    assert_eq!(
+        replay(&raw.seen[start..], &s),
+        pairs(&[
+            ("user_message_chunk", "one"),
+            ("agent_message_chunk", "one")
+        ]),
+        "the history is replayed once"
+    );
+    assert_eq!(say(&mut raw, &s, "two"), "two");
+    // Closing it leaves no child behind.
+    assert_eq!(raw.ok("session/close", json!({"sessionId": s})), json!({}));
+    assert_eq!(
+        live_children_become(&mut raw, 0),
+        0,
+        "a child outlives its closed session"
+    );
+    finish(raw);
+}
+
+#[test]
+fn reopening_a_session_open_here_is_refused_naming_this_connection() {
+    let env = env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
+    });
+    let cwd = env.path().to_path_buf();
+    let (mut raw, _) = connect(&env, json!({}));
+    let s = new_in(&mut raw, &cwd, "main");
+    for method in ["session/load", "session/resume"] {
+        let e = error_of(&mut raw, method, load_params(&s, &cwd));
+        assert_eq!(e["code"], -32600, "{method}: {e}");
+        let message = e["message"].as_str().unwrap();
+        assert!(
+            message.contains("already open on this connection"),
+            "{method}: the session is open on this very connection: {e}"
+        );
+    }
+    // It is still open, and works.
+    assert_eq!(say(&mut raw, &s, "still"), "still");
     finish(raw);
 }
