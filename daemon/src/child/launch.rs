@@ -101,6 +101,25 @@ pub struct Initialized {
     agent: AgentInfo,
     /// When `initialize` was answered (a spare's age).
     pub ready_at: std::time::Instant,
+    /// Tears the child down if this is dropped unused (an owner that returned early).
+    guard: DropGuard,
+}
+
+/// Runs the teardown ladder in the background when dropped armed: a child nobody opened or
+/// closed never outlives its owner.
+struct DropGuard {
+    armed: Option<(ProcessTree, Outbox, Graces)>,
+}
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        let Some((tree, out, graces)) = self.armed.take() else {
+            return;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { tree.teardown(move || out.close(), graces).await });
+        }
+    }
 }
 
 impl Initialized {
@@ -111,11 +130,21 @@ impl Initialized {
     ) -> Result<Initialized, StartFailure> {
         let deadline = Instant::now() + h.spec.provider.handshake_timeout;
         match h.initialize(client_capabilities, deadline, cancel).await {
-            Ok(agent) => Ok(Initialized {
-                h,
-                agent,
-                ready_at: std::time::Instant::now(),
-            }),
+            Ok(agent) => {
+                let graces = Graces {
+                    eof: h.spec.provider.eof_grace,
+                    term: h.spec.provider.term_grace,
+                };
+                let guard = DropGuard {
+                    armed: Some((h.tree.clone(), h.wire.out.clone(), graces)),
+                };
+                Ok(Initialized {
+                    h,
+                    agent,
+                    ready_at: std::time::Instant::now(),
+                    guard,
+                })
+            }
             Err(e) => Err(h.fail(e).await),
         }
     }
@@ -162,7 +191,8 @@ impl Initialized {
     }
 
     /// Runs the teardown ladder.
-    pub async fn close(self) {
+    pub async fn close(mut self) {
+        self.guard.armed = None;
         self.h.teardown().await;
     }
 
@@ -172,6 +202,8 @@ impl Initialized {
         open: Open,
         cancel: &CancellationToken,
     ) -> Result<Child, StartFailure> {
+        // From here the child is torn down on failure, or owned by its driver.
+        self.guard.armed = None;
         let deadline = Instant::now() + self.h.spec.provider.handshake_timeout;
         let (session_id, session_reply) = match open {
             Open::Create { method, params } => {

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
+use super::sessions::Taken;
 use super::{Conn, Seat, SessionRef, bridge_error, lock, raw, session_not_found};
 use crate::child::{Child, First, Open, ParentServes, RelayTarget};
 use crate::registry::{BridgeRequest, advertises};
@@ -208,26 +209,26 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
 
 /// `session/load` and `session/resume` of an acpd id.
 pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<RawValue>>) {
-    let sid = params
+    let Some(sid) = params
         .as_deref()
-        .and_then(acpd_protocol::session_id::session_id);
-    if let Some(sid) = &sid {
-        match conn.ctx.sessions.take_detached(sid, conn.ctx.peer_uid) {
-            Err(e) => return conn.reply_err(&id, &e).await,
-            Ok(Some(child)) => return reattach(conn, id, sid.clone(), child).await,
-            Ok(None) => {}
-        }
+        .and_then(acpd_protocol::session_id::session_id)
+    else {
+        let e = RpcError::invalid_params(format!("{method} needs a sessionId"));
+        return conn.reply_err(&id, &e).await;
+    };
+    if lock(&conn.sessions).contains_key(&sid) {
+        let e =
+            RpcError::invalid_request(format!("session {sid} is already open on this connection"));
+        return conn.reply_err(&id, &e).await;
     }
+    let _reserved = match conn.ctx.sessions.take_for_load(&sid, conn.ctx.peer_uid) {
+        Err(e) => return conn.reply_err(&id, &e).await,
+        Ok(Taken::Detached(child)) => return reattach(conn, id, sid, child).await,
+        Ok(Taken::Reserved(r)) => r,
+    };
     let Some((req, row)) = existing(&conn, &id, params.as_deref()).await else {
         return;
     };
-    if lock(&conn.sessions).contains_key(&req.session_id) {
-        let e = RpcError::invalid_request(format!(
-            "session {} is already open on this connection",
-            req.session_id
-        ));
-        return conn.reply_err(&id, &e).await;
-    }
     let Some(seat) = conn.take_seat() else {
         return conn.reply_err(&id, &conn.seat_limit()).await;
     };

@@ -33,6 +33,9 @@ pub fn open_store() -> Store {
 pub struct Sessions {
     pub store: Store,
     live: Mutex<HashMap<String, Live>>,
+    /// Ids being opened right now (a load spawning its child), so a second load of the same
+    /// id waits its turn instead of opening it twice.
+    opening: Mutex<std::collections::HashSet<String>>,
     /// How long a session outlives its connection (`acpd serve`'s `detach_timeout`); `None`
     /// ends it with the connection (stdio, or `detach_timeout = "0s"`).
     pub detach: Option<Duration>,
@@ -44,6 +47,24 @@ struct Live {
     /// The uid of the connection that opened it: only that user may attach it again.
     uid: Option<u32>,
     attached: bool,
+}
+
+/// What a load found (see [`Sessions::take_for_load`]).
+pub enum Taken {
+    Detached(Child),
+    Reserved(Reservation),
+}
+
+/// An id being opened: no other load may open it until this drops.
+pub struct Reservation {
+    sessions: Arc<Sessions>,
+    id: String,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        lock(&self.sessions.opening).remove(&self.id);
+    }
 }
 
 /// What `acpd status` shows of bridge sessions.
@@ -58,6 +79,7 @@ impl Sessions {
         Arc::new(Sessions {
             store,
             live: Mutex::new(HashMap::new()),
+            opening: Mutex::default(),
             detach,
             tasks: TaskTracker::new(),
         })
@@ -99,11 +121,22 @@ impl Sessions {
         }
     }
 
-    /// A detached session `uid` may attach; `Err` when it is open on another connection.
-    pub fn take_detached(&self, id: &str, uid: Option<u32>) -> Result<Option<Child>, RpcError> {
+    /// What a load of `id` by `uid` finds: a detached session it may attach (taken), nothing
+    /// live (the id is then reserved until the returned guard drops or the session is filed),
+    /// or an error when the session is open on another connection or being opened.
+    pub fn take_for_load(self: &Arc<Self>, id: &str, uid: Option<u32>) -> Result<Taken, RpcError> {
         let mut live = lock(&self.live);
+        if lock(&self.opening).contains(id) {
+            return Err(RpcError::invalid_request(format!(
+                "session {id} is being opened by another request; retry when it answers"
+            )));
+        }
         let Some(entry) = live.get_mut(id) else {
-            return Ok(None);
+            lock(&self.opening).insert(id.to_string());
+            return Ok(Taken::Reserved(Reservation {
+                sessions: self.clone(),
+                id: id.to_string(),
+            }));
         };
         if entry.uid != uid {
             return Err(session_not_found(id));
@@ -114,7 +147,7 @@ impl Sessions {
             )));
         }
         entry.attached = true;
-        Ok(Some(entry.child.clone()))
+        Ok(Taken::Detached(entry.child.clone()))
     }
 
     /// Ends a detached session of `uid`; false when there is none.
@@ -214,7 +247,11 @@ pub async fn list(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
             continue;
         }
         if let Err(e) = refresh(&conn, &provider, req.cwd.as_deref()).await {
-            tracing::warn!(%provider, "session/list: the agent's own listing failed: {e}");
+            // An agent that wants a login says so to the editor, as it would directly.
+            if e.code == acpd_protocol::envelope::AUTH_REQUIRED {
+                return conn.reply_err(&id, &e).await;
+            }
+            tracing::warn!(%provider, "session/list: the agent's own listing failed: {}", e.message);
         }
     }
     let rows = match store.list(req.cwd.as_deref()).await {
@@ -259,7 +296,8 @@ async fn refresh(
     conn: &Arc<Conn>,
     provider: &str,
     cwd: Option<&std::path::Path>,
-) -> Result<(), String> {
+) -> Result<(), RpcError> {
+    let internal = |e: String| RpcError::internal(e);
     let auth = conn.auth_for(provider);
     let mut ready = conn
         .ctx
@@ -272,11 +310,34 @@ async fn refresh(
             &conn.closing,
         )
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| bridge_error(&e))?;
+    let listing = list_all(&mut ready, conn, provider, cwd).await;
+    ready.close().await;
+    let (listed, complete) = listing?;
+    // What the agent no longer lists, it deleted (only a whole, unfiltered listing says so).
+    if complete && cwd.is_none() {
+        conn.ctx
+            .sessions
+            .store
+            .forget_unlisted(provider, &listed)
+            .await
+            .map_err(|e| internal(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Every page of the agent's listing, each session filed; the child ids and whether the
+/// listing was whole.
+async fn list_all(
+    ready: &mut crate::registry::Ready,
+    conn: &Arc<Conn>,
+    provider: &str,
+    cwd: Option<&std::path::Path>,
+) -> Result<(Vec<String>, bool), RpcError> {
+    let internal = |e: String| RpcError::internal(e);
     let store = &conn.ctx.sessions.store;
     let mut cursor: Option<String> = None;
     let mut listed = Vec::new();
-    let mut complete = false;
     for _ in 0..MAX_CHILD_PAGES {
         let mut params = json!({});
         if let Some(cwd) = cwd {
@@ -285,39 +346,25 @@ async fn refresh(
         if let Some(c) = &cursor {
             params["cursor"] = json!(c);
         }
-        let answer = match ready
+        let answer = ready
             .call("session/list", &raw(&params), &conn.closing)
             .await
-        {
-            Ok(a) => a,
-            Err(e) => {
-                ready.close().await;
-                return Err(e.to_string());
-            }
-        };
-        let page: ChildListing = serde_json::from_str(answer.get()).map_err(|e| e.to_string())?;
+            .map_err(|e| bridge_error(&e))?;
+        let page: ChildListing =
+            serde_json::from_str(answer.get()).map_err(|e| internal(e.to_string()))?;
         for s in page.sessions {
             store
                 .adopt(provider, &s.session_id, &s.cwd, s.title, s.updated_at)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| internal(e.to_string()))?;
             listed.push(s.session_id);
         }
         cursor = page.next_cursor;
         if cursor.is_none() {
-            complete = true;
-            break;
+            return Ok((listed, true));
         }
     }
-    ready.close().await;
-    // What the agent no longer lists, it deleted (only a whole, unfiltered listing says so).
-    if complete && cwd.is_none() {
-        store
-            .forget_unlisted(provider, &listed)
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(())
+    Ok((listed, false))
 }
 
 #[derive(Deserialize)]

@@ -299,15 +299,27 @@ impl Relay {
         let id = id?;
         let (pid, method) = self.open.remove(&id)?;
         // An answer naming the child's session (a load's, a resume's) names the parent's.
-        let outcome = outcome.map(|r| {
-            let names_own = r.get().contains(self.own.as_str())
-                && acpd_protocol::session_id::session_id(&r).as_deref() == Some(self.own.as_str());
-            if names_own {
-                with_session_id(&r, &self.t.session_id).unwrap_or(r)
-            } else {
-                r
+        let outcome = match outcome {
+            Ok(r) => {
+                let names_own = r.get().contains(self.own.as_str())
+                    && acpd_protocol::session_id::session_id(&r).as_deref()
+                        == Some(self.own.as_str());
+                Ok(if names_own {
+                    with_session_id(&r, &self.t.session_id).unwrap_or(r)
+                } else {
+                    r
+                })
             }
-        });
+            // An error about the child's session (`Session not found`) names the parent's.
+            Err(mut e) => {
+                if let Some(data) = e.data.as_mut()
+                    && data.get("sessionId").and_then(|v| v.as_str()) == Some(self.own.as_str())
+                {
+                    data["sessionId"] = serde_json::Value::String(self.t.session_id.clone());
+                }
+                Err(e)
+            }
+        };
         let _ = self
             .t
             .parent
