@@ -15,8 +15,9 @@ use serde_json::value::RawValue;
 use super::{ClientInfo, Conn, METHODS, bridge_error, lock};
 use crate::child::AgentInfo;
 
-/// `initialize`: the editor's capabilities noted, the default agent's mirrored.
-pub async fn initialize(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
+/// The editor's `initialize`: its capabilities noted at once, so requests it sends right
+/// after are served even before the answer (which may wait for a probe) is out.
+pub fn note_client(conn: &Conn, params: Option<&RawValue>) {
     let params: serde_json::Value = params
         .and_then(|p| serde_json::from_str(p.get()).ok())
         .unwrap_or_default();
@@ -29,6 +30,10 @@ pub async fn initialize(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) 
         capabilities,
         subagents,
     });
+}
+
+/// Answers `initialize` with the default agent's capabilities, mirrored.
+pub async fn initialize(conn: Arc<Conn>, id: Id) {
     let registry = &conn.ctx.registry;
     let agent = match registry
         .agent_info(None, Some(&conn.ctx.sessions.store), &conn.closing)

@@ -7,6 +7,10 @@ use serde_json::value::RawValue;
 
 use super::Relay;
 
+/// Subagent sessions one bridge session may announce: a child that announces without end
+/// gets the rest dropped, not a map that grows with it.
+const MAX_SUBAGENT_SESSIONS: usize = 1024;
+
 impl Relay {
     /// The parent's params with the session id it names turned into the child's (its own
     /// session's, or a subagent session's).
@@ -62,6 +66,11 @@ impl Relay {
             && sub != own
             && !self.subs.contains_key(sub)
         {
+            if self.subs.len() >= MAX_SUBAGENT_SESSIONS {
+                return Err(format!(
+                    "{sub}: more than {MAX_SUBAGENT_SESSIONS} subagent sessions announced"
+                ));
+            }
             let minted = format!("{}.{}", self.t.session_id, self.subs.len() + 1);
             self.subs_back.insert(minted.clone(), sub.to_string());
             self.subs.insert(sub.to_string(), minted);
