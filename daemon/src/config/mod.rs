@@ -20,6 +20,9 @@ use toml::Spanned;
 const ECHO: &str = "echo";
 const ECHO_DESCRIPTION: &str = "Built-in scripted ACP agent (acpd agent echo)";
 const ETC_CONFIG: &str = "/etc/acpd/config.toml";
+/// The official ACP Registry's aggregate document.
+pub const DEFAULT_REGISTRY_URL: &str =
+    "https://cdn.agentclientprotocol.com/registry/v1/latest/registry.json";
 
 /// What acpd does with a child's `session/request_permission` calls (`forward`, `allow`,
 /// `reject`): the pure policy of `acpd_protocol::permission`.
@@ -50,6 +53,13 @@ pub struct ProviderConfig {
     pub warm: usize,
     /// A spare older than this is replaced by a fresh one.
     pub warm_max_age: Duration,
+    /// The preset this provider was filled from (`preset = "codex"`), if any.
+    pub preset: Option<String>,
+    /// An agent id in the ACP Registry (`registry = "ID"`): its command is resolved from the
+    /// registry document when the provider is started, `command` is then empty.
+    pub registry: Option<String>,
+    /// The advertised auth method acpd calls `authenticate` with after `initialize`.
+    pub auth_method: Option<String>,
     /// True only for the built-in echo provider, so callers can tell it was not configured.
     pub builtin: bool,
 }
@@ -75,6 +85,9 @@ impl ProviderConfig {
             max_concurrent: 64,
             warm: 0,
             warm_max_age: Duration::from_secs(30 * 60),
+            preset: None,
+            registry: None,
+            auth_method: None,
             builtin: false,
         }
     }
@@ -109,6 +122,10 @@ pub struct Config {
     /// (`acpd serve`) How long a bridge session outlives the editor connection that held it,
     /// waiting to be loaded again; `None` (`"0s"`): it ends with the connection.
     pub detach_timeout: Option<Duration>,
+    /// Where the ACP Registry document is fetched from (`registry = "ID"` providers).
+    pub registry_url: String,
+    /// Where traffic traces are written (`trace_dir`, `--trace DIR`); `None`: no traces.
+    pub trace_dir: Option<PathBuf>,
     /// Sorted by name (the built-in echo is just the entry named `echo`).
     pub providers: BTreeMap<String, Arc<ProviderConfig>>,
 }
@@ -164,6 +181,8 @@ struct RawConfig {
     max_sessions_per_connection: Option<Spanned<usize>>,
     max_pending_requests: Option<Spanned<usize>>,
     detach_timeout: Option<Spanned<String>>,
+    registry_url: Option<Spanned<String>>,
+    trace_dir: Option<Spanned<String>>,
     #[serde(default)]
     providers: BTreeMap<Spanned<String>, RawProvider>,
 }
@@ -189,6 +208,9 @@ struct RawProvider {
     max_concurrent: Option<Spanned<usize>>,
     warm: Option<Spanned<usize>>,
     warm_max_age: Option<Spanned<String>>,
+    preset: Option<Spanned<String>>,
+    registry: Option<Spanned<String>>,
+    auth_method: Option<Spanned<String>>,
 }
 
 /// A byte size: an integer, or a string like `"8MiB"`; at least 1.
@@ -242,6 +264,8 @@ impl Config {
             max_sessions_per_connection: 16,
             max_pending_requests: 64,
             detach_timeout: Some(Duration::from_secs(600)),
+            registry_url: DEFAULT_REGISTRY_URL.to_owned(),
+            trace_dir: None,
             providers: BTreeMap::from([(ECHO.to_owned(), Arc::new(echo))]),
         }
     }
@@ -352,6 +376,20 @@ impl Config {
             let d = parse_duration(&wait, "queue_timeout", &at)?;
             config.queue_timeout = (!d.is_zero()).then_some(d);
         }
+        if let Some(url) = raw.registry_url {
+            let u = url.get_ref();
+            if !(u.starts_with("https://") || u.starts_with("http://") || u.starts_with("file://")) {
+                return Err(at(url.span(), "registry_url", "must be an http(s):// or file:// URL"));
+            }
+            config.registry_url = url.into_inner();
+        }
+        if let Some(dir) = raw.trace_dir {
+            if !Path::new(dir.get_ref()).is_absolute() {
+                let msg = format!("must be an absolute path, got {:?}", dir.get_ref());
+                return Err(at(dir.span(), "trace_dir", &msg));
+            }
+            config.trace_dir = Some(PathBuf::from(dir.into_inner()));
+        }
         if let Some(wait) = raw.detach_timeout {
             let d = parse_duration(&wait, "detach_timeout", &at)?;
             config.detach_timeout = (!d.is_zero()).then_some(d);
@@ -394,7 +432,7 @@ type At<'a> = dyn Fn(Range<usize>, &str, &str) -> ConfigError + 'a;
 
 fn build_provider(
     name: &Spanned<String>,
-    raw: RawProvider,
+    mut raw: RawProvider,
     at: &At<'_>,
 ) -> Result<ProviderConfig, ConfigError> {
     let prefix = format!("providers.{}", key_segment(name.get_ref()));
@@ -403,8 +441,15 @@ fn build_provider(
         let msg = "provider names may only contain A-Z, a-z, 0-9, '_', '.' and '-'";
         return Err(at(name.span(), &prefix, msg));
     }
-    let Some(command) = raw.command else {
-        return Err(at(name.span(), &key("command"), "is required"));
+    let Some(command) = raw.command.take() else {
+        if raw.preset.is_none() && raw.registry.is_none() {
+            return Err(at(
+                name.span(),
+                &key("command"),
+                "is required (or a `preset` or `registry` to fill it)",
+            ));
+        }
+        return build_from_source(name, raw, at);
     };
     let argv_err = match command.get_ref().first() {
         None => Some("must be a non-empty array of strings"),
@@ -432,7 +477,42 @@ fn build_provider(
         .into_iter()
         .map(Spanned::into_inner)
         .collect();
-    let mut provider = ProviderConfig::with_defaults(name.get_ref(), command);
+    let provider = ProviderConfig::with_defaults(name.get_ref(), command);
+    finish_provider(name, provider, raw, at)
+}
+
+/// A provider whose command comes from a preset or the ACP Registry.
+fn build_from_source(
+    name: &Spanned<String>,
+    raw: RawProvider,
+    at: &At<'_>,
+) -> Result<ProviderConfig, ConfigError> {
+    let prefix = format!("providers.{}", key_segment(name.get_ref()));
+    let mut provider = ProviderConfig::with_defaults(name.get_ref(), Vec::new());
+    if let Some(id) = &raw.registry {
+        if raw.preset.is_some() {
+            return Err(at(id.span(), &format!("{prefix}.registry"), "cannot be combined with `preset`"));
+        }
+        if id.get_ref().is_empty() {
+            return Err(at(id.span(), &format!("{prefix}.registry"), "must name an agent id"));
+        }
+        provider.registry = Some(id.get_ref().clone());
+    }
+    finish_provider(name, provider, raw, at)
+}
+
+/// Every key but `command`, over a provider that has its command (or its source).
+fn finish_provider(
+    name: &Spanned<String>,
+    mut provider: ProviderConfig,
+    raw: RawProvider,
+    at: &At<'_>,
+) -> Result<ProviderConfig, ConfigError> {
+    let prefix = format!("providers.{}", key_segment(name.get_ref()));
+    let key = |k: &str| format!("{prefix}.{k}");
+    if let Some(method) = raw.auth_method {
+        provider.auth_method = Some(method.into_inner());
+    }
     if let Some(description) = raw.description {
         provider.description = description;
     }
