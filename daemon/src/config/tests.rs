@@ -207,6 +207,9 @@ warm_max_age = "5m"
         max_concurrent: 3,
         warm: 2,
         warm_max_age: secs(300),
+        preset: None,
+        registry: None,
+        auth_method: None,
         builtin: false,
     };
     assert_eq!(c.provider("codex").map(|p| p.as_ref()), Some(&expected));
