@@ -9,4 +9,5 @@ pub(crate) mod runtime;
 pub(crate) mod server;
 pub mod store;
 pub mod supervise;
+pub mod trace;
 pub mod wire;

@@ -20,6 +20,7 @@ use super::driver::{ChildWire, Driver};
 use super::{AgentInfo, CMD_DEPTH, Child, ChildSpec, Shared, StartFailure, failure};
 use crate::config::ProviderConfig;
 use crate::supervise::{self, Graces, ProcessTree, SpawnSpec, StderrTail};
+use crate::trace::Hop;
 use crate::wire::{LineReader, Outbox, sleep_until_opt};
 
 #[derive(Deserialize)]
@@ -238,6 +239,7 @@ impl Initialized {
             done: CancellationToken::new(),
             relay_end: std::sync::Mutex::new(None),
             early: std::sync::Mutex::new(h.early),
+            trace: h.spec.trace.clone(),
         });
         tokio::spawn(Driver::new(shared.clone(), h.wire, rx).run());
         Ok(Child { cmds: tx, shared })
@@ -263,10 +265,13 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
     let stderr = StderrTail::drain(
         spawned.stderr,
         format!("{}/{}", spec.provider.name, spec.run_id),
+        spec.trace.clone(),
     );
+    let tap = |hop| spec.trace.clone().map(|t| (t, hop));
     let wire = ChildWire::new(
-        LineReader::new(Box::new(spawned.stdout), spec.limits),
-        Outbox::start(spawned.stdin, spec.limits.write_timeout),
+        LineReader::<super::driver::ChildOutput>::new(Box::new(spawned.stdout), spec.limits)
+            .traced(tap(Hop::ChildToAcpd)),
+        Outbox::start(spawned.stdin, spec.limits.write_timeout).traced(tap(Hop::AcpdToChild)),
     );
     Ok(Handshake {
         spec,
@@ -286,7 +291,7 @@ pub(super) async fn start_over(
     output: super::driver::ChildOutput,
     input: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
 ) -> Result<Child, StartFailure> {
-    let stderr = StderrTail::drain(spawned.stderr, spec.run_id.clone());
+    let stderr = StderrTail::drain(spawned.stderr, spec.run_id.clone(), None);
     let wire = ChildWire::new(
         LineReader::new(output, spec.limits),
         Outbox::start(input, spec.limits.write_timeout),

@@ -47,6 +47,8 @@ pub struct ChildSpec {
     pub session: SessionParams,
     /// A bridge session's child: its output waits in the pipe until [`Child::relay`].
     pub relay: bool,
+    /// Where this child's traffic is traced (`trace_dir`).
+    pub trace: Option<Arc<crate::trace::Trace>>,
 }
 
 impl ChildSpec {
@@ -74,6 +76,7 @@ impl ChildSpec {
             limits: WireLimits::default(),
             session: SessionParams::default(),
             relay: false,
+            trace: None,
         }
     }
 }
@@ -316,6 +319,7 @@ struct Shared {
     relay_end: std::sync::Mutex<Option<RelayEnd>>,
     /// Notifications sent during the handshake, for a bridge's parent.
     early: std::sync::Mutex<Vec<(String, Option<Box<RawValue>>)>>,
+    trace: Option<Arc<crate::trace::Trace>>,
 }
 
 /// The owner's handle on a live, initialized child with one ACP session.
@@ -466,6 +470,11 @@ impl Child {
 
     pub fn stderr_tail(&self) -> Vec<String> {
         self.shared.stderr.snapshot()
+    }
+
+    /// This child's trace, when acpd traces (`trace_dir`).
+    pub fn trace(&self) -> Option<&Arc<crate::trace::Trace>> {
+        self.shared.trace.as_ref()
     }
 }
 

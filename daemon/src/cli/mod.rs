@@ -62,6 +62,10 @@ pub struct Cli {
     /// /etc/acpd/config.toml, else built-in defaults).
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Trace every message of each run and bridge session, and its child's stderr, into DIR
+    /// (one NDJSON file each; overrides `trace_dir`). Traces hold prompts and file contents.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub trace: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -94,6 +98,18 @@ pub enum Command {
     /// Built-in ACP agents.
     #[command(subcommand)]
     Agent(AgentCommand),
+    /// Read traffic traces (`--trace DIR`, `trace_dir`).
+    #[command(subcommand)]
+    Trace(TraceCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TraceCommand {
+    /// Print a trace file readably: time, hop, method and id, message.
+    Show {
+        /// A `.ndjson` file in the trace directory (its rotated `.1` is shown first).
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -118,8 +134,15 @@ pub fn echo_command() -> Vec<String> {
 }
 
 pub fn load_config(cli_path: Option<&std::path::Path>) -> Result<Config, ConfigError> {
-    Config::load(cli_path, echo_command())
+    let mut config = Config::load(cli_path, echo_command())?;
+    if let Some(dir) = TRACE_DIR.get() {
+        config.trace_dir = Some(dir.clone());
+    }
+    Ok(config)
 }
+
+/// `--trace DIR`, set once before any config is loaded (reloads keep it).
+static TRACE_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 /// The config, or exit code 2 with the error (file, line, key) on stderr.
 fn config_or_usage(cli_path: Option<&std::path::Path>) -> Result<Config, u8> {
@@ -132,7 +155,22 @@ fn config_or_usage(cli_path: Option<&std::path::Path>) -> Result<Config, u8> {
 /// Runs a command that needs the runtime. `activated` is the listener systemd passed, taken
 /// before the runtime started.
 pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListener>) -> u8 {
+    if let Some(dir) = &cli.trace {
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+        let _ = TRACE_DIR.set(dir);
+    }
     match cli.command {
+        Command::Trace(TraceCommand::Show { file }) => {
+            let mut out = std::io::stdout().lock();
+            match crate::trace::show(&file, &mut out) {
+                Ok(()) => 0,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    errln!("acpd: {e}");
+                    EXIT_USAGE
+                }
+                Err(e) => stdout_failed(&e),
+            }
+        }
         Command::Run(args) => run::run(cli.config.as_deref(), args).await,
         Command::Providers { json } => providers(cli.config.as_deref(), json),
         Command::Stdio => stdio(cli.config.as_deref()).await,

@@ -378,8 +378,13 @@ impl Config {
         }
         if let Some(url) = raw.registry_url {
             let u = url.get_ref();
-            if !(u.starts_with("https://") || u.starts_with("http://") || u.starts_with("file://")) {
-                return Err(at(url.span(), "registry_url", "must be an http(s):// or file:// URL"));
+            if !(u.starts_with("https://") || u.starts_with("http://") || u.starts_with("file://"))
+            {
+                return Err(at(
+                    url.span(),
+                    "registry_url",
+                    "must be an http(s):// or file:// URL",
+                ));
             }
             config.registry_url = url.into_inner();
         }
@@ -491,10 +496,18 @@ fn build_from_source(
     let mut provider = ProviderConfig::with_defaults(name.get_ref(), Vec::new());
     if let Some(id) = &raw.registry {
         if raw.preset.is_some() {
-            return Err(at(id.span(), &format!("{prefix}.registry"), "cannot be combined with `preset`"));
+            return Err(at(
+                id.span(),
+                &format!("{prefix}.registry"),
+                "cannot be combined with `preset`",
+            ));
         }
         if id.get_ref().is_empty() {
-            return Err(at(id.span(), &format!("{prefix}.registry"), "must name an agent id"));
+            return Err(at(
+                id.span(),
+                &format!("{prefix}.registry"),
+                "must name an agent id",
+            ));
         }
         provider.registry = Some(id.get_ref().clone());
     }

@@ -54,7 +54,10 @@ fn bad_argv_is_rejected() {
     fails("[providers.codex]\n\ncommand = [\"\", \"x\"]", 3, key);
     fails("[providers.codex]\ncommand = \"codex --x\"", 2, key);
     let err = fails("[providers.codex]\ndescription = \"d\"\n", 1, key);
-    assert!(err.ends_with("is required (or a `preset` or `registry` to fill it)"), "{err}");
+    assert!(
+        err.ends_with("is required (or a `preset` or `registry` to fill it)"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -103,16 +103,12 @@ impl Registry {
         let (depth, max_depth) = self.check_depth(&config, None)?;
         let cwd = resolve_cwd(&provider, cwd, Some(&home()))?;
         let slot = self.claim(&config, &provider, cancel).await?;
+        let log_id = format!("bridge-{}", uuid::Uuid::new_v4());
         let spec = ChildSpec {
             relay: true,
             limits: config.wire_limits(),
-            ..ChildSpec::new(
-                provider.clone(),
-                format!("bridge-{}", uuid::Uuid::new_v4()),
-                cwd,
-                depth,
-                max_depth,
-            )
+            trace: super::trace_for(&config, &log_id),
+            ..ChildSpec::new(provider.clone(), log_id.clone(), cwd, depth, max_depth)
         };
         let child = child::initialize(spec, client_capabilities, cancel)
             .await

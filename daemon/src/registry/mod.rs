@@ -164,6 +164,11 @@ impl Drop for Slot {
     }
 }
 
+/// A trace for the child of run or session `id`, when acpd traces (`trace_dir`).
+fn trace_for(config: &Config, id: &str) -> Option<Arc<crate::trace::Trace>> {
+    crate::trace::Trace::start(config.trace_dir.as_deref()?, id)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -391,6 +396,7 @@ impl Registry {
             session: l.session,
             relay: l.relay,
             limits: config.wire_limits(),
+            trace: trace_for(config, l.log_id),
             ..ChildSpec::new(
                 provider.clone(),
                 l.log_id.to_string(),

@@ -229,8 +229,20 @@ impl Run {
                 }
             }
         };
+        // The parent's side of a run, for its trace: the prompt it gave and the result it gets.
+        if let Some(trace) = child.trace() {
+            let started =
+                serde_json::json!({ "runId": self.run_id, "turn": turn, "prompt": prompt });
+            trace.value(crate::trace::Hop::ParentToAcpd, &started);
+        }
         let (report, ()) = tokio::join!(child.prompt(prompt, ctl), forward);
         let result = Arc::new(self.result(turn, &report, &child));
+        if let Some(trace) = child.trace() {
+            let ended =
+                serde_json::json!({ "runId": self.run_id, "turn": turn, "result": *result });
+            trace.value(crate::trace::Hop::AcpdToParent, &ended);
+            trace.flush();
+        }
         match result.stop_reason {
             StopReason::Completed => {}
             StopReason::Error => tracing::warn!(

@@ -20,7 +20,13 @@ pub struct StderrTail {
 impl StderrTail {
     /// Starts draining `stderr`; `label` names the run in the log. Lines are framed with a
     /// cap, so a child that writes one endless line cannot grow acpd's memory.
-    pub fn drain(mut stderr: ChildStderr, label: String) -> Self {
+    /// Reads the child's stderr to its end, keeping the last lines (and tracing each in
+    /// `trace`).
+    pub fn drain(
+        mut stderr: ChildStderr,
+        label: String,
+        trace: Option<std::sync::Arc<crate::trace::Trace>>,
+    ) -> Self {
         let tail = StderrTail::default();
         let lines = tail.lines.clone();
         tokio::spawn(async move {
@@ -48,6 +54,9 @@ impl StderrTail {
                         }
                     };
                     tracing::debug!(target: "acpd::child", run = %label, "stderr: {line}");
+                    if let Some(trace) = &trace {
+                        trace.note(crate::trace::Hop::Stderr, &line);
+                    }
                     let mut q = lines.lock().unwrap_or_else(|p| p.into_inner());
                     if q.len() == TAIL_LINES {
                         q.pop_front();

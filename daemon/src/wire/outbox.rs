@@ -29,6 +29,8 @@ pub struct Outbox {
     broken: CancellationToken,
     /// Cancelled when the writer task has ended (flushed and closed, or broken).
     done: CancellationToken,
+    /// Where each line queued is traced (`trace_dir`).
+    tap: Option<super::reader::Tap>,
 }
 
 impl Outbox {
@@ -61,12 +63,22 @@ impl Outbox {
             close,
             broken,
             done,
+            tap: None,
         }
+    }
+
+    /// Records every line queued in `tap`'s trace.
+    pub fn traced(mut self, tap: Option<super::reader::Tap>) -> Self {
+        self.tap = tap;
+        self
     }
 
     /// Queues one encoded message (without its newline). Waits while the budget is spent;
     /// fails once the peer is gone.
     pub async fn send_line(&self, mut line: Vec<u8>) -> Result<(), CallError> {
+        if let Some((trace, hop)) = &self.tap {
+            trace.record(*hop, &line);
+        }
         line.push(b'\n');
         let cost = line.len().min(OUT_BUDGET) as u32;
         // The hot path: budget and a queue slot free, nothing to wait for.

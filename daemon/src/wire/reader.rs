@@ -18,7 +18,12 @@ pub struct LineReader<R> {
     eof: bool,
     /// When the bytes now in `buf` started waiting for their newline.
     partial_since: Option<Instant>,
+    /// Where each line read is traced (`trace_dir`).
+    tap: Option<Tap>,
 }
+
+/// A trace and the hop it records.
+pub(crate) type Tap = (std::sync::Arc<crate::trace::Trace>, crate::trace::Hop);
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
     pub fn new(reader: R, limits: WireLimits) -> Self {
@@ -30,7 +35,21 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             buf: BytesMut::new(),
             eof: false,
             partial_since: None,
+            tap: None,
         }
+    }
+
+    /// Records every line read in `tap`'s trace.
+    pub fn traced(mut self, tap: Option<Tap>) -> Self {
+        self.tap = tap;
+        self
+    }
+
+    fn parse(&self, line: &[u8]) -> Result<Message, LineFault> {
+        if let Some((trace, hop)) = &self.tap {
+            trace.record(*hop, line);
+        }
+        envelope::parse(line).map_err(LineFault::from)
     }
 
     /// The next message or bad line; `None` at end of input (or a read error). Cancel-safe:
@@ -46,7 +65,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 self.partial_since = None;
                 self.shrink();
                 return Some(match item {
-                    Ok(line) => envelope::parse(&line).map_err(LineFault::from),
+                    Ok(line) => self.parse(&line),
                     Err(e) => Err(LineFault::from(e)),
                 });
             }
@@ -90,7 +109,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         self.partial_since = None;
         self.shrink();
         Some(match item {
-            Ok(line) => envelope::parse(&line).map_err(LineFault::from),
+            Ok(line) => self.parse(&line),
             Err(e) => Err(LineFault::from(e)),
         })
     }

@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use super::driver::{Driver, LAST_WORDS};
 use super::{Cmd, First, RelayEnd, RelayTarget, strict};
 use crate::supervise;
+use crate::trace::Hop;
 use crate::wire::CallError;
 use crate::wire::sleep_until_opt;
 
@@ -71,6 +72,7 @@ struct Relay {
     subs_back: HashMap<String, String>,
     /// Another connection's attach that arrived before this relay saw its own go.
     attach_next: Option<RelayTarget>,
+    tracer: Option<std::sync::Arc<crate::trace::Trace>>,
 }
 
 pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
@@ -91,7 +93,14 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         subs: HashMap::new(),
         subs_back: HashMap::new(),
         attach_next: None,
+        tracer: d.shared.trace.clone(),
     };
+    if let Some(trace) = &r.tracer {
+        trace.note(
+            Hop::Acpd,
+            &format!("bridge session {} (the agent's {})", r.t.session_id, r.own),
+        );
+    }
     r.first(d).await;
     let early = std::mem::take(&mut *super::lock(&d.shared.early));
     for (method, params) in early {
@@ -111,6 +120,10 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         }
     };
     r.finish(d, &end).await;
+    if let Some(trace) = &r.tracer {
+        trace.note(Hop::Acpd, &format!("bridge session ended: {end:?}"));
+        trace.flush();
+    }
     end
 }
 
@@ -286,7 +299,15 @@ impl Relay {
     }
 
     async fn to_parent(&self, line: Vec<u8>) {
+        self.trace(Hop::AcpdToParent, || line.clone());
         let _ = self.t.parent.send_line(line).await;
+    }
+
+    /// Records a parent-hop message in the session's trace (built only when tracing).
+    fn trace(&self, hop: Hop, line: impl FnOnce() -> Vec<u8>) {
+        if let Some(trace) = &self.tracer {
+            trace.record(hop, &line());
+        }
     }
 
     /// The child answered one of the parent's calls. Returns the end of the session when that
@@ -320,6 +341,9 @@ impl Relay {
                 Err(e)
             }
         };
+        self.trace(Hop::AcpdToParent, || {
+            envelope::encode_reply(&pid, outcome.as_ref().map(|r| &**r))
+        });
         let _ = self
             .t
             .parent
@@ -348,6 +372,15 @@ impl Relay {
     }
 
     async fn parent_cmd(&mut self, d: &mut Driver, cmd: Cmd) {
+        match &cmd {
+            Cmd::Call { id, method, params } => self.trace(Hop::ParentToAcpd, || {
+                envelope::encode_request(id, method, params.as_deref())
+            }),
+            Cmd::Notify { method, params } => self.trace(Hop::ParentToAcpd, || {
+                envelope::encode_notification(method, Some(params))
+            }),
+            _ => {}
+        }
         let (id, method, params) = match cmd {
             Cmd::Call { id, method, params } => (id, method, params),
             Cmd::Notify { method, params } => {
@@ -408,6 +441,9 @@ impl Relay {
         match std::mem::replace(&mut self.t.first, First::Nothing) {
             First::Nothing => {}
             First::Answer(id, reply) => {
+                self.trace(Hop::AcpdToParent, || {
+                    envelope::encode_reply(&id, Ok(&reply))
+                });
                 let _ = self.t.parent.respond(&id, Ok(&reply)).await;
             }
             First::Open { id, method, params } => {
@@ -427,6 +463,10 @@ impl Relay {
     }
 
     async fn cancel(&mut self, d: &mut Driver) {
+        self.trace(Hop::ParentToAcpd, || {
+            let params = envelope::to_raw(&json!({ "sessionId": self.t.session_id }));
+            envelope::encode_notification("session/cancel", Some(&params))
+        });
         let cancel = envelope::to_raw(&json!({ "sessionId": d.shared.session_id }));
         let _ = d.wire.notify("session/cancel", &cancel).await;
         for (id, _) in std::mem::take(&mut self.asks) {
@@ -579,6 +619,9 @@ impl Relay {
         } else {
             self.waiting.insert(id.clone());
         }
+        self.trace(Hop::AcpdToParent, || {
+            envelope::encode_notification(method, params.as_deref())
+        });
         let call = self.t.parent.call_raw(method, params.as_deref()).await;
         self.forwarded.push(Box::pin(async move {
             let result = match call {
@@ -603,6 +646,11 @@ impl Relay {
         if !ask {
             self.waiting.remove(&id);
         }
+        self.trace(Hop::ParentToAcpd, || match &result {
+            Ok(raw) => envelope::encode_reply(&id, Ok(raw)),
+            Err(CallError::Rpc(e)) => envelope::encode_reply(&id, Err(e)),
+            Err(CallError::Closed) => b"\"the parent is gone\"".to_vec(),
+        });
         let _ = match result {
             Ok(raw) => d.wire.respond(&id, Ok(&raw)).await,
             Err(CallError::Rpc(e)) => d.wire.respond(&id, Err(&e)).await,
