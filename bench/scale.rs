@@ -199,28 +199,34 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// An agent's own cold start, in ms: spawn `acpd ARGS`, initialize, session/new.
+pub(crate) async fn cold_start(args: &[&str]) -> f64 {
+    let started = Instant::now();
+    let (mut child, conn) = wired(tokio::process::Command::new(ACPD).args(args));
+    conn.peer
+        .request("initialize", &json!({"protocolVersion": 1}))
+        .await
+        .unwrap();
+    conn.peer
+        .request(
+            "session/new",
+            &json!({"cwd": std::env::temp_dir(), "mcpServers": []}),
+        )
+        .await
+        .unwrap();
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    conn.peer.close();
+    let _ = child.wait().await;
+    ms
+}
+
 /// (2) Start: `_acpd/subagent/start` to published vs the child's own spawn + initialize +
 /// session/new done directly.
 pub async fn start(opts: &Opts) -> Value {
     let reps = if opts.quick { 5 } else { 30 };
     let mut direct = Vec::new();
     for _ in 0..reps {
-        let started = Instant::now();
-        let (mut child, conn) = wired(tokio::process::Command::new(ACPD).args(["agent", "echo"]));
-        conn.peer
-            .request("initialize", &json!({"protocolVersion": 1}))
-            .await
-            .unwrap();
-        conn.peer
-            .request(
-                "session/new",
-                &json!({"cwd": std::env::temp_dir(), "mcpServers": []}),
-            )
-            .await
-            .unwrap();
-        direct.push(started.elapsed().as_secs_f64() * 1e3);
-        conn.peer.close();
-        let _ = child.wait().await;
+        direct.push(cold_start(&["agent", "echo"]).await);
     }
     let ctl = Ctl::spawn(&config(16)).await;
     let mut via = Vec::new();

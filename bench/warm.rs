@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::scale::{Ctl, median, wired};
+use crate::scale::{Ctl, cold_start, median};
 use crate::{ACPD, Opts};
 
 /// How long the stand-in agent takes to answer initialize.
@@ -18,27 +18,7 @@ pub async fn run(opts: &Opts) -> Value {
     let init = INIT_MS.to_string();
     let mut cold = Vec::new();
     for _ in 0..reps {
-        let started = Instant::now();
-        let (mut child, conn) = wired(tokio::process::Command::new(ACPD).args([
-            "agent",
-            "echo",
-            "--init-delay",
-            &init,
-        ]));
-        conn.peer
-            .request("initialize", &json!({"protocolVersion": 1}))
-            .await
-            .unwrap();
-        conn.peer
-            .request(
-                "session/new",
-                &json!({"cwd": std::env::temp_dir(), "mcpServers": []}),
-            )
-            .await
-            .unwrap();
-        cold.push(started.elapsed().as_secs_f64() * 1e3);
-        conn.peer.close();
-        let _ = child.wait().await;
+        cold.push(cold_start(&["agent", "echo", "--init-delay", &init]).await);
     }
     let config = format!(
         "default_provider = \"slow\"\n[providers.slow]\ncommand = [\"{ACPD}\", \"agent\", \"echo\", \"--init-delay\", \"{INIT_MS}\"]\nwarm = 1\n"

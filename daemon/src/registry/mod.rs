@@ -78,7 +78,6 @@ struct Launch<'a> {
     session: SessionParams,
     client_capabilities: ClientCapabilities,
     cancel: &'a CancellationToken,
-    relay: bool,
 }
 
 /// Why a probe found nothing: the gate refused it, or the agent did not start (with the
@@ -256,7 +255,6 @@ impl Registry {
                     },
                     client_capabilities: opts.client_capabilities.clone(),
                     cancel: &opts.cancel,
-                    relay: false,
                 },
             )
             .await?;
@@ -394,7 +392,6 @@ impl Registry {
         let slot = self.claim(config, &provider, l.cancel).await?;
         let spec = ChildSpec {
             session: l.session,
-            relay: l.relay,
             limits: config.wire_limits(),
             trace: trace_for(config, l.log_id),
             ..ChildSpec::new(
