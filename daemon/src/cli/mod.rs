@@ -17,6 +17,7 @@ macro_rules! errln {
 }
 
 mod daemon;
+mod install;
 mod run;
 
 use std::io::Write as _;
@@ -94,7 +95,12 @@ pub enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// List the presets (package, version, what each needs, whether installed) instead.
+        #[arg(long)]
+        presets: bool,
     },
+    /// Install a preset's pinned package into acpd's data directory (runs `npm install`).
+    Install(install::InstallArgs),
     /// Built-in ACP agents.
     #[command(subcommand)]
     Agent(AgentCommand),
@@ -172,7 +178,12 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
             }
         }
         Command::Run(args) => run::run(cli.config.as_deref(), args).await,
-        Command::Providers { json } => providers(cli.config.as_deref(), json),
+        Command::Providers {
+            json,
+            presets: true,
+        } => install::list_presets(json),
+        Command::Providers { json, .. } => providers(cli.config.as_deref(), json),
+        Command::Install(args) => install::install(args),
         Command::Stdio => stdio(cli.config.as_deref()).await,
         Command::Serve(socket) => daemon::serve(cli.config.as_deref(), socket, activated).await,
         Command::Connect(args) => daemon::connect(cli.config.as_deref(), args).await,

@@ -17,6 +17,10 @@ use std::{
 use serde::Deserialize;
 use toml::Spanned;
 
+pub mod presets;
+
+use presets::PresetContext;
+
 const ECHO: &str = "echo";
 const ECHO_DESCRIPTION: &str = "Built-in scripted ACP agent (acpd agent echo)";
 const ETC_CONFIG: &str = "/etc/acpd/config.toml";
@@ -317,11 +321,22 @@ impl Config {
         Ok(candidates.find(|p| exists(p)))
     }
 
-    /// Parses and validates text as if read from `path`.
+    /// Parses and validates text as if read from `path`; presets expand in this process's
+    /// context (its data directory and uid).
     pub fn parse(
         text: &str,
         path: &Path,
         echo_command: Vec<String>,
+    ) -> Result<Config, ConfigError> {
+        Self::parse_in(text, path, echo_command, &PresetContext::from_env())
+    }
+
+    /// [`Config::parse`] with presets expanded in `presets` (for testing).
+    pub fn parse_in(
+        text: &str,
+        path: &Path,
+        echo_command: Vec<String>,
+        presets: &PresetContext,
     ) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(path, text, &e))?;
         let at = |span: Range<usize>, key: &str, message: &str| ConfigError::Invalid {
@@ -406,7 +421,7 @@ impl Config {
             config.allow_group = Some(group.into_inner());
         }
         for (name, raw_provider) in raw.providers {
-            let provider = build_provider(&name, raw_provider, &at)?;
+            let provider = build_provider(&name, raw_provider, presets, &at)?;
             config
                 .providers
                 .insert(provider.name.clone(), Arc::new(provider));
@@ -438,6 +453,7 @@ type At<'a> = dyn Fn(Range<usize>, &str, &str) -> ConfigError + 'a;
 fn build_provider(
     name: &Spanned<String>,
     mut raw: RawProvider,
+    presets: &PresetContext,
     at: &At<'_>,
 ) -> Result<ProviderConfig, ConfigError> {
     let prefix = format!("providers.{}", key_segment(name.get_ref()));
@@ -446,15 +462,43 @@ fn build_provider(
         let msg = "provider names may only contain A-Z, a-z, 0-9, '_', '.' and '-'";
         return Err(at(name.span(), &prefix, msg));
     }
+    // The preset first, so every key of the table (the command too) is applied over it.
+    let mut provider = match raw.preset.take() {
+        Some(preset) => {
+            let Some(found) = presets::find(preset.get_ref()) else {
+                let msg = format!(
+                    "unknown preset {:?} (valid: {})",
+                    preset.get_ref(),
+                    presets::names().join(", ")
+                );
+                return Err(at(preset.span(), &key("preset"), &msg));
+            };
+            if let Some(id) = &raw.registry {
+                return Err(at(
+                    id.span(),
+                    &key("registry"),
+                    "cannot be combined with `preset`",
+                ));
+            }
+            found.provider(name.get_ref(), presets)
+        }
+        None => ProviderConfig::with_defaults(name.get_ref(), Vec::new()),
+    };
     let Some(command) = raw.command.take() else {
-        if raw.preset.is_none() && raw.registry.is_none() {
+        if let Some(id) = &raw.registry {
+            if id.get_ref().is_empty() {
+                return Err(at(id.span(), &key("registry"), "must name an agent id"));
+            }
+            provider.registry = Some(id.get_ref().clone());
+        }
+        if provider.preset.is_none() && provider.registry.is_none() {
             return Err(at(
                 name.span(),
                 &key("command"),
                 "is required (or a `preset` or `registry` to fill it)",
             ));
         }
-        return build_from_source(name, raw, at);
+        return finish_provider(name, provider, raw, at);
     };
     let argv_err = match command.get_ref().first() {
         None => Some("must be a non-empty array of strings"),
@@ -477,40 +521,11 @@ fn build_provider(
             "arguments must not contain NUL",
         ));
     }
-    let command = command
+    provider.command = command
         .into_inner()
         .into_iter()
         .map(Spanned::into_inner)
         .collect();
-    let provider = ProviderConfig::with_defaults(name.get_ref(), command);
-    finish_provider(name, provider, raw, at)
-}
-
-/// A provider whose command comes from a preset or the ACP Registry.
-fn build_from_source(
-    name: &Spanned<String>,
-    raw: RawProvider,
-    at: &At<'_>,
-) -> Result<ProviderConfig, ConfigError> {
-    let prefix = format!("providers.{}", key_segment(name.get_ref()));
-    let mut provider = ProviderConfig::with_defaults(name.get_ref(), Vec::new());
-    if let Some(id) = &raw.registry {
-        if raw.preset.is_some() {
-            return Err(at(
-                id.span(),
-                &format!("{prefix}.registry"),
-                "cannot be combined with `preset`",
-            ));
-        }
-        if id.get_ref().is_empty() {
-            return Err(at(
-                id.span(),
-                &format!("{prefix}.registry"),
-                "must name an agent id",
-            ));
-        }
-        provider.registry = Some(id.get_ref().clone());
-    }
     finish_provider(name, provider, raw, at)
 }
 
@@ -551,7 +566,10 @@ fn finish_provider(
         if let Err(msg) = check_env_name(name.get_ref()) {
             return Err(at(name.span(), &key("env_passthrough"), &msg));
         }
-        provider.env_passthrough.push(name.into_inner());
+        // Adds to a preset's names; a name listed twice is passed once.
+        if !provider.env_passthrough.contains(name.get_ref()) {
+            provider.env_passthrough.push(name.into_inner());
+        }
     }
     if let Some(permission) = raw.permission {
         provider.permission = permission;
