@@ -17,6 +17,7 @@ macro_rules! errln {
 }
 
 mod daemon;
+mod registry;
 mod run;
 
 use std::io::Write as _;
@@ -91,6 +92,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The ACP Registry (`registry = "ID"` providers): what it offers.
+    #[command(subcommand)]
+    Registry(registry::RegistryCommand),
     /// Built-in ACP agents.
     #[command(subcommand)]
     Agent(AgentCommand),
@@ -141,6 +145,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         Command::Status(args) => daemon::status(args).await,
         Command::Runs(args) => daemon::runs(args).await,
         Command::Doctor { provider } => daemon::doctor(cli.config.as_deref(), provider).await,
+        Command::Registry(command) => registry::registry(cli.config.as_deref(), command).await,
         Command::Agent(AgentCommand::Echo(args)) => {
             crate::agent::run_echo(args).await.clamp(0, 255) as u8
         }
