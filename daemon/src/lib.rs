@@ -1,6 +1,7 @@
 //! acpd: an ACP bridge daemon with a subagent registry.
 
 pub mod agent;
+pub mod catalog;
 pub(crate) mod child;
 pub mod cli;
 pub mod config;

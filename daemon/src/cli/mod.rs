@@ -18,6 +18,7 @@ macro_rules! errln {
 
 mod daemon;
 mod install;
+mod registry;
 mod run;
 
 use std::io::Write as _;
@@ -101,6 +102,9 @@ pub enum Command {
     },
     /// Install a preset's pinned package into acpd's data directory (runs `npm install`).
     Install(install::InstallArgs),
+    /// The ACP Registry (`registry = "ID"` providers): what it offers.
+    #[command(subcommand)]
+    Registry(registry::RegistryCommand),
     /// Built-in ACP agents.
     #[command(subcommand)]
     Agent(AgentCommand),
@@ -190,6 +194,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         Command::Status(args) => daemon::status(args).await,
         Command::Runs(args) => daemon::runs(args).await,
         Command::Doctor { provider } => daemon::doctor(cli.config.as_deref(), provider).await,
+        Command::Registry(command) => registry::registry(cli.config.as_deref(), command).await,
         Command::Agent(AgentCommand::Echo(args)) => {
             crate::agent::run_echo(args).await.clamp(0, 255) as u8
         }

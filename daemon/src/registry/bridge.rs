@@ -102,6 +102,7 @@ impl Registry {
         let provider = self.provider(&config, provider)?;
         let (depth, max_depth) = self.check_depth(&config, None)?;
         let cwd = resolve_cwd(&provider, cwd, Some(&home()))?;
+        let provider = crate::catalog::resolve_provider(&config, provider, cancel).await?;
         let slot = self.claim(&config, &provider, cancel).await?;
         let log_id = format!("bridge-{}", uuid::Uuid::new_v4());
         let spec = ChildSpec {

@@ -353,6 +353,7 @@ impl Registry {
         let (depth, max_depth) = self.check_depth(&config, None)?;
         let home = bridge::home();
         let cwd = resolve_cwd(&provider, None, Some(cwd.unwrap_or(&home)))?;
+        let provider = crate::catalog::resolve_provider(&config, provider, cancel).await?;
         let _slot = self.claim(&config, &provider, cancel).await?;
         let spec = ChildSpec {
             limits: config.wire_limits(),
@@ -389,6 +390,7 @@ impl Registry {
     ) -> Result<Launched, RegistryError> {
         let (depth, max_depth) = self.check_depth(config, l.max_depth)?;
         let cwd = resolve_cwd(&provider, l.cwd, l.caller_cwd)?;
+        let provider = crate::catalog::resolve_provider(config, provider, l.cancel).await?;
         let slot = self.claim(config, &provider, l.cancel).await?;
         let spec = ChildSpec {
             session: l.session,

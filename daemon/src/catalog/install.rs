@@ -1,0 +1,274 @@
+//! A `binary` distribution, installed once per agent version into
+//! `<data dir>/registry/<id>/<version>/`: downloaded (its SHA-256 checked when the entry
+//! gives one), extracted into a scratch directory beside it, and renamed into place only when
+//! complete, so an interrupted install is never mistaken for a finished one.
+
+use std::io::{Read, Write};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sha2::Digest;
+
+use super::fetch::{hex, open};
+use super::{BinaryTarget, CatalogError, shown};
+
+/// Agent archives are large (a bundled runtime), but not this large.
+const MAX_ARCHIVE: u64 = 2 << 30;
+const ARCHIVE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// How deep the search for a `cmd` not at its stated place goes.
+const SEARCH_DEPTH: usize = 6;
+
+/// One install at a time in this process: two starts of a new agent download it once.
+static INSTALLING: Mutex<()> = Mutex::new(());
+
+/// What kind of file the archive URL names (by its path's ending, query ignored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Zip,
+    TarGz,
+    TarBz2,
+    Tar,
+    Raw,
+}
+
+impl Kind {
+    pub(super) fn of(url: &str) -> Kind {
+        let path = url
+            .split(['?', '#'])
+            .next()
+            .unwrap_or(url)
+            .to_ascii_lowercase();
+        if path.ends_with(".zip") {
+            Kind::Zip
+        } else if path.ends_with(".tar.gz") || path.ends_with(".tgz") {
+            Kind::TarGz
+        } else if path.ends_with(".tar.bz2") || path.ends_with(".tbz2") {
+            Kind::TarBz2
+        } else if path.ends_with(".tar") {
+            Kind::Tar
+        } else {
+            Kind::Raw
+        }
+    }
+}
+
+/// The installed command's path: installs the archive first unless this version is there.
+pub(super) fn ensure(
+    data: &Path,
+    id: &str,
+    version: &str,
+    target: &BinaryTarget,
+) -> Result<PathBuf, CatalogError> {
+    let cmd = relative_cmd(id, &target.cmd)?;
+    let dir = data.join("registry").join(id).join(version);
+    if !dir.is_dir() {
+        let _one = INSTALLING.lock().unwrap_or_else(|p| p.into_inner());
+        if !dir.is_dir() {
+            install(&dir, target, &cmd)?;
+        }
+    }
+    let exe = find_cmd(&dir, &cmd).ok_or_else(|| CatalogError::Extract {
+        url: shown(&target.archive),
+        reason: format!("the archive has no {}", cmd.display()),
+    })?;
+    make_executable(&exe).map_err(|e| CatalogError::Io {
+        what: "make the agent executable",
+        path: exe.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(exe)
+}
+
+/// `cmd` as a path inside the install directory: relative, without `..` (`./x` is `x`).
+fn relative_cmd(id: &str, cmd: &str) -> Result<PathBuf, CatalogError> {
+    let path = Path::new(cmd);
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(part) => out.push(part),
+            Component::CurDir => {}
+            _ => {
+                return Err(CatalogError::BadCmd {
+                    id: id.to_owned(),
+                    cmd: cmd.to_owned(),
+                });
+            }
+        }
+    }
+    if out.as_os_str().is_empty() {
+        return Err(CatalogError::BadCmd {
+            id: id.to_owned(),
+            cmd: cmd.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+fn install(dir: &Path, target: &BinaryTarget, cmd: &Path) -> Result<(), CatalogError> {
+    let url = &target.archive;
+    let parent = dir.parent().unwrap_or(dir);
+    let io = |what: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |e: std::io::Error| CatalogError::Io {
+            what,
+            path,
+            reason: e.to_string(),
+        }
+    };
+    std::fs::create_dir_all(parent).map_err(io("create the install directory", parent))?;
+    let stamp = format!(
+        ".partial-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let scratch = parent.join(format!(
+        "{}{stamp}",
+        dir.file_name().and_then(|n| n.to_str()).unwrap_or("v")
+    ));
+    let download = parent.join(format!("{stamp}.download"));
+    let result = (|| {
+        fetch_to(url, &download, target.sha256.as_deref())?;
+        std::fs::create_dir(&scratch).map_err(io("create the install directory", &scratch))?;
+        extract(Kind::of(url), &download, &scratch, cmd).map_err(|reason| {
+            CatalogError::Extract {
+                url: shown(url),
+                reason,
+            }
+        })?;
+        match std::fs::rename(&scratch, dir) {
+            Ok(()) => Ok(()),
+            // Another acpd finished the same version first: theirs is as good.
+            Err(_) if dir.is_dir() => Ok(()),
+            Err(e) => Err(io("move the install into place", dir)(e)),
+        }
+    })();
+    let _ = std::fs::remove_file(&download);
+    if scratch.exists() {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    result
+}
+
+/// Downloads `url` to `dest`, checking the size cap and the SHA-256 when given.
+fn fetch_to(url: &str, dest: &Path, sha256: Option<&str>) -> Result<(), CatalogError> {
+    let failed = |reason: String| CatalogError::Download {
+        url: shown(url),
+        reason,
+    };
+    let mut reader = open(url, MAX_ARCHIVE, ARCHIVE_TIMEOUT).map_err(|e| match e {
+        CatalogError::Fetch { reason, .. } => failed(reason),
+        e => e,
+    })?;
+    let mut file = std::fs::File::create(dest).map_err(|e| CatalogError::Io {
+        what: "write the download",
+        path: dest.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let mut hasher = sha2::Sha256::new();
+    let mut total: u64 = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = reader.read(&mut buf).map_err(|e| failed(e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > MAX_ARCHIVE {
+            return Err(failed(format!("larger than {MAX_ARCHIVE} bytes")));
+        }
+        hasher.update(&buf[..n]);
+        file.write_all(&buf[..n]).map_err(|e| CatalogError::Io {
+            what: "write the download",
+            path: dest.to_owned(),
+            reason: e.to_string(),
+        })?;
+    }
+    file.sync_all().map_err(|e| failed(e.to_string()))?;
+    if total == 0 {
+        return Err(failed("the archive is empty".into()));
+    }
+    if let Some(expected) = sha256 {
+        let actual = hex(&hasher.finalize());
+        if !actual.eq_ignore_ascii_case(expected) {
+            return Err(CatalogError::Checksum {
+                url: shown(url),
+                expected: expected.to_ascii_lowercase(),
+                actual,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Unpacks `archive` into `dest`; nothing is written outside it (the tar and zip readers
+/// refuse entries that climb out, and zip symlinks that point out).
+pub(super) fn extract(kind: Kind, archive: &Path, dest: &Path, cmd: &Path) -> Result<(), String> {
+    let file = std::fs::File::open(archive).map_err(|e| e.to_string())?;
+    let untar = |reader: &mut dyn Read| -> Result<(), String> {
+        let mut tar = tar::Archive::new(reader);
+        tar.set_preserve_permissions(false);
+        tar.set_overwrite(true);
+        tar.unpack(dest).map_err(|e| e.to_string())
+    };
+    match kind {
+        Kind::Zip => {
+            let mut zip = zip::ZipArchive::new(file).map_err(|e| e.to_string())?;
+            zip.extract(dest).map_err(|e| e.to_string())
+        }
+        Kind::TarGz => untar(&mut flate2::read::GzDecoder::new(file)),
+        Kind::TarBz2 => untar(&mut bzip2::read::BzDecoder::new(file)),
+        Kind::Tar => untar(&mut { file }),
+        Kind::Raw => {
+            // A raw binary is saved under the entry's own `cmd` (the registry's verifier
+            // does the same).
+            let to = dest.join(cmd);
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+            }
+            std::fs::copy(archive, &to).map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    }
+}
+
+/// `cmd` where the entry says, else a file whose path ends with it anywhere below (archives
+/// often wrap their contents in one top directory).
+fn find_cmd(dir: &Path, cmd: &Path) -> Option<PathBuf> {
+    let direct = dir.join(cmd);
+    if direct.is_file() {
+        return Some(direct);
+    }
+    let mut stack = vec![(dir.to_path_buf(), 0usize)];
+    let mut found: Vec<PathBuf> = Vec::new();
+    while let Some((d, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() && depth < SEARCH_DEPTH {
+                stack.push((path, depth + 1));
+            } else if (kind.is_file() || kind.is_symlink()) && path.ends_with(cmd) && path.is_file()
+            {
+                found.push(path);
+            }
+        }
+    }
+    // The shallowest match, then the first by name: the same answer every time.
+    found.sort_by_key(|p| (p.components().count(), p.clone()));
+    found.into_iter().next()
+}
+
+fn make_executable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path)?;
+    let mode = meta.permissions().mode();
+    if mode & 0o111 == 0o111 {
+        return Ok(());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o755))
+}
