@@ -33,6 +33,9 @@ struct Setup {
     top: &'static str,
     provider: &'static str,
     sessions: bool,
+    /// Started through `sh`, which first appends a line to `<env>/spawns` (every start
+    /// counted, however short the child's life).
+    count_spawns: bool,
 }
 
 /// A config whose default (and only configured) provider `p` is the echo agent with fast
@@ -46,9 +49,19 @@ fn env(setup: &Setup) -> Env {
     } else {
         String::new()
     };
+    let command = if setup.count_spawns {
+        let log = env.path().join("spawns");
+        format!(
+            "\"sh\", \"-c\", \"echo $$ >> '{}'; exec '{BIN}' agent echo{}\"",
+            log.display(),
+            sessions.replace(", ", " ").replace('"', "'")
+        )
+    } else {
+        format!("\"{BIN}\", \"agent\", \"echo\"{sessions}")
+    };
     let toml = format!(
         "default_provider = \"p\"\n{top}\n[providers.p]\n\
-         command = [\"{BIN}\", \"agent\", \"echo\"{sessions}]\n\
+         command = [{command}]\n\
          cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n{provider}\n",
         top = setup.top,
         provider = setup.provider,
@@ -196,9 +209,26 @@ impl Daemon {
     /// Waits until the pool holds one spare and it is the daemon's only echo child (nothing
     /// else alive, nothing being recycled); returns its pid.
     fn only_spare(&self) -> i32 {
+        self.only_spare_beside(&[])
+    }
+
+    /// As [`Daemon::only_spare`], the children of the sessions `busy` aside.
+    fn only_spare_beside(&self, busy: &[i32]) -> i32 {
+        let others = |d: &Daemon| {
+            let mut kids = d.echo_children();
+            kids.retain(|k| !busy.contains(k));
+            kids
+        };
+        // The spare's process first, without asking the daemon: a query's `initialize` may
+        // probe the agent, and that probe would compete with the spare for a slot.
+        assert!(
+            eventually(SETTLE, || others(self).len() == 1),
+            "no spare process: {:?}",
+            others(self)
+        );
         let mut last = (0, Vec::new());
         let settled = eventually(SETTLE, || {
-            last = (self.spares(), self.echo_children());
+            last = (self.spares(), others(self));
             last.0 == 1 && last.1.len() == 1
         });
         assert!(
@@ -364,7 +394,12 @@ async fn a_detached_session_is_attached_again_with_its_child_and_its_pending_per
         loaded.is_ok(),
         "session/load of a detached session: {loaded:?}"
     );
-    let ask = second.next_request().await;
+    let ask = tokio::time::timeout(SETTLE, second.requests.recv())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("the permission request pending at detach was not asked again after re-attach")
+        })
+        .expect("connection open");
     assert_eq!(ask.method, "session/request_permission");
     assert_eq!(ask.params["sessionId"], sid, "{}", ask.params);
     let option = ask.params["options"][0]["optionId"]
@@ -613,4 +648,413 @@ fn spares_count_in_the_limits() {
         "{status}"
     );
     assert_eq!(d.echo_children(), vec![pid]);
+}
+
+/// Reads until acpd asks the client something; the lines before are kept in `seen`.
+fn next_request(raw: &mut Raw, what: &str) -> common::raw::Line {
+    if let Some(at) = raw.seen.iter().position(|l| l.is_request()) {
+        return raw.seen.remove(at);
+    }
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Some(line) = raw.next_within(left) else {
+            panic!("{what} never came; seen: {:?}", raw.seen_text());
+        };
+        if line.is_request() {
+            return line;
+        }
+        raw.seen.push(line);
+    }
+}
+
+/// `session/resume` attaches a detached session too, raw: the unanswered permission request is
+/// asked again and its answer reaches the turn, the answer of the old connection's prompt
+/// reaches nobody, the session detaches a second time, and `session/close` from yet another
+/// connection ends it.
+#[test]
+fn resume_attaches_again_and_close_ends_a_detached_session() {
+    subreaper();
+    let d = Daemon::start(&Setup::default());
+    let mut a = d.connect();
+    let sid = a.new_session(d.cwd(), "p");
+    let pid = pid_after(&prompt(&mut a, &sid, ":pid"), "pid ");
+    a.send_prompt(&sid, ":permission\nafter it");
+    let ask = next_request(&mut a, "the permission request");
+    assert_eq!(ask.method(), "session/request_permission", "{}", ask.text());
+    drop(a);
+    d.session_in(&sid, "detached");
+
+    let mut b = d.connect();
+    let resumed = b.call("session/resume", load_params(&sid, d.cwd()));
+    assert!(resumed.get("error").is_none(), "{resumed}");
+    let ask = next_request(
+        &mut b,
+        "the permission request pending at detach, asked again after re-attach,",
+    );
+    assert_eq!(
+        (ask.method(), &ask.value["params"]["sessionId"]),
+        ("session/request_permission", &json!(sid)),
+        "{}",
+        ask.text()
+    );
+    let reply = json!({"jsonrpc": "2.0", "id": ask.value["id"],
+        "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}});
+    b.line(&reply.to_string());
+    assert_eq!(
+        b.until_chunk(&sid, "permission: "),
+        "permission: selected allow\n"
+    );
+    b.until_chunk(&sid, "after it");
+    // The echo takes a new prompt once the old turn is over.
+    let deadline = Instant::now() + SETTLE;
+    let answer = loop {
+        let id = b.send_prompt(&sid, ":pid");
+        let answer = b.answer(&json!(id)).value;
+        let busy = answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("in progress"));
+        if !busy || Instant::now() >= deadline {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let strays: Vec<String> = b
+        .seen
+        .iter()
+        .filter(|l| l.is_response())
+        .map(|l| l.text())
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "answers this connection never asked for: {strays:?}"
+    );
+    let text = b.chunk_text(&sid);
+    assert!(text.contains(&format!("pid {pid}\n")), "{text:?}");
+    drop(b);
+    let entry = d.session_in(&sid, "detached");
+    assert_eq!(entry["pid"].as_i64(), Some(pid as i64), "{entry}");
+
+    let mut c = d.connect();
+    let closed = c.call("session/close", json!({"sessionId": sid}));
+    assert_eq!(closed["result"], json!({}), "{closed}");
+    assert!(
+        gone_within(pid, LADDER),
+        "the closed detached session's child {pid} lives on"
+    );
+    d.session_counts(0, 0);
+    assert_eq!(d.sessions(), Vec::<Value>::new());
+}
+
+/// A detached session whose child dies is forgotten: not counted, not listed, and a load is
+/// no re-attach to a corpse (this echo cannot load, so it fails).
+#[test]
+fn a_detached_session_whose_child_dies_is_forgotten() {
+    subreaper();
+    let d = Daemon::start(&Setup::default());
+    let mut a = d.connect();
+    let sid = a.new_session(d.cwd(), "p");
+    let pid = pid_after(&prompt(&mut a, &sid, ":pid"), "pid ");
+    drop(a);
+    d.session_in(&sid, "detached");
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    assert!(gone_within(pid, LADDER), "{pid} survived SIGKILL");
+    d.session_counts(0, 0);
+    assert_eq!(d.sessions(), Vec::<Value>::new());
+    let mut b = d.connect();
+    let loaded = b.call("session/load", load_params(&sid, d.cwd()));
+    assert!(loaded.get("error").is_some(), "{loaded}");
+}
+
+/// Utility children take spares too: a `session/list` (the echo with `--sessions` lists) runs
+/// on the spare, which is then gone, and a new spare takes its place.
+#[test]
+fn a_listing_takes_the_spare() {
+    subreaper();
+    let d = Daemon::start(&Setup {
+        provider: "warm = 1",
+        sessions: true,
+        ..Setup::default()
+    });
+    let spare = d.only_spare();
+    let mut a = d.connect();
+    let listed = a.ok("session/list", json!({}));
+    assert!(listed["sessions"].is_array(), "{listed}");
+    assert!(
+        gone_within(spare, LADDER),
+        "the listing did not run on the spare {spare} (it is still alive)"
+    );
+    let new = d.only_spare();
+    assert_ne!(new, spare);
+}
+
+/// The pool follows the client capabilities of the last session that took one: a session
+/// whose editor advertises other capabilities starts cold (the old spare is dropped), the new
+/// spare is initialized with its capabilities, and the next such session takes it.
+#[test]
+fn spares_follow_the_capabilities_of_the_last_taker() {
+    subreaper();
+    let d = Daemon::start(&Setup {
+        provider: "warm = 1",
+        ..Setup::default()
+    });
+    let old = d.only_spare();
+    let caps = json!({"fs": {"readTextFile": true, "writeTextFile": false}, "terminal": false});
+    let mut a = Raw::socket(&d.socket);
+    a.initialize(caps.clone());
+    let sid = a.new_session(d.cwd(), "p");
+    let cold = pid_after(&prompt(&mut a, &sid, ":pid"), "pid ");
+    assert_ne!(
+        cold, old,
+        "a session with other capabilities took the spare"
+    );
+    assert!(
+        gone_within(old, LADDER),
+        "the spare {old} of the old capabilities lives on"
+    );
+    let new = d.only_spare_beside(&[cold]);
+    assert_ne!(new, old);
+    let mut b = Raw::socket(&d.socket);
+    b.initialize(caps);
+    let sid2 = b.new_session(d.cwd(), "p");
+    let pid2 = pid_after(&prompt(&mut b, &sid2, ":pid"), "pid ");
+    assert_eq!(
+        pid2, new,
+        "the session did not take the spare of its capabilities"
+    );
+}
+
+/// Loading a session open on this very connection is refused, and says where it is open.
+#[test]
+fn loading_a_session_open_on_this_connection_says_so() {
+    let d = Daemon::start(&Setup::default());
+    let mut a = d.connect();
+    let sid = a.new_session(d.cwd(), "p");
+    let answer = a.call("session/load", load_params(&sid, d.cwd()));
+    let e = &answer["error"];
+    assert_eq!(e["code"].as_i64(), Some(-32600), "{answer}");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("this connection") && !m.contains("another")),
+        "the refusal names the wrong connection: {answer}"
+    );
+    let text = prompt(&mut a, &sid, "still open");
+    assert_eq!(text, "still open");
+}
+
+/// A client that goes away while its session streams (acpd's writes to it fail): the session
+/// detaches, and once attached again it is really attached, its calls answered.
+#[test]
+fn a_session_detached_mid_stream_is_usable_once_attached_again() {
+    subreaper();
+    let d = Daemon::start(&Setup::default());
+    for round in 0..3 {
+        let mut a = d.connect();
+        let sid = a.new_session(d.cwd(), "p");
+        a.send_prompt(&sid, ":pid\n:timed 40 100 25");
+        let pid = pid_after(&a.until_chunk(&sid, "pid "), "pid ");
+        a.until_chunk(&sid, "t=");
+        drop(a);
+        d.session_in(&sid, "detached");
+        let mut b = d.connect();
+        let loaded = b.call("session/load", load_params(&sid, d.cwd()));
+        assert!(loaded.get("error").is_none(), "round {round}: {loaded}");
+        // The old turn streams on for about a second; then the echo takes a prompt.
+        let deadline = Instant::now() + SETTLE;
+        let answer = loop {
+            let id = b.send_prompt(&sid, ":pid");
+            let Some(answer) = answer_within(&mut b, id, SETTLE) else {
+                panic!(
+                    "round {round}: a prompt to the re-attached session was never answered; \
+                     acpd runs: {:?}; log: {}",
+                    d.sessions(),
+                    d.log()
+                );
+            };
+            let busy = answer["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("in progress"));
+            if !busy || Instant::now() >= deadline {
+                break answer;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        assert!(b.chunk_text(&sid).contains(&format!("pid {pid}\n")));
+    }
+}
+
+/// The answer to request `id` within `timeout`, else None (lines before it kept in `seen`).
+fn answer_within(raw: &mut Raw, id: u64, timeout: Duration) -> Option<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = raw.next_within(left)?;
+        if line.is_response() && line.value["id"] == json!(id) {
+            return Some(line.value);
+        }
+        raw.seen.push(line);
+    }
+}
+
+/// A client that stops taking acpd's output (it shuts its reading side: acpd's next write fails)
+/// while its session streams, still connected for writing: the session detaches, and once
+/// attached again elsewhere it is really attached, its calls answered.
+#[test]
+fn a_session_whose_client_stops_reading_mid_stream_is_usable_once_attached_again() {
+    use std::io::{BufRead, BufReader, Write};
+    subreaper();
+    let d = Daemon::start(&Setup::default());
+    for round in 0..3 {
+        let stream = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut w = &stream;
+        let mut read_until = |pred: &dyn Fn(&Value) -> bool| loop {
+            let mut line = String::new();
+            assert!(reader.read_line(&mut line).unwrap() > 0, "acpd hung up");
+            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if pred(&v) {
+                return v;
+            }
+        };
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": 1, "clientCapabilities": {}}});
+        writeln!(w, "{init}").unwrap();
+        read_until(&|v| v["id"] == 1);
+        let new = json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+            "params": {"cwd": d.cwd(), "mcpServers": []}});
+        writeln!(w, "{new}").unwrap();
+        let sid = read_until(&|v| v["id"] == 2)["result"]["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let p = json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": ":pid\n:timed 40 100 25"}]}});
+        writeln!(w, "{p}").unwrap();
+        let chunk = |v: &Value| {
+            v["params"]["update"]["content"]["text"]
+                .as_str()
+                .map(str::to_string)
+        };
+        let pid_line = read_until(&|v| chunk(v).is_some_and(|t| t.starts_with("pid ")));
+        let pid = pid_after(&chunk(&pid_line).unwrap(), "pid ");
+        stream.shutdown(std::net::Shutdown::Read).unwrap();
+        d.session_in(&sid, "detached");
+        drop(reader);
+        drop(stream);
+
+        let mut b = d.connect();
+        let loaded = b.call("session/load", load_params(&sid, d.cwd()));
+        assert!(loaded.get("error").is_none(), "round {round}: {loaded}");
+        let deadline = Instant::now() + SETTLE;
+        let answer = loop {
+            let id = b.send_prompt(&sid, ":pid");
+            let Some(answer) = answer_within(&mut b, id, SETTLE) else {
+                panic!(
+                    "round {round}: a prompt to the re-attached session was never answered; \
+                     acpd runs: {:?}; log: {}",
+                    d.sessions(),
+                    d.log()
+                );
+            };
+            let busy = answer["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("in progress"));
+            if !busy || Instant::now() >= deadline {
+                break answer;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        assert!(b.chunk_text(&sid).contains(&format!("pid {pid}\n")));
+    }
+}
+
+/// A re-attach refused for the connection's session limit leaves the session detached, and a
+/// later re-attach from a connection with room is really attached, its calls answered.
+#[test]
+fn a_reattach_refused_at_the_session_limit_leaves_the_session_attachable() {
+    subreaper();
+    let d = Daemon::start(&Setup {
+        top: "max_sessions_per_connection = 1",
+        ..Setup::default()
+    });
+    let mut a = d.connect();
+    let sid = a.new_session(d.cwd(), "p");
+    let pid = pid_after(&prompt(&mut a, &sid, ":pid"), "pid ");
+    drop(a);
+    d.session_in(&sid, "detached");
+    let mut b = d.connect();
+    let other = b.new_session(d.cwd(), "p");
+    let refused = b.call("session/load", load_params(&sid, d.cwd()));
+    assert_eq!(refused["error"]["data"]["code"], "LIMIT", "{refused}");
+    let entry = d.session_in(&sid, "detached");
+    assert_eq!(entry["pid"].as_i64(), Some(pid as i64), "{entry}");
+    assert_eq!(prompt(&mut b, &other, "mine"), "mine");
+    let mut c = d.connect();
+    let loaded = c.call("session/load", load_params(&sid, d.cwd()));
+    assert!(loaded.get("error").is_none(), "{loaded}");
+    let id = c.send_prompt(&sid, ":pid");
+    let Some(answer) = answer_within(&mut c, id, SETTLE) else {
+        panic!(
+            "a prompt to the re-attached session was never answered; acpd runs: {:?}; log: {}",
+            d.sessions(),
+            d.log()
+        );
+    };
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    assert_eq!(pid_after(&c.chunk_text(&sid), "pid "), pid);
+}
+
+/// Every session acpd opens is in its session map, even when the agent's session ids repeat
+/// across its processes (the echo without `--sessions` names the first session of every
+/// process `echo-0`): `session/list` lists both acpd ids.
+#[test]
+fn sessions_whose_child_ids_repeat_across_children_are_both_recorded() {
+    let d = Daemon::start(&Setup::default());
+    let mut a = d.connect();
+    let first = a.new_session(d.cwd(), "p");
+    let second = a.new_session(d.cwd(), "p");
+    let listed = a.ok("session/list", json!({}));
+    let ids: Vec<&str> = listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["sessionId"].as_str())
+        .collect();
+    assert!(
+        ids.contains(&first.as_str()) && ids.contains(&second.as_str()),
+        "session/list: {listed}; log: {}",
+        d.log()
+    );
+}
+
+/// `acpd status` and `acpd runs` ask the daemon, not an agent: they start no child (a status
+/// query must not spawn a heavy agent, nor take a slot a warm spare or a session needs). A
+/// session does start one (so the count is seen to work).
+#[test]
+fn a_status_query_starts_no_agent() {
+    let d = Daemon::start(&Setup {
+        count_spawns: true,
+        ..Setup::default()
+    });
+    let spawns = || {
+        std::fs::read_to_string(d.env.path().join("spawns"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    d.status();
+    d.cli_json(&["runs"]);
+    assert_eq!(
+        spawns(),
+        0,
+        "status queries started agents; log: {}",
+        d.log()
+    );
+    let mut a = d.connect();
+    let sid = a.new_session(d.cwd(), "p");
+    assert_eq!(prompt(&mut a, &sid, "hi"), "hi");
+    assert!(spawns() >= 1, "the spawn count does not count");
 }
