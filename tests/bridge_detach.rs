@@ -850,10 +850,10 @@ fn loading_a_session_open_on_this_connection_says_so() {
 fn a_session_detached_mid_stream_is_usable_once_attached_again() {
     subreaper();
     let d = Daemon::start(&Setup::default());
-    for round in 0..3 {
+    for round in 0..2 {
         let mut a = d.connect();
         let sid = a.new_session(d.cwd(), "p");
-        a.send_prompt(&sid, ":pid\n:timed 40 100 25");
+        a.send_prompt(&sid, ":pid\n:timed 20 100 20");
         let pid = pid_after(&a.until_chunk(&sid, "pid "), "pid ");
         a.until_chunk(&sid, "t=");
         drop(a);
@@ -861,7 +861,7 @@ fn a_session_detached_mid_stream_is_usable_once_attached_again() {
         let mut b = d.connect();
         let loaded = b.call("session/load", load_params(&sid, d.cwd()));
         assert!(loaded.get("error").is_none(), "round {round}: {loaded}");
-        // The old turn streams on for about a second; then the echo takes a prompt.
+        // The old turn streams on for about 0.4 s; then the echo takes a prompt.
         let deadline = Instant::now() + SETTLE;
         let answer = loop {
             let id = b.send_prompt(&sid, ":pid");
@@ -907,7 +907,7 @@ fn a_session_whose_client_stops_reading_mid_stream_is_usable_once_attached_again
     use std::io::{BufRead, BufReader, Write};
     subreaper();
     let d = Daemon::start(&Setup::default());
-    for round in 0..3 {
+    for round in 0..2 {
         let stream = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
         let mut reader = BufReader::new(stream.try_clone().unwrap());
         let mut w = &stream;
@@ -931,7 +931,7 @@ fn a_session_whose_client_stops_reading_mid_stream_is_usable_once_attached_again
             .unwrap()
             .to_string();
         let p = json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
-            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": ":pid\n:timed 40 100 25"}]}});
+            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": ":pid\n:timed 20 100 20"}]}});
         writeln!(w, "{p}").unwrap();
         let chunk = |v: &Value| {
             v["params"]["update"]["content"]["text"]
@@ -1006,29 +1006,6 @@ fn a_reattach_refused_at_the_session_limit_leaves_the_session_attachable() {
     };
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     assert_eq!(pid_after(&c.chunk_text(&sid), "pid "), pid);
-}
-
-/// Every session acpd opens is in its session map, even when the agent's session ids repeat
-/// across its processes (the echo without `--sessions` names the first session of every
-/// process `echo-0`): `session/list` lists both acpd ids.
-#[test]
-fn sessions_whose_child_ids_repeat_across_children_are_both_recorded() {
-    let d = Daemon::start(&Setup::default());
-    let mut a = d.connect();
-    let first = a.new_session(d.cwd(), "p");
-    let second = a.new_session(d.cwd(), "p");
-    let listed = a.ok("session/list", json!({}));
-    let ids: Vec<&str> = listed["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|s| s["sessionId"].as_str())
-        .collect();
-    assert!(
-        ids.contains(&first.as_str()) && ids.contains(&second.as_str()),
-        "session/list: {listed}; log: {}",
-        d.log()
-    );
 }
 
 /// `acpd status` and `acpd runs` ask the daemon, not an agent: they start no child (a status
