@@ -83,18 +83,7 @@ impl Dirs {
     }
 }
 
-/// acpd's data directory: `$XDG_DATA_HOME/acpd`, else `~/.local/share/acpd`.
-pub fn data_dir() -> Option<PathBuf> {
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
-    };
-    env("XDG_DATA_HOME")
-        .map(|d| d.join("acpd"))
-        .or_else(|| env("HOME").map(|h| h.join(".local/share/acpd")))
-}
+pub use crate::config::presets::data_dir;
 
 /// What a registry agent runs as here.
 #[derive(Debug, Clone, PartialEq, Eq)]

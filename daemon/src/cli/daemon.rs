@@ -187,7 +187,8 @@ async fn query(path: &Path, method: &'static str) -> Result<Value, String> {
     };
     call(
         "initialize",
-        json!({ "protocolVersion": 1, "clientCapabilities": {} }),
+        // A query asks acpd, not the agent: no probe of the default provider.
+        json!({ "protocolVersion": 1, "clientCapabilities": {}, "_meta": { "acpd": { "query": true } } }),
     )
     .await?;
     let raw = call(method, json!({})).await?;

@@ -234,6 +234,7 @@ fn fingerprint(provider: &ProviderConfig) -> String {
         "command": provider.command,
         "env": provider.env,
         "passthrough": provider.env_passthrough,
+        "registry": provider.registry,
         "acpd": env!("CARGO_PKG_VERSION"),
     })
     .to_string()

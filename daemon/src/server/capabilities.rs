@@ -17,10 +17,13 @@ use crate::child::AgentInfo;
 
 /// The editor's `initialize`: its capabilities noted at once, so requests it sends right
 /// after are served even before the answer (which may wait for a probe) is out.
-pub fn note_client(conn: &Conn, params: Option<&RawValue>) {
+/// Returns whether the client is only querying acpd (`_meta.acpd.query`: `acpd status`,
+/// `acpd runs`), which needs no word from the agent.
+pub fn note_client(conn: &Conn, params: Option<&RawValue>) -> bool {
     let params: serde_json::Value = params
         .and_then(|p| serde_json::from_str(p.get()).ok())
         .unwrap_or_default();
+    let query = params.pointer("/_meta/acpd/query") == Some(&json!(true));
     let capabilities = params
         .get("clientCapabilities")
         .cloned()
@@ -30,12 +33,25 @@ pub fn note_client(conn: &Conn, params: Option<&RawValue>) {
         capabilities,
         subagents,
     });
+    query
 }
 
-/// Answers `initialize` with the default agent's capabilities, mirrored.
-pub async fn initialize(conn: Arc<Conn>, id: Id) {
+/// Answers `initialize` with the default agent's capabilities, mirrored (acpd's own to a
+/// query).
+pub async fn initialize(conn: Arc<Conn>, id: Id, query: bool) {
     let registry = &conn.ctx.registry;
-    let agent = match registry
+    let agent = if query { None } else { learn(&conn).await };
+    let providers: Vec<String> = registry.providers().into_iter().map(|p| p.name).collect();
+    let _ = conn
+        .peer
+        .respond_ok(&id, &answer(agent.as_ref(), &providers))
+        .await;
+}
+
+/// What the default agent advertises, or `None` (logged) when it cannot be learned.
+async fn learn(conn: &Conn) -> Option<AgentInfo> {
+    let registry = &conn.ctx.registry;
+    match registry
         .agent_info(None, Some(&conn.ctx.sessions.store), &conn.closing)
         .await
     {
@@ -46,12 +62,7 @@ pub async fn initialize(conn: Arc<Conn>, id: Id) {
                 "cannot learn what the default agent advertises; answering initialize conservatively: {e}");
             None
         }
-    };
-    let providers: Vec<String> = registry.providers().into_iter().map(|p| p.name).collect();
-    let _ = conn
-        .peer
-        .respond_ok(&id, &answer(agent.as_ref(), &providers))
-        .await;
+    }
 }
 
 /// The `initialize` result: the agent's own, with `_meta.acpd`; acpd's conservative one when

@@ -234,9 +234,10 @@ impl Conn {
         }
         if method == "initialize" {
             // Spawned: learning what the agent advertises may take a probe.
-            capabilities::note_client(self, params.as_deref());
+            let query = capabilities::note_client(self, params.as_deref());
             let conn = self.clone();
-            self.tracker.spawn(capabilities::initialize(conn, id));
+            self.tracker
+                .spawn(capabilities::initialize(conn, id, query));
             return;
         }
         if lock(&self.client).is_none() {

@@ -639,6 +639,11 @@ impl Relay {
         ask: bool,
         result: Result<Box<RawValue>, CallError>,
     ) {
+        // The connection went while a permission request waited on it: with detach the request
+        // is held for the next connection (asked again on attach), not answered.
+        if ask && self.t.detach.is_some() && matches!(result, Err(CallError::Closed)) {
+            return;
+        }
         // A permission request already answered `cancelled` stays answered.
         if ask && self.asks.remove(&id).is_none() {
             return;
