@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use acpd_protocol::diagnostic;
-use acpd_protocol::subagent::{Capabilities, StartRequest};
+use acpd_protocol::subagent::{Capabilities, Category, StartRequest};
 
 use super::RegistryError;
 use crate::child::{AgentInfo, StartFailure};
@@ -111,6 +111,23 @@ pub(super) fn resolve_cwd(
     Ok(cwd.to_path_buf())
 }
 
+/// The environment variable names (never their values) that would satisfy an agent's auth:
+/// looked up by the provider's preset and the auth method ids the agent advertised (an agent
+/// such as claude-agent-acp advertises none, yet its preset knows its key's name). Without a
+/// hint for them the list is empty and a diagnostic names the method ids only. The hints
+/// are the preset table's (`config::presets`); this build knows none.
+pub fn auth_env_names(_preset: Option<&str>, _method_ids: &[String]) -> Vec<String> {
+    Vec::new()
+}
+
+/// What an auth failure's diagnostic names: the advertised method ids and the environment
+/// variable names that would satisfy them.
+pub(super) fn auth_facts(provider: &ProviderConfig, advertised: &[String]) -> Vec<String> {
+    auth_env_names(provider.preset.as_deref(), advertised)
+}
+
+const NOTE_AUTH_METHOD: &str = "auth: the configured auth_method is not advertised by the agent";
+
 pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> RegistryError {
     if let StartFailure::Cancelled { .. } = e {
         return RegistryError::StartCancelled {
@@ -122,9 +139,28 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         StartFailure::Refused { error, .. } => Some(error.clone()),
         _ => None,
     };
+    let is_auth = failure.category == Category::Auth;
+    let advertised: &[String] = if is_auth {
+        e.advertised_auth_methods()
+    } else {
+        &[]
+    };
+    let env_names = if is_auth {
+        auth_facts(provider, advertised)
+    } else {
+        Vec::new()
+    };
+    let notes: &[&'static str] = match e.unadvertised_auth_method() {
+        Some(_) => &[NOTE_AUTH_METHOD],
+        None => &[],
+    };
     let diagnostic = diagnostic::build(&diagnostic::Facts {
         provider: &provider.name,
         failure: Some(&failure),
+        auth_methods: advertised,
+        auth_method: e.unadvertised_auth_method(),
+        env_names: &env_names,
+        notes,
         ..Default::default()
     });
     RegistryError::StartFailed {
