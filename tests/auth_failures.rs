@@ -141,6 +141,19 @@ fn an_air_session_failure_on_end_turn_is_an_error_with_its_category() {
 }
 
 #[test]
+fn an_air_access_failure_is_an_auth_result_naming_the_methods() {
+    // claude-agent-acp reports a sign-in failure as AIR category `access` (action `login`).
+    let env = env(&["--air", "--auth", "key"], "auth_method = \"key\"");
+    let (v, code, _) = run(&env, ":air-failure access");
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(
+        (v["stopReason"].as_str(), category(&v)),
+        (Some("error"), "auth")
+    );
+    assert!(diagnostic(&v).contains("auth methods: key"), "{v}");
+}
+
+#[test]
 fn an_agent_without_air_support_keeps_its_plain_error() {
     // The echo without --air ignores the opt-in, as any agent that does not know AIR does.
     let env = env(&[], "");

@@ -98,8 +98,10 @@ pub fn map_outcome(end: &TurnEnd, cancel_requested: bool) -> Mapped {
             reason,
             reported_failure,
         } => match reason {
-            ChildStopReason::EndTurn => match reported_failure {
-                Some(cat) => fail(Category::Reported(sanitize_category(cat))),
+            ChildStopReason::EndTurn => match reported_failure.as_deref().map(sanitize_category) {
+                // acpd's own auth category: the diagnostic then names what would satisfy it.
+                Some(cat) if cat == Category::Auth.as_str() => fail(Category::Auth),
+                Some(cat) => fail(Category::Reported(cat)),
                 None => plain(StopReason::Completed),
             },
             ChildStopReason::MaxTokens => plain(StopReason::MaxTokens),
@@ -219,17 +221,25 @@ pub mod air {
     /// The category of a `session/prompt` result's failure record, when `meta` (the result's
     /// `_meta`) holds one of severity `error` with a category. A `warning` does not end a turn
     /// (the document's "Delivery"), so it is not a failure; a record without a category is
-    /// not one either.
+    /// not one either. AIR's `access` (claude-agent-acp's sign-in and access failures, action
+    /// `login`) is acpd's `auth`, so its diagnostic names what would satisfy the agent.
     pub fn failure_category(meta: &Value) -> Option<String> {
         let record = meta.pointer("/jetbrains/air/sessionFailure")?;
         if record.get("severity").and_then(Value::as_str) != Some("error") {
             return None;
         }
-        record
+        let category = record
             .get("category")
             .and_then(Value::as_str)
-            .filter(|c| !c.is_empty())
-            .map(str::to_string)
+            .filter(|c| !c.is_empty())?;
+        Some(
+            if category == "access" {
+                "auth"
+            } else {
+                category
+            }
+            .to_string(),
+        )
     }
 }
 
@@ -329,6 +339,16 @@ mod tests {
         );
         // Not negotiated: the record is not read.
         assert_eq!(reported_failure(&record("error"), false), None);
+        let access = serde_json::json!({"jetbrains": {"air": {"sessionFailure": {
+            "id": "t:error", "revision": 1, "category": "access", "severity": "error",
+            "title": "Sign in to continue using Claude.", "actions": ["login"]}}}});
+        assert_eq!(air::failure_category(&access).as_deref(), Some("auth"));
+        let end = TurnEnd::Stopped {
+            reason: ChildStopReason::EndTurn,
+            reported_failure: reported_failure(&access, true),
+        };
+        let m = map_outcome(&end, false);
+        assert_eq!(m.failure.map(|f| f.category), Some(Category::Auth));
         let acpd = serde_json::json!({"acpd": {"failure": {"category": "quota"}}});
         assert_eq!(reported_failure(&acpd, false).as_deref(), Some("quota"));
     }
