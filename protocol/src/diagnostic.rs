@@ -1,5 +1,5 @@
 //! The safe diagnostic: one line built only from fixed facts (stage, category, stop reason, exit
-//! code, signal, error code, advertised auth method ids, env var names), never from stderr,
+//! code, signal, error code, advertised and configured auth method ids, env var names), never from stderr,
 //! paths, env values or prompt text, and bounded to 4096 bytes.
 
 use crate::subagent::Failure;
@@ -14,7 +14,11 @@ pub struct Facts<'a> {
     pub failure: Option<&'a Failure>,
     /// The child's own stop reason (`end_turn`, …), when it gave one.
     pub stop_reason: Option<&'a str>,
+    /// The auth method ids the agent advertised.
     pub auth_methods: &'a [String],
+    /// The provider's configured `auth_method`, when it is part of the failure.
+    pub auth_method: Option<&'a str>,
+    /// Environment variable names (never values) that would satisfy the auth methods.
     pub env_names: &'a [String],
     /// acpd's own fixed remarks, such as a permission fallback.
     pub notes: &'a [&'static str],
@@ -45,6 +49,9 @@ pub fn build(facts: &Facts<'_>) -> String {
     if !facts.auth_methods.is_empty() {
         let ids: Vec<String> = facts.auth_methods.iter().map(|m| token(m)).collect();
         parts.push(format!("auth methods: {}", ids.join(", ")));
+    }
+    if let Some(wanted) = facts.auth_method {
+        parts.push(format!("configured auth_method: {}", token(wanted)));
     }
     if !facts.env_names.is_empty() {
         let names: Vec<String> = facts.env_names.iter().map(|m| token(m)).collect();
@@ -125,6 +132,30 @@ mod tests {
         assert!(!d.contains(' ') || !d.contains("secret prompt"));
         assert!(!d.contains('/'));
         assert!(!d.contains('='));
+    }
+
+    #[test]
+    fn auth_facts_name_methods_and_env_names_only() {
+        let f = Failure {
+            stage: Stage::Initialize,
+            category: Category::Auth,
+            code: None,
+            exit_code: None,
+            signal: None,
+        };
+        let d = build(&Facts {
+            provider: "codex",
+            failure: Some(&f),
+            auth_methods: &["api-key".into(), "chatgpt".into()],
+            auth_method: Some("oauth"),
+            env_names: &["CODEX_API_KEY".into(), "OPENAI_API_KEY".into()],
+            ..Default::default()
+        });
+        assert_eq!(
+            d,
+            "Subagent failure (provider: codex; stage: initialize; category: auth; auth methods: \
+             api-key, chatgpt; configured auth_method: oauth; env: CODEX_API_KEY, OPENAI_API_KEY)"
+        );
     }
 
     proptest! {

@@ -98,8 +98,10 @@ pub fn map_outcome(end: &TurnEnd, cancel_requested: bool) -> Mapped {
             reason,
             reported_failure,
         } => match reason {
-            ChildStopReason::EndTurn => match reported_failure {
-                Some(cat) => fail(Category::Reported(sanitize_category(cat))),
+            ChildStopReason::EndTurn => match reported_failure.as_deref().map(sanitize_category) {
+                // acpd's own auth category: the diagnostic then names what would satisfy it.
+                Some(cat) if cat == Category::Auth.as_str() => fail(Category::Auth),
+                Some(cat) => fail(Category::Reported(cat)),
                 None => plain(StopReason::Completed),
             },
             ChildStopReason::MaxTokens => plain(StopReason::MaxTokens),
@@ -146,6 +148,101 @@ pub fn map_outcome(end: &TurnEnd, cancel_requested: bool) -> Mapped {
     }
 }
 
+/// The category of a typed failure record in a `session/prompt` result's `_meta`, when it
+/// carries one: acpd's own `_meta.acpd.failure.category`, else — only when `air` says the
+/// agent negotiated it at `initialize` — the JetBrains AIR `sessionFailure` record (see
+/// [`air`]). The category is child text: it is sanitized when mapped.
+pub fn reported_failure(meta: &serde_json::Value, air: bool) -> Option<String> {
+    if let Some(category) = meta
+        .pointer("/acpd/failure/category")
+        .and_then(|c| c.as_str())
+    {
+        return Some(category.to_string());
+    }
+    if air {
+        return air::failure_category(meta);
+    }
+    None
+}
+
+/// The JetBrains AIR `sessionFailure` extension, as codex-acp defines it in its
+/// `docs/air-extensions.md` ("Negotiation", "Session failure"). A client is AIR when its
+/// `initialize` carries `clientCapabilities._meta.jetbrains.air = {version: 1, capabilities:
+/// [..]}`; the agent then lists what it supports in the `initialize` result's
+/// `_meta.jetbrains.air.capabilities`. With `sessionFailure` negotiated, a failed turn ends
+/// with `stopReason: end_turn` and the record at `PromptResponse._meta.jetbrains.air.
+/// sessionFailure = {id, revision, category, severity, title, details?, actions}` instead of
+/// a JSON-RPC error — so `end_turn` alone is not success. Auth failures stay ACP's −32000.
+pub mod air {
+    use serde_json::{Map, Value, json};
+
+    /// The capability name, on both sides.
+    pub const SESSION_FAILURE: &str = "sessionFailure";
+
+    /// Adds the opt-in to a client's `clientCapabilities._meta`, keeping every other key: an
+    /// AIR declaration already there keeps its version and capabilities and gains
+    /// `sessionFailure`.
+    pub fn declare(meta: &mut Map<String, Value>) {
+        let jetbrains = meta
+            .entry("jetbrains")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !jetbrains.is_object() {
+            *jetbrains = Value::Object(Map::new());
+        }
+        let Some(jetbrains) = jetbrains.as_object_mut() else {
+            return;
+        };
+        let air = jetbrains
+            .entry("air")
+            .or_insert_with(|| json!({ "version": 1, "capabilities": [] }));
+        let valid = air
+            .get("version")
+            .and_then(Value::as_u64)
+            .is_some_and(|v| v >= 1)
+            && air.get("capabilities").is_some_and(Value::is_array);
+        if !valid {
+            *air = json!({ "version": 1, "capabilities": [] });
+        }
+        if let Some(caps) = air.get_mut("capabilities").and_then(Value::as_array_mut)
+            && !caps.iter().any(|c| c == SESSION_FAILURE)
+        {
+            caps.push(Value::String(SESSION_FAILURE.into()));
+        }
+    }
+
+    /// Whether an agent's `initialize` result `_meta` lists `sessionFailure`.
+    pub fn agent_supports(init_meta: &Value) -> bool {
+        init_meta
+            .pointer("/jetbrains/air/capabilities")
+            .and_then(Value::as_array)
+            .is_some_and(|caps| caps.iter().any(|c| c == SESSION_FAILURE))
+    }
+
+    /// The category of a `session/prompt` result's failure record, when `meta` (the result's
+    /// `_meta`) holds one of severity `error` with a category. A `warning` does not end a turn
+    /// (the document's "Delivery"), so it is not a failure; a record without a category is
+    /// not one either. AIR's `access` (claude-agent-acp's sign-in and access failures, action
+    /// `login`) is acpd's `auth`, so its diagnostic names what would satisfy the agent.
+    pub fn failure_category(meta: &Value) -> Option<String> {
+        let record = meta.pointer("/jetbrains/air/sessionFailure")?;
+        if record.get("severity").and_then(Value::as_str) != Some("error") {
+            return None;
+        }
+        let category = record
+            .get("category")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty())?;
+        Some(
+            if category == "access" {
+                "auth"
+            } else {
+                category
+            }
+            .to_string(),
+        )
+    }
+}
+
 /// A child-reported category is child-controlled text: keep `[a-z0-9-]`, at most 64 bytes.
 fn sanitize_category(raw: &str) -> String {
     let s: String = raw
@@ -187,6 +284,73 @@ mod tests {
         let m = map_outcome(&end, false);
         assert_eq!(m.stop_reason, StopReason::Error);
         assert_eq!(cat(&m), Some("quotaexceeded"));
+    }
+
+    #[test]
+    fn air_declaration_is_added_and_kept() {
+        let mut meta = serde_json::Map::new();
+        air::declare(&mut meta);
+        assert_eq!(
+            serde_json::Value::Object(meta.clone()),
+            serde_json::json!({"jetbrains": {"air": {"version": 1, "capabilities": ["sessionFailure"]}}})
+        );
+        air::declare(&mut meta);
+        assert_eq!(
+            meta["jetbrains"]["air"]["capabilities"]
+                .as_array()
+                .map(Vec::len),
+            Some(1)
+        );
+        let mut theirs = serde_json::json!({
+            "terminal_output": true,
+            "jetbrains": {"air": {"version": 2, "capabilities": ["diffPatch"]}, "other": 1}
+        });
+        air::declare(theirs.as_object_mut().unwrap());
+        assert_eq!(
+            theirs,
+            serde_json::json!({
+                "terminal_output": true,
+                "jetbrains": {"air": {"version": 2, "capabilities": ["diffPatch", "sessionFailure"]}, "other": 1}
+            })
+        );
+    }
+
+    #[test]
+    fn air_agent_support_and_records() {
+        let init = serde_json::json!({"steering": {"supported": true},
+            "jetbrains": {"air": {"version": 1, "capabilities": ["diffPatch", "sessionFailure"]}}});
+        assert!(air::agent_supports(&init));
+        assert!(!air::agent_supports(
+            &serde_json::json!({"steering": {"supported": true}})
+        ));
+        let record = |severity: &str| {
+            serde_json::json!({"quota": {}, "jetbrains": {"air": {"version": 1, "sessionFailure": {
+                "id": "turn-7:error", "revision": 1, "category": "limit", "severity": severity,
+                "title": "You've hit your usage limit.", "actions": []}}}})
+        };
+        assert_eq!(
+            air::failure_category(&record("error")).as_deref(),
+            Some("limit")
+        );
+        assert_eq!(air::failure_category(&record("warning")), None);
+        assert_eq!(
+            reported_failure(&record("error"), true).as_deref(),
+            Some("limit")
+        );
+        // Not negotiated: the record is not read.
+        assert_eq!(reported_failure(&record("error"), false), None);
+        let access = serde_json::json!({"jetbrains": {"air": {"sessionFailure": {
+            "id": "t:error", "revision": 1, "category": "access", "severity": "error",
+            "title": "Sign in to continue using Claude.", "actions": ["login"]}}}});
+        assert_eq!(air::failure_category(&access).as_deref(), Some("auth"));
+        let end = TurnEnd::Stopped {
+            reason: ChildStopReason::EndTurn,
+            reported_failure: reported_failure(&access, true),
+        };
+        let m = map_outcome(&end, false);
+        assert_eq!(m.failure.map(|f| f.category), Some(Category::Auth));
+        let acpd = serde_json::json!({"acpd": {"failure": {"category": "quota"}}});
+        assert_eq!(reported_failure(&acpd, false).as_deref(), Some("quota"));
     }
 
     #[test]

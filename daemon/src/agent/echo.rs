@@ -43,6 +43,8 @@ pub(super) struct Agent {
     pub authenticated: Mutex<Option<String>>,
     /// Whether the client's `initialize` had `clientCapabilities.subagents`.
     pub client_subagents: AtomicBool,
+    /// With `--air`: the client negotiated AIR's `sessionFailure` at `initialize`.
+    pub client_air: AtomicBool,
     /// The methods of the `_` notifications received, in order (`:ext`).
     pub ext_seen: Mutex<Vec<String>>,
     /// The running `:subagent-hang` sessions, so `session/cancel` can reach them.
@@ -159,6 +161,7 @@ pub(super) async fn serve(args: EchoArgs) -> i32 {
         deaf,
         authenticated: Mutex::new(None),
         client_subagents: AtomicBool::new(false),
+        client_air: AtomicBool::new(false),
         ext_seen: Mutex::new(Vec::new()),
         subagents: Mutex::new(HashMap::new()),
     });
@@ -312,10 +315,10 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
             eprintln!("acpd agent echo: {e}");
         }
         let answer = match end {
-            TurnEnd::Stop { reason, failure } => {
+            TurnEnd::Stop { reason, meta } => {
                 let mut result = json!({ "stopReason": reason });
-                if let Some(category) = failure {
-                    result["_meta"] = json!({"acpd": {"failure": {"category": category}}});
+                if let Some(meta) = meta {
+                    result["_meta"] = meta;
                 }
                 envelope::encode_result(&id, &envelope::to_raw(&result))
             }

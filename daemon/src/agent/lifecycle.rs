@@ -24,12 +24,21 @@ pub(super) async fn handle(agent: &Arc<Agent>, method: &str, params: Option<&Raw
     let store = agent.store.as_ref();
     match (method, store) {
         ("initialize", _) => {
-            let subagents = parse_params::<serde_json::Value>(params)
-                .ok()
-                .and_then(|p| p.pointer("/clientCapabilities/subagents").cloned())
+            let params = parse_params::<serde_json::Value>(params).ok();
+            let subagents = params
+                .as_ref()
+                .and_then(|p| p.pointer("/clientCapabilities/subagents"))
                 .is_some_and(|v| !v.is_null());
             agent.client_subagents.store(subagents, Ordering::Release);
-            Ok(initialize_result(&agent.args))
+            let air = agent.args.air && params.as_ref().is_some_and(declares_air_session_failure);
+            agent.client_air.store(air, Ordering::Release);
+            let mut result = initialize_result(&agent.args);
+            if air {
+                result["_meta"] = json!({"jetbrains": {"air": {
+                    "version": 1, "capabilities": ["sessionFailure"],
+                }}});
+            }
+            Ok(result)
         }
         ("authenticate", _) if !agent.args.auth.is_empty() => authenticate(agent, params),
         ("session/new", _) => {
@@ -57,6 +66,21 @@ pub(super) async fn handle(agent: &Arc<Agent>, method: &str, params: Option<&Raw
         }
         (other, _) => Err(RpcError::method_not_found(other)),
     }
+}
+
+/// codex-acp's rule for an AIR client: `clientCapabilities._meta.jetbrains.air` with an
+/// integer `version` of at least 1 and a `capabilities` array holding the exact name.
+fn declares_air_session_failure(params: &serde_json::Value) -> bool {
+    let Some(air) = params.pointer("/clientCapabilities/_meta/jetbrains/air") else {
+        return false;
+    };
+    air.get("version")
+        .and_then(serde_json::Value::as_u64)
+        .is_some_and(|v| v >= 1)
+        && air
+            .get("capabilities")
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|c| c.iter().any(|c| c == "sessionFailure"))
 }
 
 fn initialize_result(args: &EchoArgs) -> serde_json::Value {

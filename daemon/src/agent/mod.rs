@@ -47,6 +47,10 @@ PROMPT SCRIPT
                         (message defaults to \"scripted error\")
   :meta-failure CATEGORY
                         end the turn with end_turn and _meta.acpd.failure.category CATEGORY
+  :air-failure CATEGORY with --air and a client that declared AIR's sessionFailure, end the
+                        turn with end_turn and the record _meta.jetbrains.air.sessionFailure
+                        {id, revision 1, CATEGORY, severity error, title, actions [retry]};
+                        otherwise answer JSON-RPC error -32603, as codex-acp does
   :crash CODE           flush what was sent, then exit with CODE without answering
   :signal NAME          flush, then kill this process with signal NAME (SIGKILL, segv, 9...)
   :chunks N SIZE        stream N agent_message_chunks of SIZE bytes of filler text
@@ -188,6 +192,11 @@ pub struct EchoArgs {
     /// that opted in with clientCapabilities.subagents.
     #[arg(long)]
     pub subagents: bool,
+    /// Speak codex-acp's AIR session-failure extension: to a client that declares
+    /// clientCapabilities._meta.jetbrains.air with "sessionFailure", advertise it in the
+    /// initialize result's _meta and end :air-failure turns with the typed record.
+    #[arg(long)]
+    pub air: bool,
 }
 
 /// Runs the agent until stdin closes; returns the process exit code.
@@ -299,6 +308,7 @@ mod tests {
             "stop",
             "error",
             "meta-failure",
+            "air-failure",
             "crash",
             "signal",
             "chunks",

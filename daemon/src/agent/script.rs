@@ -25,6 +25,7 @@ pub enum Step {
         message: String,
     },
     MetaFailure(String),
+    AirFailure(String),
     Crash(i32),
     Signal(Signal),
     Chunks {
@@ -140,6 +141,7 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
             }
         }
         "meta-failure" => Step::MetaFailure(required(rest, "CATEGORY")?),
+        "air-failure" => Step::AirFailure(single(rest, "CATEGORY")?),
         "crash" => Step::Crash(number(&single(rest, "CODE")?, "CODE")?),
         "signal" => Step::Signal(signal(&single(rest, "NAME")?)?),
         "chunks" => {

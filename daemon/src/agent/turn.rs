@@ -35,10 +35,10 @@ pub(super) fn text_update(text: &str) -> serde_json::Value {
 
 /// How a turn ended, i.e. how `session/prompt` is answered.
 pub(super) enum TurnEnd {
-    /// A result with this stop reason and, if set, a typed failure category in `_meta`.
+    /// A result with this stop reason and, if set, this `_meta` (a typed failure record).
     Stop {
         reason: String,
-        failure: Option<String>,
+        meta: Option<serde_json::Value>,
     },
     Error(RpcError),
 }
@@ -70,7 +70,7 @@ impl Around {
 pub(super) fn stop(reason: &str) -> TurnEnd {
     TurnEnd::Stop {
         reason: reason.to_string(),
-        failure: None,
+        meta: None,
     }
 }
 
@@ -139,6 +139,34 @@ impl Turn<'_> {
         }
     }
 
+    /// As codex-acp ends a failed turn: to a client that negotiated AIR's `sessionFailure`,
+    /// `end_turn` with the record in `_meta.jetbrains.air`; to any other, a JSON-RPC error.
+    fn air_failure(&self, category: &str) -> TurnEnd {
+        if !self
+            .agent
+            .client_air
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return TurnEnd::Error(RpcError::new(
+                acpd_protocol::envelope::INTERNAL_ERROR,
+                "scripted failure",
+            ));
+        }
+        TurnEnd::Stop {
+            reason: "end_turn".into(),
+            meta: Some(
+                json!({"jetbrains": {"air": {"version": 1, "sessionFailure": {
+                    "id": format!("{}:error", self.session_id),
+                    "revision": 1,
+                    "category": category,
+                    "severity": "error",
+                    "title": "scripted failure",
+                    "actions": ["retry"],
+                }}}}),
+            ),
+        }
+    }
+
     fn around(&self) -> std::sync::MutexGuard<'_, Around> {
         self.around.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -154,9 +182,10 @@ impl Turn<'_> {
             Step::MetaFailure(category) => {
                 return Some(TurnEnd::Stop {
                     reason: "end_turn".into(),
-                    failure: Some(category),
+                    meta: Some(json!({"acpd": {"failure": {"category": category}}})),
                 });
             }
+            Step::AirFailure(category) => return Some(self.air_failure(&category)),
             Step::Crash(code) => self.agent.exit(code).await,
             Step::Signal(sig) => self.kill_self(sig).await,
             Step::Chunks { count, size } => self.chunks(count, size).await,

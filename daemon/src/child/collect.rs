@@ -3,12 +3,18 @@
 //! prompt, since a grandchild may hold the pipe open), a bad line (also just before the
 //! answer), a child that stops reading, the idle and run limits, or a cancel that the child
 //! confirms within `cancel_grace` or not.
+//!
+//! `end_turn` is not always success: a typed failure record in the answer's `_meta` (acpd's
+//! own, or AIR's `sessionFailure` when the agent negotiated it) makes the turn an `error` with
+//! the record's category. And a quiet child is not always hung: while a permission request
+//! waits on someone or a tool call the child reported is still pending or in progress, the
+//! idle clock does not run (a long build or test run says nothing until it ends).
 
 use std::collections::HashSet;
 
 use acpd_protocol::acp::{CancelNotification, ContentBlock, PromptRequest};
 use acpd_protocol::envelope::{self, Id, Message, RpcError};
-use acpd_protocol::outcome::{ChildStopReason, TurnEnd};
+use acpd_protocol::outcome::{self, ChildStopReason, TurnEnd, air};
 use acpd_protocol::permission::{self, Decision, PolicyAnswer};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -26,6 +32,10 @@ use crate::wire::sleep_until_opt;
 /// Permission requests of one turn waiting on whoever answers them, at most.
 const MAX_ASKS: usize = 64;
 
+/// Tool calls of one turn tracked as running, at most (memory only: one open call already
+/// holds the idle clock; the run's `run_timeout` still bounds the turn).
+const MAX_OPEN_TOOLS: usize = 1024;
+
 const NOTE_NOBODY_TO_ASK: &str = "permission: forwarded request rejected (nobody to ask)";
 
 #[derive(Deserialize)]
@@ -34,6 +44,11 @@ struct UpdateHead<'a> {
     session_update: std::borrow::Cow<'a, str>,
     #[serde(borrow, default)]
     content: Option<&'a RawValue>,
+    /// `tool_call` and `tool_call_update`.
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    status: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +72,8 @@ struct Turn {
     /// Permission requests waiting on whoever answers them, by the child's request id.
     asks: Asked,
     pending_asks: HashSet<Id>,
+    /// Tool calls the child reported as pending or in progress and not yet as ended.
+    open_tools: HashSet<String>,
 }
 
 pub(super) async fn turn(
@@ -70,6 +87,7 @@ pub(super) async fn turn(
         notes: Vec::new(),
         asks: FuturesUnordered::new(),
         pending_asks: HashSet::new(),
+        open_tools: HashSet::new(),
     };
     let (end, child_stop_reason) = drive(d, prompt, &ctl, &mut t).await;
     // Whatever is still waiting for an answer gets `cancelled`: the turn is over.
@@ -119,7 +137,10 @@ async fn drive(
     let mut exited: Option<(std::process::ExitStatus, Instant)> = None;
     let deaf = d.wire.out.broken();
     loop {
-        let idle_armed = ending.is_none() && cancel_deadline.is_none() && t.pending_asks.is_empty();
+        let idle_armed = ending.is_none()
+            && cancel_deadline.is_none()
+            && t.pending_asks.is_empty()
+            && t.open_tools.is_empty();
         let last_words = exited.map(|(_, at)| at);
         tokio::select! {
             biased;
@@ -244,12 +265,11 @@ fn stopped(d: &Driver, raw: &RawValue, ending: Option<TurnEnd>) -> (TurnEnd, Opt
             return (ending.unwrap_or(TurnEnd::Protocol), None);
         }
     };
+    let air = air::agent_supports(&d.shared.agent.meta);
     let reported_failure = reply
         .meta
         .as_ref()
-        .and_then(|m| m.pointer("/acpd/failure/category"))
-        .and_then(|c| c.as_str())
-        .map(str::to_string);
+        .and_then(|m| outcome::reported_failure(m, air));
     let end = ending.unwrap_or(TurnEnd::Stopped {
         reason: ChildStopReason::parse(&reply.stop_reason),
         reported_failure,
@@ -282,6 +302,10 @@ async fn on_notification(
     let Ok(head) = serde_json::from_str::<UpdateHead<'_>>(update.get()) else {
         return;
     };
+    if matches!(&*head.session_update, "tool_call" | "tool_call_update") {
+        track_tool(&mut t.open_tools, &head);
+        return;
+    }
     if head.session_update != "agent_message_chunk" {
         return;
     }
@@ -299,6 +323,27 @@ async fn on_notification(
         Err(e) => {
             tracing::debug!(run = %d.shared.log_id, "ignoring an unreadable content block: {e}")
         }
+    }
+}
+
+/// Follows a tool call's status: `pending` or `in_progress` (a new `tool_call` without one is
+/// `pending`, as ACP defaults it) holds the idle clock; `completed`, `failed` or any other
+/// status releases it. An update that names no status changes nothing.
+fn track_tool(open: &mut HashSet<String>, head: &UpdateHead<'_>) {
+    let Some(id) = head.tool_call_id.as_deref() else {
+        return;
+    };
+    let status = match (head.status.as_deref(), &*head.session_update) {
+        (Some(s), _) => s,
+        (None, "tool_call") => "pending",
+        (None, _) => return,
+    };
+    if matches!(status, "pending" | "in_progress") {
+        if open.len() < MAX_OPEN_TOOLS {
+            open.insert(id.to_string());
+        }
+    } else {
+        open.remove(id);
     }
 }
 

@@ -1,13 +1,15 @@
-//! Spawn and handshake: `initialize` (protocol version 1 checked), then `session/new`. The
-//! handshake reads the child inline, like the driver after it; requests the child makes
-//! meanwhile are refused and notifications dropped. Anything that goes wrong tears the child
-//! down before the failure is returned.
+//! Spawn and handshake: `initialize` (protocol version 1 checked), `authenticate` with the
+//! provider's `auth_method` when it names one, then `session/new`. The handshake reads the
+//! child inline, like the driver after it; requests the child makes meanwhile are refused and
+//! notifications dropped. Anything that goes wrong tears the child down before the failure is
+//! returned.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use acpd_protocol::acp::{ClientCapabilities, Implementation, InitializeRequest};
 use acpd_protocol::envelope::{self, Id, Message, RpcError};
+use acpd_protocol::outcome::air;
 use acpd_protocol::subagent::{Category, Stage};
 use agent_client_protocol::schema::ProtocolVersion;
 use serde::Deserialize;
@@ -65,20 +67,44 @@ pub(super) async fn start(
         method: "session/new",
         params: spec.session.new_session_params(&spec.cwd),
     };
+    let client_capabilities = if spec.relay {
+        client_capabilities
+    } else {
+        collect_capabilities(client_capabilities)
+    };
     initialize(spec, client_capabilities, cancel)
         .await?
         .open(open, cancel)
         .await
 }
 
-/// Spawns the child and runs `initialize`. On failure the child's whole tree is gone.
+/// A run's child has acpd itself as its client, which reads typed failure records: it opts
+/// in to AIR's `sessionFailure` (an agent that knows it then ends a failed turn with a record
+/// instead of a bare error, or a bare `end_turn`). A bridge session's child is never opted in
+/// behind its editor's back: the agent would then answer a failed prompt with `end_turn`, which
+/// an editor that does not read AIR records shows as success.
+fn collect_capabilities(mut caps: ClientCapabilities) -> ClientCapabilities {
+    air::declare(caps.meta.get_or_insert_with(Default::default));
+    caps
+}
+
+/// Spawns the child, runs `initialize`, and `authenticate` with the provider's `auth_method`
+/// when it names one. On failure the child's whole tree is gone.
 pub async fn initialize(
     spec: ChildSpec,
     client_capabilities: ClientCapabilities,
     cancel: &CancellationToken,
 ) -> Result<Initialized, StartFailure> {
     let h = spawn(spec).await?;
-    Initialized::handshake(h, client_capabilities, cancel).await
+    Initialized::handshake(h, client_capabilities, Auth::Configured, cancel).await
+}
+
+/// Whether a handshake authenticates with the provider's `auth_method`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Auth {
+    Configured,
+    /// A probe only learns what the agent says about itself.
+    Skip,
 }
 
 /// How a child's session comes to be.
@@ -127,10 +153,20 @@ impl Initialized {
     async fn handshake(
         mut h: Handshake,
         client_capabilities: ClientCapabilities,
+        auth: Auth,
         cancel: &CancellationToken,
     ) -> Result<Initialized, StartFailure> {
         let deadline = Instant::now() + h.spec.provider.handshake_timeout;
-        match h.initialize(client_capabilities, deadline, cancel).await {
+        let agent = match h.initialize(client_capabilities, deadline, cancel).await {
+            Ok(agent) if auth == Auth::Configured => {
+                match h.authenticate(&agent, deadline, cancel).await {
+                    Ok(()) => Ok(agent),
+                    Err(e) => Err(e.with_advertised(&agent)),
+                }
+            }
+            other => other,
+        };
+        match agent {
             Ok(agent) => {
                 let graces = Graces {
                     eof: h.spec.provider.eof_grace,
@@ -183,7 +219,7 @@ impl Initialized {
             .await
         {
             Ok(raw) => Ok(raw),
-            Err(e @ StartFailure::Refused { .. }) => Err(e),
+            Err(e @ StartFailure::Refused { .. }) => Err(e.with_advertised(&self.agent)),
             Err(e) => {
                 self.h.teardown().await;
                 Err(e)
@@ -214,7 +250,7 @@ impl Initialized {
                     .await
                 {
                     Ok(r) => r,
-                    Err(e) => return Err(self.h.fail(e).await),
+                    Err(e) => return Err(self.h.fail(e.with_advertised(&self.agent)).await),
                 }
             }
             Open::Existing { child_session_id } => {
@@ -249,7 +285,9 @@ impl Initialized {
 /// Spawns the child, runs `initialize` only, and tears it down: what the agent says about
 /// itself, learned before a run's own child is spawned.
 pub async fn probe(spec: ChildSpec, cancel: &CancellationToken) -> Result<AgentInfo, StartFailure> {
-    let ready = initialize(spec, ClientCapabilities::default(), cancel).await?;
+    let h = spawn(spec).await?;
+    let ready =
+        Initialized::handshake(h, ClientCapabilities::default(), Auth::Skip, cancel).await?;
     let agent = ready.agent.clone();
     ready.close().await;
     Ok(agent)
@@ -308,7 +346,8 @@ pub(super) async fn start_over(
         method: "session/new",
         params: h.spec.session.new_session_params(&h.spec.cwd),
     };
-    Initialized::handshake(h, ClientCapabilities::default(), &cancel)
+    let caps = collect_capabilities(ClientCapabilities::default());
+    Initialized::handshake(h, caps, Auth::Configured, &cancel)
         .await?
         .open(open, &cancel)
         .await
@@ -382,6 +421,29 @@ impl Handshake {
         })
     }
 
+    /// `authenticate {methodId}` with the provider's `auth_method`, when it names one the
+    /// agent advertised; one it did not advertise fails the start, naming those it did.
+    async fn authenticate(
+        &mut self,
+        agent: &AgentInfo,
+        deadline: Instant,
+        cancel: &CancellationToken,
+    ) -> Result<(), StartFailure> {
+        let Some(method) = self.spec.provider.auth_method.clone() else {
+            return Ok(());
+        };
+        if !agent.auth_method_ids.contains(&method) {
+            return Err(StartFailure::AuthMethod {
+                wanted: method,
+                advertised: agent.auth_method_ids.clone(),
+            });
+        }
+        let params = envelope::to_raw(&serde_json::json!({ "methodId": method }));
+        self.exchange(Stage::Initialize, "authenticate", &params, deadline, cancel)
+            .await
+            .map(drop)
+    }
+
     /// Logs a failed start and tears the child down.
     async fn fail(&self, e: StartFailure) -> StartFailure {
         if let StartFailure::Cancelled { .. } = e {
@@ -445,6 +507,7 @@ impl Handshake {
                 stage,
                 method: method.to_string(),
                 error: Box::new(error),
+                advertised: Vec::new(),
             },
             Interrupt::Exited(status) => {
                 let mut f = failure(stage, Category::ProcessExit);

@@ -123,6 +123,16 @@ pub enum StartFailure {
         stage: Stage,
         method: String,
         error: Box<RpcError>,
+        /// The auth method ids the agent advertised (empty before `initialize` answered), so
+        /// an auth failure's diagnostic can name them.
+        advertised: Vec<String>,
+    },
+    /// The provider's `auth_method` is not among the methods the agent advertised: acpd does
+    /// not call `authenticate` with an id the agent never offered.
+    #[error("initialize failed: auth_method \"{wanted}\" is not advertised by the agent (it offers: {})", if advertised.is_empty() { "none".to_string() } else { advertised.join(", ") })]
+    AuthMethod {
+        wanted: String,
+        advertised: Vec<String>,
     },
     #[error("cancelled during {}", stage.as_str())]
     Cancelled { stage: Stage },
@@ -134,8 +144,13 @@ impl StartFailure {
         match self {
             StartFailure::Spawn(_) => failure(Stage::Spawn, Category::Spawn),
             StartFailure::Handshake { failure, .. } => failure.clone(),
-            StartFailure::Refused { stage, error, .. } => {
-                let category = if error.code == AUTH_REQUIRED {
+            StartFailure::Refused {
+                stage,
+                error,
+                method,
+                ..
+            } => {
+                let category = if error.code == AUTH_REQUIRED || method == "authenticate" {
                     Category::Auth
                 } else {
                     Category::Rpc
@@ -144,10 +159,36 @@ impl StartFailure {
                 f.code = Some(error.code);
                 f
             }
+            StartFailure::AuthMethod { .. } => failure(Stage::Initialize, Category::Auth),
             StartFailure::Cancelled { stage } => {
                 failure(*stage, Category::Reported("cancelled".into()))
             }
         }
+    }
+
+    /// The auth method ids the agent advertised, when the failure knows them.
+    pub fn advertised_auth_methods(&self) -> &[String] {
+        match self {
+            StartFailure::Refused { advertised, .. }
+            | StartFailure::AuthMethod { advertised, .. } => advertised,
+            _ => &[],
+        }
+    }
+
+    /// The configured `auth_method` the agent did not advertise.
+    pub fn unadvertised_auth_method(&self) -> Option<&str> {
+        match self {
+            StartFailure::AuthMethod { wanted, .. } => Some(wanted),
+            _ => None,
+        }
+    }
+
+    /// Names what the agent advertised in a refusal that came after `initialize`.
+    fn with_advertised(mut self, agent: &AgentInfo) -> StartFailure {
+        if let StartFailure::Refused { advertised, .. } = &mut self {
+            advertised.clone_from(&agent.auth_method_ids);
+        }
+        self
     }
 }
 

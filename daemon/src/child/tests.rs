@@ -86,6 +86,26 @@ fn provider(tweak: impl FnOnce(&mut ProviderConfig)) -> ProviderConfig {
 
 /// A started child whose agent is `Fake`; time is paused once the stand-in process runs.
 async fn start(p: ProviderConfig, relay: bool) -> (Child, Fake) {
+    let (child, fake, _) = start_with(p, relay, json!({ "protocolVersion": 1 })).await;
+    (child.unwrap(), fake)
+}
+
+/// What the fake agent saw during the handshake.
+#[derive(Debug, Default)]
+struct Handshook {
+    initialize: serde_json::Value,
+    /// The `methodId` of each `authenticate`, in order.
+    authenticated: Vec<String>,
+    session_new: bool,
+}
+
+/// As [`start`], the agent answering `initialize` with `init`, `authenticate` with `{}`, and
+/// `session/new`; the start's own result (it may fail) and what the agent saw.
+async fn start_with(
+    p: ProviderConfig,
+    relay: bool,
+    init: serde_json::Value,
+) -> (Result<Child, super::StartFailure>, Fake, Handshook) {
     supervise::init();
     let spawned = supervise::spawn(SpawnSpec {
         argv: p.command.clone(),
@@ -110,18 +130,36 @@ async fn start(p: ProviderConfig, relay: bool) -> (Child, Fake) {
         session: "child-session".into(),
     };
     let agent = tokio::spawn(async move {
-        let (id, _) = fake.request("initialize").await;
-        fake.send(&[Fake::answer(&id, json!({ "protocolVersion": 1 }))])
-            .await;
-        let (id, _) = fake.request("session/new").await;
-        let reply = Fake::answer(&id, json!({ "sessionId": fake.session }));
-        fake.send(&[reply]).await;
-        fake
+        let mut seen = Handshook::default();
+        // Until `session/new`, or until acpd gives up on the child and closes the wire.
+        while let Some(Ok(Message::Request { id, method, params })) = fake.reader.next().await {
+            let params: serde_json::Value = params
+                .map(|p| serde_json::from_str(p.get()).unwrap())
+                .unwrap_or_default();
+            let reply = match method.as_str() {
+                "initialize" => {
+                    seen.initialize = params;
+                    init.clone()
+                }
+                "authenticate" => {
+                    seen.authenticated
+                        .push(params["methodId"].as_str().unwrap_or("?").to_string());
+                    json!({})
+                }
+                "session/new" => json!({ "sessionId": fake.session }),
+                other => panic!("the agent did not expect {other}"),
+            };
+            fake.send(&[Fake::answer(&id, reply)]).await;
+            if method == "session/new" {
+                seen.session_new = true;
+                break;
+            }
+        }
+        (fake, seen)
     });
-    let child = super::launch::start_over(spec, spawned, Box::new(driver_out), driver_in)
-        .await
-        .unwrap();
-    (child, agent.await.unwrap())
+    let child = super::launch::start_over(spec, spawned, Box::new(driver_out), driver_in).await;
+    let (fake, seen) = agent.await.unwrap();
+    (child, fake, seen)
 }
 
 fn control() -> TurnControl {
@@ -541,5 +579,225 @@ async fn relay_passes_a_parents_extension_notification_to_the_child() {
         }
         other => panic!("{other:?}"),
     }
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn the_configured_auth_method_is_sent_after_initialize_and_before_session_new() {
+    let p = provider(|p| p.auth_method = Some("key".into()));
+    let init = json!({ "protocolVersion": 1, "authMethods": [{ "id": "other" }, { "id": "key" }] });
+    let (child, _fake, seen) = start_with(p, false, init).await;
+    let child = child.unwrap();
+    assert_eq!(seen.authenticated, ["key"]);
+    assert!(seen.session_new);
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn an_auth_method_the_agent_does_not_advertise_fails_the_start_naming_what_it_does() {
+    let p = provider(|p| p.auth_method = Some("nope".into()));
+    let init = json!({ "protocolVersion": 1, "authMethods": [{ "id": "key" }] });
+    let (child, _fake, seen) = start_with(p, false, init).await;
+    let Err(e) = child else {
+        panic!("the start must fail")
+    };
+    assert!(
+        seen.authenticated.is_empty() && !seen.session_new,
+        "{seen:?}"
+    );
+    assert_eq!(e.failure().category.as_str(), "auth");
+    assert_eq!(e.advertised_auth_methods(), ["key"]);
+    assert_eq!(e.unadvertised_auth_method(), Some("nope"));
+    assert!(e.to_string().contains("it offers: key"), "{e}");
+}
+
+#[tokio::test]
+async fn without_auth_method_nothing_is_authenticated() {
+    let init = json!({ "protocolVersion": 1, "authMethods": [{ "id": "key" }] });
+    let (child, _fake, seen) = start_with(provider(|_| {}), false, init).await;
+    assert!(seen.authenticated.is_empty() && seen.session_new);
+    child.unwrap().shut().await;
+}
+
+#[tokio::test]
+async fn auth_required_at_session_new_names_the_advertised_methods() {
+    supervise::init();
+    let p = provider(|_| {});
+    let spawned = supervise::spawn(SpawnSpec {
+        argv: p.command.clone(),
+        cwd: "/".into(),
+        env: vec![],
+    })
+    .await
+    .unwrap();
+    let (driver_out, agent_out) = tokio::io::duplex(64 * 1024);
+    let (agent_in, driver_in) = tokio::io::duplex(64 * 1024);
+    let spec = ChildSpec::new(Arc::new(p), "test".into(), "/".into(), 1, 2);
+    let mut fake = Fake {
+        reader: LineReader::new(agent_in, spec.limits),
+        writer: agent_out,
+        session: "child-session".into(),
+    };
+    let agent = tokio::spawn(async move {
+        let (id, _) = fake.request("initialize").await;
+        let init = json!({ "protocolVersion": 1, "authMethods": [{ "id": "a" }, { "id": "b" }] });
+        fake.send(&[Fake::answer(&id, init)]).await;
+        let (id, _) = fake.request("session/new").await;
+        let refusal = json!({ "jsonrpc": "2.0", "id": id,
+            "error": { "code": -32000, "message": "Authentication required" } });
+        fake.send(&[refusal.to_string()]).await;
+        fake
+    });
+    let started = super::launch::start_over(spec, spawned, Box::new(driver_out), driver_in).await;
+    let _fake = agent.await.unwrap();
+    let Err(e) = started else {
+        panic!("the start must fail")
+    };
+    let f = e.failure();
+    assert_eq!(
+        (f.stage.as_str(), f.category.as_str(), f.code),
+        ("session-new", "auth", Some(-32000))
+    );
+    assert_eq!(e.advertised_auth_methods(), ["a", "b"]);
+}
+
+/// The initialize result of an agent that speaks AIR's `sessionFailure` (as codex-acp answers
+/// a client that declared it).
+fn air_init() -> serde_json::Value {
+    json!({ "protocolVersion": 1, "_meta": { "steering": { "supported": true },
+        "jetbrains": { "air": { "version": 1, "capabilities": ["sessionFailure", "diffPatch"] } } } })
+}
+
+/// A failed turn as codex-acp reports it to an AIR client: `end_turn` with the record.
+fn air_failed(id: &Id, category: &str, severity: &str) -> String {
+    Fake::answer(
+        id,
+        json!({ "stopReason": "end_turn", "_meta": { "quota": {}, "jetbrains": { "air": {
+            "version": 1, "sessionFailure": { "id": "turn-7:error", "revision": 1,
+            "category": category, "severity": severity, "title": "You've hit your usage limit.",
+            "actions": [] } } } } }),
+    )
+}
+
+async fn one_turn(
+    child: &Child,
+    fake: &mut Fake,
+    answer: impl FnOnce(&Id) -> String,
+) -> TurnReport {
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), control()).await }
+    });
+    let (id, _) = fake.request("session/prompt").await;
+    fake.send(&[fake.chunk("partial"), answer(&id)]).await;
+    turn.await.unwrap()
+}
+
+#[tokio::test]
+async fn a_run_child_is_opted_in_to_air_session_failure_at_initialize() {
+    let (child, _fake, seen) = start_with(provider(|_| {}), false, air_init()).await;
+    assert_eq!(
+        seen.initialize["clientCapabilities"]["_meta"]["jetbrains"]["air"],
+        json!({ "version": 1, "capabilities": ["sessionFailure"] }),
+        "{}",
+        seen.initialize
+    );
+    child.unwrap().shut().await;
+}
+
+#[tokio::test]
+async fn an_air_session_failure_on_end_turn_is_a_reported_failure() {
+    let (child, mut fake, _) = start_with(provider(|_| {}), false, air_init()).await;
+    let child = child.unwrap();
+    let report = one_turn(&child, &mut fake, |id| air_failed(id, "limit", "error")).await;
+    assert_eq!(
+        report.end,
+        TurnEnd::Stopped {
+            reason: ChildStopReason::EndTurn,
+            reported_failure: Some("limit".into())
+        }
+    );
+    assert_eq!(text(&report), "partial");
+    assert!(!report.child_spent, "the agent can take another turn");
+    // A warning does not end a turn as a failure.
+    let report = one_turn(&child, &mut fake, |id| {
+        air_failed(id, "connection", "warning")
+    })
+    .await;
+    assert!(
+        matches!(
+            report.end,
+            TurnEnd::Stopped {
+                reported_failure: None,
+                ..
+            }
+        ),
+        "{report:?}"
+    );
+    child.shut().await;
+}
+
+#[tokio::test]
+async fn an_air_record_from_an_agent_that_did_not_negotiate_it_is_not_read() {
+    let (child, mut fake) = start(provider(|_| {}), false).await;
+    let report = one_turn(&child, &mut fake, |id| air_failed(id, "limit", "error")).await;
+    assert!(
+        matches!(
+            report.end,
+            TurnEnd::Stopped {
+                reported_failure: None,
+                ..
+            }
+        ),
+        "{report:?}"
+    );
+    child.shut().await;
+}
+
+fn tool_update(fake: &Fake, kind: &str, id: &str, status: Option<&str>) -> String {
+    let mut update = json!({ "sessionUpdate": kind, "toolCallId": id, "title": "cargo test" });
+    if let Some(status) = status {
+        update["status"] = json!(status);
+    }
+    json!({ "jsonrpc": "2.0", "method": "session/update",
+        "params": { "sessionId": fake.session, "update": update } })
+    .to_string()
+}
+
+#[tokio::test]
+async fn a_long_tool_call_is_not_hung_and_the_idle_clock_restarts_when_it_ends() {
+    let (child, mut fake) = start(provider(|_| {}), false).await;
+    let turn = tokio::spawn({
+        let child = child.clone();
+        async move { child.prompt(prompt(), control()).await }
+    });
+    fake.request("session/prompt").await;
+    // Two tool calls: one reported pending (no status), one in progress; a quiet minute.
+    fake.send(&[
+        tool_update(&fake, "tool_call", "t1", None),
+        tool_update(&fake, "tool_call", "t2", Some("in_progress")),
+    ])
+    .await;
+    let quiet = tokio::time::timeout(Duration::from_secs(60), fake.next()).await;
+    assert!(quiet.is_err(), "no cancel while tool calls run: {quiet:?}");
+    // An update without a status changes nothing; t1 ends; t2 still holds the clock.
+    fake.send(&[
+        tool_update(&fake, "tool_call_update", "t2", None),
+        tool_update(&fake, "tool_call_update", "t1", Some("completed")),
+    ])
+    .await;
+    let quiet = tokio::time::timeout(Duration::from_secs(60), fake.next()).await;
+    assert!(quiet.is_err(), "t2 still runs: {quiet:?}");
+    fake.send(&[tool_update(&fake, "tool_call_update", "t2", Some("failed"))])
+        .await;
+    let ended = Instant::now();
+    fake.notification("session/cancel").await;
+    at(
+        ended,
+        Duration::from_secs(10),
+        "idle counts from the last tool call's end",
+    );
+    let report = turn.await.unwrap();
+    assert!(matches!(report.end, TurnEnd::Idle), "{report:?}");
     child.shut().await;
 }

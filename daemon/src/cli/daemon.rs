@@ -328,7 +328,54 @@ fn print_runs(v: &Value) -> std::io::Result<()> {
     Ok(())
 }
 
-/// For each provider: spawn it, run `initialize`, report what it says, tear it down.
+/// What `doctor` says about a provider's authentication.
+struct AuthReport {
+    text: String,
+    /// False when the configured `auth_method` is not advertised: every start would fail.
+    ok: bool,
+}
+
+/// The advertised auth method ids, the configured `auth_method` and whether the environment
+/// variables that would satisfy them are set in acpd's environment — names only, never values.
+fn auth_report(
+    provider: &crate::config::ProviderConfig,
+    agent: &crate::child::AgentInfo,
+    is_set: impl Fn(&str) -> bool,
+) -> AuthReport {
+    let ids = &agent.auth_method_ids;
+    let mut text = if ids.is_empty() {
+        "none advertised".to_string()
+    } else {
+        ids.join(", ")
+    };
+    let mut ok = true;
+    if let Some(wanted) = &provider.auth_method {
+        if ids.contains(wanted) {
+            text.push_str(&format!("; auth_method {wanted} is advertised"));
+        } else {
+            ok = false;
+            text.push_str(&format!(
+                "; auth_method {wanted} is NOT advertised (starts fail)"
+            ));
+        }
+    }
+    let env = crate::registry::auth_env_names(provider.preset.as_deref(), ids);
+    if env.is_empty() {
+        if !ids.is_empty() {
+            text.push_str("; no environment variable known to satisfy them");
+        }
+    } else {
+        let states: Vec<String> = env
+            .iter()
+            .map(|n| format!("{n} {}", if is_set(n) { "set" } else { "unset" }))
+            .collect();
+        text.push_str(&format!("; env: {}", states.join(", ")));
+    }
+    AuthReport { text, ok }
+}
+
+/// For each provider: spawn it, run `initialize`, report what it says (its auth methods and
+/// whether this environment can satisfy them), tear it down.
 pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
     let config = match config_or_usage(config_path) {
         Ok(c) => c,
@@ -354,18 +401,16 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
             Ok(agent) => {
                 let name = agent.agent_info["name"].as_str().unwrap_or("?");
                 let version = agent.agent_info["version"].as_str().unwrap_or("?");
-                let auth = if agent.auth_method_ids.is_empty() {
-                    "none".to_string()
-                } else {
-                    format!(
-                        "{} (whether this environment satisfies them: unknown)",
-                        agent.auth_method_ids.join(", ")
-                    )
-                };
+                let auth = auth_report(&provider, &agent, |n| {
+                    std::env::var_os(n).is_some_and(|v| !v.is_empty())
+                });
+                healthy &= auth.ok;
                 outln!(
-                    "{}: OK — ACP protocol {}, agent {name} {version}, auth methods: {auth}",
+                    "{}: {} — ACP protocol {}, agent {name} {version}, auth methods: {}",
                     provider.name,
-                    agent.protocol_version
+                    if auth.ok { "OK" } else { "FAIL" },
+                    agent.protocol_version,
+                    auth.text
                 )
             }
             Err(e) => {

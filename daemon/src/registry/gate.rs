@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use acpd_protocol::diagnostic;
-use acpd_protocol::subagent::{Capabilities, StartRequest};
+use acpd_protocol::subagent::{Capabilities, Category, StartRequest};
 
 use super::RegistryError;
 use crate::child::{AgentInfo, StartFailure};
-use crate::config::ProviderConfig;
+use crate::config::{ProviderConfig, presets};
 use crate::supervise;
 
 /// Where this acpd sits in a delegation chain, read from its own environment.
@@ -111,6 +111,40 @@ pub(super) fn resolve_cwd(
     Ok(cwd.to_path_buf())
 }
 
+/// The environment variable names (never their values) that would satisfy an agent's auth,
+/// from the preset table's hints ([`presets::auth_hints`]): for a provider with a preset, its
+/// hints for the methods the agent advertised plus those it implies without advertising (an
+/// agent such as claude-agent-acp advertises none, yet reads `ANTHROPIC_API_KEY`); without
+/// a preset, the hints for each advertised method id. Without a hint the list is empty and a
+/// diagnostic names the method ids only.
+pub fn auth_env_names(preset: Option<&str>, method_ids: &[String]) -> Vec<String> {
+    let hints: Vec<&presets::AuthHint> = match preset {
+        Some(preset) => presets::auth_hints(preset)
+            .into_iter()
+            .filter(|h| h.method.is_none_or(|m| method_ids.iter().any(|id| id == m)))
+            .collect(),
+        None => method_ids
+            .iter()
+            .flat_map(|id| presets::auth_hints(id))
+            .collect(),
+    };
+    let mut names: Vec<String> = Vec::new();
+    for name in hints.iter().flat_map(|h| h.env.iter()) {
+        if !names.iter().any(|n| n == name) {
+            names.push((*name).to_string());
+        }
+    }
+    names
+}
+
+/// What an auth failure's diagnostic names: the advertised method ids and the environment
+/// variable names that would satisfy them.
+pub(super) fn auth_facts(provider: &ProviderConfig, advertised: &[String]) -> Vec<String> {
+    auth_env_names(provider.preset.as_deref(), advertised)
+}
+
+const NOTE_AUTH_METHOD: &str = "auth: the configured auth_method is not advertised by the agent";
+
 pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> RegistryError {
     if let StartFailure::Cancelled { .. } = e {
         return RegistryError::StartCancelled {
@@ -122,9 +156,28 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         StartFailure::Refused { error, .. } => Some(error.clone()),
         _ => None,
     };
+    let is_auth = failure.category == Category::Auth;
+    let advertised: &[String] = if is_auth {
+        e.advertised_auth_methods()
+    } else {
+        &[]
+    };
+    let env_names = if is_auth {
+        auth_facts(provider, advertised)
+    } else {
+        Vec::new()
+    };
+    let notes: &[&'static str] = match e.unadvertised_auth_method() {
+        Some(_) => &[NOTE_AUTH_METHOD],
+        None => &[],
+    };
     let diagnostic = diagnostic::build(&diagnostic::Facts {
         provider: &provider.name,
         failure: Some(&failure),
+        auth_methods: advertised,
+        auth_method: e.unadvertised_auth_method(),
+        env_names: &env_names,
+        notes,
         ..Default::default()
     });
     RegistryError::StartFailed {
@@ -132,5 +185,37 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         failure: Box::new(failure),
         diagnostic,
         agent_error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auth_env_names;
+
+    fn ids(ids: &[&str]) -> Vec<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn auth_env_names_follow_the_preset_and_the_advertised_methods() {
+        // claude-agent-acp advertises no method; its preset knows the key's name.
+        let claude = auth_env_names(Some("claude"), &[]);
+        assert!(
+            claude.iter().any(|n| n == "ANTHROPIC_API_KEY"),
+            "{claude:?}"
+        );
+        assert_eq!(
+            auth_env_names(Some("codex"), &ids(&["api-key"])),
+            ["CODEX_API_KEY", "OPENAI_API_KEY"]
+        );
+        // A method the table does not know names nothing.
+        assert!(auth_env_names(Some("codex"), &ids(&["other"])).is_empty());
+        // No preset: by the advertised method id.
+        assert_eq!(
+            auth_env_names(None, &ids(&["gemini-api-key"])),
+            ["GEMINI_API_KEY"]
+        );
+        assert!(auth_env_names(None, &ids(&["key"])).is_empty());
+        assert!(auth_env_names(None, &[]).is_empty());
     }
 }

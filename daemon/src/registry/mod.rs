@@ -27,7 +27,7 @@ use schema::OutputSchema;
 pub use bridge::{BridgeRequest, Ready, advertises};
 pub use error::RegistryError;
 pub use events::RunEvent;
-pub use gate::DepthContext;
+pub use gate::{DepthContext, auth_env_names};
 use gate::{capabilities, check_capabilities, resolve_cwd, start_failed, takes_system_prompt};
 pub use run::{Run, RunState};
 

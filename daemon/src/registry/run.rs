@@ -405,24 +405,21 @@ impl Run {
                 }
             }
         }
+        // An auth failure names what would fix it: the advertised method ids and the
+        // environment variable names that satisfy them (names only, never values).
         let is_auth = matches!(
             mapped.failure.as_ref().map(|f| &f.category),
             Some(Category::Auth)
         );
-        let missing_env: Vec<String> = if is_auth {
-            self.provider
-                .env_passthrough
-                .iter()
-                .filter(|n| std::env::var_os(n).is_none())
-                .cloned()
-                .collect()
-        } else {
-            Vec::new()
-        };
         let auth_methods: &[String] = if is_auth {
             &child.agent().auth_method_ids
         } else {
             &[]
+        };
+        let auth_env: Vec<String> = if is_auth {
+            super::gate::auth_facts(&self.provider, auth_methods)
+        } else {
+            Vec::new()
         };
         let diagnostic = (mapped.stop_reason != StopReason::Completed).then(|| {
             diagnostic::build(&Facts {
@@ -430,7 +427,8 @@ impl Run {
                 failure: mapped.failure.as_ref(),
                 stop_reason: report.child_stop_reason.as_deref(),
                 auth_methods,
-                env_names: &missing_env,
+                auth_method: None,
+                env_names: &auth_env,
                 notes: &notes,
             })
         });

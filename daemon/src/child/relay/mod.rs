@@ -15,7 +15,9 @@ mod ids;
 
 use std::collections::HashMap;
 
+use acpd_protocol::diagnostic;
 use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, Message, RpcError};
+use acpd_protocol::outcome::{self, ChildStopReason, TurnEnd, air};
 use acpd_protocol::permission::{self, PolicyAnswer};
 use acpd_protocol::session_id::{splice_session_id, with_session_id};
 use futures::StreamExt;
@@ -229,7 +231,7 @@ impl Relay {
                     "child sent a bad line; ending the session: {fault}");
                 Some(RelayEnd::Protocol)
             }
-            Ok(Message::Response { id, outcome }) => self.answered(id, outcome).await,
+            Ok(Message::Response { id, outcome }) => self.answered(d, id, outcome).await,
             Ok(Message::Notification { method, params }) => {
                 self.child_notification(d, &method, params).await;
                 None
@@ -314,11 +316,17 @@ impl Relay {
     /// answer closes it.
     async fn answered(
         &mut self,
+        d: &Driver,
         id: Option<Id>,
         outcome: Result<Box<RawValue>, RpcError>,
     ) -> Option<RelayEnd> {
         let id = id?;
         let (pid, method) = self.open.remove(&id)?;
+        if method == "session/prompt"
+            && let Ok(r) = &outcome
+        {
+            log_reported_failure(d, &self.t.session_id, r);
+        }
         // An answer naming the child's session (a load's, a resume's) names the parent's.
         let outcome = match outcome {
             Ok(r) => {
@@ -665,6 +673,46 @@ impl Relay {
             }
         };
     }
+}
+
+/// A prompt answered `end_turn` with a typed failure record (the editor's own AIR opt-in, or
+/// acpd's record) is a failed turn: the answer goes to the editor as it is, and acpd's log
+/// says so with the safe diagnostic. Only an answer that mentions a record is parsed.
+fn log_reported_failure(d: &Driver, session: &str, answer: &RawValue) {
+    let text = answer.get();
+    if !text.contains("sessionFailure") && !text.contains("\"acpd\"") {
+        return;
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Answer {
+        stop_reason: String,
+        #[serde(default, rename = "_meta")]
+        meta: serde_json::Value,
+    }
+    let Ok(answer) = serde_json::from_str::<Answer>(text) else {
+        return;
+    };
+    let air = air::agent_supports(&d.shared.agent.meta);
+    let Some(category) = outcome::reported_failure(&answer.meta, air) else {
+        return;
+    };
+    let end = TurnEnd::Stopped {
+        reason: ChildStopReason::parse(&answer.stop_reason),
+        reported_failure: Some(category),
+    };
+    let mapped = outcome::map_outcome(&end, false);
+    let Some(failure) = mapped.failure.as_ref() else {
+        return;
+    };
+    let diagnostic = diagnostic::build(&diagnostic::Facts {
+        provider: &d.shared.provider.name,
+        failure: Some(failure),
+        stop_reason: Some(&answer.stop_reason),
+        ..Default::default()
+    });
+    tracing::warn!(provider = %d.shared.provider.name, %session,
+        category = failure.category.as_str(), "the agent reported a failed turn: {diagnostic}");
 }
 
 fn gone(status: Option<std::process::ExitStatus>) -> RelayEnd {
