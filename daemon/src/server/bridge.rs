@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::sessions::Taken;
+use super::sessions::{RELEASE_WAIT, Taken};
 use super::{Conn, Seat, SessionRef, bridge_error, lock, raw, session_not_found};
 use crate::child::{Child, First, Open, ParentServes, RelayTarget};
 use crate::registry::{BridgeRequest, advertises};
@@ -221,10 +221,24 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
             RpcError::invalid_request(format!("session {sid} is already open on this connection"));
         return conn.reply_err(&id, &e).await;
     }
-    let _reserved = match conn.ctx.sessions.take_for_load(&sid, conn.ctx.peer_uid) {
-        Err(e) => return conn.reply_err(&id, &e).await,
-        Ok(Taken::Detached(child)) => return reattach(conn, id, sid, child).await,
-        Ok(Taken::Reserved(r)) => r,
+    let sessions = conn.ctx.sessions.clone();
+    let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
+    let _reserved = loop {
+        let released = sessions.released.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        match sessions.take_for_load(&sid, conn.ctx.peer_uid) {
+            Err(e) => return conn.reply_err(&id, &e).await,
+            Ok(Taken::Detached(child)) => return reattach(conn, id, sid, child).await,
+            Ok(Taken::Reserved(r)) => break r,
+            Ok(Taken::Attached) => {}
+        }
+        if tokio::time::timeout_at(deadline, released).await.is_err() {
+            let e = RpcError::invalid_request(format!(
+                "session {sid} is open on another connection; close it there first"
+            ));
+            return conn.reply_err(&id, &e).await;
+        }
     };
     let Some((req, row)) = existing(&conn, &id, params.as_deref()).await else {
         return;

@@ -36,6 +36,8 @@ pub struct Sessions {
     /// Ids being opened right now (a load spawning its child), so a second load of the same
     /// id waits its turn instead of opening it twice.
     opening: Mutex<std::collections::HashSet<String>>,
+    /// Woken when a connection releases its sessions (see [`RELEASE_WAIT`]).
+    pub released: tokio::sync::Notify,
     /// How long a session outlives its connection (`acpd serve`'s `detach_timeout`); `None`
     /// ends it with the connection (stdio, or `detach_timeout = "0s"`).
     pub detach: Option<Duration>,
@@ -53,7 +55,13 @@ struct Live {
 pub enum Taken {
     Detached(Child),
     Reserved(Reservation),
+    /// Open on another connection (which may be closing right now).
+    Attached,
 }
+
+/// How long a load waits for the connection holding its session to finish closing: an editor
+/// that reconnects at once can be faster than acpd reading its old connection's end.
+pub const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 /// An id being opened: no other load may open it until this drops.
 pub struct Reservation {
@@ -80,6 +88,7 @@ impl Sessions {
             store,
             live: Mutex::new(HashMap::new()),
             opening: Mutex::default(),
+            released: tokio::sync::Notify::new(),
             detach,
             tasks: TaskTracker::new(),
         })
@@ -116,6 +125,7 @@ impl Sessions {
             if let Some(live) = lock(&self.live).get_mut(id) {
                 live.attached = false;
             }
+            self.released.notify_waiters();
         } else {
             child.shut().await;
         }
@@ -142,9 +152,7 @@ impl Sessions {
             return Err(session_not_found(id));
         }
         if entry.attached {
-            return Err(RpcError::invalid_request(format!(
-                "session {id} is open on another connection; close it there first"
-            )));
+            return Ok(Taken::Attached);
         }
         entry.attached = true;
         Ok(Taken::Detached(entry.child.clone()))
