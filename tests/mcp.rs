@@ -576,11 +576,13 @@ async fn disconnect_and_sigterm_leave_no_process() {
             .await;
         assert!(!is_error(&r), "{r:?}");
     }
-    let tree = descendants(mcp.pid());
     assert!(
-        tree.len() >= 4,
-        "two children and their grandchildren: {tree:?}"
+        eventually(Duration::from_secs(10), || descendants(mcp.pid()).len()
+            >= 4),
+        "two children and their grandchildren: {:?}",
+        descendants(mcp.pid())
     );
+    let tree = descendants(mcp.pid());
     mcp.close().await;
     assert!(all_gone(&tree), "survivors of a disconnect: {tree:?}");
 
@@ -822,5 +824,24 @@ async fn without_a_daemon_runs_live_in_process() {
         "{}",
         mcp.log()
     );
+    mcp.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_goes_away_is_reported_then_found_again() {
+    let env = env();
+    let daemon = Daemon::start(&env);
+    let mcp = Mcp::spawn(&env, &socket_arg(&daemon)).await;
+    let r = mcp.call("delegate", json!({"prompt": "one"})).await;
+    assert_eq!(text(&r), "one");
+    drop(daemon);
+    let r = mcp.call("subagent_list", json!({})).await;
+    assert_typed(&r, "DAEMON_GONE", -32603);
+    assert!(text(&r).contains("acpd serve"), "{}", text(&r));
+    let daemon = Daemon::start(&env);
+    let r = mcp.call("delegate", json!({"prompt": "two"})).await;
+    assert_eq!(text(&r), "two", "{r:?}");
+    // acpd mcp's one connection, and the query's own.
+    assert_eq!(daemon.query(&env, "status")["connections"], 2);
     mcp.close().await;
 }
