@@ -5,6 +5,7 @@ pub mod catalog;
 pub(crate) mod child;
 pub mod cli;
 pub mod config;
+pub mod mcp;
 pub mod registry;
 pub(crate) mod runtime;
 pub(crate) mod server;

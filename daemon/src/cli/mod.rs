@@ -82,6 +82,8 @@ pub enum Command {
     Serve(daemon::SocketArg),
     /// Bridge stdin/stdout to the daemon's socket: the agent command editors launch.
     Connect(daemon::ConnectArgs),
+    /// Serve MCP on stdin/stdout: the registry as tools (delegate, subagent_*) for any agent.
+    Mcp(crate::mcp::McpArgs),
     /// Show the daemon's status.
     Status(daemon::QueryArgs),
     /// List the daemon's runs.
@@ -191,6 +193,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         Command::Stdio => stdio(cli.config.as_deref()).await,
         Command::Serve(socket) => daemon::serve(cli.config.as_deref(), socket, activated).await,
         Command::Connect(args) => daemon::connect(cli.config.as_deref(), args).await,
+        Command::Mcp(args) => crate::mcp::run(cli.config.as_deref(), args).await,
         Command::Status(args) => daemon::status(args).await,
         Command::Runs(args) => daemon::runs(args).await,
         Command::Doctor { provider } => daemon::doctor(cli.config.as_deref(), provider).await,
