@@ -67,4 +67,3 @@ mod tests {
         assert!(super::stat(std::process::id() as i32).is_some());
     }
 }
-
