@@ -164,6 +164,21 @@ async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<Str
     }
 }
 
+/// The connection of a child's `acpd mcp` ended (the child cancelled its tool call, or died)
+/// while a nested run's turn was running: its editor is told the nested session went idle,
+/// since the run's own `ended` event may never be pumped now.
+pub fn settle_nested(conn: &Conn) {
+    let idle = json!({ "state": "idle", "stopReason": "cancelled" });
+    for meta in lock(&conn.runs).values().filter(|m| m.running) {
+        if let (Some(bridge), Some(child)) = (&meta.nested_under, &meta.session_id) {
+            let update =
+                json!({ "sessionUpdate": "subagent_update", "sessionId": child, "state": idle });
+            let params = json!({ "sessionId": bridge, "update": update });
+            conn.ctx.sessions.announce(bridge, raw(&params));
+        }
+    }
+}
+
 /// Relays a run's permission request to the parent without holding up other events.
 fn ask_parent(
     conn: &Arc<Conn>,
