@@ -185,6 +185,7 @@ fn cancelling_the_top_session_cancels_the_nested_run_and_closing_it_leaves_nothi
         .filter(|r| r["depth"] == 2)
         .collect();
     assert_eq!(nested.len(), 1, "one run at depth 2: {runs}");
+    assert_eq!(nested[0]["parent"], format!("session:{sid}"));
     let grandchild = nested[0]["pid"].as_i64().unwrap() as i32;
 
     raw.line(

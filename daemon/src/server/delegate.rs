@@ -197,6 +197,10 @@ async fn runs(conn: &Conn, id: Id) {
             pid: r.pid(),
             depth: r.depth,
             connection: r.owner,
+            parent: r.parent.as_ref().map(|p| match p {
+                Parent::Run(id) => format!("run:{id}"),
+                Parent::Session(id) => format!("session:{id}"),
+            }),
         })
         .collect();
     let sessions = conn.ctx.sessions.entries(conn.ctx.peer_uid);
