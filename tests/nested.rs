@@ -23,6 +23,10 @@ use serde_json::{Value, json};
 const REAPED: Duration = Duration::from_secs(20);
 
 fn config(dir: &Path, socket_env: bool) -> String {
+    config_with(dir, socket_env, 2)
+}
+
+fn config_with(dir: &Path, socket_env: bool, max_depth: u32) -> String {
     let socket = dir.join("run/acpd.sock");
     let env = if socket_env {
         format!("env = {{ ACPD_SOCKET = \"{}\" }}\n", socket.display())
@@ -30,7 +34,7 @@ fn config(dir: &Path, socket_env: bool) -> String {
         String::new()
     };
     format!(
-        "max_depth = 2\ndetach_timeout = \"0s\"\ndefault_provider = \"p\"\n\
+        "max_depth = {max_depth}\ndetach_timeout = \"0s\"\ndefault_provider = \"p\"\n\
          [providers.p]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
          description = \"the echo agent, delegating\"\n\
          offer_delegation = true\n{env}\
@@ -39,8 +43,12 @@ fn config(dir: &Path, socket_env: bool) -> String {
 }
 
 fn daemon(socket_env: bool) -> (Env, Serve) {
+    daemon_with(socket_env, 2)
+}
+
+fn daemon_with(socket_env: bool, max_depth: u32) -> (Env, Serve) {
     let env = Env::raw("");
-    std::fs::write(&env.config, config(env.path(), socket_env)).unwrap();
+    std::fs::write(&env.config, config_with(env.path(), socket_env, max_depth)).unwrap();
     let serve = Serve::start(&env);
     (env, serve)
 }
@@ -302,4 +310,90 @@ fn acpd_stdio_offers_its_own_socket_to_delegating_children() {
     let sub = announced[0]["sessionId"].as_str().unwrap();
     assert_eq!(raw.chunk_text(sub), "through stdio");
     assert_eq!(raw.chunk_text(&sid), "delegated: through stdio\n");
+}
+
+#[test]
+fn each_level_is_announced_under_the_one_above() {
+    let (_env, serve) = daemon_with(false, 3);
+    let mut raw = editor(&serve);
+    let sid = raw.new_session(Path::new("/tmp"), "p");
+    let id = raw.send_prompt(&sid, ":delegate :delegate deepest");
+    raw.answer(&json!(id));
+    let first = announcements(&raw, &sid);
+    let sub1 = first[0]["sessionId"].as_str().unwrap().to_string();
+    let second = announcements(&raw, &sub1);
+    assert!(
+        !second.is_empty(),
+        "the great-grandchild is announced under the grandchild's session; seen: {:?}",
+        raw.seen_text()
+    );
+    let sub2 = second[0]["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(raw.chunk_text(&sub2), "deepest");
+    assert_eq!(raw.chunk_text(&sub1), "delegated: deepest\n");
+    assert_eq!(raw.chunk_text(&sid), "delegated: delegated: deepest\n");
+    assert_eq!(
+        second.last().unwrap()["state"],
+        json!({"state": "idle", "stopReason": "end_turn"})
+    );
+}
+
+#[test]
+fn a_delegated_runs_own_delegation_is_announced_under_its_subagent_session() {
+    let (_env, serve) = daemon(false);
+    let mut raw = editor(&serve);
+    let sid = raw.new_session(Path::new("/tmp"), "p");
+    let run = raw.ok(
+        "_acpd/subagent/start",
+        json!({"provider": "p", "cwd": "/tmp", "parentSessionId": sid,
+               "prompt": [{"type": "text", "text": ":delegate from the run's child"}]}),
+    );
+    let run_session = run["sessionId"].as_str().unwrap().to_string();
+    let result = raw.wait_run(run["runId"].as_str().unwrap());
+    assert_eq!(output_text(&result), "delegated: from the run's child\n");
+    let nested = announcements(&raw, &run_session);
+    assert!(!nested.is_empty(), "seen: {:?}", raw.seen_text());
+    let sub = nested[0]["sessionId"].as_str().unwrap();
+    assert_eq!(raw.chunk_text(sub), "from the run's child");
+}
+
+/// SIGTERM: the daemon reaps the nested tree before it exits; SIGKILL: the next daemon's sweep
+/// does.
+#[test]
+fn no_process_of_a_nested_tree_outlives_the_daemon() {
+    subreaper();
+    for signal in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        let (env, mut serve) = daemon(false);
+        let mut raw = editor(&serve);
+        let sid = raw.new_session(Path::new("/tmp"), "p");
+        let child = session_pid(&mut raw, &sid);
+        raw.send_prompt(&sid, ":delegate :hang");
+        until_announced(&mut raw, &sid, |a| a["state"]["state"] == "running");
+        let runs = raw.ok("_acpd/runs", json!({}));
+        let mut tree = descendants(child);
+        tree.push(child);
+        tree.extend(
+            runs["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|r| r["pid"].as_i64().map(|p| p as i32)),
+        );
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(serve.pid() as i32), signal).unwrap();
+        let _ = serve.child.wait();
+        if signal == nix::sys::signal::Signal::SIGKILL {
+            // PDEATHSIG ends the daemon's direct children; what they started waits for the
+            // next daemon's sweep.
+            let _next = Serve::start(&env);
+            for pid in &tree {
+                assert!(gone_within(*pid, REAPED), "pid {pid} survived the sweep");
+            }
+        } else {
+            for pid in &tree {
+                assert!(gone_within(*pid, REAPED), "pid {pid} survived SIGTERM");
+            }
+        }
+    }
 }

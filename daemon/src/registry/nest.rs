@@ -137,6 +137,29 @@ impl Registry {
         self.cancel_nested(&Parent::Run(run.run_id.clone()));
     }
 
+    /// Passes `session/update` params about a nested run to the owner of run `run_id` (its
+    /// parent); dropped when that owner is behind or gone, like any update it did not read.
+    pub fn announce_to_run(&self, run_id: &str, params: Box<serde_json::value::RawValue>) {
+        let run = lock(&self.inner.table).runs.get(run_id).cloned();
+        if let Some(events) = run.as_ref().and_then(|r| r.events.as_ref()) {
+            let event = super::RunEvent::Nested {
+                run_id: run_id.to_string(),
+                params,
+            };
+            if events.try_send(event).is_err() {
+                tracing::debug!(run = %run_id, "dropping a nested run's update");
+            }
+        }
+    }
+
+    /// The session id a run's owner knows it by.
+    pub fn session_of_run(&self, run_id: &str) -> Option<String> {
+        lock(&self.inner.table)
+            .runs
+            .get(run_id)
+            .map(|r| r.session_id.clone())
+    }
+
     /// The runs started from `parent`'s child.
     pub fn nested_runs(&self, parent: &Parent) -> Vec<Arc<Run>> {
         lock(&self.inner.table)

@@ -15,9 +15,9 @@ use acpd_protocol::subagent::StartRequest;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
-use super::events::RunMeta;
+use super::events::{NestedUnder, RunMeta};
 use super::{Conn, lock, typed_error};
-use crate::registry::{Nest, Parent, RegistryError, Run, RunState, StartOptions};
+use crate::registry::{Parent, RegistryError, Run, RunState, StartOptions};
 
 pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<RawValue>>) {
     let params = params.as_deref();
@@ -274,13 +274,13 @@ async fn start(conn: &Arc<Conn>, id: Id, mut req: StartRequest) {
     if let (Some(n), Some(m)) = (&nest, req.max_depth) {
         req.max_depth = Some(n.depth.saturating_add(m));
     }
-    let nested_under = match &nest {
-        Some(Nest {
-            parent: Parent::Session(s),
-            ..
-        }) => Some(s.clone()),
-        _ => None,
-    };
+    let nested_under = nest.as_ref().and_then(|n| match &n.parent {
+        Parent::Session(s) => Some(NestedUnder::Session(s.clone())),
+        Parent::Run(run_id) => Some(NestedUnder::Run {
+            run_id: run_id.clone(),
+            session_id: conn.ctx.registry.session_of_run(run_id)?,
+        }),
+    });
     let provider = req
         .provider
         .clone()
