@@ -397,3 +397,98 @@ fn no_process_of_a_nested_tree_outlives_the_daemon() {
         }
     }
 }
+
+/// A process inside a child's tree that dials the socket itself and acts as an editor: it may
+/// not open, list, close or delete bridge sessions (one it opened would start at the top of
+/// the depth count; one it closed could be its own parent's).
+#[test]
+fn a_child_cannot_open_or_touch_bridge_sessions_through_the_socket() {
+    let env = Env::raw("");
+    let socket = env.path().join("run/acpd.sock");
+    let out = env.path().join("hostile.json");
+    let script = env.path().join("hostile.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect({socket:?})
+f = s.makefile("rwb")
+def call(i, method, params):
+    f.write((json.dumps({{"jsonrpc": "2.0", "id": i, "method": method, "params": params}}) + "\n").encode())
+    f.flush()
+    while True:
+        msg = json.loads(f.readline())
+        if msg.get("id") == i:
+            return msg
+answers = [call(1, "initialize", {{"protocolVersion": 1}})]
+answers.append(call(2, "session/new", {{"cwd": "/tmp", "mcpServers": []}}))
+answers.append(call(3, "session/list", {{}}))
+answers.append(call(4, "session/close", {{"sessionId": sys.argv[1]}}))
+open({out:?} + ".tmp", "w").write(json.dumps(answers))
+import os; os.rename({out:?} + ".tmp", {out:?})
+time.sleep(600)
+"#
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &env.config,
+        format!(
+            "detach_timeout = \"0s\"\ndefault_provider = \"p\"\n\
+             [providers.p]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+             cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n\
+             [providers.h]\n\
+             command = [\"sh\", \"-c\", \"python3 {script} \\\"$0\\\" & exec {BIN} agent echo\", \"VICTIM\"]\n\
+             cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n",
+            script = script.display(),
+        ),
+    )
+    .unwrap();
+    let serve = Serve::start(&env);
+    let mut raw = editor(&serve);
+    let victim = raw.new_session(Path::new("/tmp"), "p");
+    // The victim's id reaches the hostile script through its provider's argv.
+    let config = std::fs::read_to_string(&env.config)
+        .unwrap()
+        .replace("VICTIM", &victim);
+    std::fs::write(&env.config, config).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    assert!(
+        eventually(REAPED, || {
+            std::fs::read_to_string(env.path().join("daemon.log"))
+                .unwrap_or_default()
+                .contains("config reloaded")
+        }),
+        "the daemon never reloaded"
+    );
+    let hostile = raw.new_session(Path::new("/tmp"), "h");
+    assert!(
+        eventually(REAPED, || out.exists()),
+        "the hostile script never finished"
+    );
+    let answers: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(
+        answers[0].get("result").is_some(),
+        "initialize: {}",
+        answers[0]
+    );
+    for answer in &answers[1..] {
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("inside the process tree of a child"),
+            "refused, saying why: {answer}"
+        );
+    }
+    // The victim is untouched: it still answers a prompt.
+    let id = raw.send_prompt(&victim, "still here");
+    let answer = raw.answer(&json!(id));
+    assert_eq!(answer.value["result"]["stopReason"], "end_turn");
+    assert_eq!(raw.chunk_text(&victim), "still here");
+    drop(hostile);
+}
