@@ -413,6 +413,10 @@ impl Relay {
                 }
                 return;
             }
+            Cmd::Parent(reply) => {
+                let _ = reply.send(self.t.serves.subagents.then(|| self.t.parent.clone()));
+                return;
+            }
             Cmd::Prompt { .. } => return,
         };
         if !self.supports(&method) {
