@@ -175,7 +175,12 @@ impl Registry {
         if let Some(agent) = self.cached(&provider.name) {
             return Ok(agent);
         }
-        let fingerprint = fingerprint(&provider);
+        // A registry agent is known by the command it resolves to (its version in it), so a
+        // new release is probed again; the id alone if it cannot be resolved now.
+        let resolved = crate::catalog::resolve_provider(&config, provider.clone(), cancel)
+            .await
+            .unwrap_or_else(|_| provider.clone());
+        let fingerprint = fingerprint(&resolved);
         if let Some(store) = store
             && let Ok(Some(value)) = store.probe_get(&provider.name, &fingerprint).await
             && let Ok(agent) = serde_json::from_value::<AgentInfo>(value)

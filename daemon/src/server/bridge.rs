@@ -145,6 +145,31 @@ pub async fn fork(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     create(conn, id, opened).await;
 }
 
+/// A child of `provider` (the default when `None`) opened for this connection: its
+/// capabilities passed on, its earlier `authenticate` replayed; the error as the editor sees it.
+async fn open_child(
+    conn: &Conn,
+    provider: Option<&str>,
+    cwd: &std::path::Path,
+    open: Open,
+    needs: Option<&'static str>,
+) -> Result<crate::registry::Launched, RpcError> {
+    let auth = conn.auth_for(provider.unwrap_or(&conn.ctx.registry.config().default_provider));
+    conn.ctx
+        .registry
+        .open_bridge(BridgeRequest {
+            provider,
+            cwd,
+            open,
+            needs,
+            client_capabilities: conn.child_capabilities(),
+            auth: auth.as_deref(),
+            cancel: &conn.closing,
+        })
+        .await
+        .map_err(|e| bridge_error(&e))
+}
+
 /// A session a child creates (`session/new`, `session/fork`).
 struct Opening<'a> {
     provider: Option<&'a str>,
@@ -158,29 +183,13 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
     let Some(seat) = conn.take_seat() else {
         return conn.reply_err(&id, &conn.seat_limit()).await;
     };
-    let auth = conn.auth_for(
-        o.provider
-            .unwrap_or(&conn.ctx.registry.config().default_provider),
-    );
-    let launched = conn
-        .ctx
-        .registry
-        .open_bridge(BridgeRequest {
-            provider: o.provider,
-            cwd: &o.cwd,
-            open: Open::Create {
-                method: o.method,
-                params: o.params,
-            },
-            needs: o.needs,
-            client_capabilities: conn.child_capabilities(),
-            auth: auth.as_deref(),
-            cancel: &conn.closing,
-        })
-        .await;
-    let launched = match launched {
+    let open = Open::Create {
+        method: o.method,
+        params: o.params,
+    };
+    let launched = match open_child(&conn, o.provider, &o.cwd, open, o.needs).await {
         Ok(l) => l,
-        Err(e) => return conn.reply_err(&id, &bridge_error(&e)).await,
+        Err(e) => return conn.reply_err(&id, &e).await,
     };
     let minted = format!("acpd-{}", uuid::Uuid::new_v4());
     let child = launched.child;
@@ -256,25 +265,12 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
         "/sessionCapabilities/resume"
     };
     let cwd = req.cwd.unwrap_or_else(|| row.cwd.clone());
-    let auth = conn.auth_for(&row.provider);
-    let launched = conn
-        .ctx
-        .registry
-        .open_bridge(BridgeRequest {
-            provider: Some(&row.provider),
-            cwd: &cwd,
-            open: Open::Existing {
-                child_session_id: row.child_session_id.clone(),
-            },
-            needs: Some(needs),
-            client_capabilities: conn.child_capabilities(),
-            auth: auth.as_deref(),
-            cancel: &conn.closing,
-        })
-        .await;
-    let launched = match launched {
+    let open = Open::Existing {
+        child_session_id: row.child_session_id.clone(),
+    };
+    let launched = match open_child(&conn, Some(&row.provider), &cwd, open, Some(needs)).await {
         Ok(l) => l,
-        Err(e) => return conn.reply_err(&id, &bridge_error(&e)).await,
+        Err(e) => return conn.reply_err(&id, &e).await,
     };
     let child = launched.child;
     conn.ctx.sessions.file(
