@@ -67,6 +67,11 @@ pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<R
                 runs(conn, id).await;
             }
         }
+        name::RELOAD => {
+            if let Some(Empty {}) = parsed(conn, &id, params).await {
+                super::reload::reload(conn, id).await;
+            }
+        }
         _ => {
             conn.reply_err(&id, &RpcError::method_not_found(method))
                 .await
