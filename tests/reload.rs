@@ -255,3 +255,103 @@ fn a_group_member_may_not_reload() {
     assert!(!err.contains("config.toml"), "{err}");
     assert_eq!(d.providers(), ["echo", "first"]);
 }
+
+/// A config path that blocks the read (a FIFO here; a hung mount alike) stalls only the
+/// reload: `acpd reload` gives up with exit 1, the daemon keeps answering (SIGHUP too does
+/// not stop its loop), and once the read completes the reload lands.
+#[test]
+fn a_config_read_that_blocks_stalls_only_the_reload() {
+    let d = Daemon::start(Env::raw(&echo_provider("first")));
+    std::fs::remove_file(&d.env.config).unwrap();
+    nix::unistd::mkfifo(
+        &d.env.config,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let out = d.cli(&["reload", "--timeout", "1"]);
+    assert_eq!(code(&out), 1, "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("did not answer within 1s"),
+        "{}",
+        text(&out.stderr)
+    );
+    kill(Pid::from_raw(d.child.id() as i32), Signal::SIGHUP).unwrap();
+    assert_eq!(d.providers(), ["echo", "first"]);
+    // The stalled reads get their file, one after the other (reloads are serialized): the
+    // reload `acpd reload` asked for lands, then SIGHUP's.
+    let good = format!("{}{}", echo_provider("first"), echo_provider("late"));
+    assert!(
+        feed_fifo(&d.env.config, &good),
+        "the stalled reload never opened the file"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || d.providers().len() == 3),
+        "{}",
+        d.log()
+    );
+    assert!(
+        feed_fifo(&d.env.config, &good),
+        "SIGHUP's reload never opened the file"
+    );
+}
+
+/// Writes `text` to the FIFO once a reader has it open (within 10 s).
+fn feed_fifo(fifo: &std::path::Path, text: &str) -> bool {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut opened = None;
+    let found = eventually(Duration::from_secs(10), || {
+        // O_NONBLOCK: ENXIO at once while nobody reads, instead of blocking forever.
+        opened = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(fifo)
+            .ok();
+        opened.is_some()
+    });
+    found && opened.unwrap().write_all(text.as_bytes()).is_ok()
+}
+
+/// Many reloads at once, from the socket and SIGHUP, while a run is going: every caller gets
+/// an answer, the run finishes on the provider it started with although the new file drops it.
+#[test]
+fn reloads_race_a_run_and_each_other() {
+    let d = Daemon::start(Env::raw(&echo_provider("first")));
+    let mut conn = common::raw::Raw::socket(&d.socket);
+    conn.initialize(serde_json::json!({}));
+    let started = conn.ok(
+        "_acpd/subagent/start",
+        serde_json::json!({"provider": "first", "cwd": d.env.path(),
+            "prompt": [{"type": "text", "text": ":sleep 1500\nfinished on first"}]}),
+    );
+    d.write_config(&echo_provider("second"));
+    let pid = Pid::from_raw(d.child.id() as i32);
+    std::thread::scope(|s| {
+        let callers: Vec<_> = (0..16).map(|_| s.spawn(|| d.cli(&["reload"]))).collect();
+        for _ in 0..16 {
+            kill(pid, Signal::SIGHUP).unwrap();
+        }
+        for c in callers {
+            let out = c.join().unwrap();
+            assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        }
+    });
+    assert_eq!(d.providers(), ["echo", "second"]);
+    let result = conn.wait_run(started["runId"].as_str().unwrap());
+    assert!(
+        output_text(&result).contains("finished on first"),
+        "{result}"
+    );
+}
+
+/// `acpd stdio` has no reload (whoever runs it restarts it): METHOD_NOT_FOUND, not a crash.
+#[test]
+fn stdio_has_no_reload() {
+    let env = Env::new("");
+    let mut conn = common::raw::Raw::stdio(&env);
+    conn.initialize(serde_json::json!({}));
+    let reply = conn.call("_acpd/reload", serde_json::json!({}));
+    assert_eq!(reply["error"]["code"], -32601, "{reply}");
+    let reply = conn.call("_acpd/reload", serde_json::json!([1]));
+    assert_eq!(reply["error"]["data"]["code"], "INVALID_REQUEST", "{reply}");
+}

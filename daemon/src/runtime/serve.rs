@@ -145,8 +145,12 @@ pub async fn serve(
             () = tokio::time::sleep_until(resume), if paused_until.is_some() => paused_until = None,
             _ = status_tick.tick() => report_status(&ctx),
             _ = async { watchdog.as_mut()?.tick().await; Some(()) }, if watchdog.is_some() => notify::watchdog(),
-            // Logged inside; SIGHUP has nobody to answer.
-            _ = hup.recv() => { let _ = reload(); }
+            // Off the loop: a file that blocks the read (a FIFO, a hung mount) must not stop
+            // accepts or the watchdog pings. Logged inside; SIGHUP has nobody to answer.
+            _ = hup.recv() => {
+                let reload = reload.clone();
+                tokio::task::spawn_blocking(move || { let _ = reload(); });
+            }
             () = shutdown.requested() => break,
         }
     }
@@ -283,6 +287,9 @@ fn reloader(
         let outcome = match load() {
             Ok(config) => {
                 let source = config.source.clone();
+                if config.detach_timeout != registry.config().detach_timeout {
+                    tracing::warn!("detach_timeout changed: it takes effect at the next restart");
+                }
                 registry.reload(config);
                 tracing::info!(source = ?source, "config reloaded");
                 Ok(registry.config())

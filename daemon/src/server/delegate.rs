@@ -69,7 +69,10 @@ pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<R
         }
         name::RELOAD => {
             if let Some(Empty {}) = parsed(conn, &id, params).await {
-                super::reload::reload(conn, id).await;
+                // In its own task, like every method that waits: the read may block.
+                let conn2 = conn.clone();
+                conn.tracker
+                    .spawn(async move { super::reload::reload(&conn2, id).await });
             }
         }
         _ => {
