@@ -152,6 +152,10 @@ pub struct RunInfo {
     pub depth: u32,
     /// The id of the connection that owns the run.
     pub connection: u64,
+    /// Whose child started this run (nested delegation): `run:<run id>` or
+    /// `session:<acpd session id>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 /// `_acpd/reload`'s reply: the config now in force. A rejected file is a CONFIG_REJECTED error
@@ -322,6 +326,7 @@ mod tests {
                     pid: Some(42),
                     depth: 0,
                     connection: 7,
+                    parent: Some("session:acpd-1".into()),
                 }],
                 sessions: vec![SessionEntry {
                     session_id: "acpd-1".into(),

@@ -57,6 +57,8 @@ pub(super) struct Session {
     pub system_prompt: Option<String>,
     /// What `--sessions` keeps of this session; written at the end of each turn.
     pub file: Option<SessionFile>,
+    /// The `mcpServers` of `session/new`, for `:delegate`.
+    pub mcp_servers: Vec<serde_json::Value>,
 }
 
 struct RunningTurn {
@@ -71,6 +73,7 @@ impl Session {
             turn: None,
             system_prompt,
             file,
+            mcp_servers: Vec::new(),
         }
     }
 

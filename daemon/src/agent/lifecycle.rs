@@ -167,6 +167,8 @@ struct NewSessionParams {
     cwd: Option<String>,
     #[serde(default)]
     system_prompt: Option<SystemPrompt>,
+    #[serde(default)]
+    mcp_servers: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -196,7 +198,9 @@ fn new_session(agent: &Agent, params: Option<&RawValue>) -> Reply {
             (file.session_id.clone(), Some(file))
         }
     };
-    lock(&agent.sessions).insert(session_id.clone(), Session::new(system_prompt, file));
+    let mut session = Session::new(system_prompt, file);
+    session.mcp_servers = params.mcp_servers;
+    lock(&agent.sessions).insert(session_id.clone(), session);
     Ok(json!({ "sessionId": session_id }))
 }
 

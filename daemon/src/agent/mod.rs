@@ -7,6 +7,7 @@
 //!
 //! It speaks ACP on stdin/stdout and never writes anything else to stdout.
 
+mod delegate;
 mod echo;
 mod features;
 mod lifecycle;
@@ -112,6 +113,10 @@ PROMPT SCRIPT
                         \"subagent: agent started without --subagents\")
   :subagent-hang TEXT   as :subagent, then wait for session/cancel of the subagent session,
                         stream \"subagent cancelled\" and end the turn with end_turn
+  :delegate PROMPT      call the delegate tool of the MCP server \"acpd\" offered in
+                        session/new (else, hiding ACPD_DEPTH, `acpd mcp --socket
+                        $ACPD_SOCKET`; \\n in PROMPT is a line break); stream
+                        \"delegated: <OUTPUT>\" or \"delegate failed: <WHY>\"
 
   An unknown directive streams \"unknown directive: <NAME>\"; a malformed one streams an
   explanation; both are otherwise skipped. A session/cancel ends a running turn with
@@ -345,6 +350,7 @@ mod tests {
             "ext-request",
             "subagent",
             "subagent-hang",
+            "delegate",
         ] {
             assert!(
                 help.contains(&format!("  :{name} ")),

@@ -91,6 +91,9 @@ pub enum Step {
         text: String,
         hang: bool,
     },
+    /// Calls the `delegate` tool of the MCP server named `acpd` that `session/new` offered,
+    /// with this prompt (`\n` in the directive stands for a line break).
+    Delegate(String),
 }
 
 /// The second `sessionId` of `:dup-session` when none is given.
@@ -209,6 +212,7 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
             text: rest.to_string(),
             hang: true,
         },
+        "delegate" => Step::Delegate(required(rest, "PROMPT")?.replace("\\n", "\n")),
         _ => return Err(Bad::Unknown),
     };
     Ok(step)

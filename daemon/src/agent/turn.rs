@@ -326,6 +326,7 @@ impl Turn<'_> {
             Step::Ext => self.ext().await,
             Step::ExtRequest(method) => self.ext_request(&method).await,
             Step::Subagent { text, hang } => return self.subagent(&text, hang).await,
+            Step::Delegate(prompt) => self.delegate(&prompt).await,
         }
         None
     }

@@ -335,6 +335,9 @@ pub(crate) enum Cmd {
         method: String,
         params: Box<RawValue>,
     },
+    /// A `session/update` acpd itself sends the parent about this session: a run nested under
+    /// it (relay mode; shown only to a parent that opted in to Subagent Sessions).
+    Announce(Box<RawValue>),
 }
 
 /// Shared between the handle and the driver.
@@ -451,6 +454,14 @@ impl Child {
     pub fn notify(&self, method: String, params: Box<RawValue>) {
         if self.cmds.try_send(Cmd::Notify { method, params }).is_err() {
             tracing::debug!(session = %self.shared.log_id, "dropping a parent notification");
+        }
+    }
+
+    /// Tells the parent about a run nested under this session (relay mode): `params` of a
+    /// `session/update`. Dropped, and logged, when the driver's queue is full.
+    pub fn announce(&self, params: Box<RawValue>) {
+        if self.cmds.try_send(Cmd::Announce(params)).is_err() {
+            tracing::debug!(session = %self.shared.log_id, "dropping a nested run's update");
         }
     }
 

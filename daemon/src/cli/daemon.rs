@@ -281,7 +281,7 @@ pub async fn runs(args: QueryArgs) -> u8 {
 
 fn print_runs(v: &Value) -> std::io::Result<()> {
     outln!(
-        "{:<38} {:<12} {:<16} {:<9} {:>6} {:>8} {:>5} {:>5}",
+        "{:<38} {:<12} {:<16} {:<9} {:>6} {:>8} {:>5} {:>5}  PARENT",
         "RUN",
         "PROVIDER",
         "LABEL",
@@ -294,7 +294,7 @@ fn print_runs(v: &Value) -> std::io::Result<()> {
     for r in v["runs"].as_array().into_iter().flatten() {
         let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
         outln!(
-            "{:<38} {:<12} {:<16} {:<9} {:>5}s {:>8} {:>5} {:>5}",
+            "{:<38} {:<12} {:<16} {:<9} {:>5}s {:>8} {:>5} {:>5}  {}",
             s("runId"),
             s("provider"),
             s("label"),
@@ -302,7 +302,8 @@ fn print_runs(v: &Value) -> std::io::Result<()> {
             r["ageS"],
             r["pid"].as_i64().map_or("-".into(), |p| p.to_string()),
             r["depth"],
-            r["connection"]
+            r["connection"],
+            s("parent")
         )?;
     }
     let sessions = v["sessions"].as_array().map_or(&[][..], |s| s.as_slice());

@@ -64,6 +64,9 @@ pub struct ProviderConfig {
     pub registry: Option<String>,
     /// The advertised auth method acpd calls `authenticate` with after `initialize`.
     pub auth_method: Option<String>,
+    /// Offer acpd itself to this provider's sessions as the MCP server `acpd` (`acpd mcp`), so
+    /// the agent can delegate in turn; its runs are nested under the session that made them.
+    pub offer_delegation: bool,
     /// True only for the built-in echo provider, so callers can tell it was not configured.
     pub builtin: bool,
 }
@@ -92,6 +95,7 @@ impl ProviderConfig {
             preset: None,
             registry: None,
             auth_method: None,
+            offer_delegation: false,
             builtin: false,
         }
     }
@@ -215,6 +219,7 @@ struct RawProvider {
     preset: Option<Spanned<String>>,
     registry: Option<Spanned<String>>,
     auth_method: Option<Spanned<String>>,
+    offer_delegation: Option<bool>,
 }
 
 /// A byte size: an integer, or a string like `"8MiB"`; at least 1.
@@ -540,6 +545,9 @@ fn finish_provider(
     let key = |k: &str| format!("{prefix}.{k}");
     if let Some(method) = raw.auth_method {
         provider.auth_method = Some(method.into_inner());
+    }
+    if let Some(offer) = raw.offer_delegation {
+        provider.offer_delegation = offer;
     }
     if let Some(description) = raw.description {
         provider.description = description;

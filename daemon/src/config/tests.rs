@@ -213,6 +213,7 @@ warm_max_age = "5m"
         preset: None,
         registry: None,
         auth_method: None,
+        offer_delegation: false,
         builtin: false,
     };
     assert_eq!(c.provider("codex").map(|p| p.as_ref()), Some(&expected));

@@ -144,15 +144,21 @@ impl Registry {
             });
         }
         let Ready { child, slot } = ready;
+        let depth = self.inner.depth.depth.saturating_add(1);
+        let mut open = req.open;
+        if let Open::Create { params, .. } = &mut open {
+            self.offer_in(params, &provider, depth);
+        }
         let child = child
-            .open(req.open, req.cancel)
+            .open(open, req.cancel)
             .await
             .map_err(|e| start_failed(&provider, e))?;
         Ok(Launched {
             child,
             slot,
             provider,
-            depth: self.inner.depth.depth.saturating_add(1),
+            depth,
+            max_depth: self.max_depth(None),
         })
     }
 

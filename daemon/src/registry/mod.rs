@@ -6,6 +6,7 @@ mod bridge;
 mod error;
 mod events;
 mod gate;
+mod nest;
 mod run;
 mod schema;
 mod warm;
@@ -29,6 +30,7 @@ pub use error::RegistryError;
 pub use events::RunEvent;
 pub use gate::{DepthContext, auth_env_names};
 use gate::{capabilities, check_capabilities, resolve_cwd, start_failed, takes_system_prompt};
+pub use nest::{Nest, Parent};
 pub use run::{Run, RunState};
 
 /// Who started a run; only its owner may wait on, cancel, send to or dispose it.
@@ -60,6 +62,9 @@ pub struct StartOptions {
     pub cancel: CancellationToken,
     /// A run id minted by the caller, so it can file the run before its first event.
     pub run_id: Option<String>,
+    /// The run or bridge session whose child asked for this run (see [`nest`]): the run is
+    /// one level deeper than that child, and goes with it.
+    pub nest: Option<Nest>,
 }
 
 /// A started child with its claim on the limits (released when the slot is dropped).
@@ -68,11 +73,14 @@ pub struct Launched {
     pub slot: Slot,
     pub provider: Arc<ProviderConfig>,
     pub depth: u32,
+    pub max_depth: u32,
 }
 
 struct Launch<'a> {
     log_id: &'a str,
     max_depth: Option<u32>,
+    /// The depth and depth limit of the child that asked for this one, when nested.
+    nested_in: Option<(u32, u32)>,
     cwd: Option<&'a Path>,
     caller_cwd: Option<&'a Path>,
     session: SessionParams,
@@ -116,6 +124,8 @@ struct Inner {
     /// Warm spares per provider, and the token that stops keeping them.
     pool: Mutex<warm::Pool>,
     warm_stop: Mutex<Option<CancellationToken>>,
+    /// This acpd's socket, offered to children that may delegate (`offer_delegation`).
+    offer_socket: RwLock<Option<PathBuf>>,
 }
 
 #[derive(Default)]
@@ -168,6 +178,14 @@ fn trace_for(config: &Config, id: &str) -> Option<Arc<crate::trace::Trace>> {
     crate::trace::Trace::start(config.trace_dir.as_deref()?, id)
 }
 
+fn max_depth_of(config: &Config, outer: &DepthContext, requested: Option<u32>) -> u32 {
+    [Some(config.max_depth), outer.inherited_max, requested]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(config.max_depth)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -182,6 +200,7 @@ impl Registry {
                 probes: Mutex::new(HashMap::new()),
                 pool: Mutex::default(),
                 warm_stop: Mutex::new(None),
+                offer_socket: RwLock::new(None),
                 freed: tokio::sync::Notify::new(),
                 queued: Default::default(),
             }),
@@ -247,6 +266,7 @@ impl Registry {
                 Launch {
                     log_id: &run_id,
                     max_depth: req.max_depth,
+                    nested_in: opts.nest.as_ref().map(|n| (n.depth, n.max_depth)),
                     cwd: req.cwd.as_deref(),
                     caller_cwd: opts.caller_cwd.as_deref(),
                     session: SessionParams {
@@ -258,12 +278,13 @@ impl Registry {
                 },
             )
             .await?;
-        let (child, slot, provider, depth) = (
-            launched.child,
-            launched.slot,
-            launched.provider,
-            launched.depth,
-        );
+        let Launched {
+            child,
+            slot,
+            provider,
+            depth,
+            max_depth,
+        } = launched;
 
         let session_id = format!("sub-{}", uuid::Uuid::new_v4());
         let run = Run::new(run::RunInit {
@@ -273,6 +294,7 @@ impl Registry {
             label: req.label.clone(),
             session_id: session_id.clone(),
             depth,
+            max_depth,
             run_timeout: opts.run_timeout,
             max_output: config.max_output,
             events: opts.events,
@@ -280,6 +302,7 @@ impl Registry {
             forward_permissions: opts.forward_permissions,
             sink: opts.sink,
             schema,
+            parent: opts.nest.map(|n| n.parent),
         });
         {
             // Checked under the table lock: an owner that is going away cancels first and
@@ -388,12 +411,17 @@ impl Registry {
         provider: Arc<ProviderConfig>,
         l: Launch<'_>,
     ) -> Result<Launched, RegistryError> {
-        let (depth, max_depth) = self.check_depth(config, l.max_depth)?;
+        let (depth, max_depth) = self.check_depth_from(config, l.max_depth, l.nested_in)?;
         let cwd = resolve_cwd(&provider, l.cwd, l.caller_cwd)?;
         let provider = crate::catalog::resolve_provider(config, provider, l.cancel).await?;
         let slot = self.claim(config, &provider, l.cancel).await?;
+        let mut session = l.session;
+        if let Some(entry) = self.offered_server(&provider, depth) {
+            session.mcp_servers =
+                Some(acpd_protocol::envelope::to_raw(&serde_json::json!([entry])));
+        }
         let spec = ChildSpec {
-            session: l.session,
+            session,
             limits: config.wire_limits(),
             trace: trace_for(config, l.log_id),
             ..ChildSpec::new(
@@ -412,6 +440,7 @@ impl Registry {
             slot,
             provider,
             depth,
+            max_depth,
         })
     }
 
@@ -420,20 +449,29 @@ impl Registry {
         config: &Config,
         requested: Option<u32>,
     ) -> Result<(u32, u32), RegistryError> {
-        let depth = self.inner.depth.depth.saturating_add(1);
-        let max = [
-            Some(config.max_depth),
-            self.inner.depth.inherited_max,
-            requested,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(config.max_depth);
+        self.check_depth_from(config, requested, None)
+    }
+
+    /// The depth of a new child one level below `nested_in` (a child of this acpd that asked
+    /// for it), else below this acpd, and the limit that applies to it.
+    fn check_depth_from(
+        &self,
+        config: &Config,
+        requested: Option<u32>,
+        nested_in: Option<(u32, u32)>,
+    ) -> Result<(u32, u32), RegistryError> {
+        let (base, limit) = nested_in.unwrap_or((self.inner.depth.depth, u32::MAX));
+        let depth = base.saturating_add(1);
+        let max = max_depth_of(config, &self.inner.depth, requested).min(limit);
         if depth > max {
             return Err(RegistryError::DepthExceeded { depth, max });
         }
         Ok((depth, max))
+    }
+
+    /// The depth limit in force (the config's, an outer acpd's, the request's: the least).
+    fn max_depth(&self, requested: Option<u32>) -> u32 {
+        max_depth_of(&self.config(), &self.inner.depth, requested)
     }
 
     /// Claims a slot, waiting up to `queue_timeout` for one to free up when configured.
@@ -521,7 +559,10 @@ impl Registry {
     /// Cancels the run's current turn (no-op when it is settled).
     pub fn cancel(&self, owner: Owner, run_id: &str) -> Result<(), RegistryError> {
         match self.find(owner, run_id) {
-            Ok(run) => run.cancel(),
+            Ok(run) => {
+                run.cancel();
+                self.cancel_nested(&Parent::Run(run.run_id.clone()));
+            }
             Err(RegistryError::RunEnded { .. }) => {}
             Err(e) => return Err(e),
         }
@@ -546,6 +587,7 @@ impl Registry {
             Err(RegistryError::RunEnded { .. }) => return Ok(()),
             Err(e) => return Err(e),
         };
+        self.dispose_nested(&Parent::Run(run.run_id.clone())).await;
         run.dispose().await;
         self.bury(&run);
         Ok(())
@@ -573,7 +615,11 @@ impl Registry {
             .filter(|r| r.owner == owner)
             .cloned()
             .collect();
-        futures::future::join_all(runs.iter().map(|r| r.dispose())).await;
+        futures::future::join_all(runs.iter().map(|r| async move {
+            self.dispose_nested(&Parent::Run(r.run_id.clone())).await;
+            r.dispose().await;
+        }))
+        .await;
         let mut table = lock(&self.inner.table);
         table.runs.retain(|_, r| r.owner != owner);
         table.tombstones.retain(|_, o| *o != owner);

@@ -51,6 +51,7 @@ pub(super) struct RunInit {
     pub label: Option<String>,
     pub session_id: String,
     pub depth: u32,
+    pub max_depth: u32,
     pub run_timeout: Option<Duration>,
     pub max_output: usize,
     pub events: Option<mpsc::Sender<RunEvent>>,
@@ -58,6 +59,7 @@ pub(super) struct RunInit {
     pub forward_permissions: bool,
     pub sink: Option<mpsc::Sender<String>>,
     pub schema: Option<Arc<OutputSchema>>,
+    pub parent: Option<super::Parent>,
 }
 
 pub struct Run {
@@ -68,6 +70,10 @@ pub struct Run {
     /// The parent-facing session id acpd minted (never the child's own).
     pub session_id: String,
     pub depth: u32,
+    /// The depth limit for this run and everything it starts.
+    pub max_depth: u32,
+    /// The run or bridge session whose child started this run (nested delegation).
+    pub parent: Option<super::Parent>,
     pub started_at: std::time::Instant,
     run_timeout: Option<Duration>,
     max_output: usize,
@@ -112,6 +118,8 @@ impl Run {
             label: init.label,
             session_id: init.session_id,
             depth: init.depth,
+            max_depth: init.max_depth,
+            parent: init.parent,
             started_at: std::time::Instant::now(),
             run_timeout: init.run_timeout,
             max_output: init.max_output,

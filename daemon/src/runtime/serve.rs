@@ -78,6 +78,13 @@ pub async fn serve(
 
     let detach = config.detach_timeout;
     let registry = Registry::new(config, DepthContext::from_env());
+    let offered = bound_path.clone().or_else(|| {
+        let addr = listener.local_addr().ok()?;
+        addr.as_pathname().map(std::path::Path::to_path_buf)
+    });
+    if let Some(path) = &offered {
+        registry.offer_socket(path);
+    }
     let cancel_all = CancellationToken::new();
     let sessions = Sessions::new(crate::server::open_store(), detach);
     let reload = reloader(registry.clone(), opts.load);
@@ -91,6 +98,7 @@ pub async fn serve(
         shutdown: cancel_all.clone(),
         sessions: sessions.clone(),
         peer_uid: None,
+        peer_pid: None,
     };
     registry.keep_warm(cancel_all.clone());
     let tracker = TaskTracker::new();
@@ -133,9 +141,11 @@ pub async fn serve(
                     continue;
                 }
                 let slot = Slot::take(&open);
-                let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
+                let cred = stream.peer_cred().ok();
+                let peer_uid = cred.map(|c| c.uid());
+                let peer_pid = cred.and_then(|c| c.pid());
                 let (reader, writer) = stream.into_split();
-                let conn_ctx = ServerContext { peer_uid, ..ctx.clone() };
+                let conn_ctx = ServerContext { peer_uid, peer_pid, ..ctx.clone() };
                 tracker.spawn(async move {
                     let _slot = slot;
                     server::serve(reader, writer, conn_ctx).await;

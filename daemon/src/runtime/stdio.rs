@@ -70,8 +70,12 @@ pub async fn serve_stdio(ctx: ServerContext, shutdown: Shutdown) {
     let warm = cancel_all.child_token();
     registry.keep_warm(warm.clone());
     let (reader, writer) = stdio();
+    let nest = super::nest::NestSocket::open(&ctx);
     let serving = async {
         server::serve(reader, writer, ctx).await;
+        if let Some(nest) = nest {
+            nest.close().await;
+        }
         warm.cancel();
         registry.drain_spares().await;
     };

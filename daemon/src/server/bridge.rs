@@ -201,9 +201,13 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
     }
     let reply = with_session_id(child.session_reply(), &minted)
         .unwrap_or_else(|| raw(&json!({ "sessionId": minted })));
-    conn.ctx
-        .sessions
-        .file(&minted, child.clone(), launched.slot, conn.ctx.peer_uid);
+    conn.ctx.sessions.file(
+        &minted,
+        child.clone(),
+        launched.slot,
+        conn.ctx.peer_uid,
+        conn.ctx.registry.clone(),
+    );
     attach(conn, minted, child, First::Answer(id, reply), seat).await;
 }
 
@@ -278,8 +282,14 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
         child.clone(),
         launched.slot,
         conn.ctx.peer_uid,
+        conn.ctx.registry.clone(),
     );
-    let params = Some(raw(&forwarded_params(params.as_deref())));
+    let mut params = forwarded_params(params.as_deref());
+    let depth = launched.depth;
+    conn.ctx
+        .registry
+        .offer_in(&mut params, &launched.provider, depth);
+    let params = Some(raw(&params));
     let first = First::Open { id, method, params };
     attach(conn, row.acpd_id, child, first, seat).await;
 }

@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 
 use super::events::RunMeta;
 use super::{Conn, lock, typed_error};
-use crate::registry::{RegistryError, Run, RunState, StartOptions};
+use crate::registry::{Nest, Parent, RegistryError, Run, RunState, StartOptions};
 
 pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<RawValue>>) {
     let params = params.as_deref();
@@ -205,6 +205,10 @@ async fn runs(conn: &Conn, id: Id) {
             pid: r.pid(),
             depth: r.depth,
             connection: r.owner,
+            parent: r.parent.as_ref().map(|p| match p {
+                Parent::Run(id) => format!("run:{id}"),
+                Parent::Session(id) => format!("session:{id}"),
+            }),
         })
         .collect();
     let sessions = conn.ctx.sessions.entries(conn.ctx.peer_uid);
@@ -258,7 +262,7 @@ fn status(conn: &Conn) -> StatusReply {
     }
 }
 
-async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {
+async fn start(conn: &Arc<Conn>, id: Id, mut req: StartRequest) {
     if let Some(parent) = &req.parent_session_id
         && !lock(&conn.sessions).contains_key(parent)
     {
@@ -272,6 +276,19 @@ async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {
     };
     let run_id = uuid::Uuid::new_v4().to_string();
     let subagent = conn.client().subagents && req.parent_session_id.is_some();
+    let nest = conn.nest();
+    // From inside a child's tree `maxDepth` counts from that child: `acpd mcp` asks for what
+    // is left of the limit it inherited, not knowing where this acpd counts from.
+    if let (Some(n), Some(m)) = (&nest, req.max_depth) {
+        req.max_depth = Some(n.depth.saturating_add(m));
+    }
+    let nested_under = match &nest {
+        Some(Nest {
+            parent: Parent::Session(s),
+            ..
+        }) => Some(s.clone()),
+        _ => None,
+    };
     let provider = req
         .provider
         .clone()
@@ -281,6 +298,7 @@ async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {
         RunMeta {
             parent_session: req.parent_session_id.clone(),
             subagent,
+            nested_under: nested_under.clone(),
             session_id: None,
             title: req.label.clone().unwrap_or_else(|| provider.clone()),
             running: false,
@@ -294,10 +312,11 @@ async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {
             caller_cwd: conn2.ctx.caller_cwd.clone(),
             owner: conn2.owner,
             events: Some(conn2.events.clone()),
-            forward_updates: subagent,
+            forward_updates: subagent || nested_under.is_some(),
             forward_permissions: true,
             cancel: conn2.closing.child_token(),
             run_id: Some(run_id.clone()),
+            nest,
             ..Default::default()
         };
         match conn2.ctx.registry.start(opts).await {

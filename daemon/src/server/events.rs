@@ -26,6 +26,9 @@ pub struct RunMeta {
     pub parent_session: Option<String>,
     /// Shown to the parent as a Subagent Session.
     pub subagent: bool,
+    /// Shown instead to the editor of this bridge session, whose child started the run
+    /// (nested delegation: this connection is that child's `acpd mcp`).
+    pub nested_under: Option<String>,
     /// The minted session id, known from the run's first `started`.
     pub session_id: Option<String>,
     pub title: String,
@@ -62,15 +65,33 @@ pub async fn pump(conn: Arc<Conn>, mut events: mpsc::Receiver<RunEvent>) {
     }
 }
 
-/// `(parent session, child session, title)` when the run is shown as a Subagent Session.
-fn subagent_target(conn: &Conn, run_id: &str) -> Option<(String, String, String)> {
+/// `(parent session, child session, title)` when the run is shown as a Subagent Session: on
+/// this connection, or (nested) to the editor of the bridge session its starter runs in.
+fn subagent_target(conn: &Conn, run_id: &str) -> Option<(Parent, String, String)> {
     let runs = lock(&conn.runs);
-    let meta = runs.get(run_id).filter(|m| m.subagent)?;
-    Some((
-        meta.parent_session.clone()?,
-        meta.session_id.clone()?,
-        meta.title.clone(),
-    ))
+    let meta = runs.get(run_id)?;
+    let parent = match (&meta.nested_under, meta.subagent) {
+        (Some(bridge), _) => Parent::Nested(bridge.clone()),
+        (None, true) => Parent::Own(meta.parent_session.clone()?),
+        (None, false) => return None,
+    };
+    Some((parent, meta.session_id.clone()?, meta.title.clone()))
+}
+
+/// Where a Subagent Session is shown: under a session of this connection, or under a bridge
+/// session of another (through that session's relay, to whichever editor holds it).
+#[derive(Clone)]
+enum Parent {
+    Own(String),
+    Nested(String),
+}
+
+impl Parent {
+    fn session(&self) -> &str {
+        match self {
+            Parent::Own(s) | Parent::Nested(s) => s,
+        }
+    }
 }
 
 async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<String>) {
@@ -106,7 +127,7 @@ async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<Str
                         "capabilities": { "cancel": {} },
                         "state": { "state": "running" },
                     });
-                    notify_update(conn, &parent, &raw(&update)).await;
+                    notify_update(conn, &parent, parent.session(), &raw(&update)).await;
                 } else {
                     state(conn, &parent, &child, json!({ "state": "running" })).await;
                 }
@@ -114,8 +135,8 @@ async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<Str
             let _ = conn.peer.notify("_acpd/subagent/started", &s).await;
         }
         RunEvent::Update { run_id, update } => {
-            if let Some((_, child, _)) = subagent_target(conn, &run_id) {
-                notify_update(conn, &child, &update).await;
+            if let Some((route, child, _)) = subagent_target(conn, &run_id) {
+                notify_update(conn, &route, &child, &update).await;
             }
         }
         RunEvent::Ask { run_id, ask } => {
@@ -139,6 +160,21 @@ async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<Str
                 state(conn, &parent, &child, idle_state(&e.result)).await;
             }
             let _ = conn.peer.notify("_acpd/subagent/ended", &*e).await;
+        }
+    }
+}
+
+/// The connection of a child's `acpd mcp` ended (the child cancelled its tool call, or died)
+/// while a nested run's turn was running: its editor is told the nested session went idle,
+/// since the run's own `ended` event may never be pumped now.
+pub fn settle_nested(conn: &Conn) {
+    let idle = json!({ "state": "idle", "stopReason": "cancelled" });
+    for meta in lock(&conn.runs).values().filter(|m| m.running) {
+        if let (Some(bridge), Some(child)) = (&meta.nested_under, &meta.session_id) {
+            let update =
+                json!({ "sessionUpdate": "subagent_update", "sessionId": child, "state": idle });
+            let params = json!({ "sessionId": bridge, "update": update });
+            conn.ctx.sessions.announce(bridge, raw(&params));
         }
     }
 }
@@ -177,20 +213,27 @@ fn ask_parent(
     });
 }
 
-async fn notify_update(conn: &Conn, session: &str, update: &RawValue) {
+/// A `session/update` on `session`, sent the way `route` reaches its editor.
+async fn notify_update(conn: &Conn, route: &Parent, session: &str, update: &RawValue) {
     let params = format!(
         "{{\"sessionId\":{},\"update\":{}}}",
         serde_json::to_string(session).unwrap_or_default(),
         update.get()
     );
-    if let Ok(params) = RawValue::from_string(params) {
-        let _ = conn.peer.notify_raw("session/update", Some(&params)).await;
+    let Ok(params) = RawValue::from_string(params) else {
+        return;
+    };
+    match route {
+        Parent::Own(_) => {
+            let _ = conn.peer.notify_raw("session/update", Some(&params)).await;
+        }
+        Parent::Nested(bridge) => conn.ctx.sessions.announce(bridge, params),
     }
 }
 
-async fn state(conn: &Conn, parent: &str, child: &str, state: serde_json::Value) {
+async fn state(conn: &Conn, parent: &Parent, child: &str, state: serde_json::Value) {
     let update = json!({ "sessionUpdate": "subagent_update", "sessionId": child, "state": state });
-    notify_update(conn, parent, &raw(&update)).await;
+    notify_update(conn, parent, parent.session(), &raw(&update)).await;
 }
 
 /// The `idle` state for a settled turn, in ACP's stop-reason vocabulary.

@@ -67,6 +67,9 @@ pub struct ServerContext {
     pub sessions: Arc<Sessions>,
     /// The connected user (`acpd serve`); only they may attach their detached sessions.
     pub peer_uid: Option<u32>,
+    /// The connected process (a socket's `SO_PEERCRED`): a child of this acpd delegating in
+    /// turn is known by its ancestry, never by what it says.
+    pub peer_pid: Option<i32>,
 }
 
 /// Daemon-wide facts for `_acpd/status`, and the daemon's own operations.
@@ -137,6 +140,8 @@ pub(crate) struct Conn {
     max_seats: usize,
     /// Per provider, the `authenticate` params that succeeded on this connection.
     auth: Mutex<HashMap<String, Box<RawValue>>>,
+    /// Where this connection's runs nest (see [`Conn::nest`]), once asked.
+    nest: std::sync::OnceLock<Option<crate::registry::Nest>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -170,6 +175,7 @@ where
         seats: Arc::default(),
         max_seats: config.max_sessions_per_connection,
         auth: Mutex::new(HashMap::new()),
+        nest: std::sync::OnceLock::new(),
     });
     conn.tracker.spawn(events::pump(conn.clone(), events_rx));
     conn.ctx.daemon.connections.fetch_add(1, Ordering::Relaxed);
@@ -373,11 +379,13 @@ impl Conn {
             Some(SessionRef::Bridge(b)) => {
                 b.cancel();
                 self.cascade(&sid, false);
+                let nested = crate::registry::Parent::Session(sid.clone());
+                self.ctx.registry.cancel_nested(&nested);
             }
             Some(SessionRef::Run { run_id }) => {
                 let _ = self.ctx.registry.cancel(self.owner, &run_id);
             }
-            None => {}
+            None => self.cancel_nested_session(&sid),
         }
     }
 
@@ -437,12 +445,43 @@ impl Conn {
         }
     }
 
+    /// `session/cancel` of a run nested under one of this connection's bridge sessions (as
+    /// announced to it): the run's turn is cancelled, and what it started.
+    fn cancel_nested_session(&self, sid: &str) {
+        let registry = &self.ctx.registry;
+        let Some(run) = registry.runs().into_iter().find(|r| r.session_id == sid) else {
+            return;
+        };
+        let mine = match &run.parent {
+            Some(crate::registry::Parent::Session(s)) => {
+                matches!(lock(&self.sessions).get(s), Some(SessionRef::Bridge(_)))
+            }
+            _ => false,
+        };
+        if mine {
+            registry.cancel_run(&run);
+        }
+    }
+
     /// A disposed run: its session id and its seat go.
     fn forget_run(&self, run_id: &str) {
         let meta = lock(&self.runs).remove(run_id);
         if let Some(sid) = meta.and_then(|m| m.session_id) {
             lock(&self.sessions).remove(&sid);
         }
+    }
+
+    /// The run or bridge session of this acpd whose child's process tree the connected
+    /// process is in, if any: its runs are nested there. Asked once, at the first start
+    /// (by then the child that connected is filed, whatever raced at connect time).
+    fn nest(&self) -> Option<crate::registry::Nest> {
+        self.nest
+            .get_or_init(|| {
+                let pid = self.ctx.peer_pid?;
+                let sessions = &self.ctx.sessions;
+                self.ctx.registry.nest_of(pid, |p| sessions.by_pid(p))
+            })
+            .clone()
     }
 
     /// Takes one of the connection's seats, if one is free.
@@ -487,6 +526,7 @@ impl Conn {
         );
         let disposing_runs = self.ctx.registry.dispose_owner(self.owner);
         futures::join!(closing_bridges, disposing_runs);
+        events::settle_nested(self);
         self.tracker.close();
         // Tasks still holding the parent's peer end once they notice the closed connection.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), self.tracker.wait()).await;

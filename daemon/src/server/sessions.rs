@@ -95,8 +95,16 @@ impl Sessions {
     }
 
     /// Files a live session (attached) and watches it: when its driver ends it is forgotten,
-    /// its tree reaped and its claim on the limits released.
-    pub fn file(self: &Arc<Self>, id: &str, child: Child, slot: Slot, uid: Option<u32>) {
+    /// its tree reaped (the runs its child started with it) and its claim on the limits
+    /// released.
+    pub fn file(
+        self: &Arc<Self>,
+        id: &str,
+        child: Child,
+        slot: Slot,
+        uid: Option<u32>,
+        registry: crate::registry::Registry,
+    ) {
         lock(&self.live).insert(
             id.to_string(),
             Live {
@@ -111,7 +119,8 @@ impl Sessions {
             let end = child.ended().await;
             tracing::info!(provider = %child.provider().name, session = %id, ?end, "bridge session ended");
             lock(&me.live).remove(&id);
-            child.shut().await;
+            let nested = crate::registry::Parent::Session(id.clone());
+            tokio::join!(child.shut(), registry.dispose_nested(&nested));
             drop(slot);
         });
     }
@@ -172,6 +181,22 @@ impl Sessions {
                 true
             }
             None => false,
+        }
+    }
+
+    /// The live session whose child is process `pid`.
+    pub fn by_pid(&self, pid: i32) -> Option<String> {
+        lock(&self.live)
+            .iter()
+            .find(|(_, l)| l.child.pid() == pid)
+            .map(|(id, _)| id.clone())
+    }
+
+    /// Sends a `session/update` about a run nested under session `id` to its parent, if the
+    /// session is live (a detached one drops it).
+    pub fn announce(&self, id: &str, params: Box<RawValue>) {
+        if let Some(live) = lock(&self.live).get(id) {
+            live.child.announce(params);
         }
     }
 

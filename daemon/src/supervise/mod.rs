@@ -11,8 +11,10 @@ mod stderr;
 mod tree;
 
 pub use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
+pub use procfs::ancestry;
 pub use reaper::{init, tune_allocator};
 pub(crate) use records::default_state_dir;
+pub use records::start_time;
 pub use records::{enable_default as keep_records, forget as forget_records, kill_all};
 pub use spawn::{SpawnError, SpawnSpec, Spawned, spawn};
 pub use stderr::StderrTail;

@@ -41,6 +41,19 @@ pub fn pids() -> impl Iterator<Item = i32> {
         .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
 }
 
+/// `pid` and its ancestors, nearest first, each with its start time (so a recorded pid that
+/// was reused is not mistaken for the process recorded), up to init or `limit` steps.
+pub fn ancestry(pid: i32, limit: usize) -> Vec<(i32, u64)> {
+    let mut chain = Vec::new();
+    let mut at = pid;
+    while at > 1 && chain.len() < limit {
+        let Some(stat) = stat(at) else { break };
+        chain.push((at, stat.start));
+        at = stat.ppid;
+    }
+    chain
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -403,6 +403,16 @@ impl Relay {
                 self.attach_next = Some(t);
                 return;
             }
+            Cmd::Announce(params) => {
+                if self.t.serves.subagents {
+                    self.to_parent(envelope::encode_notification(
+                        "session/update",
+                        Some(&params),
+                    ))
+                    .await;
+                }
+                return;
+            }
             Cmd::Prompt { .. } => return,
         };
         if !self.supports(&method) {

@@ -1,0 +1,170 @@
+//! Nested delegation: a child that delegates in turn. acpd offers itself to a provider's
+//! sessions as the MCP server `acpd` (`offer_delegation`); the `acpd mcp` the agent starts
+//! connects back to this acpd, and every run started over such a connection is nested under
+//! the run or bridge session whose child it came from. Who that is is never taken from what
+//! the child says: the connecting process's ancestry (from the kernel) must lead to a live
+//! child of this acpd, so a child cannot escape `max_depth` or adopt a stranger's run.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::{Registry, Run, lock};
+use crate::config::ProviderConfig;
+
+/// Whose child started a nested run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parent {
+    /// A delegated run, by run id.
+    Run(String),
+    /// A bridge session, by its acpd id.
+    Session(String),
+}
+
+/// Where a connection from inside a child's process tree belongs.
+#[derive(Debug, Clone)]
+pub struct Nest {
+    pub parent: Parent,
+    /// The depth of the child whose tree the connection came from.
+    pub depth: u32,
+    /// The depth limit that child is under (a run's `maxDepth` binds what it starts).
+    pub max_depth: u32,
+}
+
+/// The MCP server entry's name, as agents show it (`mcp__acpd__delegate` in Claude Code).
+pub const SERVER_NAME: &str = "acpd";
+
+/// How far up a connecting process's ancestry acpd looks for one of its children.
+const MAX_ANCESTRY: usize = 64;
+
+impl Registry {
+    /// Where the `acpd mcp` offered to children connects: this acpd's socket.
+    pub fn offer_socket(&self, path: &Path) {
+        *self
+            .inner
+            .offer_socket
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(path.to_path_buf());
+    }
+
+    /// The `mcpServers` entry offering acpd to a child of `provider` at `depth`, when the
+    /// provider offers delegation, this acpd has a socket to offer, and a run started by that
+    /// child would not be refused for its depth anyway.
+    pub fn offered_server(
+        &self,
+        provider: &ProviderConfig,
+        depth: u32,
+    ) -> Option<serde_json::Value> {
+        if !provider.offer_delegation || depth >= self.max_depth(None) {
+            return None;
+        }
+        let socket: PathBuf = self
+            .inner
+            .offer_socket
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        let exe = std::env::current_exe().ok()?;
+        let socket = socket.to_str()?.to_string();
+        Some(json!({
+            "name": SERVER_NAME,
+            "command": exe.to_str()?,
+            "args": ["mcp", "--socket", socket],
+            "env": [],
+        }))
+    }
+
+    /// `mcpServers` with acpd's own entry added when it is offered (an entry the parent
+    /// already named `acpd` is left alone).
+    pub fn offer_in(&self, params: &mut serde_json::Value, provider: &ProviderConfig, depth: u32) {
+        let Some(entry) = self.offered_server(provider, depth) else {
+            return;
+        };
+        let Some(obj) = params.as_object_mut() else {
+            return;
+        };
+        let servers = obj.entry("mcpServers").or_insert_with(|| json!([]));
+        if let Some(list) = servers.as_array_mut()
+            && !list
+                .iter()
+                .any(|s| s.get("name").and_then(|n| n.as_str()) == Some(SERVER_NAME))
+        {
+            list.push(entry);
+        }
+    }
+
+    /// The run whose live child is `pid`.
+    pub fn run_by_pid(&self, pid: i32) -> Option<Arc<Run>> {
+        lock(&self.inner.table)
+            .runs
+            .values()
+            .find(|r| r.pid() == Some(pid))
+            .cloned()
+    }
+
+    /// Where a connection from process `pid` belongs: the nearest of its ancestors (itself
+    /// included, acpd excluded) that is a live child of this acpd — a run's, or a bridge
+    /// session's as `session_of` tells. `None` for a process outside every child's tree.
+    pub fn nest_of(&self, pid: i32, session_of: impl Fn(i32) -> Option<String>) -> Option<Nest> {
+        let own = std::process::id() as i32;
+        let bridge_depth = self.inner.depth.depth.saturating_add(1);
+        for (at, _) in crate::supervise::ancestry(pid, MAX_ANCESTRY) {
+            if at == own {
+                return None;
+            }
+            if let Some(run) = self.run_by_pid(at) {
+                return Some(Nest {
+                    parent: Parent::Run(run.run_id.clone()),
+                    depth: run.depth,
+                    max_depth: run.max_depth,
+                });
+            }
+            if let Some(session) = session_of(at) {
+                return Some(Nest {
+                    parent: Parent::Session(session),
+                    depth: bridge_depth,
+                    max_depth: self.max_depth(None),
+                });
+            }
+        }
+        None
+    }
+
+    /// Cancels a run's turn whoever owns it, and the runs nested under it (a parent's cancel).
+    pub fn cancel_run(&self, run: &Run) {
+        run.cancel();
+        self.cancel_nested(&Parent::Run(run.run_id.clone()));
+    }
+
+    /// The runs started from `parent`'s child.
+    pub fn nested_runs(&self, parent: &Parent) -> Vec<Arc<Run>> {
+        lock(&self.inner.table)
+            .runs
+            .values()
+            .filter(|r| r.parent.as_ref() == Some(parent))
+            .cloned()
+            .collect()
+    }
+
+    /// Cancels the turns of every run nested under `parent`, and theirs in turn: a parent's
+    /// cancel reaches the whole tree even when a child would not pass it on.
+    pub fn cancel_nested(&self, parent: &Parent) {
+        for run in self.nested_runs(parent) {
+            run.cancel();
+            self.cancel_nested(&Parent::Run(run.run_id.clone()));
+        }
+    }
+
+    /// Disposes every run nested under `parent` (their nested runs with them) and waits until
+    /// their trees are reaped.
+    pub async fn dispose_nested(&self, parent: &Parent) {
+        let runs = self.nested_runs(parent);
+        futures::future::join_all(runs.iter().map(|run| async move {
+            Box::pin(self.dispose_nested(&Parent::Run(run.run_id.clone()))).await;
+            run.dispose().await;
+            self.bury(run);
+        }))
+        .await;
+    }
+}

@@ -1,0 +1,128 @@
+//! The socket `acpd stdio` opens for its own children when a provider offers delegation: the
+//! `acpd mcp` an agent starts connects back here, so its runs are this acpd's (nested under
+//! the session that made them, announced to the editor, reaped with it). `acpd serve` offers
+//! its own socket instead.
+//!
+//! Private like the daemon's: a fresh directory of mode 0700 with the socket 0600 inside,
+//! every peer checked to be acpd's own uid, both removed when the connection ends.
+
+use std::path::PathBuf;
+
+use nix::unistd::Uid;
+use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::server::{self, ServerContext};
+
+/// The listening socket; its directory goes when this drops.
+pub struct NestSocket {
+    dir: PathBuf,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl NestSocket {
+    /// Listens when some provider offers delegation; `None` (and a warning) when the socket
+    /// cannot be made — the offered `acpd mcp` then runs its children itself.
+    pub fn open(ctx: &ServerContext) -> Option<NestSocket> {
+        let config = ctx.registry.config();
+        if !config.providers.values().any(|p| p.offer_delegation) {
+            return None;
+        }
+        match Self::bind(ctx) {
+            Ok(socket) => Some(socket),
+            Err(e) => {
+                tracing::warn!("cannot open a socket for delegating children: {e}");
+                None
+            }
+        }
+    }
+
+    fn bind(ctx: &ServerContext) -> std::io::Result<NestSocket> {
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|d| d.is_absolute() && d.is_dir())
+            .unwrap_or_else(std::env::temp_dir);
+        let template = base.join("acpd-nest-XXXXXX");
+        let dir = nix::unistd::mkdtemp(&template).map_err(std::io::Error::from)?;
+        let path = dir.join("s");
+        let listener = super::socket::bind(&path)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|l| {
+                l.set_nonblocking(true)?;
+                UnixListener::from_std(l)
+            });
+        let listener = match listener {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        ctx.registry.offer_socket(&path);
+        let socket = NestSocket {
+            dir,
+            stop: ctx.shutdown.child_token(),
+            tasks: TaskTracker::new(),
+        };
+        socket.tasks.spawn(accept(
+            listener,
+            ctx.clone(),
+            socket.stop.clone(),
+            socket.tasks.clone(),
+        ));
+        Ok(socket)
+    }
+
+    /// Stops accepting and ends the connections it serves (each disposes its runs first).
+    pub async fn close(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+impl Drop for NestSocket {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn accept(
+    listener: UnixListener,
+    ctx: ServerContext,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+) {
+    let own = Uid::effective().as_raw();
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!("accept on the delegation socket failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = stop.cancelled() => return,
+        };
+        let cred = stream.peer_cred().ok();
+        if cred.map(|c| c.uid()) != Some(own) {
+            tracing::warn!(peer = ?cred.map(|c| c.uid()), "refused a connection from another user");
+            continue;
+        }
+        let conn_ctx = ServerContext {
+            peer_uid: cred.map(|c| c.uid()),
+            peer_pid: cred.and_then(|c| c.pid()),
+            caller_cwd: None,
+            // Ends with the editor's connection too (see `close`), disposing what it started.
+            shutdown: stop.clone(),
+            ..ctx.clone()
+        };
+        let (reader, writer) = stream.into_split();
+        tasks.spawn(server::serve(reader, writer, conn_ctx));
+    }
+}

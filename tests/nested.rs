@@ -1,0 +1,305 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
+//! Nested delegation end to end, with real processes: an editor opens a bridge session whose
+//! child (the echo agent, `offer_delegation = true`) is offered acpd as the MCP server `acpd`
+//! in `session/new`, and its `:delegate` directive calls that server's `delegate` tool
+//! through the MCP SDK — the grandchild's traffic reaches the editor as a nested Subagent
+//! Session; a grandchild that hides its depth and finds the socket by itself is refused at
+//! depth 3 with `max_depth = 2` (acpd counts depth from the connecting process's ancestry);
+//! cancelling the top session cancels the nested run; closing it, or disposing a run whose
+//! child delegated, leaves no process of the tree. This binary is a subreaper, so orphans it
+//! adopts are reaped before they are counted.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::raw::{Line, Raw, Serve, gone_within, subreaper};
+use common::*;
+use serde_json::{Value, json};
+
+/// Long enough for a loaded 2-core machine to run the ladder (3 × 300 ms graces) on a tree
+/// of three agents and two `acpd mcp` processes.
+const REAPED: Duration = Duration::from_secs(20);
+
+fn config(dir: &Path, socket_env: bool) -> String {
+    let socket = dir.join("run/acpd.sock");
+    let env = if socket_env {
+        format!("env = {{ ACPD_SOCKET = \"{}\" }}\n", socket.display())
+    } else {
+        String::new()
+    };
+    format!(
+        "max_depth = 2\ndetach_timeout = \"0s\"\ndefault_provider = \"p\"\n\
+         [providers.p]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+         description = \"the echo agent, delegating\"\n\
+         offer_delegation = true\n{env}\
+         cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n"
+    )
+}
+
+fn daemon(socket_env: bool) -> (Env, Serve) {
+    let env = Env::raw("");
+    std::fs::write(&env.config, config(env.path(), socket_env)).unwrap();
+    let serve = Serve::start(&env);
+    (env, serve)
+}
+
+fn editor(serve: &Serve) -> Raw {
+    let mut raw = serve.connect();
+    raw.initialize(json!({"subagents": {}}));
+    raw
+}
+
+/// The `session/update` lines seen so far whose update is a `subagent_update` under `parent`.
+fn announcements(raw: &Raw, parent: &str) -> Vec<Value> {
+    updates(raw)
+        .filter(|p| p["sessionId"] == parent && p["update"]["sessionUpdate"] == "subagent_update")
+        .map(|p| p["update"].clone())
+        .collect()
+}
+
+fn updates(raw: &Raw) -> impl Iterator<Item = Value> + '_ {
+    raw.seen
+        .iter()
+        .filter(|l: &&Line| l.method() == "session/update")
+        .map(|l| l.value["params"].clone())
+}
+
+/// Reads until a `subagent_update` under `parent` matches `pred`; returns it.
+fn until_announced(raw: &mut Raw, parent: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    loop {
+        if let Some(a) = announcements(raw, parent).into_iter().find(|a| pred(a)) {
+            return a;
+        }
+        let line = raw.next();
+        raw.seen.push(line);
+    }
+}
+
+/// Every live process below `pid` (children, grandchildren, …), from /proc.
+fn descendants(pid: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let after = &stat[stat.rfind(')')? + 2..];
+            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let at = found[i];
+        found.extend(parents.iter().filter(|(_, pp)| *pp == at).map(|(p, _)| *p));
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// The pid of the bridge session's child, from `_acpd/runs`.
+fn session_pid(raw: &mut Raw, sid: &str) -> i32 {
+    let runs = raw.ok("_acpd/runs", json!({}));
+    runs["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["sessionId"] == sid)
+        .and_then(|s| s["pid"].as_i64())
+        .unwrap_or_else(|| panic!("{sid} not in _acpd/runs: {runs}")) as i32
+}
+
+#[test]
+fn a_childs_delegation_is_a_nested_subagent_session_and_depth_3_is_refused() {
+    let (_env, serve) = daemon(true);
+    let mut raw = editor(&serve);
+    let sid = raw.new_session(Path::new("/tmp"), "p");
+
+    let id = raw.send_prompt(&sid, ":delegate hello from the grandchild");
+    let answer = raw.answer(&json!(id));
+    assert_eq!(
+        answer.value["result"]["stopReason"], "end_turn",
+        "{answer:?}"
+    );
+    let announced = announcements(&raw, &sid);
+    let first = announced.first().unwrap_or_else(|| {
+        panic!(
+            "no subagent_update under {sid}; seen: {:?}",
+            raw.seen_text()
+        )
+    });
+    assert_eq!(first["state"]["state"], "running");
+    assert_eq!(first["description"], "the echo agent, delegating");
+    let sub = first["sessionId"].as_str().unwrap().to_string();
+    assert_ne!(sub, sid);
+    assert_eq!(
+        raw.chunk_text(&sub),
+        "hello from the grandchild",
+        "the grandchild's traffic arrives under the nested session"
+    );
+    let last = announced.last().unwrap();
+    assert_eq!(last["sessionId"], sub.as_str());
+    assert_eq!(
+        last["state"],
+        json!({"state": "idle", "stopReason": "end_turn"})
+    );
+    assert_eq!(
+        raw.chunk_text(&sid),
+        "delegated: hello from the grandchild\n",
+        "the delegate tool's result reaches the child"
+    );
+
+    // The grandchild (depth 2) is not offered acpd; it finds the socket itself, hides
+    // ACPD_DEPTH, and is refused by its ancestry.
+    raw.seen.clear();
+    let id = raw.send_prompt(&sid, ":delegate :delegate deeper");
+    raw.answer(&json!(id));
+    let text = raw.chunk_text(&sid);
+    assert!(
+        text.contains("DEPTH_EXCEEDED") && text.contains("run depth 3 exceeds the depth limit 2"),
+        "{text}"
+    );
+}
+
+#[test]
+fn cancelling_the_top_session_cancels_the_nested_run_and_closing_it_leaves_nothing() {
+    subreaper();
+    let (_env, serve) = daemon(false);
+    let mut raw = editor(&serve);
+    let sid = raw.new_session(Path::new("/tmp"), "p");
+    let child = session_pid(&mut raw, &sid);
+
+    let id = raw.send_prompt(&sid, ":delegate :hang");
+    let running = until_announced(&mut raw, &sid, |a| a["state"]["state"] == "running");
+    let sub = running["sessionId"].as_str().unwrap().to_string();
+    let tree = descendants(child);
+    assert!(!tree.is_empty(), "the child's acpd mcp runs below it");
+    let runs = raw.ok("_acpd/runs", json!({}));
+    let nested: Vec<&Value> = runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["depth"] == 2)
+        .collect();
+    assert_eq!(nested.len(), 1, "one run at depth 2: {runs}");
+    assert_eq!(nested[0]["parent"], format!("session:{sid}"));
+    let grandchild = nested[0]["pid"].as_i64().unwrap() as i32;
+
+    raw.line(
+        &json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}})
+            .to_string(),
+    );
+    let answer = raw.answer(&json!(id));
+    assert_eq!(answer.value["result"]["stopReason"], "cancelled");
+    let idle = until_announced(&mut raw, &sid, |a| a["state"]["state"] == "idle");
+    assert_eq!(idle["sessionId"], sub.as_str());
+    assert_eq!(idle["state"]["stopReason"], "cancelled");
+
+    // Cancelled from the editor by the nested session's own id.
+    raw.seen.clear();
+    let id = raw.send_prompt(&sid, ":delegate :hang");
+    let running = until_announced(&mut raw, &sid, |a| a["state"]["state"] == "running");
+    let sub = running["sessionId"].as_str().unwrap().to_string();
+    raw.line(
+        &json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sub}})
+            .to_string(),
+    );
+    let idle = until_announced(&mut raw, &sid, |a| a["state"]["state"] == "idle");
+    assert_eq!(idle["state"]["stopReason"], "cancelled");
+    let answer = raw.answer(&json!(id));
+    assert_eq!(answer.value["result"]["stopReason"], "end_turn");
+    assert!(
+        raw.chunk_text(&sid).starts_with("delegate failed:"),
+        "{}",
+        raw.chunk_text(&sid)
+    );
+
+    // One more nested run, hanging; then the editor goes away mid-turn.
+    raw.seen.clear();
+    raw.send_prompt(&sid, ":delegate :hang");
+    until_announced(&mut raw, &sid, |a| a["state"]["state"] == "running");
+    let mut tree = descendants(child);
+    tree.push(child);
+    tree.push(grandchild);
+    drop(raw);
+    for pid in tree {
+        assert!(gone_within(pid, REAPED), "pid {pid} of the tree survived");
+    }
+}
+
+#[test]
+fn disposing_a_run_whose_child_delegated_reaps_the_nested_run() {
+    subreaper();
+    let (_env, serve) = daemon(false);
+    let mut raw = editor(&serve);
+    let run = raw.ok(
+        "_acpd/subagent/start",
+        json!({"provider": "p", "cwd": "/tmp",
+               "prompt": [{"type": "text", "text": ":delegate nested output"}]}),
+    )["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let result = raw.wait_run(&run);
+    assert_eq!(result["stopReason"], "completed", "{result}");
+    assert_eq!(output_text(&result), "delegated: nested output\n");
+
+    let id = raw.send(
+        "_acpd/subagent/send",
+        json!({"runId": run, "prompt": [{"type": "text", "text": ":delegate :hang"}]}),
+    );
+    raw.answer(&json!(id));
+    let mut nested = None;
+    assert!(
+        eventually(REAPED, || {
+            let runs = raw.ok("_acpd/runs", json!({}));
+            nested = runs["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["depth"] == 2 && r["state"] == "running")
+                .and_then(|r| r["pid"].as_i64());
+            nested.is_some()
+        }),
+        "the nested run never showed at depth 2"
+    );
+    let top = raw.ok("_acpd/runs", json!({}))["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["runId"] == run.as_str())
+        .and_then(|r| r["pid"].as_i64())
+        .unwrap() as i32;
+    let mut tree = descendants(top);
+    tree.push(top);
+    tree.push(nested.unwrap() as i32);
+    raw.ok("_acpd/subagent/dispose", json!({"runId": run}));
+    for pid in tree {
+        assert!(gone_within(pid, REAPED), "pid {pid} of the tree survived");
+    }
+    let runs = raw.ok("_acpd/runs", json!({}));
+    assert_eq!(
+        runs["runs"],
+        json!([]),
+        "the nested run went with its parent"
+    );
+}
+
+#[test]
+fn acpd_stdio_offers_its_own_socket_to_delegating_children() {
+    let env = Env::raw("");
+    std::fs::write(&env.config, config(env.path(), false)).unwrap();
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({"subagents": {}}));
+    let sid = raw.new_session(Path::new("/tmp"), "p");
+    let id = raw.send_prompt(&sid, ":delegate through stdio");
+    raw.answer(&json!(id));
+    let announced = announcements(&raw, &sid);
+    assert!(!announced.is_empty(), "seen: {:?}", raw.seen_text());
+    let sub = announced[0]["sessionId"].as_str().unwrap();
+    assert_eq!(raw.chunk_text(sub), "through stdio");
+    assert_eq!(raw.chunk_text(&sid), "delegated: through stdio\n");
+}
