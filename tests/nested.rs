@@ -23,6 +23,10 @@ use serde_json::{Value, json};
 const REAPED: Duration = Duration::from_secs(20);
 
 fn config(dir: &Path, socket_env: bool) -> String {
+    config_with(dir, socket_env, 2)
+}
+
+fn config_with(dir: &Path, socket_env: bool, max_depth: u32) -> String {
     let socket = dir.join("run/acpd.sock");
     let env = if socket_env {
         format!("env = {{ ACPD_SOCKET = \"{}\" }}\n", socket.display())
@@ -30,7 +34,7 @@ fn config(dir: &Path, socket_env: bool) -> String {
         String::new()
     };
     format!(
-        "max_depth = 2\ndetach_timeout = \"0s\"\ndefault_provider = \"p\"\n\
+        "max_depth = {max_depth}\ndetach_timeout = \"0s\"\ndefault_provider = \"p\"\n\
          [providers.p]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
          description = \"the echo agent, delegating\"\n\
          offer_delegation = true\n{env}\
@@ -39,8 +43,12 @@ fn config(dir: &Path, socket_env: bool) -> String {
 }
 
 fn daemon(socket_env: bool) -> (Env, Serve) {
+    daemon_with(socket_env, 2)
+}
+
+fn daemon_with(socket_env: bool, max_depth: u32) -> (Env, Serve) {
     let env = Env::raw("");
-    std::fs::write(&env.config, config(env.path(), socket_env)).unwrap();
+    std::fs::write(&env.config, config_with(env.path(), socket_env, max_depth)).unwrap();
     let serve = Serve::start(&env);
     (env, serve)
 }
@@ -302,4 +310,185 @@ fn acpd_stdio_offers_its_own_socket_to_delegating_children() {
     let sub = announced[0]["sessionId"].as_str().unwrap();
     assert_eq!(raw.chunk_text(sub), "through stdio");
     assert_eq!(raw.chunk_text(&sid), "delegated: through stdio\n");
+}
+
+#[test]
+fn each_level_is_announced_under_the_one_above() {
+    let (_env, serve) = daemon_with(false, 3);
+    let mut raw = editor(&serve);
+    let sid = raw.new_session(Path::new("/tmp"), "p");
+    let id = raw.send_prompt(&sid, ":delegate :delegate deepest");
+    raw.answer(&json!(id));
+    let first = announcements(&raw, &sid);
+    let sub1 = first[0]["sessionId"].as_str().unwrap().to_string();
+    let second = announcements(&raw, &sub1);
+    assert!(
+        !second.is_empty(),
+        "the great-grandchild is announced under the grandchild's session; seen: {:?}",
+        raw.seen_text()
+    );
+    let sub2 = second[0]["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(raw.chunk_text(&sub2), "deepest");
+    assert_eq!(raw.chunk_text(&sub1), "delegated: deepest\n");
+    assert_eq!(raw.chunk_text(&sid), "delegated: delegated: deepest\n");
+    assert_eq!(
+        second.last().unwrap()["state"],
+        json!({"state": "idle", "stopReason": "end_turn"})
+    );
+}
+
+#[test]
+fn a_delegated_runs_own_delegation_is_announced_under_its_subagent_session() {
+    let (_env, serve) = daemon(false);
+    let mut raw = editor(&serve);
+    let sid = raw.new_session(Path::new("/tmp"), "p");
+    let run = raw.ok(
+        "_acpd/subagent/start",
+        json!({"provider": "p", "cwd": "/tmp", "parentSessionId": sid,
+               "prompt": [{"type": "text", "text": ":delegate from the run's child"}]}),
+    );
+    let run_session = run["sessionId"].as_str().unwrap().to_string();
+    let result = raw.wait_run(run["runId"].as_str().unwrap());
+    assert_eq!(output_text(&result), "delegated: from the run's child\n");
+    let nested = announcements(&raw, &run_session);
+    assert!(!nested.is_empty(), "seen: {:?}", raw.seen_text());
+    let sub = nested[0]["sessionId"].as_str().unwrap();
+    assert_eq!(raw.chunk_text(sub), "from the run's child");
+}
+
+/// SIGTERM: the daemon reaps the nested tree before it exits; SIGKILL: the next daemon's sweep
+/// does.
+#[test]
+fn no_process_of_a_nested_tree_outlives_the_daemon() {
+    subreaper();
+    for signal in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
+    ] {
+        let (env, mut serve) = daemon(false);
+        let mut raw = editor(&serve);
+        let sid = raw.new_session(Path::new("/tmp"), "p");
+        let child = session_pid(&mut raw, &sid);
+        raw.send_prompt(&sid, ":delegate :hang");
+        until_announced(&mut raw, &sid, |a| a["state"]["state"] == "running");
+        let runs = raw.ok("_acpd/runs", json!({}));
+        let mut tree = descendants(child);
+        tree.push(child);
+        tree.extend(
+            runs["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|r| r["pid"].as_i64().map(|p| p as i32)),
+        );
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(serve.pid() as i32), signal).unwrap();
+        let _ = serve.child.wait();
+        if signal == nix::sys::signal::Signal::SIGKILL {
+            // PDEATHSIG ends the daemon's direct children; what they started waits for the
+            // next daemon's sweep.
+            let _next = Serve::start(&env);
+            for pid in &tree {
+                assert!(gone_within(*pid, REAPED), "pid {pid} survived the sweep");
+            }
+        } else {
+            for pid in &tree {
+                assert!(gone_within(*pid, REAPED), "pid {pid} survived SIGTERM");
+            }
+        }
+    }
+}
+
+/// A process inside a child's tree that dials the socket itself and acts as an editor: it may
+/// not open, list, close or delete bridge sessions (one it opened would start at the top of
+/// the depth count; one it closed could be its own parent's).
+#[test]
+fn a_child_cannot_open_or_touch_bridge_sessions_through_the_socket() {
+    let env = Env::raw("");
+    let socket = env.path().join("run/acpd.sock");
+    let out = env.path().join("hostile.json");
+    let script = env.path().join("hostile.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect({socket:?})
+f = s.makefile("rwb")
+def call(i, method, params):
+    f.write((json.dumps({{"jsonrpc": "2.0", "id": i, "method": method, "params": params}}) + "\n").encode())
+    f.flush()
+    while True:
+        msg = json.loads(f.readline())
+        if msg.get("id") == i:
+            return msg
+answers = [call(1, "initialize", {{"protocolVersion": 1}})]
+answers.append(call(2, "session/new", {{"cwd": "/tmp", "mcpServers": []}}))
+answers.append(call(3, "session/list", {{}}))
+answers.append(call(4, "session/close", {{"sessionId": sys.argv[1]}}))
+open({out:?} + ".tmp", "w").write(json.dumps(answers))
+import os; os.rename({out:?} + ".tmp", {out:?})
+time.sleep(600)
+"#
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &env.config,
+        format!(
+            "detach_timeout = \"0s\"\ndefault_provider = \"p\"\n\
+             [providers.p]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+             cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n\
+             [providers.h]\n\
+             command = [\"sh\", \"-c\", \"python3 {script} \\\"$0\\\" & exec {BIN} agent echo\", \"VICTIM\"]\n\
+             cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n",
+            script = script.display(),
+        ),
+    )
+    .unwrap();
+    let serve = Serve::start(&env);
+    let mut raw = editor(&serve);
+    let victim = raw.new_session(Path::new("/tmp"), "p");
+    // The victim's id reaches the hostile script through its provider's argv.
+    let config = std::fs::read_to_string(&env.config)
+        .unwrap()
+        .replace("VICTIM", &victim);
+    std::fs::write(&env.config, config).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    assert!(
+        eventually(REAPED, || {
+            std::fs::read_to_string(env.path().join("daemon.log"))
+                .unwrap_or_default()
+                .contains("config reloaded")
+        }),
+        "the daemon never reloaded"
+    );
+    let hostile = raw.new_session(Path::new("/tmp"), "h");
+    assert!(
+        eventually(REAPED, || out.exists()),
+        "the hostile script never finished"
+    );
+    let answers: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(
+        answers[0].get("result").is_some(),
+        "initialize: {}",
+        answers[0]
+    );
+    for answer in &answers[1..] {
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("inside the process tree of a child"),
+            "refused, saying why: {answer}"
+        );
+    }
+    // The victim is untouched: it still answers a prompt.
+    let id = raw.send_prompt(&victim, "still here");
+    let answer = raw.answer(&json!(id));
+    assert_eq!(answer.value["result"]["stopReason"], "end_turn");
+    assert_eq!(raw.chunk_text(&victim), "still here");
+    drop(hostile);
 }

@@ -111,7 +111,7 @@ async fn call(server: &serde_json::Value, prompt: &str) -> Result<String, String
         .iter()
         .filter_map(|c| c.as_text().map(|t| t.text.clone()))
         .collect();
-    let text = text.join(" ").replace('\n', " ");
+    let text = text.join(" ").trim().replace('\n', " ");
     if result.is_error == Some(true) {
         Err(text)
     } else {

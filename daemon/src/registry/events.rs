@@ -20,6 +20,12 @@ pub enum RunEvent {
         run_id: String,
         ask: Box<PermissionAsk>,
     },
+    /// `session/update` params about a run nested under this one (its child delegated), for
+    /// an owner that shows this run as a Subagent Session.
+    Nested {
+        run_id: String,
+        params: Box<RawValue>,
+    },
 }
 
 impl RunEvent {

@@ -32,6 +32,17 @@ pub struct Nest {
     pub max_depth: u32,
 }
 
+/// Where a connecting process stands relative to this acpd's children.
+#[derive(Debug, Clone)]
+pub enum Lineage {
+    /// Not below this acpd at all (a user's CLI, an editor).
+    Outside,
+    /// In the tree of this child's run or session.
+    Nested(Nest),
+    /// Below this acpd, in the tree of a child not filed under a run or session yet.
+    Unfiled,
+}
+
 /// The MCP server entry's name, as agents show it (`mcp__acpd__delegate` in Claude Code).
 pub const SERVER_NAME: &str = "acpd";
 
@@ -105,36 +116,60 @@ impl Registry {
 
     /// Where a connection from process `pid` belongs: the nearest of its ancestors (itself
     /// included, acpd excluded) that is a live child of this acpd — a run's, or a bridge
-    /// session's as `session_of` tells. `None` for a process outside every child's tree.
-    pub fn nest_of(&self, pid: i32, session_of: impl Fn(i32) -> Option<String>) -> Option<Nest> {
+    /// session's as `session_of` tells.
+    pub fn lineage_of(&self, pid: i32, session_of: impl Fn(i32) -> Option<String>) -> Lineage {
         let own = std::process::id() as i32;
         let bridge_depth = self.inner.depth.depth.saturating_add(1);
         for (at, _) in crate::supervise::ancestry(pid, MAX_ANCESTRY) {
             if at == own {
-                return None;
+                // Below acpd, but in no run or session filed yet: a child still starting.
+                return Lineage::Unfiled;
             }
             if let Some(run) = self.run_by_pid(at) {
-                return Some(Nest {
+                return Lineage::Nested(Nest {
                     parent: Parent::Run(run.run_id.clone()),
                     depth: run.depth,
                     max_depth: run.max_depth,
                 });
             }
             if let Some(session) = session_of(at) {
-                return Some(Nest {
+                return Lineage::Nested(Nest {
                     parent: Parent::Session(session),
                     depth: bridge_depth,
                     max_depth: self.max_depth(None),
                 });
             }
         }
-        None
+        Lineage::Outside
     }
 
     /// Cancels a run's turn whoever owns it, and the runs nested under it (a parent's cancel).
     pub fn cancel_run(&self, run: &Run) {
         run.cancel();
         self.cancel_nested(&Parent::Run(run.run_id.clone()));
+    }
+
+    /// Passes `session/update` params about a nested run to the owner of run `run_id` (its
+    /// parent); dropped when that owner is behind or gone, like any update it did not read.
+    pub fn announce_to_run(&self, run_id: &str, params: Box<serde_json::value::RawValue>) {
+        let run = lock(&self.inner.table).runs.get(run_id).cloned();
+        if let Some(events) = run.as_ref().and_then(|r| r.events.as_ref()) {
+            let event = super::RunEvent::Nested {
+                run_id: run_id.to_string(),
+                params,
+            };
+            if events.try_send(event).is_err() {
+                tracing::debug!(run = %run_id, "dropping a nested run's update");
+            }
+        }
+    }
+
+    /// The session id a run's owner knows it by.
+    pub fn session_of_run(&self, run_id: &str) -> Option<String> {
+        lock(&self.inner.table)
+            .runs
+            .get(run_id)
+            .map(|r| r.session_id.clone())
     }
 
     /// The runs started from `parent`'s child.

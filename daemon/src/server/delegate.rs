@@ -15,7 +15,7 @@ use acpd_protocol::subagent::StartRequest;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
-use super::events::RunMeta;
+use super::events::{NestedUnder, RunMeta};
 use super::{Conn, lock, typed_error};
 use crate::registry::{Nest, Parent, RegistryError, Run, RunState, StartOptions};
 
@@ -262,7 +262,7 @@ fn status(conn: &Conn) -> StatusReply {
     }
 }
 
-async fn start(conn: &Arc<Conn>, id: Id, mut req: StartRequest) {
+async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {
     if let Some(parent) = &req.parent_session_id
         && !lock(&conn.sessions).contains_key(parent)
     {
@@ -274,21 +274,38 @@ async fn start(conn: &Arc<Conn>, id: Id, mut req: StartRequest) {
     let Some(seat) = conn.take_seat() else {
         return conn.reply_err(&id, &conn.seat_limit()).await;
     };
+    let conn2 = conn.clone();
+    // Spawned at once: finding where the run nests may wait for a child still starting.
+    conn.tracker.spawn(async move {
+        let nest = match conn2.nest().await {
+            Ok(nest) => nest,
+            Err(e) => return conn2.reply_err(&id, &e).await,
+        };
+        start_nested(conn2, id, req, seat, nest).await;
+    });
+}
+
+async fn start_nested(
+    conn: Arc<Conn>,
+    id: Id,
+    mut req: StartRequest,
+    seat: super::Seat,
+    nest: Option<Nest>,
+) {
     let run_id = uuid::Uuid::new_v4().to_string();
     let subagent = conn.client().subagents && req.parent_session_id.is_some();
-    let nest = conn.nest();
     // From inside a child's tree `maxDepth` counts from that child: `acpd mcp` asks for what
     // is left of the limit it inherited, not knowing where this acpd counts from.
     if let (Some(n), Some(m)) = (&nest, req.max_depth) {
         req.max_depth = Some(n.depth.saturating_add(m));
     }
-    let nested_under = match &nest {
-        Some(Nest {
-            parent: Parent::Session(s),
-            ..
-        }) => Some(s.clone()),
-        _ => None,
-    };
+    let nested_under = nest.as_ref().and_then(|n| match &n.parent {
+        Parent::Session(s) => Some(NestedUnder::Session(s.clone())),
+        Parent::Run(run_id) => Some(NestedUnder::Run {
+            run_id: run_id.clone(),
+            session_id: conn.ctx.registry.session_of_run(run_id)?,
+        }),
+    });
     let provider = req
         .provider
         .clone()
@@ -305,32 +322,29 @@ async fn start(conn: &Arc<Conn>, id: Id, mut req: StartRequest) {
             _seat: seat,
         },
     );
-    let conn2 = conn.clone();
-    conn.tracker.spawn(async move {
-        let opts = StartOptions {
-            request: req,
-            caller_cwd: conn2.ctx.caller_cwd.clone(),
-            owner: conn2.owner,
-            events: Some(conn2.events.clone()),
-            forward_updates: subagent || nested_under.is_some(),
-            forward_permissions: true,
-            cancel: conn2.closing.child_token(),
-            run_id: Some(run_id.clone()),
-            nest,
-            ..Default::default()
-        };
-        match conn2.ctx.registry.start(opts).await {
-            Ok(p) => {
-                let reply = StartReply {
-                    run_id: p.run_id,
-                    session_id: p.session_id,
-                };
-                let _ = conn2.peer.respond_ok(&id, &reply).await;
-            }
-            Err(e) => {
-                lock(&conn2.runs).remove(&run_id);
-                conn2.reply_err(&id, &typed_error(&e)).await;
-            }
+    let opts = StartOptions {
+        request: req,
+        caller_cwd: conn.ctx.caller_cwd.clone(),
+        owner: conn.owner,
+        events: Some(conn.events.clone()),
+        forward_updates: subagent || nested_under.is_some(),
+        forward_permissions: true,
+        cancel: conn.closing.child_token(),
+        run_id: Some(run_id.clone()),
+        nest,
+        ..Default::default()
+    };
+    match conn.ctx.registry.start(opts).await {
+        Ok(p) => {
+            let reply = StartReply {
+                run_id: p.run_id,
+                session_id: p.session_id,
+            };
+            let _ = conn.peer.respond_ok(&id, &reply).await;
         }
-    });
+        Err(e) => {
+            lock(&conn.runs).remove(&run_id);
+            conn.reply_err(&id, &typed_error(&e)).await;
+        }
+    }
 }

@@ -26,9 +26,9 @@ pub struct RunMeta {
     pub parent_session: Option<String>,
     /// Shown to the parent as a Subagent Session.
     pub subagent: bool,
-    /// Shown instead to the editor of this bridge session, whose child started the run
-    /// (nested delegation: this connection is that child's `acpd mcp`).
-    pub nested_under: Option<String>,
+    /// Shown instead under the session of the bridge session or run whose child started the
+    /// run (nested delegation: this connection is that child's `acpd mcp`).
+    pub nested_under: Option<NestedUnder>,
     /// The minted session id, known from the run's first `started`.
     pub session_id: Option<String>,
     pub title: String,
@@ -65,13 +65,25 @@ pub async fn pump(conn: Arc<Conn>, mut events: mpsc::Receiver<RunEvent>) {
     }
 }
 
+/// Where a nested run is shown: under a bridge session (by acpd id), or under a run (by run
+/// id, with the session id its owner knows it by).
+#[derive(Clone)]
+pub enum NestedUnder {
+    Session(String),
+    Run { run_id: String, session_id: String },
+}
+
 /// `(parent session, child session, title)` when the run is shown as a Subagent Session: on
 /// this connection, or (nested) to the editor of the bridge session its starter runs in.
 fn subagent_target(conn: &Conn, run_id: &str) -> Option<(Parent, String, String)> {
     let runs = lock(&conn.runs);
     let meta = runs.get(run_id)?;
     let parent = match (&meta.nested_under, meta.subagent) {
-        (Some(bridge), _) => Parent::Nested(bridge.clone()),
+        (Some(NestedUnder::Session(bridge)), _) => Parent::Nested(bridge.clone()),
+        (Some(NestedUnder::Run { run_id, session_id }), _) => Parent::NestedRun {
+            run_id: run_id.clone(),
+            session_id: session_id.clone(),
+        },
         (None, true) => Parent::Own(meta.parent_session.clone()?),
         (None, false) => return None,
     };
@@ -84,12 +96,18 @@ fn subagent_target(conn: &Conn, run_id: &str) -> Option<(Parent, String, String)
 enum Parent {
     Own(String),
     Nested(String),
+    /// Under a run's Subagent Session on its owner's connection.
+    NestedRun {
+        run_id: String,
+        session_id: String,
+    },
 }
 
 impl Parent {
     fn session(&self) -> &str {
         match self {
             Parent::Own(s) | Parent::Nested(s) => s,
+            Parent::NestedRun { session_id, .. } => session_id,
         }
     }
 }
@@ -152,6 +170,13 @@ async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<Str
             };
             ask_parent(conn, run_id, *ask, session, answered.clone());
         }
+        RunEvent::Nested { run_id, params } => {
+            // Shown only where this run is itself shown, nested or not: a chain of nested
+            // runs reaches the editor at the top.
+            if let Some((route, _, _)) = subagent_target(conn, &run_id) {
+                dispatch(conn, &route, params).await;
+            }
+        }
         RunEvent::Ended(e) => {
             if let Some(meta) = lock(&conn.runs).get_mut(&e.run_id) {
                 meta.running = false;
@@ -170,11 +195,20 @@ async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<Str
 pub fn settle_nested(conn: &Conn) {
     let idle = json!({ "state": "idle", "stopReason": "cancelled" });
     for meta in lock(&conn.runs).values().filter(|m| m.running) {
-        if let (Some(bridge), Some(child)) = (&meta.nested_under, &meta.session_id) {
-            let update =
-                json!({ "sessionUpdate": "subagent_update", "sessionId": child, "state": idle });
-            let params = json!({ "sessionId": bridge, "update": update });
-            conn.ctx.sessions.announce(bridge, raw(&params));
+        let (Some(under), Some(child)) = (&meta.nested_under, &meta.session_id) else {
+            continue;
+        };
+        let update =
+            json!({ "sessionUpdate": "subagent_update", "sessionId": child, "state": idle });
+        match under {
+            NestedUnder::Session(bridge) => {
+                let params = json!({ "sessionId": bridge, "update": update });
+                conn.ctx.sessions.announce(bridge, raw(&params));
+            }
+            NestedUnder::Run { run_id, session_id } => {
+                let params = json!({ "sessionId": session_id, "update": update });
+                conn.ctx.registry.announce_to_run(run_id, raw(&params));
+            }
         }
     }
 }
@@ -220,14 +254,19 @@ async fn notify_update(conn: &Conn, route: &Parent, session: &str, update: &RawV
         serde_json::to_string(session).unwrap_or_default(),
         update.get()
     );
-    let Ok(params) = RawValue::from_string(params) else {
-        return;
-    };
+    if let Ok(params) = RawValue::from_string(params) {
+        dispatch(conn, route, params).await;
+    }
+}
+
+/// Sends `session/update` params the way `route` reaches its editor.
+async fn dispatch(conn: &Conn, route: &Parent, params: Box<RawValue>) {
     match route {
         Parent::Own(_) => {
             let _ = conn.peer.notify_raw("session/update", Some(&params)).await;
         }
         Parent::Nested(bridge) => conn.ctx.sessions.announce(bridge, params),
+        Parent::NestedRun { run_id, .. } => conn.ctx.registry.announce_to_run(run_id, params),
     }
 }
 

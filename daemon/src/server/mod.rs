@@ -140,8 +140,8 @@ pub(crate) struct Conn {
     max_seats: usize,
     /// Per provider, the `authenticate` params that succeeded on this connection.
     auth: Mutex<HashMap<String, Box<RawValue>>>,
-    /// Where this connection's runs nest (see [`Conn::nest`]), once asked.
-    nest: std::sync::OnceLock<Option<crate::registry::Nest>>,
+    /// Where this connection's process stands (see [`Conn::lineage`]), once settled.
+    lineage: std::sync::OnceLock<crate::registry::Lineage>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -175,7 +175,7 @@ where
         seats: Arc::default(),
         max_seats: config.max_sessions_per_connection,
         auth: Mutex::new(HashMap::new()),
-        nest: std::sync::OnceLock::new(),
+        lineage: std::sync::OnceLock::new(),
     });
     conn.tracker.spawn(events::pump(conn.clone(), events_rx));
     conn.ctx.daemon.connections.fetch_add(1, Ordering::Relaxed);
@@ -223,6 +223,23 @@ where
     }
 }
 
+/// How long a start from inside a child that is still starting waits for it to be filed.
+const UNFILED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a child's own connection may not do: a bridge session it opened would start at the top
+/// of the depth count, and one it loaded, closed or deleted could be its own ancestor's.
+const BRIDGE_ONLY: &[&str] = &[
+    "session/new",
+    "session/load",
+    "session/resume",
+    "session/fork",
+    "session/list",
+    "session/delete",
+    "session/close",
+    "authenticate",
+    "logout",
+];
+
 /// How long a connection's last answers may take to go out when acpd shuts down.
 const SHUTDOWN_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -257,6 +274,16 @@ impl Conn {
         }
         if lock(&self.client).is_none() {
             let e = RpcError::invalid_request(format!("initialize must complete before {method}"));
+            return self.reply_err(&id, &e).await;
+        }
+        if BRIDGE_ONLY.contains(&method.as_str())
+            && !matches!(self.lineage(), crate::registry::Lineage::Outside)
+        {
+            let e = RpcError::invalid_request(format!(
+                "{method}: this connection comes from inside the process tree of a child of \
+                 this acpd, which may delegate (_acpd/subagent/*, depth counted from it) but not \
+                 open or touch bridge sessions"
+            ));
             return self.reply_err(&id, &e).await;
         }
         let conn = self.clone();
@@ -471,17 +498,44 @@ impl Conn {
         }
     }
 
-    /// The run or bridge session of this acpd whose child's process tree the connected
-    /// process is in, if any: its runs are nested there. Asked once, at the first start
-    /// (by then the child that connected is filed, whatever raced at connect time).
-    fn nest(&self) -> Option<crate::registry::Nest> {
-        self.nest
-            .get_or_init(|| {
-                let pid = self.ctx.peer_pid?;
-                let sessions = &self.ctx.sessions;
-                self.ctx.registry.nest_of(pid, |p| sessions.by_pid(p))
-            })
-            .clone()
+    /// Where the connected process stands: outside this acpd, or in the tree of one of its
+    /// children (whose runs it starts nest there). Settled once known; a child still being
+    /// started is asked again.
+    fn lineage(&self) -> crate::registry::Lineage {
+        use crate::registry::Lineage;
+        if let Some(known) = self.lineage.get() {
+            return known.clone();
+        }
+        let Some(pid) = self.ctx.peer_pid else {
+            return self.lineage.get_or_init(|| Lineage::Outside).clone();
+        };
+        let sessions = &self.ctx.sessions;
+        match self.ctx.registry.lineage_of(pid, |p| sessions.by_pid(p)) {
+            Lineage::Unfiled => Lineage::Unfiled,
+            settled => self.lineage.get_or_init(|| settled).clone(),
+        }
+    }
+
+    /// The run or bridge session this connection's runs nest under; waits (a little) for a
+    /// child that is still starting to be filed. `Err` when it never is.
+    async fn nest(&self) -> Result<Option<crate::registry::Nest>, RpcError> {
+        use crate::registry::Lineage;
+        let deadline = tokio::time::Instant::now() + UNFILED_WAIT;
+        loop {
+            match self.lineage() {
+                Lineage::Outside => return Ok(None),
+                Lineage::Nested(nest) => return Ok(Some(nest)),
+                Lineage::Unfiled if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Lineage::Unfiled => {
+                    return Err(RpcError::invalid_request(
+                        "this connection comes from inside a child of this acpd that belongs to \
+                         no run or session (yet); try again once it is started",
+                    ));
+                }
+            }
+        }
     }
 
     /// Takes one of the connection's seats, if one is free.
