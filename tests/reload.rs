@@ -355,3 +355,45 @@ fn stdio_has_no_reload() {
     let reply = conn.call("_acpd/reload", serde_json::json!([1]));
     assert_eq!(reply["error"]["data"]["code"], "INVALID_REQUEST", "{reply}");
 }
+
+/// An agent runs as acpd's user and can reach its socket, but reloading is the operator's: a
+/// child's descendant calling `acpd reload` is refused (exit 1) and nothing is re-read.
+#[test]
+fn a_child_of_acpd_may_not_reload_it() {
+    let env = Env::raw("");
+    let said = env.path().join("child-reload.txt");
+    let socket = env.path().join("run/acpd.sock");
+    let config = format!(
+        "{}[providers.reloader]\ncommand = [\"/bin/sh\", \"-c\", \
+         \"\\\"$ACPD_BIN\\\" reload --socket \\\"$SOCK\\\" > \\\"$SAID\\\" 2>&1; echo \\\"exit $?\\\" >> \\\"$SAID\\\"; \
+         exec \\\"$ACPD_BIN\\\" agent echo\"]\n\
+         env = {{ ACPD_BIN = \"{BIN}\", SOCK = \"{}\", SAID = \"{}\" }}\n",
+        echo_provider("first"),
+        socket.display(),
+        said.display()
+    );
+    std::fs::write(&env.config, config.as_bytes()).unwrap();
+    let d = Daemon::start(env);
+    // The file now on disk has one more provider: a reload that got through would list it.
+    let mut on_disk = std::fs::read_to_string(&d.env.config).unwrap();
+    on_disk.push_str(&echo_provider("sneaked"));
+    d.write_config(&on_disk);
+    let mut conn = common::raw::Raw::socket(&d.socket);
+    conn.initialize(serde_json::json!({}));
+    let started = conn.ok(
+        "_acpd/subagent/start",
+        serde_json::json!({"provider": "reloader", "cwd": d.env.path(),
+            "prompt": [{"type": "text", "text": "after the attempt"}]}),
+    );
+    let result = conn.wait_run(started["runId"].as_str().unwrap());
+    assert!(
+        output_text(&result).contains("after the attempt"),
+        "{result}"
+    );
+    let said = std::fs::read_to_string(&said).unwrap();
+    assert!(
+        said.contains("may not reload") && said.contains("exit 1"),
+        "{said}"
+    );
+    assert!(!d.providers().contains(&"sneaked".to_string()));
+}

@@ -3,7 +3,8 @@
 //!
 //! Exit codes: 0 the new config is in force; 2 the daemon rejected the file and keeps the old
 //! one (the error, with file, line and key, is on stderr and in the daemon's log), or a usage
-//! error; 1 no daemon answered, or it refused (only acpd's own user may reload).
+//! error; 1 no daemon answered, or it refused (only acpd's own user may reload, and not from
+//! inside one of its children's process trees).
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,6 +1,7 @@
 //! `_acpd/reload`: the operator's "re-read the config, and tell me whether it took".
 //!
-//! Only acpd's own user may ask. Group members (`allow_group`) cannot write the config, so a
+//! Only acpd's own user may ask, and not from inside a child's process tree (agents run as
+//! acpd's user too, but reloading is the operator's). Group members (`allow_group`) cannot write the config, so a
 //! reload is not theirs to trigger, and its answer would show them the file's path and, in a
 //! rejection, the offending key and value of a file they may not be allowed to read.
 //! (Root is not special: it is not admitted to the socket at all unless it is acpd's user or a
@@ -23,12 +24,14 @@ pub(super) async fn reload(conn: &Arc<Conn>, id: Id) {
     let own = nix::unistd::Uid::effective().as_raw();
     if conn.ctx.peer_uid != Some(own) {
         tracing::warn!(peer_uid = ?conn.ctx.peer_uid, "refused _acpd/reload from another user");
-        let e = RpcError::new(
-            ErrorName::NotPermitted.code(),
-            format!("only acpd's own user (uid {own}) may reload it"),
-        )
-        .with_data(serde_json::json!({ "code": ErrorName::NotPermitted.as_str() }));
-        return conn.reply_err(&id, &e).await;
+        let why = format!("only acpd's own user (uid {own}) may reload it");
+        return conn.reply_err(&id, &not_permitted(why)).await;
+    }
+    if !matches!(conn.lineage(), crate::registry::Lineage::Outside) {
+        tracing::warn!(peer_pid = ?conn.ctx.peer_pid, "refused _acpd/reload from inside a child's tree");
+        let why = "a connection from inside the process tree of one of this acpd's children (an \
+                   agent) may not reload it; reloading is the operator's";
+        return conn.reply_err(&id, &not_permitted(why.into())).await;
     }
     // Reading and checking the file is blocking work; the connection keeps being served.
     let outcome = tokio::task::spawn_blocking(move || load()).await;
@@ -39,6 +42,11 @@ pub(super) async fn reload(conn: &Arc<Conn>, id: Id) {
         Ok(Err(e)) => conn.reply_err(&id, &rejected(&e)).await,
         Err(e) => conn.reply_err(&id, &RpcError::internal(e)).await,
     }
+}
+
+fn not_permitted(why: String) -> RpcError {
+    RpcError::new(ErrorName::NotPermitted.code(), why)
+        .with_data(serde_json::json!({ "code": ErrorName::NotPermitted.as_str() }))
 }
 
 fn reply(config: &Config) -> ReloadReply {
