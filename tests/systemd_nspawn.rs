@@ -13,7 +13,7 @@ mod nspawn;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nspawn::{Client, Container};
+use nspawn::{Client, Container, Layout};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_acpd");
@@ -41,6 +41,21 @@ fn providers_toml(acpd: &str, extra: &str) -> String {
 
 #[test]
 fn the_units_under_a_real_systemd() {
+    check_the_units(Layout::Host);
+}
+
+/// The same with cgroup2 alone in the container (nspawn can do that on a hybrid host): the
+/// layout most systemd hosts have, and the one `Delegate=yes` containment is written for.
+#[test]
+fn the_units_under_a_real_systemd_with_cgroup2_only() {
+    if nspawn::host_is_cgroup2_only() {
+        eprintln!("skipped: the host is cgroup2-only, so the other test already boots that layout");
+        return;
+    }
+    check_the_units(Layout::Cgroup2Only);
+}
+
+fn check_the_units(layout: Layout) {
     if let Some(why) = nspawn::unavailable() {
         eprintln!("skipped: {why}");
         return;
@@ -51,25 +66,37 @@ fn the_units_under_a_real_systemd() {
     std::fs::create_dir(&fixtures).unwrap();
     std::fs::write(fixtures.join("setsid-agent.sh"), SETSID_AGENT).unwrap();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let name = format!("acpd-test-{}", std::process::id());
+    let tag = layout.tag();
+    let name = format!("acpd-test-{}-{tag}", std::process::id());
     let binds = [
         (Path::new(BIN), "/mnt/acpd/acpd"),
         (&repo.join("systemd"), "/mnt/acpd/systemd"),
         (&fixtures, "/mnt/acpd/fixtures"),
     ];
     let log = scratch.path().join("nspawn.log");
-    let c = match Container::boot(&name, &binds, &log) {
+    let c = match Container::boot(&name, layout, &binds, &log) {
         Ok(c) => c,
         Err(why) => {
-            eprintln!("skipped: the container did not boot: {why}");
+            eprintln!("skipped ({tag}): the container did not boot: {why}");
             return;
         }
     };
-    eprintln!("booted in {:.1?}", started.elapsed());
+    let cgroups = c.sh("stat -fc %T /sys/fs/cgroup").stdout;
+    c.note(&format!(
+        "booted in {:.1?}; /sys/fs/cgroup inside is {}",
+        started.elapsed(),
+        cgroups.trim()
+    ));
     system::all(&c);
-    eprintln!("system units checked at {:.1?}", started.elapsed());
+    c.note(&format!(
+        "system units checked at {:.1?}",
+        started.elapsed()
+    ));
     user::all(&c);
-    eprintln!("user units checked; total {:.1?}", started.elapsed());
+    c.note(&format!(
+        "user units checked; total {:.1?}",
+        started.elapsed()
+    ));
 }
 
 /// `journalctl` lines (message only) matching `filter`, since `since` (epoch seconds inside).
@@ -111,10 +138,10 @@ fn stop_during_a_run(
     let since = now(c);
     let t = Instant::now();
     c.sh(stop).ok(stop);
-    eprintln!(
+    c.note(&format!(
         "`{stop}` with a TERM-deaf child and grandchild took {:.1?}",
         t.elapsed()
-    );
+    ));
     for pid in [child, grandchild] {
         assert!(!c.alive(pid), "pid {pid} survived `{stop}`");
     }
@@ -294,13 +321,13 @@ mod system {
             said.contains("/etc/acpd/config.toml:1: max_children"),
             "the journal does not say why:\n{said}"
         );
-        eprintln!(
+        c.note(&format!(
             "systemctl reload with a broken file: exit {}, journal: {}",
             out.code,
             said.lines()
                 .find(|l| l.contains("max_children"))
                 .unwrap_or("")
-        );
+        ));
         assert_eq!(
             c.sh("systemctl is-active acpd.service").stdout.trim(),
             "active"
@@ -332,9 +359,9 @@ mod system {
             assert!(c.alive(pid));
             Some(pid)
         } else {
-            eprintln!(
+            c.note(
                 "note: acpd reports no cgroup containment here, so the setsid descendant check \
-                 (Delegate=yes) is not run"
+                 (Delegate=yes) is not run",
             );
             None
         };
@@ -386,10 +413,10 @@ mod system {
             .lines()
             .find(|l| l.contains("SIGKILL"))
             .unwrap_or("no SIGKILL line");
-        eprintln!(
+        c.note(&format!(
             "note: without cgroups the setsid descendant {} at stop; systemd: {killed}",
             if c.alive(pid) { "survived" } else { "was gone" }
-        );
+        ));
         drop(alice);
     }
 
@@ -422,10 +449,10 @@ mod system {
             ),
         );
         assert!(restarted, "{}", journal(c, "-u acpd", &since));
-        eprintln!(
+        c.note(&format!(
             "watchdog: a SIGSTOPped acpd was replaced after {:.1?}",
             t.elapsed()
-        );
+        ));
         drop(alice);
         let said = journal(c, "-u acpd", &since);
         assert!(said.contains("Watchdog timeout"), "{said}");
@@ -452,10 +479,10 @@ mod system {
             .find(|l| l.contains("Overall exposure level"))
             .unwrap_or_else(|| panic!("no score: {out:?}"))
             .to_string();
-        eprintln!(
+        c.note(&format!(
             "systemd-analyze security on the booted system: {}",
             score.trim()
-        );
+        ));
     }
 }
 

@@ -50,6 +50,35 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
+/// The container's cgroup layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// What nspawn picks to match the host (here: hybrid, cgroup2 at /sys/fs/cgroup/unified).
+    Host,
+    /// cgroup2 alone at /sys/fs/cgroup, as a Debian 12 host boots by default.
+    Cgroup2Only,
+}
+
+impl Layout {
+    pub fn tag(self) -> &'static str {
+        match self {
+            Layout::Host => "host",
+            Layout::Cgroup2Only => "cgroup2",
+        }
+    }
+}
+
+/// True when the host itself has cgroup2 alone at /sys/fs/cgroup (then both layouts are one).
+pub fn host_is_cgroup2_only() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+        m.lines().any(|l| {
+            l.split(' ').nth(4) == Some("/sys/fs/cgroup")
+                && l.split_once(" - ")
+                    .is_some_and(|(_, r)| r.starts_with("cgroup2 "))
+        })
+    })
+}
+
 /// What a command inside printed, and how it exited.
 #[derive(Debug)]
 pub struct Out {
@@ -85,6 +114,8 @@ pub struct Container {
     /// The cgroups (one per hierarchy) the container lives under, made by this test.
     cgroups: Vec<PathBuf>,
     log: PathBuf,
+    /// Printed before each [`Container::note`], so two containers' lines can be told apart.
+    tag: String,
 }
 
 /// How long one command inside may take (coreutils `timeout` inside enforces it).
@@ -93,7 +124,12 @@ const COMMAND_LIMIT: Duration = Duration::from_secs(90);
 impl Container {
     /// Boots the root with `binds` (host path, container path; read-only), and waits until
     /// systemd reports the boot finished. `Err` says why it did not boot.
-    pub fn boot(name: &str, binds: &[(&Path, &str)], log: &Path) -> Result<Container, String> {
+    pub fn boot(
+        name: &str,
+        layout: Layout,
+        binds: &[(&Path, &str)],
+        log: &Path,
+    ) -> Result<Container, String> {
         let cgroups = own_cgroups(name)?;
         // nspawn with --keep-unit puts the container under its own cgroup: a shell moves
         // itself into groups of ours first and execs nspawn, so what it leaves is ours to
@@ -126,6 +162,9 @@ impl Container {
         for (host, inside) in binds {
             cmd.arg(format!("--bind-ro={}:{inside}", host.display()));
         }
+        if layout == Layout::Cgroup2Only {
+            cmd.env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1");
+        }
         let file = std::fs::File::create(log).map_err(|e| e.to_string())?;
         cmd.stdin(Stdio::null())
             .stdout(file.try_clone().map_err(|e| e.to_string())?)
@@ -138,6 +177,7 @@ impl Container {
             nspawn: Some(nspawn),
             cgroups,
             log: log.to_path_buf(),
+            tag: layout.tag().to_string(),
         };
         let nspawn_pid = c.nspawn.as_ref().map_or(0, |n| n.id() as i32);
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -174,6 +214,11 @@ impl Container {
             ));
         }
         Ok(c)
+    }
+
+    /// A line on stderr (durations, notes), tagged with the layout.
+    pub fn note(&self, line: &str) {
+        eprintln!("[{}] {line}", self.tag);
     }
 
     pub fn log_text(&self) -> String {
