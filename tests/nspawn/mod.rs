@@ -263,6 +263,20 @@ impl Container {
         ))
     }
 
+    /// Writes a file inside (as root), through `cat`'s stdin.
+    pub fn write(&self, path: &str, text: &str) {
+        let mut child = self
+            .command(&["sh", "-c", &format!("cat > {path}")])
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("run nsenter");
+        let written = child.stdin.take().map(|mut i| i.write_all(text.as_bytes()));
+        assert!(
+            matches!(written, Some(Ok(()))) && child.wait().is_ok_and(|s| s.success()),
+            "cannot write {path} inside"
+        );
+    }
+
     /// The host pid of a process the container's pid namespace calls `pid`.
     pub fn host_pid(&self, pid: i32) -> Option<i32> {
         let ns = std::fs::read_link(format!("/proc/{}/ns/pid", self.pid1)).ok()?;
