@@ -492,3 +492,43 @@ time.sleep(600)
     assert_eq!(raw.chunk_text(&victim), "still here");
     drop(hostile);
 }
+
+/// The grandchild's permission request reaches the editor, under the nested session's id, and
+/// the editor's answer reaches the grandchild.
+#[test]
+fn a_nested_runs_permission_request_is_asked_of_the_editor() {
+    let (_env, serve) = daemon(false);
+    let mut raw = editor(&serve);
+    let sid = raw.new_session(Path::new("/tmp"), "p");
+    let id = raw.send_prompt(&sid, ":delegate :permission");
+    let request = loop {
+        let line = raw.next();
+        if line.is_request() && line.method() == "session/request_permission" {
+            break line;
+        }
+        raw.seen.push(line);
+    };
+    let announced = announcements(&raw, &sid);
+    let sub = announced[0]["sessionId"].as_str().unwrap().to_string();
+    assert_eq!(request.value["params"]["sessionId"], sub.as_str());
+    let option = request.value["params"]["options"][0]["optionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    raw.line(
+        &json!({"jsonrpc": "2.0", "id": request.value["id"],
+                "result": {"outcome": {"outcome": "selected", "optionId": option}}})
+        .to_string(),
+    );
+    raw.answer(&json!(id));
+    assert_eq!(
+        raw.chunk_text(&sub),
+        format!("permission: selected {option}\n")
+    );
+    assert!(
+        announcements(&raw, &sid)
+            .iter()
+            .any(|a| a["state"]["state"] == "requires_action"),
+        "the nested session showed it waits on the editor"
+    );
+}

@@ -335,7 +335,7 @@ mod tests {
                     state: "detached".into(),
                 }],
             },
-            json!({"runs": [{"runId": "r1", "provider": "echo", "state": "settled", "ageS": 3, "pid": 42, "depth": 0, "connection": 7}],
+            json!({"runs": [{"runId": "r1", "provider": "echo", "state": "settled", "ageS": 3, "pid": 42, "depth": 0, "connection": 7, "parent": "session:acpd-1"}],
                 "sessions": [{"sessionId": "acpd-1", "provider": "echo", "pid": 43, "state": "detached"}]}),
         );
         round_trip(

@@ -122,7 +122,7 @@ impl Driver {
                     Some(Cmd::Notify { method, .. }) => {
                         tracing::debug!(%method, "a notification for a child that is not relaying");
                     }
-                    Some(Cmd::Announce(_)) => {}
+                    Some(Cmd::Announce(_) | Cmd::Parent(_)) => {}
                 },
                 _ = self.shared.tree.exited() => break,
             }

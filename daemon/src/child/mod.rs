@@ -338,6 +338,9 @@ pub(crate) enum Cmd {
     /// A `session/update` acpd itself sends the parent about this session: a run nested under
     /// it (relay mode; shown only to a parent that opted in to Subagent Sessions).
     Announce(Box<RawValue>),
+    /// The parent's connection, for asking it about a run nested under this session; `None`
+    /// when detached or when it did not opt in to Subagent Sessions.
+    Parent(oneshot::Sender<Option<crate::wire::Peer>>),
 }
 
 /// Shared between the handle and the driver.
@@ -463,6 +466,13 @@ impl Child {
         if self.cmds.try_send(Cmd::Announce(params)).is_err() {
             tracing::debug!(session = %self.shared.log_id, "dropping a nested run's update");
         }
+    }
+
+    /// The connection of the editor this session is attached to (see [`Cmd::Parent`]).
+    pub async fn parent_peer(&self) -> Option<crate::wire::Peer> {
+        let (tx, rx) = oneshot::channel();
+        self.cmds.try_send(Cmd::Parent(tx)).ok()?;
+        rx.await.ok().flatten()
     }
 
     /// A parent's `session/cancel` (relay mode).

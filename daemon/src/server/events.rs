@@ -221,6 +221,10 @@ fn ask_parent(
     session: Option<String>,
     answered: mpsc::Sender<String>,
 ) {
+    let nested_under = match subagent_target(conn, &run_id) {
+        Some((Parent::Nested(bridge), _, _)) => Some(bridge),
+        _ => None,
+    };
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
         let fallback = decide(&ask.request, Decision::Reject);
@@ -229,8 +233,14 @@ fn ask_parent(
             .as_deref()
             .and_then(|s| with_session_id(&params, s))
             .unwrap_or(params);
-        let answer = match conn2
-            .peer
+        // A run nested under a bridge session asks that session's editor, who sees it as a
+        // nested Subagent Session; else whoever started it.
+        let editor = match &nested_under {
+            Some(bridge) => conn2.ctx.sessions.editor_of(bridge).await,
+            None => None,
+        };
+        let peer = editor.as_ref().unwrap_or(&conn2.peer);
+        let answer = match peer
             .call_raw("session/request_permission", Some(&params))
             .await
         {

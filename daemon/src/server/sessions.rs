@@ -200,6 +200,13 @@ impl Sessions {
         }
     }
 
+    /// The connection of the editor holding live session `id`, when it can be asked about a
+    /// run nested under it (attached, opted in to Subagent Sessions).
+    pub async fn editor_of(&self, id: &str) -> Option<crate::wire::Peer> {
+        let child = lock(&self.live).get(id).map(|l| l.child.clone())?;
+        child.parent_peer().await
+    }
+
     pub fn counts(&self) -> SessionCounts {
         let live = lock(&self.live);
         let attached = live.values().filter(|l| l.attached).count();

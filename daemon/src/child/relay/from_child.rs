@@ -1,0 +1,246 @@
+//! What the child sends the parent of a bridge session besides answers: its notifications
+//! (updates spliced with the minted session id, its own subagent sessions' traffic, failures it
+//! reports in `_meta`) and its requests (forwarded where the parent serves them, permission
+//! requests by the provider's policy), and the parent's answers to them.
+
+use super::*;
+
+impl Relay {
+    pub(super) async fn child_notification(
+        &mut self,
+        d: &Driver,
+        method: &str,
+        params: Option<Box<RawValue>>,
+    ) {
+        let session = self.t.session_id.clone();
+        let log = |why: &str| {
+            tracing::warn!(provider = %d.shared.provider.name, %session,
+                %method, "dropping a child notification: {why}");
+        };
+        if !strict::forwardable(method) {
+            return log("not an ACP notification");
+        }
+        let Some(params) = params else {
+            if method == "session/update" {
+                return log("no params");
+            }
+            return self
+                .to_parent(envelope::encode_notification(method, None))
+                .await;
+        };
+        let text = params.get();
+        if method == "session/update" && strict::fast_own(text, &self.child_prefix) {
+            let rest = &text.as_bytes()[self.child_prefix.len()..];
+            let mut line = Vec::with_capacity(self.line_prefix.len() + rest.len() + 2);
+            line.extend_from_slice(&self.line_prefix);
+            line.extend_from_slice(rest);
+            line.push(b'}');
+            return self.to_parent(line).await;
+        }
+        let keys = strict::session_keys(&params);
+        let own = &d.shared.session_id;
+        let sid = keys.as_ref().and_then(|k| k.value.as_deref());
+        let target = match (keys.as_ref().map(|k| k.count), sid) {
+            (Some(1), Some(sid)) if sid == own => self.t.session_id.clone(),
+            (Some(1), Some(sid)) if self.subs.contains_key(sid) => self.subs[sid].clone(),
+            (Some(0), _) if method != "session/update" => {
+                return self
+                    .to_parent(envelope::encode_notification(method, Some(&params)))
+                    .await;
+            }
+            (Some(0), _) => return log("no sessionId"),
+            (Some(1), _) => return log("another session's sessionId"),
+            (Some(_), _) => return log("more than one sessionId"),
+            (None, _) => return log("params are not an object"),
+        };
+        let nested = !acpd_protocol::session_id::surely_no_session_id_key(
+            keys.as_ref().and_then(|k| k.update).map_or("", |u| u.get()),
+        );
+        if nested || text.contains("SessionId\"") {
+            if !self.t.serves.subagents {
+                return log("it names other sessions and the client did not opt in to subagents");
+            }
+            return match self.subagent_traffic(own, &params) {
+                Ok(p) => {
+                    self.to_parent(envelope::encode_notification(method, Some(&p)))
+                        .await
+                }
+                Err(id) => log(&format!(
+                    "it names a session the agent never announced ({id})"
+                )),
+            };
+        }
+        match splice_session_id(text, &target) {
+            Some(spliced) => {
+                self.to_parent(envelope::encode_notification_text(method, &spliced))
+                    .await
+            }
+            None => log("cannot rewrite its sessionId"),
+        }
+    }
+
+    pub(super) async fn child_request(
+        &mut self,
+        d: &mut Driver,
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+    ) {
+        let serves = self.t.serves;
+        let ask = method == "session/request_permission";
+        let allowed = match method.as_str() {
+            "session/request_permission" => {
+                match permission::answer_by_policy(d.shared.provider.permission, params.as_deref())
+                {
+                    PolicyAnswer::InvalidParams(why) => {
+                        let e = RpcError::invalid_params(why);
+                        let _ = d.wire.respond(&id, Err(&e)).await;
+                        return;
+                    }
+                    PolicyAnswer::Answer(answer) => {
+                        let _ = d.wire.respond_ok(&id, &answer).await;
+                        return;
+                    }
+                    PolicyAnswer::Forward(_) => true,
+                }
+            }
+            "fs/read_text_file" => serves.read_text_file,
+            "fs/write_text_file" => serves.write_text_file,
+            m if m.starts_with("terminal/") => serves.terminal,
+            m => strict::forwardable_request(m),
+        };
+        if !allowed {
+            let e = RpcError::method_not_found(&method);
+            let _ = d.wire.respond(&id, Err(&e)).await;
+            return;
+        }
+        // Exactly the child's own sessionId, rewritten to the parent's; a request with none is
+        // forwarded as it is; anything else (another session's, two of them) never leaves.
+        let params = match params.as_deref() {
+            None => None,
+            Some(p) => match strict::session_keys(p).map(|k| (k.count, k.value)) {
+                Some((0, _)) => Some(p.to_owned()),
+                Some((1, Some(sid))) if sid == d.shared.session_id => {
+                    with_session_id(p, &self.t.session_id)
+                }
+                Some((1, Some(sid))) if self.subs.contains_key(&*sid) => {
+                    with_session_id(p, &self.subs[&*sid])
+                }
+                _ => {
+                    tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
+                        %method, "refusing a child request that does not name exactly its own session");
+                    let e =
+                        RpcError::invalid_params("the request must name exactly its own session");
+                    let _ = d.wire.respond(&id, Err(&e)).await;
+                    return;
+                }
+            },
+        };
+        if self.forwarded.len() >= MAX_FORWARDED {
+            let e = RpcError::internal("too many requests are waiting on the parent");
+            let _ = d.wire.respond(&id, Err(&e)).await;
+            return;
+        }
+        self.ask_parent(id, &method, params, ask).await;
+    }
+
+    /// Forwards a child's request to the parent; its answer comes back through `forwarded`.
+    pub(super) async fn ask_parent(
+        &mut self,
+        id: Id,
+        method: &str,
+        params: Option<Box<RawValue>>,
+        ask: bool,
+    ) {
+        if ask {
+            self.asks.insert(id.clone(), params.clone());
+        } else {
+            self.waiting.insert(id.clone());
+        }
+        self.trace(Hop::AcpdToParent, || {
+            envelope::encode_notification(method, params.as_deref())
+        });
+        let call = self.t.parent.call_raw(method, params.as_deref()).await;
+        self.forwarded.push(Box::pin(async move {
+            let result = match call {
+                Ok(call) => call.result().await,
+                Err(e) => Err(e),
+            };
+            (id, ask, result)
+        }));
+    }
+
+    pub(super) async fn parent_answered(
+        &mut self,
+        d: &mut Driver,
+        id: Id,
+        ask: bool,
+        result: Result<Box<RawValue>, CallError>,
+    ) {
+        // The connection went while a permission request waited on it: with detach the request
+        // is held for the next connection (asked again on attach), not answered.
+        if ask && self.t.detach.is_some() && matches!(result, Err(CallError::Closed)) {
+            return;
+        }
+        // A permission request already answered `cancelled` stays answered.
+        if ask && self.asks.remove(&id).is_none() {
+            return;
+        }
+        if !ask {
+            self.waiting.remove(&id);
+        }
+        self.trace(Hop::ParentToAcpd, || match &result {
+            Ok(raw) => envelope::encode_reply(&id, Ok(raw)),
+            Err(CallError::Rpc(e)) => envelope::encode_reply(&id, Err(e)),
+            Err(CallError::Closed) => b"\"the parent is gone\"".to_vec(),
+        });
+        let _ = match result {
+            Ok(raw) => d.wire.respond(&id, Ok(&raw)).await,
+            Err(CallError::Rpc(e)) => d.wire.respond(&id, Err(&e)).await,
+            Err(CallError::Closed) => {
+                let e = RpcError::internal("the parent is gone");
+                d.wire.respond(&id, Err(&e)).await
+            }
+        };
+    }
+}
+
+/// A prompt answered `end_turn` with a typed failure record (the editor's own AIR opt-in, or
+/// acpd's record) is a failed turn: the answer goes to the editor as it is, and acpd's log
+/// says so with the safe diagnostic. Only an answer that mentions a record is parsed.
+pub(super) fn log_reported_failure(d: &Driver, session: &str, answer: &RawValue) {
+    let text = answer.get();
+    if !text.contains("sessionFailure") && !text.contains("\"acpd\"") {
+        return;
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Answer {
+        stop_reason: String,
+        #[serde(default, rename = "_meta")]
+        meta: serde_json::Value,
+    }
+    let Ok(answer) = serde_json::from_str::<Answer>(text) else {
+        return;
+    };
+    let air = air::agent_supports(&d.shared.agent.meta);
+    let Some(category) = outcome::reported_failure(&answer.meta, air) else {
+        return;
+    };
+    let end = TurnEnd::Stopped {
+        reason: ChildStopReason::parse(&answer.stop_reason),
+        reported_failure: Some(category),
+    };
+    let mapped = outcome::map_outcome(&end, false);
+    let Some(failure) = mapped.failure.as_ref() else {
+        return;
+    };
+    let diagnostic = diagnostic::build(&diagnostic::Facts {
+        provider: &d.shared.provider.name,
+        failure: Some(failure),
+        stop_reason: Some(&answer.stop_reason),
+        ..Default::default()
+    });
+    tracing::warn!(provider = %d.shared.provider.name, %session,
+        category = failure.category.as_str(), "the agent reported a failed turn: {diagnostic}");
+}
