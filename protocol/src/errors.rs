@@ -33,10 +33,15 @@ pub enum ErrorName {
     InvalidRequest,
     /// A named connection limit is reached (`error.data.limit` names it, `value` is its setting).
     Limit,
+    /// `_acpd/reload`: the config file was rejected (`error.data.file`, `line`, `key`); the
+    /// previous config stays in force.
+    ConfigRejected,
+    /// The caller may not do this (`_acpd/reload` from another user than acpd's own).
+    NotPermitted,
 }
 
 impl ErrorName {
-    pub const ALL: [ErrorName; 13] = [
+    pub const ALL: [ErrorName; 15] = [
         ErrorName::NoProvider,
         ErrorName::UnsupportedCapability,
         ErrorName::UnsupportedSchema,
@@ -50,6 +55,8 @@ impl ErrorName {
         ErrorName::StartCancelled,
         ErrorName::InvalidRequest,
         ErrorName::Limit,
+        ErrorName::ConfigRejected,
+        ErrorName::NotPermitted,
     ];
 
     pub const fn code(self) -> i64 {
@@ -67,6 +74,8 @@ impl ErrorName {
             ErrorName::StartCancelled => -33011,
             ErrorName::InvalidRequest => -33012,
             ErrorName::Limit => -33013,
+            ErrorName::ConfigRejected => -33014,
+            ErrorName::NotPermitted => -33015,
         }
     }
 
@@ -85,6 +94,8 @@ impl ErrorName {
             ErrorName::StartCancelled => "START_CANCELLED",
             ErrorName::InvalidRequest => "INVALID_REQUEST",
             ErrorName::Limit => "LIMIT",
+            ErrorName::ConfigRejected => "CONFIG_REJECTED",
+            ErrorName::NotPermitted => "NOT_PERMITTED",
         }
     }
 

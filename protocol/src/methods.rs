@@ -24,6 +24,8 @@ pub mod name {
     pub const DISPOSE: &str = "_acpd/subagent/dispose";
     pub const SEND: &str = "_acpd/subagent/send";
     pub const LIST: &str = "_acpd/subagent/list";
+    /// The operator's: re-read the daemon's config (only acpd's own user may).
+    pub const RELOAD: &str = "_acpd/reload";
     /// Notification: a turn started ([`crate::subagent::Started`]).
     pub const STARTED: &str = "_acpd/subagent/started";
     /// Notification: a turn settled ([`crate::subagent::Ended`]).
@@ -32,8 +34,8 @@ pub mod name {
     pub const PREFIX: &str = "_acpd/";
 
     /// The requests a parent may call (not the notifications acpd sends).
-    pub const REQUESTS: [&str; 9] = [
-        PROVIDERS, STATUS, RUNS, START, WAIT, CANCEL, DISPOSE, SEND, LIST,
+    pub const REQUESTS: [&str; 10] = [
+        PROVIDERS, STATUS, RUNS, START, WAIT, CANCEL, DISPOSE, SEND, LIST, RELOAD,
     ];
 }
 
@@ -154,6 +156,18 @@ pub struct RunInfo {
     /// `session:<acpd session id>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+}
+
+/// `_acpd/reload`'s reply: the config now in force. A rejected file is a CONFIG_REJECTED error
+/// instead, and the previous config stays.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReloadReply {
+    /// The file read; `None` when no file exists and the built-in defaults are in force.
+    pub source: Option<String>,
+    /// Provider names.
+    pub providers: Vec<String>,
+    pub default_provider: String,
 }
 
 /// `_acpd/status`'s reply.

@@ -19,6 +19,7 @@ macro_rules! errln {
 mod daemon;
 mod install;
 mod registry;
+mod reload;
 mod run;
 
 use std::io::Write as _;
@@ -88,6 +89,10 @@ pub enum Command {
     Status(daemon::QueryArgs),
     /// List the daemon's runs.
     Runs(daemon::QueryArgs),
+    /// Make the daemon re-read its config: exit 0 when the new one is in force, 2 when it was
+    /// rejected (the old one stays; the error names file, line and key), 1 when no daemon
+    /// answered.
+    Reload(reload::ReloadArgs),
     /// Start each provider, run `initialize`, report what it says, and tear it down.
     Doctor {
         /// Only this provider.
@@ -196,6 +201,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         Command::Mcp(args) => crate::mcp::run(cli.config.as_deref(), args).await,
         Command::Status(args) => daemon::status(args).await,
         Command::Runs(args) => daemon::runs(args).await,
+        Command::Reload(args) => reload::reload(args).await,
         Command::Doctor { provider } => daemon::doctor(cli.config.as_deref(), provider).await,
         Command::Registry(command) => registry::registry(cli.config.as_deref(), command).await,
         Command::Agent(AgentCommand::Echo(args)) => {

@@ -87,10 +87,14 @@ pub async fn serve(
     }
     let cancel_all = CancellationToken::new();
     let sessions = Sessions::new(crate::server::open_store(), detach);
+    let reload = reloader(registry.clone(), opts.load);
     let ctx = ServerContext {
         registry: registry.clone(),
         caller_cwd: None,
-        daemon: Arc::new(DaemonInfo::default()),
+        daemon: Arc::new(DaemonInfo {
+            reload: Some(reload.clone()),
+            ..DaemonInfo::default()
+        }),
         shutdown: cancel_all.clone(),
         sessions: sessions.clone(),
         peer_uid: None,
@@ -151,7 +155,12 @@ pub async fn serve(
             () = tokio::time::sleep_until(resume), if paused_until.is_some() => paused_until = None,
             _ = status_tick.tick() => report_status(&ctx),
             _ = async { watchdog.as_mut()?.tick().await; Some(()) }, if watchdog.is_some() => notify::watchdog(),
-            _ = hup.recv() => reload(&registry, &opts.load),
+            // Off the loop: a file that blocks the read (a FIFO, a hung mount) must not stop
+            // accepts or the watchdog pings. Logged inside; SIGHUP has nobody to answer.
+            _ = hup.recv() => {
+                let reload = reload.clone();
+                tokio::task::spawn_blocking(move || { let _ = reload(); });
+            }
             () = shutdown.requested() => break,
         }
     }
@@ -273,19 +282,36 @@ fn allow_gid(config: &Config) -> Option<nix::unistd::Gid> {
     }
 }
 
-/// New runs use the new providers; running ones finish on the old. A bad file is rejected and
-/// the old config stays. READY=1 follows either way (systemd waits for it).
-fn reload(registry: &Registry, load: &(dyn Fn() -> Result<Config, ConfigError> + Send + Sync)) {
-    notify::reloading();
-    match load() {
-        Ok(config) => {
-            let source = config.source.clone();
-            registry.reload(config);
-            tracing::info!(source = ?source, "config reloaded");
-        }
-        Err(e) => tracing::error!("config reload rejected, keeping the previous config: {e}"),
-    }
-    notify::ready();
+/// The daemon's reload (SIGHUP and `_acpd/reload`). New runs use the new providers; running
+/// ones finish on the old. A bad file is rejected and the old config stays. READY=1 follows
+/// either way (systemd waits for it). Reloads run one at a time, so an older read of the file
+/// can never replace a newer one.
+fn reloader(
+    registry: Registry,
+    load: Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
+) -> server::Reload {
+    let one_at_a_time = std::sync::Mutex::new(());
+    Arc::new(move || {
+        let _turn = one_at_a_time.lock().unwrap_or_else(|p| p.into_inner());
+        notify::reloading();
+        let outcome = match load() {
+            Ok(config) => {
+                let source = config.source.clone();
+                if config.detach_timeout != registry.config().detach_timeout {
+                    tracing::warn!("detach_timeout changed: it takes effect at the next restart");
+                }
+                registry.reload(config);
+                tracing::info!(source = ?source, "config reloaded");
+                Ok(registry.config())
+            }
+            Err(e) => {
+                tracing::error!("config reload rejected, keeping the previous config: {e}");
+                Err(e)
+            }
+        };
+        notify::ready();
+        outcome
+    })
 }
 
 fn report_status(ctx: &ServerContext) {

@@ -67,6 +67,14 @@ pub async fn handle(conn: &Arc<Conn>, id: Id, method: &str, params: Option<Box<R
                 runs(conn, id).await;
             }
         }
+        name::RELOAD => {
+            if let Some(Empty {}) = parsed(conn, &id, params).await {
+                // In its own task, like every method that waits: the read may block.
+                let conn2 = conn.clone();
+                conn.tracker
+                    .spawn(async move { super::reload::reload(&conn2, id).await });
+            }
+        }
         _ => {
             conn.reply_err(&id, &RpcError::method_not_found(method))
                 .await

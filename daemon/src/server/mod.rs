@@ -10,6 +10,7 @@ mod bridge;
 mod capabilities;
 mod delegate;
 mod events;
+mod reload;
 mod sessions;
 
 pub use sessions::{Sessions, open_store};
@@ -71,17 +72,25 @@ pub struct ServerContext {
     pub peer_pid: Option<i32>,
 }
 
-/// Daemon-wide facts for `_acpd/status`.
+/// Daemon-wide facts for `_acpd/status`, and the daemon's own operations.
 pub struct DaemonInfo {
     pub started: std::time::Instant,
     pub connections: std::sync::atomic::AtomicUsize,
+    /// `_acpd/reload`: `acpd serve` only (`acpd stdio` is restarted by whoever runs it).
+    pub reload: Option<Reload>,
 }
+
+/// Re-reads the config from where it was read at start and puts it in force for new runs:
+/// the config now in force, or why the file was rejected (the previous config stays).
+pub type Reload =
+    Arc<dyn Fn() -> Result<Arc<crate::config::Config>, crate::config::ConfigError> + Send + Sync>;
 
 impl Default for DaemonInfo {
     fn default() -> Self {
         DaemonInfo {
             started: std::time::Instant::now(),
             connections: Default::default(),
+            reload: None,
         }
     }
 }

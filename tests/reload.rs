@@ -1,0 +1,399 @@
+//! `acpd reload` against a real `acpd serve`: exit 0 with the new config in force, 2 with the
+//! config error (file, line, key) and the old config kept, 1 with no daemon or for a caller
+//! other than acpd's own user.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+struct Daemon {
+    env: Env,
+    socket: PathBuf,
+    child: Child,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        if !eventually(Duration::from_secs(20), || {
+            self.child.try_wait().is_ok_and(|s| s.is_some())
+        }) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn start(env: Env) -> Daemon {
+        let socket = env.path().join("run/acpd.sock");
+        let child = env
+            .acpd()
+            .args(["serve", "--socket"])
+            .arg(&socket)
+            .env("ACPD_LOG", "info")
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(env.path().join("daemon.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let d = Daemon { env, socket, child };
+        assert!(
+            eventually(Duration::from_secs(10), || UnixStream::connect(&d.socket)
+                .is_ok()),
+            "daemon did not listen: {}",
+            d.log()
+        );
+        d
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.env.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        self.env
+            .acpd()
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .unwrap()
+    }
+
+    fn providers(&self) -> Vec<String> {
+        let out = self.cli(&["status", "--json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        serde_json::from_value(v["providers"].clone()).unwrap()
+    }
+
+    fn write_config(&self, toml: &str) {
+        std::fs::write(&self.env.config, toml).unwrap();
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn echo_provider(name: &str) -> String {
+    format!("[providers.{name}]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n")
+}
+
+#[test]
+fn a_good_file_is_in_force_when_reload_returns() {
+    let d = Daemon::start(Env::raw(&echo_provider("first")));
+    assert_eq!(d.providers(), ["echo", "first"]);
+    d.write_config(&format!(
+        "default_provider = \"second\"\n{}{}",
+        echo_provider("first"),
+        echo_provider("second")
+    ));
+    let out = d.cli(&["reload"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("config.toml")
+            && said.contains("echo, first, second")
+            && said.contains("default second"),
+        "{said}"
+    );
+    // No wait between the two: reload's exit means "in force".
+    assert_eq!(d.providers(), ["echo", "first", "second"]);
+    let out = d.cli(&["reload", "--json"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["providers"],
+        serde_json::json!(["echo", "first", "second"])
+    );
+    assert_eq!(v["defaultProvider"], "second");
+    assert!(
+        v["source"].as_str().unwrap().ends_with("config.toml"),
+        "{v}"
+    );
+}
+
+#[test]
+fn a_broken_file_exits_2_with_file_line_and_key_and_the_old_config_serves() {
+    let d = Daemon::start(Env::raw(&echo_provider("first")));
+    d.write_config(&format!(
+        "{}max_children = \"lots\"\n",
+        echo_provider("second")
+    ));
+    let out = d.cli(&["reload"]);
+    assert_eq!(code(&out), 2, "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("config.toml:3") && err.contains("max_children") && err.contains("previous"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+    assert_eq!(d.providers(), ["echo", "first"]);
+    assert!(
+        eventually(Duration::from_secs(5), || d
+            .log()
+            .contains("config reload rejected")),
+        "{}",
+        d.log()
+    );
+    // And the old config still runs things.
+    let mut conn = common::raw::Raw::socket(&d.socket);
+    conn.initialize(serde_json::json!({}));
+    let started = conn.ok(
+        "_acpd/subagent/start",
+        serde_json::json!({"provider": "first", "cwd": d.env.path(),
+            "prompt": [{"type": "text", "text": "still here"}]}),
+    );
+    let result = conn.wait_run(started["runId"].as_str().unwrap());
+    assert!(output_text(&result).contains("still here"), "{result}");
+
+    // A file that disappeared is rejected the same way.
+    std::fs::remove_file(&d.env.config).unwrap();
+    let out = d.cli(&["reload"]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        text(&out.stderr).contains("does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(d.providers(), ["echo", "first"]);
+}
+
+#[test]
+fn no_daemon_exits_1_and_says_so() {
+    let env = Env::new("");
+    let out = env
+        .acpd()
+        .args(["reload", "--socket"])
+        .arg(env.path().join("nobody.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 1);
+    assert!(
+        text(&out.stderr).contains("no acpd daemon at"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn sighup_still_reloads() {
+    let d = Daemon::start(Env::raw(&echo_provider("first")));
+    d.write_config(&format!(
+        "{}{}",
+        echo_provider("first"),
+        echo_provider("hup")
+    ));
+    kill(Pid::from_raw(d.child.id() as i32), Signal::SIGHUP).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || d.providers().len() == 3),
+        "{}",
+        d.log()
+    );
+}
+
+/// A member of `allow_group` may connect and run things, but not reload: exit 1, nothing read.
+#[test]
+fn a_group_member_may_not_reload() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: needs root to run the client as another user");
+        return;
+    }
+    let Ok(Some(nobody)) = nix::unistd::User::from_name("nobody") else {
+        eprintln!("skipped: no user `nobody`");
+        return;
+    };
+    let Ok(Some(group)) = nix::unistd::Group::from_gid(nobody.gid) else {
+        eprintln!("skipped: nobody's primary group has no name");
+        return;
+    };
+    let d = Daemon::start(Env::raw(&format!(
+        "allow_group = \"{}\"\n{}",
+        group.name,
+        echo_provider("first")
+    )));
+    // Let `nobody` reach the socket: the test's directories are root's and 0700.
+    for p in [d.env.path(), &d.env.path().join("run")] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    d.write_config(&format!(
+        "{}{}",
+        echo_provider("first"),
+        echo_provider("second")
+    ));
+    let as_nobody = |args: &[&str]| {
+        base()
+            .args(args)
+            .arg("--socket")
+            .arg(&d.socket)
+            .current_dir("/")
+            .uid(nobody.uid.as_raw())
+            .gid(nobody.gid.as_raw())
+            .output()
+            .unwrap()
+    };
+    // Admitted: status works.
+    let out = as_nobody(&["status"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let out = as_nobody(&["reload"]);
+    assert_eq!(code(&out), 1, "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains("only acpd's own user"), "{err}");
+    assert!(!err.contains("config.toml"), "{err}");
+    assert_eq!(d.providers(), ["echo", "first"]);
+}
+
+/// A config path that blocks the read (a FIFO here; a hung mount alike) stalls only the
+/// reload: `acpd reload` gives up with exit 1, the daemon keeps answering (SIGHUP too does
+/// not stop its loop), and once the read completes the reload lands.
+#[test]
+fn a_config_read_that_blocks_stalls_only_the_reload() {
+    let d = Daemon::start(Env::raw(&echo_provider("first")));
+    std::fs::remove_file(&d.env.config).unwrap();
+    nix::unistd::mkfifo(
+        &d.env.config,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let out = d.cli(&["reload", "--timeout", "1"]);
+    assert_eq!(code(&out), 1, "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("did not answer within 1s"),
+        "{}",
+        text(&out.stderr)
+    );
+    kill(Pid::from_raw(d.child.id() as i32), Signal::SIGHUP).unwrap();
+    assert_eq!(d.providers(), ["echo", "first"]);
+    // The stalled reads get their file, one after the other (reloads are serialized): the
+    // reload `acpd reload` asked for lands, then SIGHUP's.
+    let good = format!("{}{}", echo_provider("first"), echo_provider("late"));
+    assert!(
+        feed_fifo(&d.env.config, &good),
+        "the stalled reload never opened the file"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || d.providers().len() == 3),
+        "{}",
+        d.log()
+    );
+    assert!(
+        feed_fifo(&d.env.config, &good),
+        "SIGHUP's reload never opened the file"
+    );
+}
+
+/// Writes `text` to the FIFO once a reader has it open (within 10 s).
+fn feed_fifo(fifo: &std::path::Path, text: &str) -> bool {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut opened = None;
+    let found = eventually(Duration::from_secs(10), || {
+        // O_NONBLOCK: ENXIO at once while nobody reads, instead of blocking forever.
+        opened = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(fifo)
+            .ok();
+        opened.is_some()
+    });
+    found && opened.unwrap().write_all(text.as_bytes()).is_ok()
+}
+
+/// Many reloads at once, from the socket and SIGHUP, while a run is going: every caller gets
+/// an answer, the run finishes on the provider it started with although the new file drops it.
+#[test]
+fn reloads_race_a_run_and_each_other() {
+    let d = Daemon::start(Env::raw(&echo_provider("first")));
+    let mut conn = common::raw::Raw::socket(&d.socket);
+    conn.initialize(serde_json::json!({}));
+    let started = conn.ok(
+        "_acpd/subagent/start",
+        serde_json::json!({"provider": "first", "cwd": d.env.path(),
+            "prompt": [{"type": "text", "text": ":sleep 1500\nfinished on first"}]}),
+    );
+    d.write_config(&echo_provider("second"));
+    let pid = Pid::from_raw(d.child.id() as i32);
+    std::thread::scope(|s| {
+        let callers: Vec<_> = (0..16).map(|_| s.spawn(|| d.cli(&["reload"]))).collect();
+        for _ in 0..16 {
+            kill(pid, Signal::SIGHUP).unwrap();
+        }
+        for c in callers {
+            let out = c.join().unwrap();
+            assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        }
+    });
+    assert_eq!(d.providers(), ["echo", "second"]);
+    let result = conn.wait_run(started["runId"].as_str().unwrap());
+    assert!(
+        output_text(&result).contains("finished on first"),
+        "{result}"
+    );
+}
+
+/// `acpd stdio` has no reload (whoever runs it restarts it): METHOD_NOT_FOUND, not a crash.
+#[test]
+fn stdio_has_no_reload() {
+    let env = Env::new("");
+    let mut conn = common::raw::Raw::stdio(&env);
+    conn.initialize(serde_json::json!({}));
+    let reply = conn.call("_acpd/reload", serde_json::json!({}));
+    assert_eq!(reply["error"]["code"], -32601, "{reply}");
+    let reply = conn.call("_acpd/reload", serde_json::json!([1]));
+    assert_eq!(reply["error"]["data"]["code"], "INVALID_REQUEST", "{reply}");
+}
+
+/// An agent runs as acpd's user and can reach its socket, but reloading is the operator's: a
+/// child's descendant calling `acpd reload` is refused (exit 1) and nothing is re-read.
+#[test]
+fn a_child_of_acpd_may_not_reload_it() {
+    let env = Env::raw("");
+    let said = env.path().join("child-reload.txt");
+    let socket = env.path().join("run/acpd.sock");
+    let config = format!(
+        "{}[providers.reloader]\ncommand = [\"/bin/sh\", \"-c\", \
+         \"\\\"$ACPD_BIN\\\" reload --socket \\\"$SOCK\\\" > \\\"$SAID\\\" 2>&1; echo \\\"exit $?\\\" >> \\\"$SAID\\\"; \
+         exec \\\"$ACPD_BIN\\\" agent echo\"]\n\
+         env = {{ ACPD_BIN = \"{BIN}\", SOCK = \"{}\", SAID = \"{}\" }}\n",
+        echo_provider("first"),
+        socket.display(),
+        said.display()
+    );
+    std::fs::write(&env.config, config.as_bytes()).unwrap();
+    let d = Daemon::start(env);
+    // The file now on disk has one more provider: a reload that got through would list it.
+    let mut on_disk = std::fs::read_to_string(&d.env.config).unwrap();
+    on_disk.push_str(&echo_provider("sneaked"));
+    d.write_config(&on_disk);
+    let mut conn = common::raw::Raw::socket(&d.socket);
+    conn.initialize(serde_json::json!({}));
+    let started = conn.ok(
+        "_acpd/subagent/start",
+        serde_json::json!({"provider": "reloader", "cwd": d.env.path(),
+            "prompt": [{"type": "text", "text": "after the attempt"}]}),
+    );
+    let result = conn.wait_run(started["runId"].as_str().unwrap());
+    assert!(
+        output_text(&result).contains("after the attempt"),
+        "{result}"
+    );
+    let said = std::fs::read_to_string(&said).unwrap();
+    assert!(
+        said.contains("may not reload") && said.contains("exit 1"),
+        "{said}"
+    );
+    assert!(!d.providers().contains(&"sneaked".to_string()));
+}
