@@ -1,0 +1,356 @@
+// A real agent calls `acpd mcp`'s `delegate`: claude-agent-acp (pinned in package.json), offline
+// against mock-model.mjs, gets `acpd mcp` as an MCP server in `session/new`; the prompt
+// `DELEGATE <json>` makes the mock answer with a tool_use of `mcp__acpd__delegate`, Claude Code
+// calls the tool, acpd runs the echo agent, and the tool result goes back to the mock, which
+// answers `RESULT <the tool result>`. Prints one JSON object saying what the client and the mock
+// saw; tests/real_delegate.rs asserts on it.
+//
+//   node delegate.mjs --work DIR --acpd BIN --via direct|stdio [--input JSON] [--max-depth N]
+//                     [--kill agent|mcp]
+//
+// `--via direct` runs the agent as this script's child; `--via stdio` runs it as the child of
+// `acpd stdio` (provider `claude`), so the delegated run is a grandchild of acpd at depth 2.
+// Either way `acpd mcp --in-process` is the agent's MCP server, with the config in DIR
+// (`max_depth` from `--max-depth`). Once the delegated echo agent runs (the input should make it
+// hang), `--kill agent` SIGKILLs claude-agent-acp (the process this script started, or acpd
+// stdio's child), `--kill mcp` SIGKILLs `acpd mcp`, `--kill stdin` closes the started process's
+// stdin (the client goes away); the turn is then awaited (through acpd, or after `mcp`) or left. Every run ends with `left`: this run's processes (acpd's argv
+// names its config, the agent's environment its HOME) still there after a deadline — none,
+// when nothing outlives the run — and then kills them.
+//
+// Nothing sleeps and hopes: each step waits for an answer or an exit under a deadline, and a
+// failed step is recorded as `{"error": {...}}` so the test says what failed instead of hanging.
+import { spawn } from "node:child_process";
+import { mkdirSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
+import { createInterface } from "node:readline";
+import { PassThrough, Readable, Writable } from "node:stream";
+import { fileURLToPath } from "node:url";
+import * as acp from "@agentclientprotocol/sdk";
+
+const here = (p) => fileURLToPath(new URL(p, import.meta.url));
+const AGENT = here("./node_modules/@agentclientprotocol/claude-agent-acp/dist/index.js");
+const MOCK = here("./mock-model.mjs");
+/** What the model is scripted to hand the echo agent, by default: a line and its pid. */
+const DEFAULT_INPUT = { provider: "echo", prompt: "delegated hello\n:pid\n:env ACPD_DEPTH\n:cwd", label: "from-claude" };
+/** One request's deadline; the prompt turn gets three (the agent starts `acpd mcp` first). */
+const STEP_MS = 20_000;
+const EXIT_MS = 10_000;
+/** The whole run's budget: past it the report so far is printed with an `error`. */
+const TOTAL_MS = 80_000;
+
+function args() {
+  const out = {};
+  const argv = process.argv.slice(2);
+  for (let i = 0; i < argv.length; i += 2) out[argv[i].replace(/^--/, "")] = argv[i + 1];
+  if (!out.work || !out.acpd || !["direct", "stdio"].includes(out.via)) {
+    throw new Error("usage: delegate.mjs --work DIR --acpd BIN --via direct|stdio [--input JSON]");
+  }
+  return out;
+}
+
+const opts = args();
+const input = opts.input ? JSON.parse(opts.input) : DEFAULT_INPUT;
+if (opts.kill && !["agent", "mcp", "stdin"].includes(opts.kill)) throw new Error("--kill agent|mcp|stdin");
+const report = { via: opts.via, input, steps: {} };
+const t0 = performance.now();
+
+function withDeadline(promise, what, limit = STEP_MS) {
+  let timer;
+  const deadline = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(Object.assign(new Error(`${what}: no answer in ${limit} ms`), { code: "timeout" })), limit);
+  });
+  return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
+}
+
+function errorOf(e) {
+  return { code: e?.code ?? null, message: String(e?.message ?? e), data: e?.data ?? null };
+}
+
+/** The mock's pid, which carries this run's HOME too but is this script's to end. */
+let mockPid = null;
+
+async function startMock(log) {
+  const mock = spawn(process.execPath, [MOCK, log], { stdio: ["pipe", "pipe", "inherit"], env: { ...process.env, MOCK_TOOLS: "1" } });
+  mockPid = mock.pid;
+  const port = await withDeadline(
+    new Promise((resolve, reject) => {
+      createInterface({ input: mock.stdout }).once("line", (l) => resolve(JSON.parse(l).port));
+      mock.once("exit", (code) => reject(new Error(`mock model server exited (${code})`)));
+    }),
+    "mock model server start",
+  );
+  return { mock, port };
+}
+
+/** HOME, XDG dirs and the Claude config dir, all under DIR. */
+function dirs() {
+  const d = {
+    HOME: `${opts.work}/home`,
+    XDG_CONFIG_HOME: `${opts.work}/xdg/config`,
+    XDG_DATA_HOME: `${opts.work}/xdg/data`,
+    XDG_CACHE_HOME: `${opts.work}/xdg/cache`,
+    XDG_STATE_HOME: `${opts.work}/xdg/state`,
+    // No daemon socket to find: `acpd mcp` is in-process anyway, this keeps `acpd stdio` local.
+    XDG_RUNTIME_DIR: `${opts.work}/runtime`,
+    CLAUDE_CONFIG_DIR: `${opts.work}/claude`,
+  };
+  for (const v of Object.values(d)) mkdirSync(v, { recursive: true });
+  // Manual permission mode (see differential.mjs): the MCP tool call asks the client first.
+  writeFileSync(`${d.CLAUDE_CONFIG_DIR}/settings.json`, JSON.stringify({ permissions: { defaultMode: "default" } }));
+  return d;
+}
+
+function agentEnv(port) {
+  const env = {
+    ANTHROPIC_BASE_URL: `http://127.0.0.1:${port}`,
+    ANTHROPIC_API_KEY: "sk-ant-mock-delegate",
+    ...(process.env.DELEGATE_TOOL_SEARCH ? { ENABLE_TOOL_SEARCH: process.env.DELEGATE_TOOL_SEARCH } : {}),
+    DISABLE_AUTOUPDATER: "1",
+    DISABLE_TELEMETRY: "1",
+    DISABLE_ERROR_REPORTING: "1",
+  };
+  if (process.getuid?.() === 0) env.IS_SANDBOX = "1";
+  return env;
+}
+
+/** The acpd config: the built-in echo provider with fast graces, and claude for `acpd stdio`. */
+function writeConfig(env, d) {
+  const { CLAUDE_CONFIG_DIR } = d;
+  const toml = [
+    // `acpd stdio` bridges to the default provider; the mock names `echo` in its tool call.
+    `default_provider = "${opts.via === "stdio" ? "claude" : "echo"}"`,
+    ...(opts["max-depth"] ? [`max_depth = ${Number(opts["max-depth"])}`] : []),
+    `[providers.echo]`,
+    // The config in the echo agent's argv too, so this run's processes are found by it.
+    `command = ${JSON.stringify([opts.acpd, "--config", `${opts.work}/config.toml`, "agent", "echo"])}`,
+    `description = "Echoes the prompt back; for tests"`,
+    `cancel_grace = "300ms"`,
+    `eof_grace = "300ms"`,
+    `term_grace = "300ms"`,
+    `[providers.claude]`,
+    `command = ${JSON.stringify([process.execPath, AGENT])}`,
+    `eof_grace = "5s"`,
+    `term_grace = "2s"`,
+    `[providers.claude.env]`,
+    ...Object.entries({ CLAUDE_CONFIG_DIR, ...env }).map(([k, v]) => `${k} = ${JSON.stringify(v)}`),
+    "",
+  ].join("\n");
+  const path = `${opts.work}/config.toml`;
+  writeFileSync(path, toml);
+  return path;
+}
+
+/**
+ * This run's processes other than this script and the mock: acpd's (their argv names this
+ * run's config) and the agent's (their environment names this run's HOME). What must not
+ * survive the run.
+ */
+function processesOf(config) {
+  const out = [];
+  for (const name of readdirSync("/proc")) {
+    if (!/^\d+$/.test(name) || Number(name) === process.pid || Number(name) === mockPid) continue;
+    try {
+      const argv = readFileSync(`/proc/${name}/cmdline`, "utf8").split("\0");
+      const state = readFileSync(`/proc/${name}/stat`, "utf8").split(") ").pop().split(" ")[0];
+      let ours = argv.includes(config);
+      if (!ours) {
+        try {
+          ours = readFileSync(`/proc/${name}/environ`, "utf8").split("\0").includes(`HOME=${opts.work}/home`);
+        } catch {
+          // Not ours to read: not ours.
+        }
+      }
+      if (ours) out.push({ pid: Number(name), state, argv: argv.filter(Boolean).map((a) => a.slice(0, 120)) });
+    } catch {
+      // Gone while we looked.
+    }
+  }
+  return out;
+}
+
+/** The state letter of a pid (Z for a zombie), or null once it is gone. */
+function stateOf(pid) {
+  try {
+    return readFileSync(`/proc/${pid}/stat`, "utf8").split(") ").pop().split(" ")[0];
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * What is left of this run after up to `limit` ms: its processes, and every pid seen before an
+ * attack that still exists in any state (a zombie's argv and environment are empty, so only its
+ * pid can find it).
+ */
+async function untilNoneLeft(config, limit) {
+  const deadline = performance.now() + limit;
+  const seen = (report.beforeKill ?? []).map((p) => p.pid);
+  for (;;) {
+    const left = processesOf(config);
+    for (const pid of seen) {
+      const state = stateOf(pid);
+      if (state && !left.some((p) => p.pid === pid)) left.push({ pid, state, argv: [] });
+    }
+    if (left.length === 0 || performance.now() >= deadline) return left;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** Resolves with `probe()`'s first truthy value (polled every 20 ms), or rejects at the deadline. */
+async function poll(probe, what, limit = 3 * STEP_MS) {
+  const deadline = performance.now() + limit;
+  for (;;) {
+    const v = probe();
+    if (v) return v;
+    if (performance.now() >= deadline) throw Object.assign(new Error(`${what}: not in ${limit} ms`), { code: "timeout" });
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** A process of this run that is an echo agent (the delegated child `acpd mcp` starts). */
+function isEcho(p) {
+  return p.argv.includes("agent") && p.argv.includes("echo");
+}
+
+async function main() {
+  const log = `${opts.work}/mock-requests.jsonl`;
+  const { mock, port } = await startMock(log);
+  const project = `${opts.work}/project`;
+  mkdirSync(project, { recursive: true });
+  const d = dirs();
+  const env = agentEnv(port);
+  const config = writeConfig(env, d);
+  report.config = config;
+  report.project = project;
+
+  const [command, argv, childEnv] =
+    opts.via === "direct"
+      ? [process.execPath, [AGENT], { PATH: process.env.PATH, ...d, ...env }]
+      : [opts.acpd, ["--config", config, "stdio"], { PATH: process.env.PATH, ...d, STATE_DIRECTORY: `${opts.work}/state`, ACPD_LOG: process.env.ACPD_LOG ?? "warn" }];
+  const child = spawn(command, argv, { env: childEnv, cwd: project, stdio: ["pipe", "pipe", "pipe"] });
+  const stderr = [];
+  child.stderr.on("data", (c) => stderr.push(c));
+  const exited = new Promise((resolve) => child.once("exit", (code, signal) => resolve(code ?? signal)));
+  const out = new PassThrough();
+  child.stdout.on("data", (c) => {
+    if (!out.destroyed && !out.writableEnded) out.write(c);
+  });
+  child.stdout.on("end", () => out.end());
+  const stream = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(out));
+
+  const updates = [];
+  const permissions = [];
+  const app = acp
+    .client({ name: "acpd-delegate", version: "1.0.0" })
+    .onNotification("session/update", ({ params }) => {
+      updates.push(params);
+    })
+    .onRequest("session/request_permission", ({ params }) => {
+      // Allow, as a user would: the tool call is what the test is about.
+      const allow = params.options.find((o) => o.kind === "allow_once") ?? params.options.find((o) => o.kind.startsWith("allow"));
+      permissions.push({ toolCall: params.toolCall, options: params.options.map((o) => o.kind), chose: allow?.kind ?? null });
+      return allow ? { outcome: { outcome: "selected", optionId: allow.optionId } } : { outcome: { outcome: "cancelled" } };
+    });
+  const died = exited.then((code) => {
+    throw new Error(`agent exited (${code}) before the client was done`);
+  });
+  const mcpServers = [
+    {
+      name: "acpd",
+      command: opts.acpd,
+      args: ["--config", config, "mcp", "--in-process"],
+      env: [
+        { name: "STATE_DIRECTORY", value: `${opts.work}/state` },
+        { name: "ACPD_LOG", value: "info" },
+      ],
+    },
+  ];
+  const step = async (name, p) => {
+    const started = performance.now();
+    try {
+      return await p;
+    } finally {
+      report.steps[name] = Math.round(performance.now() - started);
+    }
+  };
+  try {
+    await Promise.race([
+      app.connectWith(stream, async (ctx) => {
+        report.initialize = await step("initialize", withDeadline(ctx.request("initialize", { protocolVersion: acp.PROTOCOL_VERSION, clientCapabilities: {} }), "initialize"));
+        const created = await step("session/new", withDeadline(ctx.request("session/new", { cwd: project, mcpServers }), "session/new"));
+        report.sessionId = created.sessionId;
+        const prompt = ctx.request("session/prompt", { sessionId: created.sessionId, prompt: [{ type: "text", text: `DELEGATE ${JSON.stringify(input)}` }] });
+        if (opts.kill) {
+          const echo = await step("echo running", poll(() => processesOf(config).find(isEcho), "the delegated echo agent to start"));
+          report.beforeKill = processesOf(config);
+          if (opts.kill === "stdin") {
+            report.killed = { what: "stdin", pid: child.pid, echo: echo.pid };
+            return;
+          }
+          const victim = report.beforeKill.find((p) => (opts.kill === "agent" ? p.argv.includes(AGENT) : p.argv.includes("mcp")))?.pid;
+          report.killed = { what: opts.kill, pid: victim ?? null, echo: echo.pid };
+          if (victim) process.kill(victim, "SIGKILL");
+          // Directly, the client's peer is dead: nothing will answer.
+          if (opts.kill === "agent" && opts.via === "direct") return;
+        }
+        try {
+          const answer = await step("session/prompt", withDeadline(prompt, "session/prompt", 3 * STEP_MS));
+          report.stopReason = answer.stopReason;
+        } catch (e) {
+          // Through acpd the agent's death is an answer: the prompt's error.
+          if (opts.kill !== "agent") throw e;
+          report.promptError = errorOf(e);
+        }
+      }),
+      died,
+    ]);
+  } catch (e) {
+    if (!["agent", "stdin"].includes(opts.kill)) report.error = errorOf(e);
+  }
+  report.updates = updates.map((u) => u.update);
+  report.permissions = permissions;
+  child.stdin.end();
+  try {
+    report.exit = await withDeadline(exited, "agent exit", EXIT_MS);
+  } catch (e) {
+    child.kill("SIGKILL");
+    report.exit = errorOf(e);
+  }
+  // What is left of acpd under this run once the agent is gone: nothing, within a deadline.
+  report.left = await untilNoneLeft(config, 15_000);
+  // Whatever outlived the deadline is killed, so a failing run leaves nothing behind either.
+  for (const p of report.left) {
+    try {
+      process.kill(p.pid, "SIGKILL");
+    } catch {
+      // Already gone.
+    }
+  }
+  // The whole stderr of the started process (acpd's log through acpd), for a failing test.
+  report.stderrFile = `${opts.work}/agent.stderr`;
+  writeFileSync(report.stderrFile, Buffer.concat(stderr));
+  if (report.error || (report.exit !== 0 && !opts.kill)) {
+    report.stderrTail = Buffer.concat(stderr).toString("utf8").split("\n").slice(-25).join("\n");
+  }
+  mock.stdin.end();
+}
+
+function finish() {
+  try {
+    report.modelRequests = readFileSync(`${opts.work}/mock-requests.jsonl`, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+  } catch {
+    report.modelRequests = null;
+  }
+  report.ms = Math.round(performance.now() - t0);
+  process.stdout.write(JSON.stringify(report) + "\n");
+  process.exit(0);
+}
+
+setTimeout(() => {
+  report.error = { code: "timeout", message: `the whole run took over ${TOTAL_MS} ms`, data: null };
+  finish();
+}, TOTAL_MS).unref();
+await main().catch((e) => {
+  report.error = errorOf(e);
+});
+finish();
