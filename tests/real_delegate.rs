@@ -330,3 +330,47 @@ async fn acpd_stdio_reaps_a_dead_bridged_agents_group_before_exiting() {
         "the dead agent's grandchild {grandchild} outlived acpd stdio"
     );
 }
+
+#[test]
+fn a_session_cancel_reaches_acpd_mcp_as_an_mcp_cancellation_and_the_next_delegate_works() {
+    let again = r#"{"provider":"echo","prompt":"again"}"#;
+    let Some(report) = delegate(&[
+        "--via", "direct", "--input", HANG, "--cancel", "1", "--then", again,
+    ]) else {
+        return;
+    };
+    assert_eq!(report["error"], Value::Null, "{report}");
+    assert_eq!(report["stopReason"], "cancelled", "{report}");
+    // The echo went while Claude Code and `acpd mcp` stayed: Claude Code cancelled the tool
+    // call (MCP `notifications/cancelled`), and acpd cancelled and disposed the run for it.
+    let c = &report["cancelled"];
+    assert_eq!(c["agentAlive"], true, "{report}");
+    assert_eq!(c["mcpAlive"], true, "{report}");
+    assert!(!exists(c["echo"].as_i64().unwrap() as i32), "{report}");
+    // The same `acpd mcp` serves the next turn's delegate.
+    assert_eq!(report["second"]["stopReason"], "end_turn", "{report}");
+    let results = delegate_results(&report);
+    assert_eq!(results.len(), 2, "{report}");
+    assert_eq!(results[0]["isError"], true, "{report}");
+    assert_eq!(results[1]["isError"], false, "{report}");
+    let sent: Value = serde_json::from_str(results[1]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["text"], "again", "{sent}");
+    assert_nothing_left(&report);
+}
+
+#[test]
+fn a_refused_permission_starts_no_child() {
+    let Some(report) = delegate(&["--via", "direct", "--input", HANG, "--permission", "reject"])
+    else {
+        return;
+    };
+    assert_eq!(report["error"], Value::Null, "{report}");
+    assert_eq!(report["stopReason"], "end_turn", "{report}");
+    assert_eq!(report["permissions"][0]["chose"], "reject_once", "{report}");
+    // A hanging echo, had one started, would have been seen.
+    assert_eq!(report["echoesSeen"], json!([]), "{report}");
+    let results = delegate_results(&report);
+    assert_eq!(results.len(), 1, "{report}");
+    assert_eq!(results[0]["isError"], true, "{report}");
+    assert_nothing_left(&report);
+}

@@ -6,7 +6,8 @@
 // saw; tests/real_delegate.rs asserts on it.
 //
 //   node delegate.mjs --work DIR --acpd BIN --via direct|stdio [--input JSON] [--max-depth N]
-//                     [--kill agent|mcp]
+//                     [--kill agent|mcp|stdin | --cancel 1] [--permission allow|reject]
+//                     [--then JSON]
 //
 // `--via direct` runs the agent as this script's child; `--via stdio` runs it as the child of
 // `acpd stdio` (provider `claude`), so the delegated run is a grandchild of acpd at depth 2.
@@ -17,6 +18,12 @@
 // stdin (the client goes away); the turn is then awaited (through acpd, or after `mcp`) or left. Every run ends with `left`: this run's processes (acpd's argv
 // names its config, the agent's environment its HOME) still there after a deadline — none,
 // when nothing outlives the run — and then kills them.
+//
+// `--cancel 1` sends `session/cancel` once the delegated echo runs, awaits the turn's answer,
+// and records in `cancelled` how long the echo took to go while the agent and `acpd mcp` stay
+// (Claude Code's MCP cancellation, not a teardown). `--permission reject` answers the
+// permission request `reject_once`. `--then JSON` runs a second turn, `DELEGATE <JSON>`, in the
+// same session (`second`). `turns` holds each turn's updates.
 //
 // Nothing sleeps and hopes: each step waits for an answer or an exit under a deadline, and a
 // failed step is recorded as `{"error": {...}}` so the test says what failed instead of hanging.
@@ -51,6 +58,7 @@ function args() {
 const opts = args();
 const input = opts.input ? JSON.parse(opts.input) : DEFAULT_INPUT;
 if (opts.kill && !["agent", "mcp", "stdin"].includes(opts.kill)) throw new Error("--kill agent|mcp|stdin");
+if (opts.permission && !["allow", "reject"].includes(opts.permission)) throw new Error("--permission allow|reject");
 const report = { via: opts.via, input, steps: {} };
 const t0 = performance.now();
 
@@ -237,8 +245,16 @@ async function main() {
   });
   child.stdout.on("end", () => out.end());
   const stream = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(out));
+  // Every delegated echo agent seen while the run lasts (one started by a hanging prompt is
+  // seen for sure), so a test can say whether acpd ran one at all.
+  const echoesSeen = new Set();
+  const watcher = setInterval(() => {
+    for (const p of processesOf(config)) if (isEcho(p)) echoesSeen.add(p.pid);
+  }, 25);
 
   const updates = [];
+  /** Where each turn's updates start in `updates`. */
+  const turnStarts = [];
   const permissions = [];
   const app = acp
     .client({ name: "acpd-delegate", version: "1.0.0" })
@@ -246,10 +262,11 @@ async function main() {
       updates.push(params);
     })
     .onRequest("session/request_permission", ({ params }) => {
-      // Allow, as a user would: the tool call is what the test is about.
-      const allow = params.options.find((o) => o.kind === "allow_once") ?? params.options.find((o) => o.kind.startsWith("allow"));
-      permissions.push({ toolCall: params.toolCall, options: params.options.map((o) => o.kind), chose: allow?.kind ?? null });
-      return allow ? { outcome: { outcome: "selected", optionId: allow.optionId } } : { outcome: { outcome: "cancelled" } };
+      // Allow once, as a user would (the tool call is what the test is about), unless told not to.
+      const want = opts.permission === "reject" ? "reject_once" : "allow_once";
+      const chosen = params.options.find((o) => o.kind === want);
+      permissions.push({ toolCall: params.toolCall, options: params.options.map((o) => o.kind), chose: chosen?.kind ?? null });
+      return chosen ? { outcome: { outcome: "selected", optionId: chosen.optionId } } : { outcome: { outcome: "cancelled" } };
     });
   const died = exited.then((code) => {
     throw new Error(`agent exited (${code}) before the client was done`);
@@ -279,7 +296,29 @@ async function main() {
         report.initialize = await step("initialize", withDeadline(ctx.request("initialize", { protocolVersion: acp.PROTOCOL_VERSION, clientCapabilities: {} }), "initialize"));
         const created = await step("session/new", withDeadline(ctx.request("session/new", { cwd: project, mcpServers }), "session/new"));
         report.sessionId = created.sessionId;
-        const prompt = ctx.request("session/prompt", { sessionId: created.sessionId, prompt: [{ type: "text", text: `DELEGATE ${JSON.stringify(input)}` }] });
+        const ask = (what) => ctx.request("session/prompt", { sessionId: created.sessionId, prompt: [{ type: "text", text: `DELEGATE ${JSON.stringify(what)}` }] });
+        turnStarts.push(updates.length);
+        const prompt = ask(input);
+        if (opts.cancel) {
+          const echo = await step("echo running", poll(() => processesOf(config).find(isEcho), "the delegated echo agent to start"));
+          report.beforeKill = processesOf(config);
+          const sent = performance.now();
+          await ctx.notify("session/cancel", { sessionId: created.sessionId });
+          const answer = await step("session/prompt", withDeadline(prompt, "session/prompt after cancel"));
+          report.stopReason = answer.stopReason;
+          await poll(() => !stateOf(echo.pid), "the echo to go after session/cancel", STEP_MS);
+          // The very processes from before the cancel, not restarted ones.
+          const alive = (pred) => {
+            const p = report.beforeKill.find(pred);
+            return Boolean(p && stateOf(p.pid) && stateOf(p.pid) !== "Z");
+          };
+          report.cancelled = {
+            echo: echo.pid,
+            echoGoneMs: Math.round(performance.now() - sent),
+            mcpAlive: alive((p) => p.argv.includes("mcp")),
+            agentAlive: alive((p) => p.argv.includes(AGENT)),
+          };
+        }
         if (opts.kill) {
           const echo = await step("echo running", poll(() => processesOf(config).find(isEcho), "the delegated echo agent to start"));
           report.beforeKill = processesOf(config);
@@ -293,13 +332,20 @@ async function main() {
           // Directly, the client's peer is dead: nothing will answer.
           if (opts.kill === "agent" && opts.via === "direct") return;
         }
-        try {
-          const answer = await step("session/prompt", withDeadline(prompt, "session/prompt", 3 * STEP_MS));
-          report.stopReason = answer.stopReason;
-        } catch (e) {
-          // Through acpd the agent's death is an answer: the prompt's error.
-          if (opts.kill !== "agent") throw e;
-          report.promptError = errorOf(e);
+        if (!opts.cancel) {
+          try {
+            const answer = await step("session/prompt", withDeadline(prompt, "session/prompt", 3 * STEP_MS));
+            report.stopReason = answer.stopReason;
+          } catch (e) {
+            // Through acpd the agent's death is an answer: the prompt's error.
+            if (opts.kill !== "agent") throw e;
+            report.promptError = errorOf(e);
+          }
+        }
+        if (opts.then) {
+          turnStarts.push(updates.length);
+          const answer = await step("second session/prompt", withDeadline(ask(JSON.parse(opts.then)), "second session/prompt", 3 * STEP_MS));
+          report.second = { stopReason: answer.stopReason };
         }
       }),
       died,
@@ -307,7 +353,10 @@ async function main() {
   } catch (e) {
     if (!["agent", "stdin"].includes(opts.kill)) report.error = errorOf(e);
   }
+  clearInterval(watcher);
+  report.echoesSeen = [...echoesSeen];
   report.updates = updates.map((u) => u.update);
+  report.turns = turnStarts.map((start, i) => report.updates.slice(start, turnStarts[i + 1]));
   report.permissions = permissions;
   child.stdin.end();
   try {

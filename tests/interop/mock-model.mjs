@@ -70,7 +70,7 @@ function allText(body) {
 /** The reply's text: a fixed title for the title query, else the prompt echoed after a marker. */
 function replyFor(body) {
   if (allText(body).includes('a single "title" field')) return JSON.stringify({ title: TITLE });
-  const result = lastToolResult(body);
+  const result = freshAsk(body) ? null : lastToolResult(body);
   if (result && result.name !== TOOL_SEARCH) return `RESULT ${result.isError ? "ERROR " : ""}${result.text}`;
   return `REPLY ${lastUserText(body).trim()}`;
 }
@@ -114,13 +114,30 @@ function toolResults(body) {
   return out;
 }
 
+/** The last user or assistant message (Claude Code may end the list with a `system` one). */
+function lastTurn(body) {
+  const messages = Array.isArray(body.messages) ? body.messages : [];
+  return messages.findLast((m) => m?.role === "user" || m?.role === "assistant") ?? null;
+}
+
 /** The tool_result in the last message, when the last message is the answer to a tool call. */
 function lastToolResult(body) {
-  const messages = Array.isArray(body.messages) ? body.messages : [];
-  const last = messages[messages.length - 1];
+  const last = lastTurn(body);
   if (last?.role !== "user" || !Array.isArray(last.content)) return null;
   const block = last.content.find((b) => b?.type === "tool_result");
   return block ? { name: toolNameOf(body, block.tool_use_id), isError: block.is_error === true, text: resultText(block) } : null;
+}
+
+/**
+ * The `DELEGATE <json>` text of the last message, when it is a user turn that asks: a new ask
+ * even when the same message also carries the result of an interrupted earlier call (Claude
+ * Code sends a cancelled call's tool_result with the next prompt).
+ */
+function freshAsk(body) {
+  const last = lastTurn(body);
+  if (last?.role !== "user") return null;
+  const texts = typeof last.content === "string" ? [last.content] : Array.isArray(last.content) ? last.content.filter((b) => b?.type === "text").map((b) => b.text) : [];
+  return texts.map((t) => t.trim()).findLast((t) => t.startsWith(DELEGATE)) ?? null;
 }
 
 /** The last user text that asks for a scripted delegate call, or "". */
@@ -146,10 +163,11 @@ const TOOL_SEARCH = "ToolSearch";
  * next request offers it); `{missing}` when neither; else null.
  */
 function toolCallFor(body) {
-  const result = lastToolResult(body);
-  if (result && result.name !== TOOL_SEARCH) return null;
+  const fresh = freshAsk(body);
+  const result = fresh ? null : lastToolResult(body);
+  if (!fresh && result?.name !== TOOL_SEARCH) return null;
   // After a ToolSearch the last user text is its "Tool loaded."; the ask is the one before.
-  const text = result ? lastDelegateText(body) : lastUserText(body).trim();
+  const text = fresh ?? lastDelegateText(body);
   if (!text.startsWith(DELEGATE)) return null;
   const names = toolNames(body);
   const name = names.find((n) => n.endsWith("__delegate"));
