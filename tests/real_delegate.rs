@@ -7,9 +7,11 @@
 //! request; acpd runs the echo agent; the mock's next request carries the echo's output as the
 //! `tool_result`, which the mock answers `RESULT <tool result>`, the end of the client's turn.
 //! tests/interop/delegate.mjs drives it and reports what the client and the mock saw; this file
-//! asserts on that — directly, and with the agent as `acpd stdio`'s child (depth 2) — and
-//! attacks it: a depth refusal, the client leaving, the agent or `acpd mcp` SIGKILLed while the
-//! delegated child runs. Every scenario ends with no process of its tree left.
+//! asserts on that — directly, with the agent as `acpd stdio`'s child (depth 2), and with
+//! `acpd mcp` using a running `acpd serve` (the run in `acpd runs`) — and attacks it: a depth
+//! refusal, a refused permission, a `session/cancel` mid-run (Claude Code cancels the MCP call;
+//! the next delegate still works), the client leaving, the agent or `acpd mcp` SIGKILLed while
+//! the delegated child runs. Every scenario ends with no process of its tree left.
 //!
 //! Skipped, printing why, only when node is missing; an `npm ci` that fails is a failure.
 
@@ -372,5 +374,37 @@ fn a_refused_permission_starts_no_child() {
     let results = delegate_results(&report);
     assert_eq!(results.len(), 1, "{report}");
     assert_eq!(results[0]["isError"], true, "{report}");
+    assert_nothing_left(&report);
+}
+
+#[test]
+fn through_a_running_daemon_the_agents_run_shows_in_acpd_runs_and_is_cancelled_there() {
+    let again = r#"{"provider":"echo","prompt":"again"}"#;
+    let Some(report) = delegate(&[
+        "--via", "direct", "--input", HANG, "--cancel", "1", "--then", again, "--daemon", "1",
+    ]) else {
+        return;
+    };
+    assert_eq!(report["error"], Value::Null, "{report}");
+    // While the echo ran, the daemon listed it: Claude Code's delegation is one of its runs.
+    let runs = report["runs"]["runs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(runs.len(), 1, "{report}");
+    assert_eq!(runs[0]["provider"], "echo", "{report}");
+    assert_eq!(runs[0]["label"], "hang", "{report}");
+    assert_eq!(runs[0]["state"], "running", "{report}");
+    assert_eq!(runs[0]["pid"], report["cancelled"]["echo"], "{report}");
+    assert_eq!(runs[0]["depth"], 1, "{report}");
+    assert_eq!(report["stopReason"], "cancelled", "{report}");
+    assert_eq!(report["cancelled"]["mcpAlive"], true, "{report}");
+    assert_eq!(report["second"]["stopReason"], "end_turn", "{report}");
+    let results = delegate_results(&report);
+    assert_eq!(results.len(), 2, "{report}");
+    assert_eq!(results[1]["isError"], false, "{report}");
+    // The agent gone, the daemon holds nothing of it, and stops cleanly.
+    assert_eq!(report["runsAfter"]["runs"], json!([]), "{report}");
+    assert_eq!(report["daemonExit"], 0, "{report}");
     assert_nothing_left(&report);
 }

@@ -7,7 +7,7 @@
 //
 //   node delegate.mjs --work DIR --acpd BIN --via direct|stdio [--input JSON] [--max-depth N]
 //                     [--kill agent|mcp|stdin | --cancel 1] [--permission allow|reject]
-//                     [--then JSON]
+//                     [--then JSON] [--daemon 1]
 //
 // `--via direct` runs the agent as this script's child; `--via stdio` runs it as the child of
 // `acpd stdio` (provider `claude`), so the delegated run is a grandchild of acpd at depth 2.
@@ -23,12 +23,14 @@
 // and records in `cancelled` how long the echo took to go while the agent and `acpd mcp` stay
 // (Claude Code's MCP cancellation, not a teardown). `--permission reject` answers the
 // permission request `reject_once`. `--then JSON` runs a second turn, `DELEGATE <JSON>`, in the
-// same session (`second`). `turns` holds each turn's updates.
+// same session (`second`). `turns` holds each turn's updates. `--daemon 1` starts `acpd serve`
+// on a socket in DIR (its log in DIR/daemon.log), `acpd mcp --socket` uses it, and `acpd runs
+// --json` is recorded (`runs`) once the echo runs; the daemon gets SIGTERM at the end.
 //
 // Nothing sleeps and hopes: each step waits for an answer or an exit under a deadline, and a
 // failed step is recorded as `{"error": {...}}` so the test says what failed instead of hanging.
-import { spawn } from "node:child_process";
-import { mkdirSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { mkdirSync, openSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { createInterface } from "node:readline";
 import { PassThrough, Readable, Writable } from "node:stream";
 import { fileURLToPath } from "node:url";
@@ -204,6 +206,24 @@ async function untilNoneLeft(config, limit) {
   }
 }
 
+/** `acpd serve` on `socket`, once it answers `acpd status`. */
+async function startDaemon(config, socket, d) {
+  mkdirSync(`${opts.work}/run`, { recursive: true });
+  const log = openSync(`${opts.work}/daemon.log`, "w");
+  const env = { PATH: process.env.PATH, ...d, STATE_DIRECTORY: `${opts.work}/state`, ACPD_LOG: "info" };
+  const daemon = spawn(opts.acpd, ["--config", config, "serve", "--socket", socket], { env, stdio: ["ignore", "ignore", log] });
+  await poll(() => {
+    try {
+      execFileSync(opts.acpd, ["status", "--json", "--socket", socket], { stdio: "ignore", timeout: STEP_MS });
+      return true;
+    } catch {
+      if (daemon.exitCode !== null) throw new Error(`acpd serve exited (${daemon.exitCode})`);
+      return false;
+    }
+  }, "acpd serve to answer");
+  return daemon;
+}
+
 /** Resolves with `probe()`'s first truthy value (polled every 20 ms), or rejects at the deadline. */
 async function poll(probe, what, limit = 3 * STEP_MS) {
   const deadline = performance.now() + limit;
@@ -231,6 +251,9 @@ async function main() {
   report.config = config;
   report.project = project;
 
+  const socket = `${opts.work}/run/acpd.sock`;
+  const daemon = opts.daemon ? await startDaemon(config, socket, d) : null;
+  const acpdQuery = (what) => JSON.parse(execFileSync(opts.acpd, ["--config", config, what, "--json", "--socket", socket], { encoding: "utf8", timeout: STEP_MS }));
   const [command, argv, childEnv] =
     opts.via === "direct"
       ? [process.execPath, [AGENT], { PATH: process.env.PATH, ...d, ...env }]
@@ -275,7 +298,7 @@ async function main() {
     {
       name: "acpd",
       command: opts.acpd,
-      args: ["--config", config, "mcp", "--in-process"],
+      args: ["--config", config, "mcp", ...(daemon ? ["--socket", socket] : ["--in-process"])],
       env: [
         { name: "STATE_DIRECTORY", value: `${opts.work}/state` },
         { name: "ACPD_LOG", value: "info" },
@@ -302,6 +325,7 @@ async function main() {
         if (opts.cancel) {
           const echo = await step("echo running", poll(() => processesOf(config).find(isEcho), "the delegated echo agent to start"));
           report.beforeKill = processesOf(config);
+          if (daemon) report.runs = acpdQuery("runs");
           const sent = performance.now();
           await ctx.notify("session/cancel", { sessionId: created.sessionId });
           const answer = await step("session/prompt", withDeadline(prompt, "session/prompt after cancel"));
@@ -364,6 +388,12 @@ async function main() {
   } catch (e) {
     child.kill("SIGKILL");
     report.exit = errorOf(e);
+  }
+  if (daemon) {
+    // Once the agent is gone the daemon holds nothing of it: its runs are disposed.
+    report.runsAfter = acpdQuery("runs");
+    daemon.kill("SIGTERM");
+    report.daemonExit = await withDeadline(new Promise((r) => (daemon.exitCode !== null ? r(daemon.exitCode) : daemon.once("exit", (c, sig) => r(c ?? sig)))), "daemon exit", EXIT_MS).catch(errorOf);
   }
   // What is left of acpd under this run once the agent is gone: nothing, within a deadline.
   report.left = await untilNoneLeft(config, 15_000);
