@@ -9,9 +9,10 @@
 //! tests/interop/delegate.mjs drives it and reports what the client and the mock saw; this file
 //! asserts on that — directly, with the agent as `acpd stdio`'s child (depth 2), and with
 //! `acpd mcp` using a running `acpd serve` (the run in `acpd runs`) — and attacks it: a depth
-//! refusal, a refused permission, a `session/cancel` mid-run (Claude Code cancels the MCP call;
-//! the next delegate still works), the client leaving, the agent or `acpd mcp` SIGKILLed while
-//! the delegated child runs. Every scenario ends with no process of its tree left.
+//! refusal, a refused permission, arguments outside the schema (Claude Code passes them on),
+//! 2 MB of output, a `session/cancel` mid-run (Claude Code cancels the MCP call; the next
+//! delegate still works), the client leaving, the agent or `acpd mcp` SIGKILLed while the
+//! delegated child runs. Every scenario ends with no process of its tree left.
 //!
 //! Skipped, printing why, only when node is missing; an `npm ci` that fails is a failure.
 
@@ -406,5 +407,71 @@ fn through_a_running_daemon_the_agents_run_shows_in_acpd_runs_and_is_cancelled_t
     // The agent gone, the daemon holds nothing of it, and stops cleanly.
     assert_eq!(report["runsAfter"]["runs"], json!([]), "{report}");
     assert_eq!(report["daemonExit"], 0, "{report}");
+    assert_nothing_left(&report);
+}
+
+#[test]
+fn arguments_the_schema_forbids_reach_acpd_and_come_back_as_typed_errors_with_hints() {
+    // Claude Code does not check MCP tool input against the schema (an unknown provider
+    // outside the enum, a number for the prompt): acpd mcp is the one that refuses.
+    let Some(report) = delegate(&[
+        "--via",
+        "direct",
+        "--input",
+        r#"{"provider":"nope","prompt":"x"}"#,
+        "--then",
+        r#"{"prompt":42}"#,
+    ]) else {
+        return;
+    };
+    assert_eq!(report["error"], Value::Null, "{report}");
+    assert_eq!(report["second"]["stopReason"], "end_turn", "{report}");
+    assert_eq!(report["echoesSeen"], json!([]), "{report}");
+    let results = delegate_results(&report);
+    assert_eq!(results.len(), 2, "{report}");
+    let (first, second) = (
+        results[0]["text"].as_str().unwrap(),
+        results[1]["text"].as_str().unwrap(),
+    );
+    assert_eq!(results[0]["isError"], true, "{report}");
+    assert!(first.starts_with("NO_PROVIDER"), "{first}");
+    assert!(first.contains("(claude, echo)"), "{first}");
+    assert_eq!(results[1]["isError"], true, "{report}");
+    assert!(second.starts_with("INVALID_REQUEST"), "{second}");
+    assert!(second.contains("input schema"), "{second}");
+    assert_nothing_left(&report);
+}
+
+#[test]
+fn two_megabytes_of_delegated_output_reach_claude_code_whole() {
+    let Some(report) = delegate(&[
+        "--via",
+        "direct",
+        "--input",
+        r#"{"provider":"echo","prompt":":chunks 100 20000"}"#,
+    ]) else {
+        return;
+    };
+    assert_eq!(report["error"], Value::Null, "{report}");
+    assert_eq!(report["stopReason"], "end_turn", "{report}");
+    // Over its token limit Claude Code saves the result to a file and hands the model that
+    // path and the result's shape: the whole result arrived, and nothing broke on the way.
+    let results = delegate_results(&report);
+    assert_eq!(results.len(), 1, "{report}");
+    assert_eq!(results[0]["isError"], false, "{report}");
+    let text = results[0]["text"].as_str().unwrap();
+    eprintln!("what the model got: {text}");
+    assert!(text.contains("exceeds maximum allowed tokens"), "{text}");
+    // The saved file is the whole result: the echo's 100 chunks of 20000 bytes.
+    let saved = report["savedResults"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(saved.len(), 1, "{}", report["savedResults"]);
+    assert_eq!(
+        saved[0]["textChars"], 2_000_000,
+        "{}",
+        report["savedResults"]
+    );
     assert_nothing_left(&report);
 }

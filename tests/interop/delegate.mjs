@@ -379,7 +379,8 @@ async function main() {
   }
   clearInterval(watcher);
   report.echoesSeen = [...echoesSeen];
-  report.updates = updates.map((u) => u.update);
+  // Clipped: what the agent streams repeats the tool's whole output several times.
+  report.updates = updates.map((u) => clip(u.update));
   report.turns = turnStarts.map((start, i) => report.updates.slice(start, turnStarts[i + 1]));
   report.permissions = permissions;
   child.stdin.end();
@@ -397,6 +398,7 @@ async function main() {
   }
   // What is left of acpd under this run once the agent is gone: nothing, within a deadline.
   report.left = await untilNoneLeft(config, 15_000);
+  report.savedResults = savedResults();
   // Whatever outlived the deadline is killed, so a failing run leaves nothing behind either.
   for (const p of report.left) {
     try {
@@ -414,15 +416,59 @@ async function main() {
   mock.stdin.end();
 }
 
+/**
+ * The tool results Claude Code saved to files instead of handing them to the model (over its
+ * token limit): each file's length and, when it is the result JSON, its `text`'s length.
+ */
+function savedResults() {
+  const out = [];
+  const walk = (dir) => {
+    let entries = [];
+    try {
+      entries = readdirSync(dir, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      const path = `${dir}/${e.name}`;
+      if (e.isDirectory()) walk(path);
+      else if (dir.endsWith("/tool-results")) {
+        const body = readFileSync(path, "utf8");
+        let textChars = null;
+        try {
+          textChars = JSON.parse(body).text?.length ?? null;
+        } catch {
+          // Not the result JSON.
+        }
+        out.push({ file: e.name, chars: body.length, textChars });
+      }
+    }
+  };
+  walk(`${opts.work}/claude/projects`);
+  return out;
+}
+
+/** `v` with every string over 2000 characters cut to its start and length (big outputs). */
+function clip(v) {
+  if (typeof v === "string") return v.length > 2000 ? `${v.slice(0, 200)}… (${v.length} characters)` : v;
+  if (Array.isArray(v)) return v.map(clip);
+  if (v && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, clip(x)]));
+  return v;
+}
+
+let finished = false;
+
 function finish() {
+  if (finished) return;
+  finished = true;
   try {
     report.modelRequests = readFileSync(`${opts.work}/mock-requests.jsonl`, "utf8").trim().split("\n").map((l) => JSON.parse(l));
   } catch {
     report.modelRequests = null;
   }
   report.ms = Math.round(performance.now() - t0);
-  process.stdout.write(JSON.stringify(report) + "\n");
-  process.exit(0);
+  // Exit once it is written: stdout is a pipe, where an exit drops what is still queued.
+  process.stdout.write(JSON.stringify(report) + "\n", () => process.exit(0));
 }
 
 setTimeout(() => {
