@@ -24,16 +24,21 @@
 // A scripted tool call (delegate.mjs, tests/real_delegate.rs): a turn whose user text is
 // `DELEGATE <json>` is answered with a `tool_use` of the tool whose name ends in `__delegate`
 // (Claude Code names MCP tools `mcp__<server>__<tool>`), with the JSON as its input, streamed as
-// `content_block_start` (tool_use, empty input), `input_json_delta`s and `stop_reason:
+// `content_block_start` (tool_use, empty input), two `input_json_delta`s and `stop_reason:
 // "tool_use"`. Claude Code defers MCP tools by default (tool search): the request then offers
 // `ToolSearch` and only names `mcp__acpd__delegate` in a system reminder, so the mock first
-// calls `ToolSearch` with `select:<that name>`, as a model does, and the next request offers the
-// tool. Without it in the request the reply is `NO DELEGATE TOOL <names>`, so a test says what
-// the agent offered instead. The request that carries the `tool_result`
-// (the last message is a user message holding one) is answered `RESULT <its text>` (an error
-// result `RESULT ERROR <its text>`). With MOCK_TOOLS set, the log line of every request also
-// names the tools it offered and carries its tool results whole, so a test asserts on what
-// reached the model.
+// calls `ToolSearch` with `select:<that name>`, as a model does; Claude Code runs it itself
+// and its next request offers the tool (its last user message: the ToolSearch result and the
+// text "Tool loaded."). Without the tool in the request the reply is `NO DELEGATE TOOL
+// <names>`, so a test says what the agent offered instead. The request that carries the
+// delegate's `tool_result` (in the last user message, which Claude Code may follow with a
+// `system` one) is answered `RESULT <its text>` (`RESULT ERROR <its text>` for an error):
+// Claude Code puts the tool's `structuredContent` there as JSON when it has one, else its text.
+// A cancelled call's result comes with the next prompt, in the same message as its text; a
+// `DELEGATE` text there is a new ask. After each turn Claude Code sends a prompt-suggestion
+// query ("[SUGGESTION MODE: …]", with tools), answered as any text turn. With MOCK_TOOLS set,
+// the log line of every request also names the tools it offered and carries its tool results
+// whole, so a test asserts on what reached the model.
 import { createServer } from "node:http";
 import { appendFileSync } from "node:fs";
 
