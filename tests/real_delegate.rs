@@ -3,7 +3,7 @@
 //! tests/interop/package.json, driving the Claude Code binary it ships), offline against
 //! tests/interop/mock-model.mjs, gets `acpd mcp --in-process` in `session/new`'s `mcpServers`.
 //! The prompt `DELEGATE <json>` makes the mock answer with a `ToolSearch` (Claude Code defers
-//! MCP tools) and then a `tool_use` of `mcp__acpd__delegate`; the client allows the permission
+//! MCP tools, unless `ENABLE_TOOL_SEARCH=false`) and then a `tool_use` of `mcp__acpd__delegate`; the client allows the permission
 //! request; acpd runs the echo agent; the mock's next request carries the echo's output as the
 //! `tool_result`, which the mock answers `RESULT <tool result>`, the end of the client's turn.
 //! tests/interop/delegate.mjs drives it and reports what the client and the mock saw; this file
@@ -215,6 +215,43 @@ fn claude_agent_acp_calls_delegate_and_the_echo_output_reaches_the_model() {
         format!("cwd {}", report["project"].as_str().unwrap()),
         "{output}"
     );
+    assert_nothing_left(&report);
+}
+
+#[test]
+fn without_tool_search_claude_code_offers_every_acpd_tool_up_front() {
+    let Some(report) = delegate(&["--via", "direct", "--tool-search", "false"]) else {
+        return;
+    };
+    let output = completed_output(&report);
+    assert!(output.starts_with("delegated hello\npid "), "{output}");
+    let requests = report["modelRequests"].as_array().unwrap();
+    let offered: Vec<&str> = requests
+        .iter()
+        .filter_map(|r| r["tools"].as_array())
+        .find(|t| t.contains(&json!("mcp__acpd__delegate")))
+        .unwrap()
+        .iter()
+        .filter_map(|t| t.as_str())
+        .filter(|t| t.starts_with("mcp__acpd__"))
+        .collect();
+    let tools = [
+        "delegate",
+        "providers",
+        "subagent_cancel",
+        "subagent_dispose",
+        "subagent_list",
+        "subagent_send",
+        "subagent_start",
+        "subagent_wait",
+    ];
+    let want: Vec<String> = tools.iter().map(|t| format!("mcp__acpd__{t}")).collect();
+    assert_eq!(offered, want, "{report}");
+    // The model called the tool at once: no ToolSearch result in what it got back.
+    for r in requests {
+        let results = r["toolResults"].as_array().cloned().unwrap_or_default();
+        assert!(results.iter().all(|x| x["name"] != "ToolSearch"), "{r}");
+    }
     assert_nothing_left(&report);
 }
 

@@ -7,7 +7,7 @@
 //
 //   node delegate.mjs --work DIR --acpd BIN --via direct|stdio [--input JSON] [--max-depth N]
 //                     [--kill agent|mcp|stdin | --cancel 1] [--permission allow|reject]
-//                     [--then JSON] [--daemon 1]
+//                     [--then JSON] [--daemon 1] [--tool-search VALUE]
 //
 // `--via direct` runs the agent as this script's child; `--via stdio` runs it as the child of
 // `acpd stdio` (provider `claude`), so the delegated run is a grandchild of acpd at depth 2.
@@ -26,6 +26,7 @@
 // same session (`second`). `turns` holds each turn's updates. `--daemon 1` starts `acpd serve`
 // on a socket in DIR (its log in DIR/daemon.log), `acpd mcp --socket` uses it, and `acpd runs
 // --json` is recorded (`runs`) once the echo runs; the daemon gets SIGTERM at the end.
+// `--tool-search false` sets Claude Code's ENABLE_TOOL_SEARCH, so MCP tools are offered up front.
 //
 // Nothing sleeps and hopes: each step waits for an answer or an exit under a deadline, and a
 // failed step is recorded as `{"error": {...}}` so the test says what failed instead of hanging.
@@ -114,7 +115,7 @@ function agentEnv(port) {
   const env = {
     ANTHROPIC_BASE_URL: `http://127.0.0.1:${port}`,
     ANTHROPIC_API_KEY: "sk-ant-mock-delegate",
-    ...(process.env.DELEGATE_TOOL_SEARCH ? { ENABLE_TOOL_SEARCH: process.env.DELEGATE_TOOL_SEARCH } : {}),
+    ...(opts["tool-search"] ? { ENABLE_TOOL_SEARCH: opts["tool-search"] } : {}),
     DISABLE_AUTOUPDATER: "1",
     DISABLE_TELEMETRY: "1",
     DISABLE_ERROR_REPORTING: "1",
