@@ -3,9 +3,10 @@
 //! tests/interop/package.json, driving the Claude Code binary it ships), offline against
 //! tests/interop/mock-model.mjs, gets `acpd mcp --in-process` in `session/new`'s `mcpServers`.
 //! The prompt `DELEGATE <json>` makes the mock answer with a `ToolSearch` (Claude Code defers
-//! MCP tools, unless `ENABLE_TOOL_SEARCH=false`) and then a `tool_use` of `mcp__acpd__delegate`; the client allows the permission
-//! request; acpd runs the echo agent; the mock's next request carries the echo's output as the
-//! `tool_result`, which the mock answers `RESULT <tool result>`, the end of the client's turn.
+//! MCP tools, unless `ENABLE_TOOL_SEARCH=false`) and then a `tool_use` of
+//! `mcp__acpd__delegate`; the client allows the permission request; acpd runs the echo agent;
+//! the mock's next request carries the echo's output as the `tool_result`, which the mock
+//! answers `RESULT <tool result>`, the end of the client's turn.
 //! tests/interop/delegate.mjs drives it and reports what the client and the mock saw; this file
 //! asserts on that — directly, with the agent as `acpd stdio`'s child (depth 2), and with
 //! `acpd mcp` using a running `acpd serve` (the run in `acpd runs`) — and attacks it: a depth
