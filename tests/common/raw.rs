@@ -120,7 +120,20 @@ impl Raw {
 
     /// A raw connection to `acpd serve`'s socket.
     pub fn socket(path: &Path) -> Raw {
-        let stream = UnixStream::connect(path).expect("connect to acpd serve");
+        // The socket file exists from bind(), a moment before listen(): refused until then.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let stream = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::ConnectionRefused
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("connect to acpd serve at {}: {e}", path.display()),
+            }
+        };
         let reader = stream.try_clone().expect("clone socket");
         let writer = stream.try_clone().expect("clone socket");
         let stream_fd = std::os::fd::AsRawFd::as_raw_fd(&stream);

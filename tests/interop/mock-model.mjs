@@ -20,6 +20,25 @@
 //   one JSON message. `POST /v1/messages/count_tokens` (not seen): `{"input_tokens": 10}`.
 // - Anything else: 404 with an Anthropic-shaped error body.
 // Usage numbers are fixed, so the agent's `usage_update`s are too.
+//
+// A scripted tool call (delegate.mjs, tests/real_delegate.rs): a turn whose user text is
+// `DELEGATE <json>` is answered with a `tool_use` of the tool whose name ends in `__delegate`
+// (Claude Code names MCP tools `mcp__<server>__<tool>`), with the JSON as its input, streamed as
+// `content_block_start` (tool_use, empty input), two `input_json_delta`s and `stop_reason:
+// "tool_use"`. Claude Code defers MCP tools by default (tool search): the request then offers
+// `ToolSearch` and only names `mcp__acpd__delegate` in a system reminder, so the mock first
+// calls `ToolSearch` with `select:<that name>`, as a model does; Claude Code runs it itself
+// and its next request offers the tool (its last user message: the ToolSearch result and the
+// text "Tool loaded."). Without the tool in the request the reply is `NO DELEGATE TOOL
+// <names>`, so a test says what the agent offered instead. The request that carries the
+// delegate's `tool_result` (in the last user message, which Claude Code may follow with a
+// `system` one) is answered `RESULT <its text>` (`RESULT ERROR <its text>` for an error):
+// Claude Code puts the tool's `structuredContent` there as JSON when it has one, else its text.
+// A cancelled call's result comes with the next prompt, in the same message as its text; a
+// `DELEGATE` text there is a new ask. After each turn Claude Code sends a prompt-suggestion
+// query ("[SUGGESTION MODE: …]", with tools), answered as any text turn. With MOCK_TOOLS set,
+// the log line of every request also names the tools it offered and carries its tool results
+// whole, so a test asserts on what reached the model.
 import { createServer } from "node:http";
 import { appendFileSync } from "node:fs";
 
@@ -56,7 +75,119 @@ function allText(body) {
 /** The reply's text: a fixed title for the title query, else the prompt echoed after a marker. */
 function replyFor(body) {
   if (allText(body).includes('a single "title" field')) return JSON.stringify({ title: TITLE });
+  const result = freshAsk(body) ? null : lastToolResult(body);
+  if (result && result.name !== TOOL_SEARCH) return `RESULT ${result.isError ? "ERROR " : ""}${result.text}`;
   return `REPLY ${lastUserText(body).trim()}`;
+}
+
+/** The marker of a user turn that asks for a scripted delegate call; the rest is its input. */
+const DELEGATE = "DELEGATE ";
+
+/** The names of the tools the request offers the model. */
+function toolNames(body) {
+  return Array.isArray(body.tools) ? body.tools.map((t) => t?.name).filter((n) => typeof n === "string") : [];
+}
+
+/** The text of a tool_result block (a string, or text blocks). */
+function resultText(block) {
+  if (typeof block.content === "string") return block.content;
+  if (Array.isArray(block.content)) return block.content.filter((c) => c?.type === "text").map((c) => c.text).join("");
+  return "";
+}
+
+/** The name of the tool the assistant called with this id, from the request's history. */
+function toolNameOf(body, id) {
+  for (const m of Array.isArray(body.messages) ? body.messages : []) {
+    if (m.role !== "assistant" || !Array.isArray(m.content)) continue;
+    const use = m.content.find((b) => b?.type === "tool_use" && b.id === id);
+    if (use) return use.name;
+  }
+  return null;
+}
+
+/** Every tool_result the request carries, in order: what the agent told the model its tools did. */
+function toolResults(body) {
+  const out = [];
+  for (const m of Array.isArray(body.messages) ? body.messages : []) {
+    if (m.role !== "user" || !Array.isArray(m.content)) continue;
+    for (const b of m.content) {
+      if (b?.type === "tool_result") {
+        out.push({ toolUseId: b.tool_use_id, name: toolNameOf(body, b.tool_use_id), isError: b.is_error === true, text: resultText(b) });
+      }
+    }
+  }
+  return out;
+}
+
+/** The last user or assistant message (Claude Code may end the list with a `system` one). */
+function lastTurn(body) {
+  const messages = Array.isArray(body.messages) ? body.messages : [];
+  return messages.findLast((m) => m?.role === "user" || m?.role === "assistant") ?? null;
+}
+
+/** The tool_result in the last message, when the last message is the answer to a tool call. */
+function lastToolResult(body) {
+  const last = lastTurn(body);
+  if (last?.role !== "user" || !Array.isArray(last.content)) return null;
+  const block = last.content.find((b) => b?.type === "tool_result");
+  return block ? { name: toolNameOf(body, block.tool_use_id), isError: block.is_error === true, text: resultText(block) } : null;
+}
+
+/**
+ * The `DELEGATE <json>` text of the last message, when it is a user turn that asks: a new ask
+ * even when the same message also carries the result of an interrupted earlier call (Claude
+ * Code sends a cancelled call's tool_result with the next prompt).
+ */
+function freshAsk(body) {
+  const last = lastTurn(body);
+  if (last?.role !== "user") return null;
+  const texts = typeof last.content === "string" ? [last.content] : Array.isArray(last.content) ? last.content.filter((b) => b?.type === "text").map((b) => b.text) : [];
+  return texts.map((t) => t.trim()).findLast((t) => t.startsWith(DELEGATE)) ?? null;
+}
+
+/** The last user text that asks for a scripted delegate call, or "". */
+function lastDelegateText(body) {
+  const messages = Array.isArray(body.messages) ? body.messages : [];
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const m = messages[i];
+    if (m.role !== "user") continue;
+    const texts = typeof m.content === "string" ? [m.content] : Array.isArray(m.content) ? m.content.filter((b) => b?.type === "text").map((b) => b.text) : [];
+    const ask = texts.map((t) => t.trim()).findLast((t) => t.startsWith(DELEGATE));
+    if (ask) return ask;
+  }
+  return "";
+}
+
+/** Claude Code's tool that loads deferred tools' schemas (MCP tools are deferred by default). */
+const TOOL_SEARCH = "ToolSearch";
+
+/**
+ * The scripted tool call this request asks for, when the last user text is `DELEGATE <json>`
+ * and no tool result answers it yet: `{name, input}` of the delegate tool when it is offered;
+ * a `ToolSearch` `select:` of it when it is only named as a deferred tool (as a model does: the
+ * next request offers it); `{missing}` when neither; else null.
+ */
+function toolCallFor(body) {
+  const fresh = freshAsk(body);
+  const result = fresh ? null : lastToolResult(body);
+  if (!fresh && result?.name !== TOOL_SEARCH) return null;
+  // After a ToolSearch the last user text is its "Tool loaded."; the ask is the one before.
+  const text = fresh ?? lastDelegateText(body);
+  if (!text.startsWith(DELEGATE)) return null;
+  const names = toolNames(body);
+  const name = names.find((n) => n.endsWith("__delegate"));
+  if (!name) {
+    const deferred = allText(body).match(/^(mcp__\S+__delegate)$/m)?.[1];
+    if (!result && deferred && names.includes(TOOL_SEARCH)) {
+      return { name: TOOL_SEARCH, input: { query: `select:${deferred}`, max_results: 1 } };
+    }
+    return { missing: names };
+  }
+  try {
+    return { name, input: JSON.parse(text.slice(DELEGATE.length)) };
+  } catch {
+    return { missing: names, badInput: true };
+  }
 }
 
 /** The title every session gets when the agent asks the model for one. */
@@ -121,6 +252,51 @@ function streamReply(res, body, text) {
   res.end();
 }
 
+/** A streamed assistant turn that is one tool call, the input split over two deltas. */
+function streamToolUse(res, body, { name, input }) {
+  const id = `msg_mock_${++counter}`;
+  res.writeHead(200, {
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    "request-id": `req_mock_${counter}`,
+  });
+  sse(res, "message_start", {
+    type: "message_start",
+    message: {
+      id,
+      type: "message",
+      role: "assistant",
+      model: body.model,
+      content: [],
+      stop_reason: null,
+      stop_sequence: null,
+      usage: usage(1),
+    },
+  });
+  sse(res, "content_block_start", {
+    type: "content_block_start",
+    index: 0,
+    content_block: { type: "tool_use", id: `toolu_mock_${counter}`, name, input: {} },
+  });
+  const json = JSON.stringify(input);
+  const cut = Math.floor(json.length / 2);
+  for (const part of [json.slice(0, cut), json.slice(cut)]) {
+    sse(res, "content_block_delta", {
+      type: "content_block_delta",
+      index: 0,
+      delta: { type: "input_json_delta", partial_json: part },
+    });
+  }
+  sse(res, "content_block_stop", { type: "content_block_stop", index: 0 });
+  sse(res, "message_delta", {
+    type: "message_delta",
+    delta: { stop_reason: "tool_use", stop_sequence: null },
+    usage: { output_tokens: 5 },
+  });
+  sse(res, "message_stop", { type: "message_stop" });
+  res.end();
+}
+
 function jsonReply(res, body, text) {
   res.writeHead(200, { "content-type": "application/json", "request-id": `req_mock_${++counter}` });
   res.end(
@@ -158,11 +334,24 @@ const server = createServer((req, res) => {
       if (process.env.MOCK_DUMP) appendFileSync(log + ".bodies", raw + "\n");
       appendFileSync(
         log,
-        JSON.stringify({ method: req.method, path, model: body.model ?? null, stream: body.stream ?? null, user: lastUserText(body).slice(0, 200) }) + "\n",
+        JSON.stringify({
+          method: req.method,
+          path,
+          model: body.model ?? null,
+          stream: body.stream ?? null,
+          user: lastUserText(body).slice(0, 200),
+          ...(process.env.MOCK_TOOLS ? { tools: toolNames(body), toolResults: toolResults(body) } : {}),
+        }) + "\n",
       );
     }
     if (req.method === "POST" && path === "/v1/messages") {
-      const text = replyFor(body);
+      const call = toolCallFor(body);
+      if (call?.name && body.stream) return streamToolUse(res, body, call);
+      const text = call?.badInput
+        ? "BAD DELEGATE INPUT (not JSON)"
+        : call?.missing
+          ? `NO DELEGATE TOOL ${JSON.stringify(call.missing)}`
+          : replyFor(body);
       return body.stream ? streamReply(res, body, text) : jsonReply(res, body, text);
     }
     if (req.method === "POST" && path === "/v1/messages/count_tokens") {

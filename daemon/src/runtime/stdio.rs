@@ -71,6 +71,7 @@ pub async fn serve_stdio(ctx: ServerContext, shutdown: Shutdown) {
     registry.keep_warm(warm.clone());
     let (reader, writer) = stdio();
     let nest = super::nest::NestSocket::open(&ctx);
+    let sessions = ctx.sessions.clone();
     let serving = async {
         server::serve(reader, writer, ctx).await;
         if let Some(nest) = nest {
@@ -78,6 +79,9 @@ pub async fn serve_stdio(ctx: ServerContext, shutdown: Shutdown) {
         }
         warm.cancel();
         registry.drain_spares().await;
+        // A session whose child died is still being reaped (its group may hold the child's
+        // own children): finish those ladders before exiting.
+        sessions.shut_all().await;
     };
     tokio::pin!(serving);
     tokio::select! {
