@@ -116,20 +116,31 @@ pub fn current() -> Option<&'static Containment> {
 }
 
 /// Containment as `_acpd/status` reports it (process groups when [`contain`] never ran).
-pub fn status_json() -> serde_json::Value {
+pub fn status() -> acpd_protocol::methods::StatusContainment {
+    use acpd_protocol::methods::StatusContainment;
     match current() {
-        Some(c) => serde_json::json!({
-            "mode": c.mode,
-            "reason": c.reason,
-            "path": c.path,
-            "controllers": c.controllers,
-        }),
-        None => serde_json::json!({
-            "mode": Mode::ProcessGroup,
-            "reason": "containment was not set up in this process",
-            "path": null,
-            "controllers": [],
-        }),
+        Some(c) => StatusContainment {
+            mode: c.mode.name().to_owned(),
+            reason: c.reason.clone(),
+            path: c.path.as_ref().map(|p| p.display().to_string()),
+            controllers: c.controllers.clone(),
+        },
+        None => StatusContainment {
+            mode: Mode::ProcessGroup.name().to_owned(),
+            reason: "containment was not set up in this process".to_owned(),
+            path: None,
+            controllers: Vec::new(),
+        },
+    }
+}
+
+impl Mode {
+    /// `cgroup` or `process-group`, as in the config and in `_acpd/status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Cgroup => "cgroup",
+            Mode::ProcessGroup => "process-group",
+        }
     }
 }
 
