@@ -323,7 +323,12 @@ pub fn own_dir() -> Result<PathBuf, CgroupError> {
         group: group.clone(),
         mount: mount.clone(),
     })?;
-    Ok(mount.join(below.trim_start_matches('/')))
+    let below = below.trim_start_matches('/');
+    Ok(if below.is_empty() {
+        mount
+    } else {
+        mount.join(below)
+    })
 }
 
 /// The base group's name for the acpd process `pid` that started at `start`.

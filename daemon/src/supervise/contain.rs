@@ -330,7 +330,9 @@ pub fn contain_config(
 /// One line per provider whose limits this acpd cannot apply, saying why.
 pub fn limit_warnings(config: &crate::config::Config) -> Vec<String> {
     let why = match current() {
-        Some(c) if c.mode == Mode::Cgroup => "the controller is not enabled for acpd's cgroup",
+        Some(c) if c.mode == Mode::Cgroup => {
+            "the controller is not available to acpd's cgroup v2 group"
+        }
         Some(_) => "containment is by process groups",
         None => "containment is not set up",
     };

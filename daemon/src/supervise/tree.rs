@@ -37,11 +37,7 @@ pub(super) enum Contained {
 }
 
 /// A resource limit the tree ran into (cgroup `memory.events` `oom_kill`, `pids.events` `max`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitHit {
-    Memory,
-    Pids,
-}
+pub use acpd_protocol::outcome::ResourceLimit as LimitHit;
 
 /// How long each rung of the ladder waits for the tree to exit.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +77,8 @@ struct Inner {
 /// Upper bound on waiting for a SIGKILLed group to disappear; only zombies we cannot reap
 /// (their parent is alive and not us) can hold it, and we log them.
 const KILL_WAIT: Duration = Duration::from_secs(5);
+/// Scans for token bearers at the end of a fallback ladder, at most.
+const TOKEN_ROUNDS: usize = 8;
 
 impl ProcessTree {
     pub(super) fn adopt(mut child: Child, contained: Contained) -> Self {
@@ -182,14 +180,22 @@ impl ProcessTree {
                 }
             }
             Contained::Token(token) => {
-                let escapees = super::contain::token_bearers(token, self.inner.start, -1);
-                for pid in &escapees {
-                    let _ = nix::sys::signal::kill(Pid::from_raw(*pid), Signal::SIGKILL);
+                // Again until a scan finds none: an escapee may fork while it is being killed.
+                let mut killed = 0;
+                for _ in 0..TOKEN_ROUNDS {
+                    let escapees = super::contain::token_bearers(token, self.inner.start, -1);
+                    if escapees.is_empty() {
+                        break;
+                    }
+                    for pid in &escapees {
+                        let _ = nix::sys::signal::kill(Pid::from_raw(*pid), Signal::SIGKILL);
+                    }
+                    killed += escapees.len();
                 }
-                if !escapees.is_empty() {
+                if killed > 0 {
                     tracing::debug!(
                         pgid = self.pid(),
-                        killed = escapees.len(),
+                        killed,
                         "killed escapees of the process group"
                     );
                     reaper::scan_strays();
