@@ -6,6 +6,7 @@
 //! `cargo bench -p acpd --bench acpd -- soak` for the long-running soak (not part of the table).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
+mod containment;
 mod hotpath;
 mod parent;
 mod report;
@@ -23,7 +24,8 @@ pub struct Opts {
     pub json: Option<PathBuf>,
     /// Rewrite README.md's results table from this run.
     pub readme: bool,
-    /// `--only SECTION` (hotpath, streaming, start, scale, teardown, warm): run just that one.
+    /// `--only SECTION` (hotpath, streaming, start, scale, teardown, warm,
+    /// containment): run just that one.
     pub only: Option<String>,
     /// `--sizes 64,1024`: the scale rows' K values instead of the defaults.
     pub sizes: Option<Vec<usize>>,
@@ -134,7 +136,8 @@ async fn bench() {
         "start": if opts.runs("start") { scale::start(&opts).await } else { none.clone() },
         "scale": if opts.runs("scale") { scale::scale(&opts).await } else { none.clone() },
         "teardown": if opts.runs("teardown") { scale::teardown(&opts).await } else { none.clone() },
-        "warm": if opts.runs("warm") { warm::run(&opts).await } else { none },
+        "warm": if opts.runs("warm") { warm::run(&opts).await } else { none.clone() },
+        "containment": if opts.runs("containment") { containment::run(&opts).await } else { none },
     });
     if opts.only.is_some() {
         return;

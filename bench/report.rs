@@ -130,6 +130,20 @@ pub fn markdown(r: &Value) -> String {
             f(&w["ratio"], 3)
         );
     }
+    let c = &r["containment"];
+    if !c.is_null() {
+        let _ = writeln!(
+            md,
+            "\n**Containment**: start + dispose of a child in its own cgroup {} ms vs in a process group only {} ms: **{}×**; the sentinel (one per acpd, not per child) {} KiB resident vs the daemon's {} KiB (**{}×**), spawned once for {} ms.",
+            f(&c["cgroupCycleMs"], 2),
+            f(&c["processGroupCycleMs"], 2),
+            f(&c["ratio"], 3),
+            c["sentinelRssKiB"],
+            c["daemonRssKiB"],
+            f(&c["sentinelRssRatio"], 3),
+            f(&c["sentinelSpawnMs"], 2)
+        );
+    }
     md
 }
 

@@ -146,7 +146,7 @@ impl Ctl {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid)).map_or(0, |d| d.count())
     }
 
-    /// Children of acpd still around, and how many of them are zombies.
+    /// Children of acpd still around (its sentinel aside), and how many of them are zombies.
     pub fn children(&self) -> (usize, usize) {
         let me = self.pid() as i32;
         let (mut all, mut zombies) = (0, 0);
@@ -158,7 +158,9 @@ impl Ctl {
                 continue;
             };
             let fields: Vec<&str> = rest.split_whitespace().collect();
-            if fields.get(1).and_then(|p| p.parse::<i32>().ok()) == Some(me) {
+            if fields.get(1).and_then(|p| p.parse::<i32>().ok()) == Some(me)
+                && !is_sentinel(&entry.path())
+            {
                 all += 1;
                 if fields[0] == "Z" {
                     zombies += 1;
@@ -167,6 +169,12 @@ impl Ctl {
         }
         (all, zombies)
     }
+}
+
+/// acpd's sentinel (`acpd sentinel`, one per acpd, not a child agent).
+pub(crate) fn is_sentinel(proc_dir: &std::path::Path) -> bool {
+    std::fs::read(proc_dir.join("cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(b"sentinel".as_slice()))
 }
 
 /// Spawns `cmd` with piped stdio and speaks JSON-RPC to it with acpd's own engine.

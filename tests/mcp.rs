@@ -169,7 +169,7 @@ fn assert_typed(r: &CallToolResult, name: &str, code: i64) {
     assert!(text(r).starts_with(name), "{}", text(r));
 }
 
-/// The processes whose parent is `pid`.
+/// The processes whose parent is `pid`, acpd's sentinel aside.
 fn children_of(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -188,7 +188,10 @@ fn children_of(pid: i32) -> Vec<i32> {
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().nth(1))
             .and_then(|p| p.parse::<i32>().ok());
-        if ppid == Some(pid) {
+        // acpd's sentinel (one per acpd) is not part of any run's tree.
+        let sentinel = std::fs::read(format!("/proc/{child}/cmdline"))
+            .is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(b"sentinel".as_slice()));
+        if ppid == Some(pid) && !sentinel {
             out.push(child);
         }
     }

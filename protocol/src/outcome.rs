@@ -56,6 +56,12 @@ pub enum TurnEnd {
         exit_code: Option<i32>,
         signal: Option<String>,
     },
+    /// The process exited (as in `ProcessExit`) after its tree ran into a cgroup limit.
+    LimitExceeded {
+        limit: ResourceLimit,
+        exit_code: Option<i32>,
+        signal: Option<String>,
+    },
     /// The run's `run_timeout` was reached.
     RunTimeout,
     /// No message and no pending request for `idle_timeout`.
@@ -65,6 +71,28 @@ pub enum TurnEnd {
     /// Cancelled by the parent, by dispose or by Ctrl-C, and the child did not confirm it in
     /// time.
     Abandoned,
+}
+
+/// A cgroup limit a child's tree can run into (`memory_max`, `pids_max`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResourceLimit {
+    Memory,
+    Pids,
+}
+
+impl TurnEnd {
+    /// A process exit becomes [`TurnEnd::LimitExceeded`] when the tree hit `limit`: the result
+    /// says `oom` / `pids` instead of a bare crash. Any other end is kept.
+    pub fn with_limit(self, limit: Option<ResourceLimit>) -> TurnEnd {
+        match (self, limit) {
+            (TurnEnd::ProcessExit { exit_code, signal }, Some(limit)) => TurnEnd::LimitExceeded {
+                limit,
+                exit_code,
+                signal,
+            },
+            (end, _) => end,
+        }
+    }
 }
 
 /// The mapped outcome of a turn.
@@ -120,7 +148,11 @@ pub fn map_outcome(end: &TurnEnd, cancel_requested: bool) -> Mapped {
             },
             ChildStopReason::Unknown(_) => fail(Category::UnknownStopReason),
         },
-        TurnEnd::RpcError { .. } | TurnEnd::ProcessExit { .. } if cancel_requested => aborted,
+        TurnEnd::RpcError { .. } | TurnEnd::ProcessExit { .. } | TurnEnd::LimitExceeded { .. }
+            if cancel_requested =>
+        {
+            aborted
+        }
         TurnEnd::RpcError { code } => {
             let category = if *code == AUTH_REQUIRED {
                 Category::Auth
@@ -135,6 +167,21 @@ pub fn map_outcome(end: &TurnEnd, cancel_requested: bool) -> Mapped {
         }
         TurnEnd::ProcessExit { exit_code, signal } => {
             let mut m = fail(Category::ProcessExit);
+            if let Some(f) = m.failure.as_mut() {
+                f.exit_code = *exit_code;
+                f.signal = signal.clone();
+            }
+            m
+        }
+        TurnEnd::LimitExceeded {
+            limit,
+            exit_code,
+            signal,
+        } => {
+            let mut m = fail(match limit {
+                ResourceLimit::Memory => Category::Oom,
+                ResourceLimit::Pids => Category::Pids,
+            });
             if let Some(f) = m.failure.as_mut() {
                 f.exit_code = *exit_code;
                 f.signal = signal.clone();
@@ -407,6 +454,36 @@ mod tests {
         assert_eq!(
             (f.category.as_str(), f.exit_code),
             ("process-exit", Some(3))
+        );
+    }
+
+    #[test]
+    fn a_limit_hit_is_oom_or_pids_not_a_bare_crash() {
+        let crash = || TurnEnd::ProcessExit {
+            exit_code: None,
+            signal: Some("SIGKILL".into()),
+        };
+        assert_eq!(crash().with_limit(None), crash());
+        assert_eq!(
+            TurnEnd::Idle.with_limit(Some(ResourceLimit::Memory)),
+            TurnEnd::Idle
+        );
+        for (limit, c) in [
+            (ResourceLimit::Memory, "oom"),
+            (ResourceLimit::Pids, "pids"),
+        ] {
+            let m = map_outcome(&crash().with_limit(Some(limit)), false);
+            assert_eq!((m.stop_reason, cat(&m)), (StopReason::Error, Some(c)));
+            let f = m.failure.unwrap();
+            assert_eq!(f.signal.as_deref(), Some("SIGKILL"));
+            // Cancelled by acpd first: still the parent's abort.
+            let m = map_outcome(&crash().with_limit(Some(limit)), true);
+            assert_eq!((m.stop_reason, cat(&m)), (StopReason::Aborted, None));
+        }
+        assert_eq!(Category::Oom.as_str(), "oom");
+        assert_eq!(
+            serde_json::to_value(Category::Pids).unwrap(),
+            serde_json::json!("pids")
         );
     }
 

@@ -125,6 +125,12 @@ pub enum Category {
     ProtocolVersion,
     /// The final output is not JSON that validates against the run's `outputSchema`.
     OutputSchema,
+    /// The child's tree hit its cgroup memory limit (`memory_max`): the kernel's OOM killer
+    /// ended a process of it (`memory.events` `oom_kill`).
+    Oom,
+    /// The child's tree hit its cgroup process limit (`pids_max`): a fork failed
+    /// (`pids.events` `max`).
+    Pids,
     /// A category named by the child's own typed failure record (`_meta.acpd.failure`),
     /// restricted to `[a-z0-9-]`.
     #[serde(untagged)]
@@ -146,6 +152,8 @@ impl Category {
             Category::Spawn => "spawn",
             Category::ProtocolVersion => "protocol-version",
             Category::OutputSchema => "output-schema",
+            Category::Oom => "oom",
+            Category::Pids => "pids",
             Category::Reported(s) => s,
         }
     }

@@ -154,7 +154,7 @@ async fn drive(
                             Some((s, _)) => Some(s),
                             None => d.exit_status_soon().await,
                         };
-                        return (ending.unwrap_or(exit_end(status)), None);
+                        return (ending.unwrap_or(exit_end(d, status)), None);
                     }
                     Some(Err(fault)) => {
                         tracing::warn!(provider = %d.shared.provider.name, run = %d.shared.log_id,
@@ -186,13 +186,13 @@ async fn drive(
                 exited = Some((status, Instant::now() + LAST_WORDS));
             }
             _ = sleep_until_opt(last_words) => {
-                return (ending.unwrap_or(exit_end(exited.map(|(s, _)| s))), None);
+                return (ending.unwrap_or(exit_end(d, exited.map(|(s, _)| s))), None);
             }
             _ = deaf.cancelled(), if exited.is_none() => {
                 // The child stopped taking our bytes for write_timeout, or its stdin broke.
                 let status = d.exit_status_soon().await;
                 let end = match status {
-                    Some(s) => exit_end(Some(s)),
+                    Some(s) => exit_end(d, Some(s)),
                     None => TurnEnd::Idle,
                 };
                 return (ending.unwrap_or(end), None);
@@ -227,17 +227,22 @@ async fn drive(
     }
 }
 
-fn exit_end(status: Option<std::process::ExitStatus>) -> TurnEnd {
+/// The process exited: `oom` / `pids` when its cgroup says a limit was hit.
+fn exit_end(d: &Driver, status: Option<std::process::ExitStatus>) -> TurnEnd {
     TurnEnd::ProcessExit {
         exit_code: status.and_then(|s| s.code()),
         signal: status.as_ref().and_then(supervise::signal_name),
     }
+    .with_limit(d.shared.tree.limit_hit())
 }
 
 async fn process_exit(d: &Driver, ending: Option<TurnEnd>) -> TurnEnd {
     match ending {
         Some(end) => end,
-        None => exit_end(d.exit_status_soon().await),
+        None => {
+            let status = d.exit_status_soon().await;
+            exit_end(d, status)
+        }
     }
 }
 

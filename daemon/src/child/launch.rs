@@ -294,11 +294,14 @@ pub async fn probe(spec: ChildSpec, cancel: &CancellationToken) -> Result<AgentI
 }
 
 async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
-    let spawned = supervise::spawn(SpawnSpec {
-        argv: spec.provider.command.clone(),
-        cwd: spec.cwd.clone(),
-        env: spec.env.clone(),
-    })
+    let spawned = supervise::spawn_limited(
+        SpawnSpec {
+            argv: spec.provider.command.clone(),
+            cwd: spec.cwd.clone(),
+            env: spec.env.clone(),
+        },
+        spec.provider.child_limits(),
+    )
     .await?;
     let stderr = StderrTail::drain(
         spawned.stderr,

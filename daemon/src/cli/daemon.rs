@@ -56,6 +56,9 @@ pub async fn serve(
         Ok(c) => c,
         Err(code) => return code,
     };
+    if let Err(code) = contain(&config) {
+        return code;
+    }
     let explicit = config_path.map(Path::to_path_buf);
     let opts = ServeOptions {
         activated,
@@ -77,6 +80,17 @@ pub async fn serve(
             1
         }
     }
+}
+
+/// Sets up containment (cgroups or process groups, and the sentinel) before any child starts;
+/// exit code 1 with the reason when `containment = "cgroup"` cannot be honoured.
+pub(crate) fn contain(config: &crate::config::Config) -> Result<(), u8> {
+    crate::supervise::contain_config(config)
+        .map(|_| ())
+        .map_err(|e| {
+            errln!("acpd: {e}");
+            1
+        })
 }
 
 /// Bridges stdin/stdout to the daemon byte for byte: no ACP parsing, so the daemon sees the
@@ -259,7 +273,25 @@ fn print_status(v: &Value) -> std::io::Result<()> {
         } else {
             spares.join(", ")
         }
-    )
+    )?;
+    outln!("{}", containment_line(&v["containment"]))
+}
+
+/// `containment: cgroup (why) at PATH` from `_acpd/status`'s `containment` object.
+fn containment_line(c: &Value) -> String {
+    let mut line = format!(
+        "containment: {} ({})",
+        c["mode"].as_str().unwrap_or("unknown"),
+        c["reason"].as_str().unwrap_or("no reason given")
+    );
+    if let Some(path) = c["path"].as_str() {
+        line.push_str(&format!(" at {path}"));
+    }
+    if let Some(list) = c["controllers"].as_array().filter(|l| !l.is_empty()) {
+        let names: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
+        line.push_str(&format!("; limits via {}", names.join(", ")));
+    }
+    line
 }
 
 /// 0, or [`super::EXIT_IO`] when stdout could not be written.
@@ -382,7 +414,19 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
         Ok(c) => c,
         Err(code) => return code,
     };
+    if let Err(code) = contain(&config) {
+        return code;
+    }
     crate::supervise::init();
+    let line = containment_line(&serde_json::json!(crate::supervise::containment_status()));
+    if let Err(e) = outln!("{line}") {
+        return super::stdout_failed(&e);
+    }
+    for warning in crate::supervise::limit_warnings(&config) {
+        if let Err(e) = outln!("warning: {warning}") {
+            return super::stdout_failed(&e);
+        }
+    }
     let registry = crate::registry::Registry::new(config.clone(), Default::default());
     let providers: Vec<_> = config
         .providers

@@ -67,6 +67,11 @@ pub struct ProviderConfig {
     /// Offer acpd itself to this provider's sessions as the MCP server `acpd` (`acpd mcp`), so
     /// the agent can delegate in turn; its runs are nested under the session that made them.
     pub offer_delegation: bool,
+    /// `memory_max` in bytes: the child's cgroup `memory.max` (cgroup containment with the
+    /// memory controller enabled; otherwise a warning at start).
+    pub memory_max: Option<u64>,
+    /// `pids_max`: the child's cgroup `pids.max` (likewise, with the pids controller).
+    pub pids_max: Option<u64>,
     /// True only for the built-in echo provider, so callers can tell it was not configured.
     pub builtin: bool,
 }
@@ -96,6 +101,8 @@ impl ProviderConfig {
             registry: None,
             auth_method: None,
             offer_delegation: false,
+            memory_max: None,
+            pids_max: None,
             builtin: false,
         }
     }
@@ -134,6 +141,9 @@ pub struct Config {
     pub registry_url: String,
     /// Where traffic traces are written (`trace_dir`, `--trace DIR`); `None`: no traces.
     pub trace_dir: Option<PathBuf>,
+    /// How children are contained (`containment`): cgroups, process groups, or `auto`. Read
+    /// at start only; a reload that changes it takes effect at the next start.
+    pub containment: crate::supervise::ContainmentSetting,
     /// Sorted by name (the built-in echo is just the entry named `echo`).
     pub providers: BTreeMap<String, Arc<ProviderConfig>>,
 }
@@ -191,6 +201,7 @@ struct RawConfig {
     detach_timeout: Option<Spanned<String>>,
     registry_url: Option<Spanned<String>>,
     trace_dir: Option<Spanned<String>>,
+    containment: Option<crate::supervise::ContainmentSetting>,
     #[serde(default)]
     providers: BTreeMap<Spanned<String>, RawProvider>,
 }
@@ -220,6 +231,9 @@ struct RawProvider {
     registry: Option<Spanned<String>>,
     auth_method: Option<Spanned<String>>,
     offer_delegation: Option<bool>,
+    /// A `Value` because both `268435456` and `"256MiB"` are accepted.
+    memory_max: Option<Spanned<toml::Value>>,
+    pids_max: Option<Spanned<usize>>,
 }
 
 /// A byte size: an integer, or a string like `"8MiB"`; at least 1.
@@ -275,6 +289,7 @@ impl Config {
             detach_timeout: Some(Duration::from_secs(600)),
             registry_url: DEFAULT_REGISTRY_URL.to_owned(),
             trace_dir: None,
+            containment: Default::default(),
             providers: BTreeMap::from([(ECHO.to_owned(), Arc::new(echo))]),
         }
     }
@@ -354,6 +369,9 @@ impl Config {
         config.source = Some(path.to_path_buf());
         if let Some(depth) = raw.max_depth {
             config.max_depth = depth;
+        }
+        if let Some(containment) = raw.containment {
+            config.containment = containment;
         }
         if let Some(value) = raw.max_output {
             config.max_output =
@@ -620,7 +638,33 @@ fn finish_provider(
         }
         provider.warm_max_age = d;
     }
+    if let Some(value) = raw.memory_max {
+        let bytes = byte_size(&value).map_err(|msg| at(value.span(), &key("memory_max"), &msg))?;
+        provider.memory_max = Some(bytes as u64);
+    }
+    if let Some(max) = raw.pids_max {
+        provider.pids_max = Some(at_least_one(max, &key("pids_max"), at)? as u64);
+    }
     Ok(provider)
+}
+
+impl ProviderConfig {
+    /// The provider's cgroup limits for each child it starts.
+    pub fn child_limits(&self) -> crate::supervise::ChildLimits {
+        crate::supervise::ChildLimits {
+            memory_max: self.memory_max,
+            pids_max: self.pids_max,
+        }
+    }
+}
+
+impl Config {
+    /// True when any provider sets `memory_max` or `pids_max`.
+    pub fn wants_limits(&self) -> bool {
+        self.providers
+            .values()
+            .any(|p| p.memory_max.is_some() || p.pids_max.is_some())
+    }
 }
 
 fn parse_duration(
