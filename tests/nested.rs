@@ -532,3 +532,87 @@ fn a_nested_runs_permission_request_is_asked_of_the_editor() {
         "the nested session showed it waits on the editor"
     );
 }
+
+/// A process that leaves its child's tree by a double fork (reparented to acpd) and dials the
+/// socket is still that child's: with cgroup containment its run nests under the child's
+/// session by the child's cgroup; with process groups it is at least never a top-level client.
+#[test]
+fn an_escaped_descendant_is_still_its_childs() {
+    escapee("auto");
+    escapee("process-group");
+}
+
+fn escapee(containment: &str) {
+    let env = Env::raw("");
+    let socket = env.path().join("run/acpd.sock");
+    let out = env.path().join("escapee.json");
+    let script = env.path().join("escapee.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import json, os, socket, time
+s = socket.socket(socket.AF_UNIX)
+s.connect({socket:?})
+f = s.makefile("rwb")
+def call(i, method, params):
+    f.write((json.dumps({{"jsonrpc": "2.0", "id": i, "method": method, "params": params}}) + "\n").encode())
+    f.flush()
+    while True:
+        msg = json.loads(f.readline())
+        if msg.get("id") == i:
+            return msg
+call(1, "initialize", {{"protocolVersion": 1}})
+answers = [os.getppid()]
+answers.append(call(2, "_acpd/subagent/start", {{"provider": "p", "cwd": "/tmp", "prompt": [{{"type": "text", "text": "hi"}}]}}))
+answers.append(call(3, "_acpd/runs", {{}}))
+open({out:?} + ".tmp", "w").write(json.dumps(answers))
+os.rename({out:?} + ".tmp", {out:?})
+time.sleep(600)
+"#
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &env.config,
+        format!(
+            "containment = \"{containment}\"\ndetach_timeout = \"0s\"\ndefault_provider = \"p\"\n\
+             [providers.p]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+             cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n\
+             [providers.h]\n\
+             command = [\"sh\", \"-c\", \"(setsid python3 {script} &); sleep 1; exec {BIN} agent echo\"]\n\
+             cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n",
+            script = script.display(),
+        ),
+    )
+    .unwrap();
+    let serve = Serve::start(&env);
+    let mut raw = editor(&serve);
+    let status = raw.ok("_acpd/status", json!({}));
+    let cgroups = status["containment"]["mode"] == "cgroup";
+    let sid = raw.new_session(Path::new("/tmp"), "h");
+    assert!(
+        eventually(REAPED, || out.exists()),
+        "the escapee never finished"
+    );
+    let answers: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(
+        answers[0],
+        json!(serve.pid()),
+        "the escapee was reparented to acpd, out of its child's tree"
+    );
+    if cgroups {
+        assert!(answers[1].get("result").is_some(), "start: {}", answers[1]);
+        let runs = answers[2]["result"]["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        assert_eq!(runs[0]["depth"], 2, "counted from its child: {runs:?}");
+        assert_eq!(runs[0]["parent"], format!("session:{sid}"));
+    } else {
+        let message = answers[1]["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("belongs to no run or session"),
+            "never a top-level client: {}",
+            answers[1]
+        );
+    }
+}

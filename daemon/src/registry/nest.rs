@@ -117,30 +117,60 @@ impl Registry {
     /// Where a connection from process `pid` belongs: the nearest of its ancestors (itself
     /// included, acpd excluded) that is a live child of this acpd — a run's, or a bridge
     /// session's as `session_of` tells.
+    ///
+    /// A process that left its tree by a double fork is reparented to acpd (a subreaper), so
+    /// it is never taken for an outsider; with cgroup containment it is still found to be its
+    /// child's, by the child group it is in.
     pub fn lineage_of(&self, pid: i32, session_of: impl Fn(i32) -> Option<String>) -> Lineage {
+        let by_ancestry = self.lineage_by_ancestry(pid, &session_of);
+        if let Lineage::Nested(_) = by_ancestry {
+            return by_ancestry;
+        }
+        let mates = crate::supervise::cgroup_mates(pid);
+        for mate in &mates {
+            if let Some(nest) = self.nest_at(*mate, &session_of) {
+                return Lineage::Nested(nest);
+            }
+        }
+        if mates.is_empty() {
+            by_ancestry
+        } else {
+            Lineage::Unfiled
+        }
+    }
+
+    fn lineage_by_ancestry(
+        &self,
+        pid: i32,
+        session_of: &impl Fn(i32) -> Option<String>,
+    ) -> Lineage {
         let own = std::process::id() as i32;
-        let bridge_depth = self.inner.depth.depth.saturating_add(1);
         for (at, _) in crate::supervise::ancestry(pid, MAX_ANCESTRY) {
             if at == own {
                 // Below acpd, but in no run or session filed yet: a child still starting.
                 return Lineage::Unfiled;
             }
-            if let Some(run) = self.run_by_pid(at) {
-                return Lineage::Nested(Nest {
-                    parent: Parent::Run(run.run_id.clone()),
-                    depth: run.depth,
-                    max_depth: run.max_depth,
-                });
-            }
-            if let Some(session) = session_of(at) {
-                return Lineage::Nested(Nest {
-                    parent: Parent::Session(session),
-                    depth: bridge_depth,
-                    max_depth: self.max_depth(None),
-                });
+            if let Some(nest) = self.nest_at(at, session_of) {
+                return Lineage::Nested(nest);
             }
         }
         Lineage::Outside
+    }
+
+    /// The nest of the run or bridge session whose child is `pid`, if any.
+    fn nest_at(&self, pid: i32, session_of: &impl Fn(i32) -> Option<String>) -> Option<Nest> {
+        if let Some(run) = self.run_by_pid(pid) {
+            return Some(Nest {
+                parent: Parent::Run(run.run_id.clone()),
+                depth: run.depth,
+                max_depth: run.max_depth,
+            });
+        }
+        session_of(pid).map(|session| Nest {
+            parent: Parent::Session(session),
+            depth: self.inner.depth.depth.saturating_add(1),
+            max_depth: self.max_depth(None),
+        })
     }
 
     /// Cancels a run's turn whoever owns it, and the runs nested under it (a parent's cancel).

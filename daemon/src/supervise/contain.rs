@@ -115,6 +115,41 @@ pub fn current() -> Option<&'static Containment> {
     ACTIVE.get().map(|a| &a.report)
 }
 
+/// Every process in the same child group as `pid` (cgroup containment only): the members of
+/// the group directly below acpd's base that holds it, however the process got there — a
+/// double fork that left its parent's tree is still in its cgroup. Empty when `pid` is in no
+/// child group of this acpd.
+pub fn cgroup_mates(pid: i32) -> Vec<i32> {
+    let Some(base) = ACTIVE.get().and_then(|a| a.base.as_ref()) else {
+        return Vec::new();
+    };
+    let group = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()
+        .and_then(|text| cgroup::own_group(&text));
+    let mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|text| cgroup::find_mount(&text));
+    let (Some(group), Some((mount, root))) = (group, mount) else {
+        return Vec::new();
+    };
+    let below = if root == "/" {
+        Some(group.as_str())
+    } else {
+        group.strip_prefix(root.as_str())
+    };
+    let Some(below) = below else {
+        return Vec::new();
+    };
+    let dir = mount.join(below.trim_start_matches('/'));
+    let Ok(rest) = dir.strip_prefix(base.path()) else {
+        return Vec::new();
+    };
+    match rest.components().next() {
+        Some(child) => Cgroup::at(base.path().join(child)).all_members(),
+        None => Vec::new(),
+    }
+}
+
 /// Containment as `_acpd/status` reports it (process groups when [`contain`] never ran).
 pub fn status() -> acpd_protocol::methods::StatusContainment {
     use acpd_protocol::methods::StatusContainment;

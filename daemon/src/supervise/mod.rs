@@ -16,7 +16,8 @@ mod tree;
 
 pub use contain::{
     ChildLimits, ContainError, Containment, ContainmentSetting, Mode as ContainmentMode, TREE_VAR,
-    contain, contain_config, current as containment, limit_warnings, status as containment_status,
+    cgroup_mates, contain, contain_config, current as containment, limit_warnings,
+    status as containment_status,
 };
 pub use sentinel::{pid as sentinel_pid, run_sentinel};
 
