@@ -134,10 +134,11 @@ pub fn markdown(r: &Value) -> String {
     if !c.is_null() {
         let _ = writeln!(
             md,
-            "\n**Containment**: start + dispose of a child in its own cgroup {} ms vs in a process group only {} ms: **{}×**; the sentinel (one per acpd, not per child) {} KiB resident vs the daemon's {} KiB (**{}×**), spawned once for {} ms.",
+            "\n**Containment**: start + dispose of a child in its own cgroup {} ms vs in a process group only {} ms: **{}×**; the sentinel (one per acpd, not per child) {} KiB private ({} KiB resident with the binary's shared pages) vs the daemon's {} KiB resident (**{}×**), spawned once for {} ms.",
             f(&c["cgroupCycleMs"], 2),
             f(&c["processGroupCycleMs"], 2),
             f(&c["ratio"], 3),
+            c["sentinelPrivateKiB"],
             c["sentinelRssKiB"],
             c["daemonRssKiB"],
             f(&c["sentinelRssRatio"], 3),

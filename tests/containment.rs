@@ -24,10 +24,12 @@ use serde_json::json;
 const GONE: Duration = Duration::from_secs(10);
 
 /// The provider's command: leaves a `sleep` that called `setsid` and was double-forked (so its
-/// parent is acpd), records its pid in `$PIDDIR/<child pid>`, then becomes the echo agent
+/// parent is acpd), records its pid in `$PIDDIR/<child pid>`, waits until it has, then becomes
+/// the echo agent
 /// (with a session store, so it takes `session/close`).
 const ESCAPING: &str = r#"#!/bin/sh
 setsid sh -c 'sleep 1000 & echo $! > "$1.tmp" && mv "$1.tmp" "$1"' sh "$PIDDIR/$$" </dev/null >/dev/null 2>&1 &
+while [ ! -e "$PIDDIR/$$" ]; do sleep 0.01; done
 exec "$ACPD" agent echo --sessions "$PIDDIR/../sessions"
 "#;
 

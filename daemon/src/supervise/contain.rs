@@ -306,6 +306,17 @@ pub(super) fn place(limits: &ChildLimits) -> Result<Placement, CgroupError> {
     };
     let group = Cgroup::create(base.path(), &format!("child-{n}"))?;
     let usable = &active.report.controllers;
+    if (limits.memory_max.is_some() && !usable.iter().any(|c| c == "memory"))
+        || (limits.pids_max.is_some() && !usable.iter().any(|c| c == "pids"))
+    {
+        // Said per provider at start; this catches limits a reload added.
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "a child's memory_max / pids_max is not applied: acpd's cgroup has no such controller enabled (it enables them at start when the config asks)"
+            );
+        });
+    }
     let set = |controller: &str, file: &'static str, value: Option<u64>| {
         if let Some(v) = value
             && usable.iter().any(|c| c == controller)
@@ -322,6 +333,13 @@ pub(super) fn place(limits: &ChildLimits) -> Result<Placement, CgroupError> {
             let _ = group.remove();
             Err(e)
         }
+    }
+}
+
+/// SIGKILLs every child's cgroup at once (the second shutdown signal).
+pub(super) fn kill_all() {
+    if let Some(base) = ACTIVE.get().and_then(|a| a.base.as_ref()) {
+        let _ = base.kill();
     }
 }
 

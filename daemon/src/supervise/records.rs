@@ -93,11 +93,13 @@ pub(super) fn remove(pgid: i32) {
     write();
 }
 
-/// SIGKILLs every live group at once (the second shutdown signal).
+/// SIGKILLs every live group (and, in cgroup mode, every child's cgroup) at once (the second
+/// shutdown signal).
 pub fn kill_all() {
     for pgid in live().keys() {
         let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
     }
+    super::contain::kill_all();
 }
 
 /// Removes this process's record on a clean exit.
