@@ -125,6 +125,10 @@ pub enum Category {
     ProtocolVersion,
     /// The final output is not JSON that validates against the run's `outputSchema`.
     OutputSchema,
+    /// A remote provider's host could not be reached (name, refused, timeout, ssh failure).
+    Unreachable,
+    /// A remote provider's far side has no `acpd` to run `acpd supervise`.
+    NoRemoteAcpd,
     /// A category named by the child's own typed failure record (`_meta.acpd.failure`),
     /// restricted to `[a-z0-9-]`.
     #[serde(untagged)]
@@ -146,6 +150,8 @@ impl Category {
             Category::Spawn => "spawn",
             Category::ProtocolVersion => "protocol-version",
             Category::OutputSchema => "output-schema",
+            Category::Unreachable => "unreachable",
+            Category::NoRemoteAcpd => "no-remote-acpd",
             Category::Reported(s) => s,
         }
     }

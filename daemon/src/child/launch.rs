@@ -14,6 +14,7 @@ use acpd_protocol::subagent::{Category, Stage};
 use agent_client_protocol::schema::ProtocolVersion;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use tokio::io::AsyncWriteExt as _;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -294,12 +295,46 @@ pub async fn probe(spec: ChildSpec, cancel: &CancellationToken) -> Result<AgentI
 }
 
 async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
-    let spawned = supervise::spawn(SpawnSpec {
-        argv: spec.provider.command.clone(),
-        cwd: spec.cwd.clone(),
-        env: spec.env.clone(),
-    })
-    .await?;
+    let provider = &spec.provider;
+    let (local, setup) = match &provider.remote {
+        // Behind ssh or a launcher: the local process is that tool; the command, its env and
+        // cwd go to `acpd supervise` on the far side (the setup line, before any ACP).
+        Some(remote) => {
+            let graces = (provider.eof_grace, provider.term_grace);
+            let (local, line) = remote.wrap(
+                &provider.command,
+                spec.cwd.clone(),
+                &spec.env,
+                &provider.env,
+                &provider.env_passthrough,
+                graces,
+            );
+            (local, Some(line))
+        }
+        None => {
+            let local = SpawnSpec {
+                argv: provider.command.clone(),
+                cwd: spec.cwd.clone(),
+                env: spec.env.clone(),
+            };
+            (local, None)
+        }
+    };
+    let mut spawned = supervise::spawn(local).await?;
+    if let Some(line) = setup {
+        // A few hundred bytes into an empty pipe; a write that fails means the launcher is
+        // already gone, which the handshake then reports with its exit status.
+        let written =
+            tokio::time::timeout(provider.handshake_timeout, spawned.stdin.write_all(&line)).await;
+        if written.is_err() {
+            spawned.tree.kill_now();
+            return Err(handshake_failure(
+                Stage::Spawn,
+                Category::Timeout,
+                "the launcher did not take the setup line within handshake_timeout".into(),
+            ));
+        }
+    }
     let stderr = StderrTail::drain(
         spawned.stderr,
         format!("{}/{}", spec.provider.name, spec.run_id),
@@ -446,6 +481,7 @@ impl Handshake {
 
     /// Logs a failed start and tears the child down.
     async fn fail(&self, e: StartFailure) -> StartFailure {
+        let e = self.far_failure(e).await;
         if let StartFailure::Cancelled { .. } = e {
             tracing::debug!(provider = %self.spec.provider.name, run = %self.spec.run_id, "child start {e}");
         } else {
@@ -456,6 +492,34 @@ impl Handshake {
         }
         self.teardown().await;
         e
+    }
+
+    /// For a remote provider whose local ssh/launcher process ended before answering: what
+    /// failed on the way (unreachable, auth refused, no acpd there), read from its exit code
+    /// and stderr. Anything else stays as it is.
+    async fn far_failure(&self, e: StartFailure) -> StartFailure {
+        let Some(remote) = &self.spec.provider.remote else {
+            return e;
+        };
+        let StartFailure::Handshake { failure, .. } = &e else {
+            return e;
+        };
+        if failure.category != Category::ProcessExit {
+            return e;
+        }
+        self.stderr.ended_within(Duration::from_millis(500)).await;
+        let ssh = matches!(remote.via, crate::remote::Via::Ssh { .. });
+        let Some(far) = crate::remote::classify(ssh, failure.exit_code, &self.stderr.snapshot())
+        else {
+            return e;
+        };
+        let mut f = super::failure(Stage::Spawn, far.category());
+        f.exit_code = failure.exit_code;
+        StartFailure::Remote {
+            failure: f,
+            target: remote.target(),
+            far,
+        }
     }
 
     async fn create_session(

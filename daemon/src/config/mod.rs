@@ -64,6 +64,9 @@ pub struct ProviderConfig {
     pub registry: Option<String>,
     /// The advertised auth method acpd calls `authenticate` with after `initialize`.
     pub auth_method: Option<String>,
+    /// Where the command runs when not on this host (`host` / `launcher`, `ssh_options`,
+    /// `remote_acpd`): behind ssh or a launcher, under `acpd supervise` on the far side.
+    pub remote: Option<crate::remote::Remote>,
     /// True only for the built-in echo provider, so callers can tell it was not configured.
     pub builtin: bool,
 }
@@ -92,6 +95,7 @@ impl ProviderConfig {
             preset: None,
             registry: None,
             auth_method: None,
+            remote: None,
             builtin: false,
         }
     }
@@ -215,6 +219,10 @@ struct RawProvider {
     preset: Option<Spanned<String>>,
     registry: Option<Spanned<String>>,
     auth_method: Option<Spanned<String>>,
+    host: Option<Spanned<String>>,
+    ssh_options: Option<Spanned<Vec<Spanned<String>>>>,
+    remote_acpd: Option<Spanned<String>>,
+    launcher: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// A byte size: an integer, or a string like `"8MiB"`; at least 1.
@@ -574,6 +582,15 @@ fn finish_provider(
     if let Some(permission) = raw.permission {
         provider.permission = permission;
     }
+    provider.remote = remote(
+        &provider,
+        raw.host,
+        raw.ssh_options,
+        raw.remote_acpd,
+        raw.launcher,
+        &key,
+        at,
+    )?;
     let dur = |value: Option<Spanned<String>>, k: &str, default: Duration| {
         value.map_or(Ok(default), |v| parse_duration(&v, &key(k), at))
     };
@@ -613,6 +630,102 @@ fn finish_provider(
         provider.warm_max_age = d;
     }
     Ok(provider)
+}
+
+/// `host` or `launcher` (never both), `ssh_options` only with `host`, `remote_acpd` only
+/// with one of them, and neither for a `registry` agent (installed on this host).
+fn remote(
+    provider: &ProviderConfig,
+    host: Option<Spanned<String>>,
+    ssh_options: Option<Spanned<Vec<Spanned<String>>>>,
+    remote_acpd: Option<Spanned<String>>,
+    launcher: Option<Spanned<Vec<Spanned<String>>>>,
+    key: &dyn Fn(&str) -> String,
+    at: &At<'_>,
+) -> Result<Option<crate::remote::Remote>, ConfigError> {
+    use crate::remote::{Remote, SshHost, Via};
+    let words = |value: Spanned<Vec<Spanned<String>>>, k: &str| {
+        let span = value.span();
+        let words: Vec<Spanned<String>> = value.into_inner();
+        if let Some(w) = words.iter().find(|w| w.get_ref().contains('\0')) {
+            return Err(at(w.span(), &key(k), "arguments must not contain NUL"));
+        }
+        Ok((
+            span,
+            words
+                .into_iter()
+                .map(Spanned::into_inner)
+                .collect::<Vec<_>>(),
+        ))
+    };
+    if let (None, Some(o)) = (&host, &ssh_options) {
+        return Err(at(o.span(), &key("ssh_options"), "needs `host`"));
+    }
+    let (span, via) = match (host, launcher) {
+        (Some(_), Some(l)) => {
+            return Err(at(
+                l.span(),
+                &key("launcher"),
+                "cannot be combined with `host`",
+            ));
+        }
+        (Some(host), None) => {
+            let parsed = SshHost::parse(host.get_ref())
+                .map_err(|msg| at(host.span(), &key("host"), &msg))?;
+            let options = match ssh_options {
+                Some(o) => words(o, "ssh_options")?.1,
+                None => Vec::new(),
+            };
+            let via = Via::Ssh {
+                host: parsed,
+                options,
+            };
+            (host.span(), via)
+        }
+        (None, Some(l)) => {
+            let (span, argv) = words(l, "launcher")?;
+            if argv.first().is_none_or(String::is_empty) {
+                let msg = "must be a non-empty array whose first element is the program";
+                return Err(at(span, &key("launcher"), msg));
+            }
+            (span, Via::Launcher(argv))
+        }
+        (None, None) => {
+            if let Some(a) = remote_acpd {
+                return Err(at(
+                    a.span(),
+                    &key("remote_acpd"),
+                    "needs `host` or `launcher`",
+                ));
+            }
+            return Ok(None);
+        }
+    };
+    if provider.registry.is_some() {
+        let (k, msg) = match via {
+            Via::Ssh { .. } => (
+                "host",
+                "cannot be combined with `registry` (its agent is installed on this host)",
+            ),
+            Via::Launcher(_) => (
+                "launcher",
+                "cannot be combined with `registry` (its agent is installed on this host)",
+            ),
+        };
+        return Err(at(span, &key(k), msg));
+    }
+    let remote_acpd = match remote_acpd {
+        Some(a) if a.get_ref().is_empty() || a.get_ref().contains('\0') => {
+            return Err(at(
+                a.span(),
+                &key("remote_acpd"),
+                "must be a non-empty path or name",
+            ));
+        }
+        Some(a) => a.into_inner(),
+        None => "acpd".to_string(),
+    };
+    Ok(Some(Remote { via, remote_acpd }))
 }
 
 fn parse_duration(

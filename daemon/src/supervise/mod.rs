@@ -3,7 +3,7 @@
 //! reaping everything the tree leaves behind (acpd is a subreaper).
 
 mod env;
-mod procfs;
+pub(crate) mod procfs;
 mod reaper;
 mod records;
 mod spawn;
