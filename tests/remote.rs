@@ -170,14 +170,23 @@ fn comm(pid: i32) -> String {
         .to_string()
 }
 
-/// Waits until none of `pids` exists, reaping those that were orphaned to this process.
+/// Waits until none of `pids` exists, reaping those that were orphaned to this process. On
+/// failure the survivors are SIGKILLed (and reaped when ours), so a failing test leaks nothing.
 fn all_gone(pids: &[i32]) -> bool {
-    eventually(Duration::from_secs(15), || {
-        pids.iter().all(|&pid| {
-            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
-            !exists(pid)
-        })
-    })
+    let reaped = |pid: i32| {
+        let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+        !exists(pid)
+    };
+    let gone = eventually(Duration::from_secs(15), || pids.iter().all(|&p| reaped(p)));
+    if !gone {
+        let left = alive(pids);
+        for &(pid, _) in &left {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        eventually(Duration::from_secs(5), || pids.iter().all(|&p| reaped(p)));
+        eprintln!("survivors (now killed): {left:?}");
+    }
+    gone
 }
 
 fn alive(pids: &[i32]) -> Vec<(i32, String)> {

@@ -344,20 +344,33 @@ async fn ladder(
 /// with SIGTERM, then SIGKILL after `term_grace`, reaping as it goes. CMD is already reaped,
 /// so every child left is ours to wait for.
 async fn end_the_rest(leader: i32, term_grace: Duration) {
-    let _ = killpg(Pid::from_raw(leader), Signal::SIGTERM);
-    signal_all(Signal::SIGTERM);
+    let _ = killpg(Pid::from_raw(leader), Signal::SIGKILL);
+    reap_all();
+    let left = descendants();
+    if left.is_empty() {
+        return;
+    }
+    signal_each(&left, Signal::SIGTERM);
     if !gone_by(Instant::now() + term_grace).await {
-        let _ = killpg(Pid::from_raw(leader), Signal::SIGKILL);
-        signal_all(Signal::SIGKILL);
+        signal_each(&descendants(), Signal::SIGKILL);
         if !gone_by(Instant::now() + KILL_WAIT).await {
             tracing::warn!(left = ?descendants(), "acpd supervise: descendants left after SIGKILL");
         }
     }
 }
 
-fn signal_all(sig: Signal) {
-    for pid in descendants() {
+fn signal_each(pids: &[i32], sig: Signal) {
+    for &pid in pids {
         let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+    }
+}
+
+/// Reaps every exited child; only once CMD is reaped (tokio owns its status until then).
+fn reap_all() {
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
     }
 }
 
@@ -365,11 +378,7 @@ fn signal_all(sig: Signal) {
 async fn gone_by(deadline: Instant) -> bool {
     let mut delay = Duration::from_millis(1);
     loop {
-        while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-            if status == WaitStatus::StillAlive {
-                break;
-            }
-        }
+        reap_all();
         if descendants().is_empty() {
             return true;
         }
@@ -382,12 +391,20 @@ async fn gone_by(deadline: Instant) -> bool {
     }
 }
 
-/// Every live or zombie process below us, found through `/proc` parent links.
+/// Every live or zombie process below us, found through `/proc` parent links (one read of
+/// each `stat`: this runs at every teardown, on hosts with many processes).
 fn descendants() -> Vec<i32> {
     let me = std::process::id() as i32;
     let mut children: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
+    let mut buf = [0u8; 1024];
     for pid in procfs::pids() {
-        if let Some(stat) = procfs::stat(pid) {
+        let Ok(mut file) = std::fs::File::open(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Ok(n) = io::Read::read(&mut file, &mut buf) else {
+            continue;
+        };
+        if let Some(stat) = std::str::from_utf8(&buf[..n]).ok().and_then(procfs::parse) {
             children.entry(stat.ppid).or_default().push(pid);
         }
     }
@@ -403,18 +420,17 @@ fn descendants() -> Vec<i32> {
 }
 
 /// Reaps zombies adopted as subreaper while CMD runs, never CMD itself (tokio owns its
-/// status).
+/// status): `waitid(WNOWAIT)` shows an exited child without reaping it.
 fn reap_strays(leader: i32) {
-    let me = std::process::id() as i32;
-    for pid in procfs::pids() {
-        if pid == leader {
-            continue;
-        }
-        if let Some(stat) = procfs::stat(pid)
-            && stat.ppid == me
-            && stat.state == 'Z'
-        {
-            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+    use nix::sys::wait::{Id, waitid};
+    let peek = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    while let Ok(status) = waitid(Id::All, peek) {
+        match status.pid() {
+            Some(pid) if pid.as_raw() != leader => {
+                let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+            }
+            // None exited, or CMD did: the main loop gets its status.
+            _ => return,
         }
     }
 }
