@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::driver::{ChildWire, Driver};
 use super::{AgentInfo, CMD_DEPTH, Child, ChildSpec, Shared, StartFailure, failure};
 use crate::config::ProviderConfig;
-use crate::supervise::{self, Graces, ProcessTree, SpawnSpec, StderrTail};
+use crate::supervise::{self, Graces, ProcessTree, StderrTail};
 use crate::trace::Hop;
 use crate::wire::{LineReader, Outbox, sleep_until_opt};
 
@@ -296,30 +296,9 @@ pub async fn probe(spec: ChildSpec, cancel: &CancellationToken) -> Result<AgentI
 
 async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
     let provider = &spec.provider;
-    let (local, setup) = match &provider.remote {
-        // Behind ssh or a launcher: the local process is that tool; the command, its env and
-        // cwd go to `acpd supervise` on the far side (the setup line, before any ACP).
-        Some(remote) => {
-            let graces = (provider.eof_grace, provider.term_grace);
-            let (local, line) = remote.wrap(
-                &provider.command,
-                spec.cwd.clone(),
-                &spec.env,
-                &provider.env,
-                &provider.env_passthrough,
-                graces,
-            );
-            (local, Some(line))
-        }
-        None => {
-            let local = SpawnSpec {
-                argv: provider.command.clone(),
-                cwd: spec.cwd.clone(),
-                env: spec.env.clone(),
-            };
-            (local, None)
-        }
-    };
+    // Behind ssh or a launcher the local process is that tool, and the command, its env and
+    // cwd go to `acpd supervise` on the far side in the setup line, before any ACP.
+    let (local, setup) = crate::remote::spawn_spec(provider, &spec.cwd, &spec.env);
     let mut spawned = supervise::spawn(local).await?;
     if let Some(line) = setup {
         // A few hundred bytes into an empty pipe; a write that fails means the launcher is
@@ -327,7 +306,12 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
         let written =
             tokio::time::timeout(provider.handshake_timeout, spawned.stdin.write_all(&line)).await;
         if written.is_err() {
-            spawned.tree.kill_now();
+            let stdin = spawned.stdin;
+            let now = Graces {
+                eof: Duration::ZERO,
+                term: Duration::ZERO,
+            };
+            spawned.tree.teardown(move || drop(stdin), now).await;
             return Err(handshake_failure(
                 Stage::Spawn,
                 Category::Timeout,
@@ -495,30 +479,23 @@ impl Handshake {
     }
 
     /// For a remote provider whose local ssh/launcher process ended before answering: what
-    /// failed on the way (unreachable, auth refused, no acpd there), read from its exit code
-    /// and stderr. Anything else stays as it is.
+    /// failed on the way (unreachable, auth refused, no acpd there). Anything else stays.
     async fn far_failure(&self, e: StartFailure) -> StartFailure {
-        let Some(remote) = &self.spec.provider.remote else {
-            return e;
-        };
         let StartFailure::Handshake { failure, .. } = &e else {
             return e;
         };
-        if failure.category != Category::ProcessExit {
+        if self.spec.provider.remote.is_none() || failure.category != Category::ProcessExit {
             return e;
         }
+        // ssh's last words are what tell the failures apart.
         self.stderr.ended_within(Duration::from_millis(500)).await;
-        let ssh = matches!(remote.via, crate::remote::Via::Ssh { .. });
-        let Some(far) = crate::remote::classify(ssh, failure.exit_code, &self.stderr.snapshot())
-        else {
-            return e;
-        };
-        let mut f = super::failure(Stage::Spawn, far.category());
-        f.exit_code = failure.exit_code;
-        StartFailure::Remote {
-            failure: f,
-            target: remote.target(),
-            far,
+        match crate::remote::far_failure(&self.spec.provider, failure, &self.stderr.snapshot()) {
+            Some((failure, target, far)) => StartFailure::Remote {
+                failure,
+                target,
+                far,
+            },
+            None => e,
         }
     }
 

@@ -26,6 +26,9 @@ pub use far::{SuperviseArgs, supervise};
 pub use quote::quote;
 pub use setup::{MAX_SETUP_LINE, Setup};
 
+use acpd_protocol::subagent::{Failure, Stage};
+
+use crate::config::ProviderConfig;
 use crate::supervise::{DEPTH_VAR, MAX_DEPTH_VAR, SpawnSpec, child_env};
 
 /// How a provider's command reaches its host.
@@ -242,6 +245,57 @@ impl Remote {
         };
         (spec, setup.line())
     }
+}
+
+/// The local spawn for `provider`'s child, and for a remote provider the setup line to write
+/// to its stdin first. `cwd` and `env` are the child's as resolved for this host.
+pub fn spawn_spec(
+    provider: &ProviderConfig,
+    cwd: &std::path::Path,
+    env: &[(OsString, OsString)],
+) -> (SpawnSpec, Option<Vec<u8>>) {
+    match &provider.remote {
+        Some(remote) => {
+            let (spec, line) = remote.wrap(
+                &provider.command,
+                cwd.to_path_buf(),
+                env,
+                &provider.env,
+                &provider.env_passthrough,
+                (provider.eof_grace, provider.term_grace),
+            );
+            (spec, Some(line))
+        }
+        None => {
+            let spec = SpawnSpec {
+                argv: provider.command.clone(),
+                cwd: cwd.to_path_buf(),
+                env: env.to_vec(),
+            };
+            (spec, None)
+        }
+    }
+}
+
+/// For a remote provider whose local process exited before the child answered (`exited`, a
+/// `process-exit` failure): the failure as what went wrong on the way, with the far side's
+/// name; `None` when it was not the way there (the far command itself failed).
+pub fn far_failure(
+    provider: &ProviderConfig,
+    exited: &Failure,
+    stderr: &[String],
+) -> Option<(Failure, String, FarFailure)> {
+    let remote = provider.remote.as_ref()?;
+    let ssh = matches!(remote.via, Via::Ssh { .. });
+    let far = classify(ssh, exited.exit_code, stderr)?;
+    let failure = Failure {
+        stage: Stage::Spawn,
+        category: far.category(),
+        code: None,
+        exit_code: exited.exit_code,
+        signal: None,
+    };
+    Some((failure, remote.target(), far))
 }
 
 #[cfg(test)]
