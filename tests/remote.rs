@@ -467,3 +467,23 @@ fn a_launcher_provider_runs_its_command_under_supervise() {
         "{missing}"
     );
 }
+
+#[test]
+fn a_sigkilled_acpd_leaves_nothing_of_a_launcher_providers_tree() {
+    // `env` execs supervise, whose parent is then acpd itself: acpd's death is supervise's
+    // SIGTERM (its PDEATHSIG), and the ladder takes the escapee too.
+    nix::sys::prctl::set_child_subreaper(true).unwrap();
+    let env = Env::raw(&format!(
+        "[providers.far]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+         launcher = [\"env\"]\nremote_acpd = \"{BIN}\"\n\
+         eof_grace = \"300ms\"\nterm_grace = \"300ms\"\n"
+    ));
+    let mut tree = start_hanging_run(&env);
+    kill(Pid::from_raw(tree.acpd.id() as i32), Signal::SIGKILL).unwrap();
+    tree.acpd.wait().unwrap();
+    assert!(
+        all_gone(&tree.pids),
+        "processes outlived the SIGKILLed acpd: {:?}",
+        alive(&tree.pids)
+    );
+}

@@ -27,6 +27,8 @@ pub enum FarFailure {
     SshFailed,
     /// The far side has no `remote_acpd` (not found or not executable there).
     NoRemoteAcpd,
+    /// The far side's acpd is a release without `acpd supervise`.
+    OldRemoteAcpd,
     /// `acpd supervise` ran but could not start the provider's command there.
     FarCommand,
     /// `acpd supervise` ran but rejected its setup (cwd missing there, bad line).
@@ -41,7 +43,7 @@ impl FarFailure {
             | FarFailure::TimedOut
             | FarFailure::SshFailed => Category::Unreachable,
             FarFailure::AuthRefused | FarFailure::HostKey => Category::Auth,
-            FarFailure::NoRemoteAcpd => Category::NoRemoteAcpd,
+            FarFailure::NoRemoteAcpd | FarFailure::OldRemoteAcpd => Category::NoRemoteAcpd,
             FarFailure::FarCommand | FarFailure::FarSetup => Category::Spawn,
         }
     }
@@ -59,6 +61,9 @@ impl FarFailure {
             FarFailure::SshFailed => "ssh failed before the far side started (exit 255)",
             FarFailure::NoRemoteAcpd => {
                 "no acpd on the far side: remote_acpd was not found or is not executable there"
+            }
+            FarFailure::OldRemoteAcpd => {
+                "the far side's acpd is too old: it has no `acpd supervise`"
             }
             FarFailure::FarCommand => {
                 "acpd supervise could not start the provider's command on the far side"
@@ -101,6 +106,8 @@ pub fn classify(ssh: bool, exit_code: Option<i32>, stderr: &[String]) -> Option<
     }
     match code {
         126 | 127 => Some(FarFailure::NoRemoteAcpd),
+        // clap's usage error, from an acpd that predates `supervise`.
+        2 if said("unrecognized subcommand 'supervise'") => Some(FarFailure::OldRemoteAcpd),
         _ => None,
     }
 }
@@ -162,6 +169,11 @@ mod tests {
         assert_eq!(
             classify(true, Some(127), &ours),
             Some(FarFailure::FarCommand)
+        );
+        let old = lines("error: unrecognized subcommand 'supervise'");
+        assert_eq!(
+            classify(true, Some(2), &old),
+            Some(FarFailure::OldRemoteAcpd)
         );
         let setup = lines("acpd supervise: the cwd /x is not a directory here");
         assert_eq!(
