@@ -12,6 +12,10 @@ fn main() -> ExitCode {
     if let Command::Agent(AgentCommand::Sleeper { exit_after }) = cli.command {
         acpd::agent::run_sleeper(exit_after);
     }
+    // No runtime, no logging: the sentinel stays one small single-threaded process.
+    if let Command::Sentinel = cli.command {
+        return ExitCode::from(acpd::supervise::run_sentinel());
+    }
     // LISTEN_FDS is read (and the environment cleaned) before any thread exists.
     let activated = match cli.command {
         Command::Serve(_) => take_activated(),

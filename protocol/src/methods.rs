@@ -171,6 +171,22 @@ pub struct StatusReply {
     /// Warm spares ready per provider (`warm`).
     #[serde(default)]
     pub spares: BTreeMap<String, u64>,
+    /// How this daemon contains its children's process trees, and why.
+    #[serde(default)]
+    pub containment: StatusContainment,
+}
+
+/// `_acpd/status` `containment`: `mode` is `cgroup` or `process-group`; `path` the daemon's
+/// base cgroup (cgroup mode); `controllers` those its children's limits can use.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusContainment {
+    pub mode: String,
+    pub reason: String,
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub controllers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -346,12 +362,20 @@ mod tests {
                     detached: 2,
                 },
                 spares: [("echo".to_string(), 1)].into(),
+                containment: StatusContainment {
+                    mode: "cgroup".into(),
+                    reason: "cgroup v2 writable at /sys/fs/cgroup".into(),
+                    path: Some("/sys/fs/cgroup/acpd-9-5".into()),
+                    controllers: vec!["pids".into()],
+                },
             },
             json!({"version": "0.1.0", "pid": 9, "uptimeS": 5, "connections": 1, "runs": 2,
                 "providers": ["echo"],
                 "limits": {"maxChildren": 256, "liveChildren": 2, "queued": 1, "queueTimeoutS": 1.5,
                     "providers": {"echo": {"maxConcurrent": 64, "live": 2}}},
-                "sessions": {"attached": 1, "detached": 2}, "spares": {"echo": 1}}),
+                "sessions": {"attached": 1, "detached": 2}, "spares": {"echo": 1},
+                "containment": {"mode": "cgroup", "reason": "cgroup v2 writable at /sys/fs/cgroup",
+                    "path": "/sys/fs/cgroup/acpd-9-5", "controllers": ["pids"]}}),
         );
     }
 

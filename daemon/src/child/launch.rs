@@ -299,7 +299,13 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
     // Behind ssh or a launcher the local process is that tool, and the command, its env and
     // cwd go to `acpd supervise` on the far side in the setup line, before any ACP.
     let (local, setup) = crate::remote::spawn_spec(provider, &spec.cwd, &spec.env);
-    let mut spawned = supervise::spawn(local).await?;
+    // Limits are a local cgroup's: a remote provider's local process is only its ssh or
+    // launcher (the far side has its own).
+    let limits = match provider.remote {
+        None => provider.child_limits(),
+        Some(_) => Default::default(),
+    };
+    let mut spawned = supervise::spawn_limited(local, limits).await?;
     if let Some(line) = setup {
         // A few hundred bytes into an empty pipe; a write that fails means the launcher is
         // already gone, which the handshake then reports with its exit status.

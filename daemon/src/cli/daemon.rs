@@ -56,6 +56,9 @@ pub async fn serve(
         Ok(c) => c,
         Err(code) => return code,
     };
+    if let Err(code) = contain(&config) {
+        return code;
+    }
     let explicit = config_path.map(Path::to_path_buf);
     let opts = ServeOptions {
         activated,
@@ -77,6 +80,17 @@ pub async fn serve(
             1
         }
     }
+}
+
+/// Sets up containment (cgroups or process groups, and the sentinel) before any child starts;
+/// exit code 1 with the reason when `containment = "cgroup"` cannot be honoured.
+pub(crate) fn contain(config: &crate::config::Config) -> Result<(), u8> {
+    crate::supervise::contain_config(config)
+        .map(|_| ())
+        .map_err(|e| {
+            errln!("acpd: {e}");
+            1
+        })
 }
 
 /// Bridges stdin/stdout to the daemon byte for byte: no ACP parsing, so the daemon sees the

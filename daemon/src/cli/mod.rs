@@ -17,6 +17,7 @@ macro_rules! errln {
 }
 
 mod daemon;
+pub(crate) use daemon::contain;
 mod install;
 mod registry;
 mod run;
@@ -116,6 +117,9 @@ pub enum Command {
     /// Read traffic traces (`--trace DIR`, `trace_dir`).
     #[command(subcommand)]
     Trace(TraceCommand),
+    /// (internal) Outlives one acpd and kills what it leaves running (supervise::sentinel).
+    #[command(hide = true)]
+    Sentinel,
 }
 
 #[derive(Debug, Subcommand)]
@@ -208,6 +212,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         Command::Agent(AgentCommand::Sleeper { exit_after }) => {
             crate::agent::run_sleeper(exit_after)
         }
+        Command::Sentinel => crate::supervise::run_sentinel(),
     }
 }
 
@@ -231,6 +236,9 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
         Ok(c) => c,
         Err(code) => return code,
     };
+    if let Err(code) = daemon::contain(&config) {
+        return code;
+    }
     crate::supervise::init();
     crate::supervise::keep_records();
     let ctx = crate::server::ServerContext {

@@ -71,6 +71,9 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
     };
     let cwd = args.cwd.as_ref().map(|d| caller_cwd.join(d));
 
+    if let Err(code) = super::daemon::contain(&config) {
+        return code;
+    }
     crate::supervise::init();
     crate::supervise::keep_records();
     let registry = Registry::new(config, DepthContext::from_env());

@@ -68,6 +68,11 @@ pub struct ProviderConfig {
     /// Where the command runs when not on this host (`host` / `launcher`, `ssh_options`,
     /// `remote_acpd`): behind ssh or a launcher, under `acpd supervise` on the far side.
     pub remote: Option<crate::remote::Remote>,
+    /// `memory_max` in bytes: the child's cgroup `memory.max` (cgroup containment with the
+    /// memory controller enabled; otherwise a warning at start).
+    pub memory_max: Option<u64>,
+    /// `pids_max`: the child's cgroup `pids.max` (likewise, with the pids controller).
+    pub pids_max: Option<u64>,
     /// True only for the built-in echo provider, so callers can tell it was not configured.
     pub builtin: bool,
 }
@@ -97,6 +102,8 @@ impl ProviderConfig {
             registry: None,
             auth_method: None,
             remote: None,
+            memory_max: None,
+            pids_max: None,
             builtin: false,
         }
     }
@@ -135,6 +142,9 @@ pub struct Config {
     pub registry_url: String,
     /// Where traffic traces are written (`trace_dir`, `--trace DIR`); `None`: no traces.
     pub trace_dir: Option<PathBuf>,
+    /// How children are contained (`containment`): cgroups, process groups, or `auto`. Read
+    /// at start only; a reload that changes it takes effect at the next start.
+    pub containment: crate::supervise::ContainmentSetting,
     /// Sorted by name (the built-in echo is just the entry named `echo`).
     pub providers: BTreeMap<String, Arc<ProviderConfig>>,
 }
@@ -192,6 +202,7 @@ struct RawConfig {
     detach_timeout: Option<Spanned<String>>,
     registry_url: Option<Spanned<String>>,
     trace_dir: Option<Spanned<String>>,
+    containment: Option<crate::supervise::ContainmentSetting>,
     #[serde(default)]
     providers: BTreeMap<Spanned<String>, RawProvider>,
 }
@@ -224,6 +235,9 @@ struct RawProvider {
     ssh_options: Option<Spanned<Vec<Spanned<String>>>>,
     remote_acpd: Option<Spanned<String>>,
     launcher: Option<Spanned<Vec<Spanned<String>>>>,
+    /// A `Value` because both `268435456` and `"256MiB"` are accepted.
+    memory_max: Option<Spanned<toml::Value>>,
+    pids_max: Option<Spanned<usize>>,
 }
 
 /// A byte size: an integer, or a string like `"8MiB"`; at least 1.
@@ -279,6 +293,7 @@ impl Config {
             detach_timeout: Some(Duration::from_secs(600)),
             registry_url: DEFAULT_REGISTRY_URL.to_owned(),
             trace_dir: None,
+            containment: Default::default(),
             providers: BTreeMap::from([(ECHO.to_owned(), Arc::new(echo))]),
         }
     }
@@ -358,6 +373,9 @@ impl Config {
         config.source = Some(path.to_path_buf());
         if let Some(depth) = raw.max_depth {
             config.max_depth = depth;
+        }
+        if let Some(containment) = raw.containment {
+            config.containment = containment;
         }
         if let Some(value) = raw.max_output {
             config.max_output =
@@ -630,7 +648,33 @@ fn finish_provider(
         }
         provider.warm_max_age = d;
     }
+    if let Some(value) = raw.memory_max {
+        let bytes = byte_size(&value).map_err(|msg| at(value.span(), &key("memory_max"), &msg))?;
+        provider.memory_max = Some(bytes as u64);
+    }
+    if let Some(max) = raw.pids_max {
+        provider.pids_max = Some(at_least_one(max, &key("pids_max"), at)? as u64);
+    }
     Ok(provider)
+}
+
+impl ProviderConfig {
+    /// The provider's cgroup limits for each child it starts.
+    pub fn child_limits(&self) -> crate::supervise::ChildLimits {
+        crate::supervise::ChildLimits {
+            memory_max: self.memory_max,
+            pids_max: self.pids_max,
+        }
+    }
+}
+
+impl Config {
+    /// True when any provider sets `memory_max` or `pids_max`.
+    pub fn wants_limits(&self) -> bool {
+        self.providers
+            .values()
+            .any(|p| p.memory_max.is_some() || p.pids_max.is_some())
+    }
 }
 
 fn parse_duration(

@@ -79,6 +79,31 @@ fn bad_sizes_are_rejected() {
     fails("max_depth = 1\nmax_output = -1\n", 2, "max_output");
     fails("max_output = true\n", 1, "max_output");
     fails("max_output = \"0KiB\"\n", 1, "max_output");
+    fails(
+        &codex("memory_max = \"1 TiBs\""),
+        3,
+        "providers.codex.memory_max",
+    );
+    fails(&codex("pids_max = 0"), 3, "providers.codex.pids_max");
+}
+
+#[test]
+fn containment_takes_three_values() {
+    use crate::supervise::ContainmentSetting as C;
+    for (text, want) in [
+        ("", C::Auto),
+        ("containment = \"auto\"\n", C::Auto),
+        ("containment = \"cgroup\"\n", C::Cgroup),
+        ("containment = \"process-group\"\n", C::ProcessGroup),
+    ] {
+        assert_eq!(
+            parse(text).map(|c| c.containment).ok(),
+            Some(want),
+            "{text}"
+        );
+    }
+    let err = fails("max_depth = 2\ncontainment = \"jail\"\n", 2, "containment");
+    assert!(err.contains("process-group"), "{err}");
 }
 
 #[test]
@@ -158,6 +183,7 @@ default_provider = "codex"
 max_depth = 5
 max_output = "16MiB"
 max_children = 12
+containment = "process-group"
 
 [providers.codex]
 command = ["codex-acp", "--flag"]
@@ -176,6 +202,8 @@ term_grace = "4s"
 max_concurrent = 3
 warm = 2
 warm_max_age = "5m"
+memory_max = "512MiB"
+pids_max = 100
 "#;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.toml");
@@ -214,8 +242,14 @@ warm_max_age = "5m"
         registry: None,
         auth_method: None,
         remote: None,
+        memory_max: Some(512 << 20),
+        pids_max: Some(100),
         builtin: false,
     };
+    assert_eq!(
+        c.containment,
+        crate::supervise::ContainmentSetting::ProcessGroup
+    );
     assert_eq!(c.provider("codex").map(|p| p.as_ref()), Some(&expected));
     assert!(c.provider("echo").is_some_and(|p| p.builtin));
 }

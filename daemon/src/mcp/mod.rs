@@ -96,6 +96,7 @@ async fn choose(config_path: Option<&Path>, args: &McpArgs) -> Result<Backend, u
         crate::cli::write_stderr(format_args!("acpd: {e}\n"));
         crate::cli::EXIT_USAGE
     })?;
+    crate::cli::contain(&config)?;
     crate::supervise::init();
     crate::supervise::keep_records();
     Ok(Backend::Local(Local::new(config)))

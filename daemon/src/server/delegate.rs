@@ -247,7 +247,13 @@ fn status(conn: &Conn) -> StatusReply {
             }
         },
         spares: registry.spare_counts(),
+        containment: containment(),
     }
+}
+
+/// The containment in force in this process (process groups when it was never set up).
+fn containment() -> acpd_protocol::methods::StatusContainment {
+    crate::supervise::containment_status()
 }
 
 async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {

@@ -1,19 +1,29 @@
 //! Child processes: spawning into their own process group with PDEATHSIG from one long-lived
 //! thread, the allowlisted environment, the stderr tail, the idempotent teardown ladder, and
-//! reaping everything the tree leaves behind (acpd is a subreaper).
+//! reaping everything the tree leaves behind (acpd is a subreaper), and containment: each
+//! child in its own cgroup where acpd can create them, a sentinel that outlives acpd.
 
+pub mod cgroup;
+mod contain;
 mod env;
 pub(crate) mod procfs;
 mod reaper;
 mod records;
+mod sentinel;
 mod spawn;
 mod stderr;
 mod tree;
+
+pub use contain::{
+    ChildLimits, ContainError, Containment, ContainmentSetting, Mode as ContainmentMode, TREE_VAR,
+    contain, contain_config, current as containment, limit_warnings, status as containment_status,
+};
+pub use sentinel::{pid as sentinel_pid, run_sentinel};
 
 pub use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
 pub use reaper::{init, tune_allocator};
 pub(crate) use records::default_state_dir;
 pub use records::{enable_default as keep_records, forget as forget_records, kill_all};
-pub use spawn::{SpawnError, SpawnSpec, Spawned, spawn};
+pub use spawn::{SpawnError, SpawnSpec, Spawned, spawn, spawn_limited};
 pub use stderr::StderrTail;
-pub use tree::{Graces, ProcessTree, TeardownOutcome, signal_name};
+pub use tree::{Graces, LimitHit, ProcessTree, TeardownOutcome, signal_name};

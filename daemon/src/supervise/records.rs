@@ -83,11 +83,13 @@ pub fn enable(dir: &Path) -> std::io::Result<Sweep> {
 pub(super) fn add(pgid: i32) {
     let start = start_time(pgid).unwrap_or(0);
     live().insert(pgid, start);
+    super::sentinel::add_group(pgid, start);
     write();
 }
 
 pub(super) fn remove(pgid: i32) {
     live().remove(&pgid);
+    super::sentinel::remove_group(pgid);
     write();
 }
 
@@ -181,6 +183,13 @@ fn sweep(dir: &Path) -> Sweep {
             };
             result.killed += kill_members(pgid as i32, child_start, session);
         }
+        if same_boot {
+            // Escapees of its process groups that kept their tree token (containment fallback).
+            for escapee in super::contain::prefix_bearers(&format!("{pid}-{start}-")) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(escapee), Signal::SIGKILL);
+                result.killed += 1;
+            }
+        }
         let _ = std::fs::remove_file(entry.path());
     }
     if result.killed > 0 {
@@ -214,7 +223,7 @@ fn parse_tmp_name(name: &str) -> Option<(i32, u64)> {
 /// Kills members of `pgid` in `session` that started no earlier than the recorded child did.
 /// A pgid stays reserved while any member lives, so if the leader's pid now names a process
 /// with another start time, the old group is gone and this one is someone else's.
-fn kill_members(pgid: i32, child_start: u64, session: i32) -> usize {
+pub(super) fn kill_members(pgid: i32, child_start: u64, session: i32) -> usize {
     if procfs::stat(pgid).is_some_and(|leader| leader.start != child_start) {
         return 0;
     }

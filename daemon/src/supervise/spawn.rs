@@ -15,8 +15,10 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::oneshot;
 
+use super::cgroup::{self, CgroupError};
+use super::contain::{self, ChildLimits, Placement};
 use super::reaper;
-use super::tree::ProcessTree;
+use super::tree::{Contained, ProcessTree};
 
 /// What to run: argv (never a shell), an absolute cwd, and the complete environment.
 #[derive(Debug, Clone)]
@@ -38,6 +40,8 @@ pub enum SpawnError {
     EmptyCommand,
     #[error("the spawner thread is not running (supervise::init was not called)")]
     NoSpawner,
+    #[error("cannot contain the child: {0}")]
+    Contain(#[from] CgroupError),
 }
 
 /// A started child: its process tree and its three pipes.
@@ -70,34 +74,61 @@ pub(super) fn start_thread() {
 }
 
 /// Spawns `spec` in a new process group, with PDEATHSIG=SIGKILL and acpd's original
-/// `RLIMIT_NOFILE`, stdin/stdout/stderr piped.
+/// `RLIMIT_NOFILE`, stdin/stdout/stderr piped; in its own cgroup when acpd contains by cgroups.
 pub async fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
+    spawn_limited(spec, ChildLimits::default()).await
+}
+
+/// [`spawn`] with a provider's `memory_max` / `pids_max` on the child's cgroup (ignored where
+/// the controllers are not enabled; acpd warned at start).
+pub async fn spawn_limited(spec: SpawnSpec, limits: ChildLimits) -> Result<Spawned, SpawnError> {
     let (program, args) = spec.argv.split_first().ok_or(SpawnError::EmptyCommand)?;
     let program = program.clone();
     let args = args.to_vec();
     let jobs = JOBS.get().ok_or(SpawnError::NoSpawner)?;
+    let mut env = spec.env;
+    let (contained, procs) = match contain::place(&limits)? {
+        Placement::Cgroup { group, procs } => (Contained::Cgroup(group), Some(procs)),
+        Placement::Token(token) => {
+            env.push((contain::TREE_VAR.into(), token.clone().into()));
+            (Contained::Token(token), None)
+        }
+        Placement::Group => (Contained::Group, None),
+    };
     let (tx, rx) = oneshot::channel();
     let job_program = program.clone();
     // The child is registered with the caller's runtime (its reaper and pipes live there).
     let runtime = tokio::runtime::Handle::current();
     let job: Job = Box::new(move || {
         let _entered = runtime.enter();
-        let _ = tx.send(spawn_here(&job_program, &args, spec.cwd, spec.env));
+        // `procs` stays open until the fork is done; it is close-on-exec.
+        let procs_fd = procs.as_ref().map(cgroup::raw);
+        let _ = tx.send(spawn_here(&job_program, &args, spec.cwd, env, procs_fd));
+        drop(procs);
     });
     jobs.send(job).map_err(|_| SpawnError::NoSpawner)?;
-    let mut child = rx
-        .await
-        .map_err(|_| SpawnError::NoSpawner)?
-        .map_err(|source| SpawnError::Io {
+    let spawned = match rx.await {
+        Ok(result) => result.map_err(|source| SpawnError::Io {
             program: program.clone(),
             source,
-        })?;
+        }),
+        Err(_) => Err(SpawnError::NoSpawner),
+    };
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            if let Contained::Cgroup(group) = &contained {
+                let _ = group.remove();
+            }
+            return Err(e);
+        }
+    };
     if let Some(pid) = child.id() {
         super::records::add(pid as i32);
     }
     reaper::churned();
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-    let tree = ProcessTree::adopt(child);
+    let tree = ProcessTree::adopt(child, contained);
     match pipes {
         (Some(stdin), Some(stdout), Some(stderr)) => Ok(Spawned {
             tree,
@@ -122,6 +153,7 @@ fn spawn_here(
     args: &[String],
     cwd: PathBuf,
     env: Vec<(OsString, OsString)>,
+    cgroup_procs: Option<std::os::fd::RawFd>,
 ) -> std::io::Result<Child> {
     let parent = nix::unistd::getpid();
     let nofile = reaper::original_nofile();
@@ -135,9 +167,13 @@ fn spawn_here(
         .stderr(Stdio::piped())
         .process_group(0);
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe syscalls
-    // (prctl, getppid, setrlimit, sigprocmask); it allocates nothing.
+    // (write, prctl, getppid, setrlimit, sigprocmask); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
+            // First: nothing the child does, not even a failed exec, happens outside its group.
+            if let Some(fd) = cgroup_procs {
+                cgroup::enter_in_child(fd)?;
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             if nix::unistd::getppid() != parent {
                 return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));

@@ -4,6 +4,12 @@
 //! Ladder: close stdin (EOF is ACP's "end the session") → `eof_grace` → SIGTERM the group →
 //! `term_grace` → SIGKILL the group → reap. The leader is reaped by tokio (which needs its exit
 //! status), then the group by `waitpid(-pgid)` until no member is left; never `waitpid(-1)`.
+//!
+//! Contained by a cgroup, "the tree" is the whole cgroup: each rung waits for it to empty,
+//! SIGTERM goes to every member too, and the ladder always ends with `cgroup.kill` and the
+//! group's removal, so a descendant that left the process group dies as well. In the
+//! fallback, the rungs are the process group's, and the ladder ends by killing every adopted
+//! escapee that still carries the run's tree token.
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::ExitStatus;
@@ -17,7 +23,25 @@ use tokio::process::Child;
 use tokio::sync::{OnceCell, watch};
 use tokio::time::Instant;
 
+use super::cgroup::Cgroup;
 use super::reaper;
+
+/// How a tree is held together besides its process group.
+pub(super) enum Contained {
+    /// The process group only ([`super::contain`] never ran).
+    Group,
+    /// Its own cgroup.
+    Cgroup(Cgroup),
+    /// A tree token in every descendant's environment.
+    Token(String),
+}
+
+/// A resource limit the tree ran into (cgroup `memory.events` `oom_kill`, `pids.events` `max`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitHit {
+    Memory,
+    Pids,
+}
 
 /// How long each rung of the ladder waits for the tree to exit.
 #[derive(Debug, Clone, Copy)]
@@ -45,8 +69,13 @@ pub struct ProcessTree {
 
 struct Inner {
     pid: i32,
+    /// The leader's start time: a token bearer older than it is not the tree's.
+    start: u64,
     status: watch::Receiver<Option<ExitStatus>>,
     teardown: OnceCell<TeardownOutcome>,
+    contained: Contained,
+    /// Read just before the cgroup is removed, so it is still known afterwards.
+    limit_hit: std::sync::Mutex<Option<LimitHit>>,
 }
 
 /// Upper bound on waiting for a SIGKILLed group to disappear; only zombies we cannot reap
@@ -54,8 +83,9 @@ struct Inner {
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
 impl ProcessTree {
-    pub(super) fn adopt(mut child: Child) -> Self {
+    pub(super) fn adopt(mut child: Child, contained: Contained) -> Self {
         let pid = child.id().map_or(-1, |p| p as i32);
+        let start = super::records::start_time(pid).unwrap_or(0);
         let (tx, rx) = watch::channel(None);
         tokio::spawn(async move {
             let status = match child.wait().await {
@@ -71,8 +101,11 @@ impl ProcessTree {
         ProcessTree {
             inner: Arc::new(Inner {
                 pid,
+                start,
                 status: rx,
                 teardown: OnceCell::new(),
+                contained,
+                limit_hit: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -130,10 +163,78 @@ impl ProcessTree {
                 TeardownOutcome::Killed
             }
         };
+        self.end_escapees().await;
         super::records::remove(self.pid());
         reaper::churned();
         tracing::debug!(pgid = self.pid(), ?outcome, elapsed = ?started.elapsed(), "child tree torn down");
         outcome
+    }
+
+    /// The last rung, whatever the outcome: `cgroup.kill` and removal of the child's cgroup, or
+    /// SIGKILL for every escapee carrying the tree token.
+    async fn end_escapees(&self) {
+        match &self.inner.contained {
+            Contained::Group => {}
+            Contained::Cgroup(group) => {
+                self.note_limit_hit();
+                if let Err(e) = group.kill_and_remove(KILL_WAIT).await {
+                    tracing::warn!(pgid = self.pid(), "cannot remove the child's cgroup: {e}");
+                }
+            }
+            Contained::Token(token) => {
+                let escapees = super::contain::token_bearers(token, self.inner.start, -1);
+                for pid in &escapees {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(*pid), Signal::SIGKILL);
+                }
+                if !escapees.is_empty() {
+                    tracing::debug!(
+                        pgid = self.pid(),
+                        killed = escapees.len(),
+                        "killed escapees of the process group"
+                    );
+                    reaper::scan_strays();
+                }
+            }
+        }
+    }
+
+    /// The limit the tree ran into, if any (cgroup mode with `memory_max` / `pids_max`).
+    pub fn limit_hit(&self) -> Option<LimitHit> {
+        self.note_limit_hit();
+        *self
+            .inner
+            .limit_hit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn note_limit_hit(&self) {
+        let Contained::Cgroup(group) = &self.inner.contained else {
+            return;
+        };
+        let hit = if group.counter("memory.events", "oom_kill") > 0 {
+            Some(LimitHit::Memory)
+        } else if group.counter("pids.events", "max") > 0 {
+            Some(LimitHit::Pids)
+        } else {
+            None
+        };
+        let mut seen = self
+            .inner
+            .limit_hit
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.is_none() {
+            *seen = hit;
+        }
+    }
+
+    /// The child's own cgroup, in cgroup mode.
+    pub fn cgroup(&self) -> Option<&Cgroup> {
+        match &self.inner.contained {
+            Contained::Cgroup(group) => Some(group),
+            _ => None,
+        }
     }
 
     /// SIGKILLs the whole group at once (a second shutdown signal, or a spawn gone wrong).
@@ -144,6 +245,22 @@ impl ProcessTree {
     fn signal(&self, sig: Signal) {
         if self.inner.pid > 0 {
             let _ = killpg(Pid::from_raw(self.inner.pid), sig);
+        }
+        match &self.inner.contained {
+            Contained::Group => {}
+            Contained::Cgroup(group) if sig == Signal::SIGKILL => {
+                let _ = group.kill();
+            }
+            Contained::Cgroup(group) => {
+                for pid in group.all_members() {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+                }
+            }
+            Contained::Token(token) => {
+                for pid in super::contain::token_bearers(token, self.inner.start, self.pid()) {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+                }
+            }
         }
     }
 
@@ -160,7 +277,8 @@ impl ProcessTree {
         let mut delay = Duration::from_millis(1);
         loop {
             reap_group(pgid);
-            if killpg(pgid, None).is_err() {
+            let cgroup_empty = self.cgroup().is_none_or(|g| !g.populated());
+            if killpg(pgid, None).is_err() && cgroup_empty {
                 return true;
             }
             let now = Instant::now();

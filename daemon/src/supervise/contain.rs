@@ -1,0 +1,359 @@
+//! Which containment this acpd uses, chosen once at start ([`contain`]), and where each child
+//! goes: its own cgroup under acpd's base group, or (the fallback) its own process group plus
+//! a tree token in its environment.
+//!
+//! The token (`ACPD_TREE=<acpd pid>-<acpd start>-<n>`) is how the fallback finds the
+//! descendants that left the process group: a `setsid` + double fork keeps the environment,
+//! and acpd, as subreaper, adopts the orphans; at teardown every live process carrying the
+//! run's token is killed. A process that replaces its whole environment escapes it — the
+//! documented limit of the fallback, which cgroups do not have.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::cgroup::{self, Cgroup, CgroupError};
+use super::{procfs, records, sentinel};
+
+/// The config's `containment` key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ContainmentSetting {
+    /// cgroups when acpd can create them, else process groups.
+    #[default]
+    Auto,
+    /// cgroups, or acpd does not start.
+    Cgroup,
+    /// Process groups (and tree tokens), even where cgroups would work.
+    ProcessGroup,
+}
+
+/// The containment in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    Cgroup,
+    ProcessGroup,
+}
+
+/// What `_acpd/status` and `acpd doctor` report: the mode, why, and the base group.
+#[derive(Debug, Clone, Serialize)]
+pub struct Containment {
+    pub mode: Mode,
+    pub reason: String,
+    /// The base cgroup (cgroup mode).
+    pub path: Option<PathBuf>,
+    /// Controllers acpd can set limits with (`memory`, `pids`) for its children.
+    pub controllers: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContainError {
+    #[error("containment = \"cgroup\", but acpd cannot use cgroups here: {0}")]
+    CgroupUnavailable(CgroupError),
+}
+
+struct Active {
+    report: Containment,
+    base: Option<Cgroup>,
+    /// `<pid>-<start>-`: every child's token starts with it.
+    token_prefix: String,
+}
+
+static ACTIVE: OnceLock<Active> = OnceLock::new();
+static NEXT_CHILD: AtomicU64 = AtomicU64::new(1);
+
+/// The environment variable carrying a child's tree token (process-group mode).
+pub const TREE_VAR: &str = "ACPD_TREE";
+/// Controllers a provider's limits need.
+const LIMIT_CONTROLLERS: [&str; 2] = ["memory", "pids"];
+
+/// Chooses and sets up containment once; later calls return the first answer. Starts the
+/// sentinel that tears every tree down if acpd dies without doing it, and sweeps cgroups left
+/// by dead acpds. `limits` says whether any provider sets `memory_max` / `pids_max`: only then
+/// are controllers enabled, because a group that hands controllers down may hold no process
+/// itself, and systemd before 254 puts `ExecReload=` processes into the service's own group.
+pub fn contain(
+    setting: ContainmentSetting,
+    limits: bool,
+) -> Result<&'static Containment, ContainError> {
+    if let Some(active) = ACTIVE.get() {
+        return Ok(&active.report);
+    }
+    let me = std::process::id() as i32;
+    let start = records::start_time(me).unwrap_or(0);
+    let token_prefix = format!("{me}-{start}-");
+    let (report, base) = match setting {
+        ContainmentSetting::ProcessGroup => (
+            fallback("configured: containment = \"process-group\"".into()),
+            None,
+        ),
+        ContainmentSetting::Auto | ContainmentSetting::Cgroup => {
+            match setup_cgroup(me, start, limits) {
+                Ok((report, base)) => (report, Some(base)),
+                Err(e) if setting == ContainmentSetting::Cgroup => {
+                    return Err(ContainError::CgroupUnavailable(e));
+                }
+                Err(e) => (fallback(format!("auto: cgroups unavailable ({e})")), None),
+            }
+        }
+    };
+    sentinel::start(base.as_ref().map(Cgroup::path), &token_prefix);
+    let active = ACTIVE.get_or_init(|| Active {
+        report,
+        base,
+        token_prefix,
+    });
+    tracing::info!(mode = ?active.report.mode, reason = %active.report.reason, "containment");
+    Ok(&active.report)
+}
+
+/// The containment in force, if [`contain`] ran.
+pub fn current() -> Option<&'static Containment> {
+    ACTIVE.get().map(|a| &a.report)
+}
+
+/// Containment as `_acpd/status` reports it (process groups when [`contain`] never ran).
+pub fn status() -> acpd_protocol::methods::StatusContainment {
+    use acpd_protocol::methods::StatusContainment;
+    match current() {
+        Some(c) => StatusContainment {
+            mode: c.mode.name().to_owned(),
+            reason: c.reason.clone(),
+            path: c.path.as_ref().map(|p| p.display().to_string()),
+            controllers: c.controllers.clone(),
+        },
+        None => StatusContainment {
+            mode: Mode::ProcessGroup.name().to_owned(),
+            reason: "containment was not set up in this process".to_owned(),
+            path: None,
+            controllers: Vec::new(),
+        },
+    }
+}
+
+impl Mode {
+    /// `cgroup` or `process-group`, as in the config and in `_acpd/status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Cgroup => "cgroup",
+            Mode::ProcessGroup => "process-group",
+        }
+    }
+}
+
+fn fallback(reason: String) -> Containment {
+    Containment {
+        mode: Mode::ProcessGroup,
+        reason,
+        path: None,
+        controllers: Vec::new(),
+    }
+}
+
+fn setup_cgroup(me: i32, start: u64, limits: bool) -> Result<(Containment, Cgroup), CgroupError> {
+    let own = cgroup::own_dir()?;
+    let at_root = own
+        .join("cgroup.type")
+        .try_exists()
+        .map(|exists| !exists)
+        .unwrap_or(false);
+    // The sweep looks where this acpd's own base goes: beside the `daemon` leaf.
+    let parent = Cgroup::at(&own);
+    let base = Cgroup::create(&own, &cgroup::base_name(me, start))?;
+    if !base.path().join("cgroup.kill").exists() {
+        let _ = base.remove();
+        return Err(CgroupError::NoKill(own));
+    }
+    if !at_root {
+        // Leave the service's own group for a leaf, so the group may hand controllers down.
+        let leaf = Cgroup::create(&own, "daemon")?;
+        if let Err(e) = leaf.enter(0) {
+            let _ = base.remove();
+            return Err(e);
+        }
+    }
+    cgroup::sweep(parent.path(), Some(base.path()));
+    let controllers = if limits {
+        enable_limits(&parent, &base)
+    } else {
+        Vec::new()
+    };
+    let reason = if at_root {
+        format!("cgroup v2 writable at {}", own.display())
+    } else {
+        format!(
+            "cgroup v2 delegated at {} (acpd moved itself into its `daemon` leaf)",
+            own.display()
+        )
+    };
+    Ok((
+        Containment {
+            mode: Mode::Cgroup,
+            reason,
+            path: Some(base.path().to_path_buf()),
+            controllers,
+        },
+        base,
+    ))
+}
+
+/// Enables the memory and pids controllers down to the children where the kernel offers them
+/// and acpd may; returns the ones its children can use.
+fn enable_limits(parent: &Cgroup, base: &Cgroup) -> Vec<String> {
+    let mut usable = Vec::new();
+    for controller in LIMIT_CONTROLLERS {
+        if !base.controllers().iter().any(|c| c == controller) {
+            if !parent.controllers().iter().any(|c| c == controller) {
+                continue;
+            }
+            if let Err(e) = parent.enable_for_children(&[controller]) {
+                tracing::debug!("cannot enable {controller} for acpd's group: {e}");
+                continue;
+            }
+        }
+        match base.enable_for_children(&[controller]) {
+            Ok(()) => usable.push(controller.to_owned()),
+            Err(e) => tracing::debug!("cannot enable {controller} for acpd's children: {e}"),
+        }
+    }
+    usable
+}
+
+/// Per-provider resource limits (`memory_max`, `pids_max`); applied in cgroup mode where the
+/// controller is enabled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChildLimits {
+    pub memory_max: Option<u64>,
+    pub pids_max: Option<u64>,
+}
+
+impl ChildLimits {
+    /// The controllers these limits need that this acpd cannot use: a warning, not a failure.
+    pub fn missing_controllers(&self) -> Vec<&'static str> {
+        let usable = current().map(|c| c.controllers.clone()).unwrap_or_default();
+        let mut missing = Vec::new();
+        for (set, name) in [
+            (self.memory_max.is_some(), "memory"),
+            (self.pids_max.is_some(), "pids"),
+        ] {
+            if set && !usable.iter().any(|c| c == name) {
+                missing.push(name);
+            }
+        }
+        missing
+    }
+}
+
+/// Where one child goes, decided just before it is forked.
+pub(super) enum Placement {
+    /// Its own cgroup; the child enters it through `procs` between fork and exec.
+    Cgroup {
+        group: Cgroup,
+        procs: std::os::fd::OwnedFd,
+    },
+    /// Its own process group, plus this token in its environment.
+    Token(String),
+    /// Neither cgroup nor token: [`contain`] never ran (in-process tests).
+    Group,
+}
+
+/// Creates the next child's group (with its limits) or its token.
+pub(super) fn place(limits: &ChildLimits) -> Result<Placement, CgroupError> {
+    let Some(active) = ACTIVE.get() else {
+        return Ok(Placement::Group);
+    };
+    let n = NEXT_CHILD.fetch_add(1, Ordering::Relaxed);
+    let Some(base) = &active.base else {
+        return Ok(Placement::Token(format!("{}{n}", active.token_prefix)));
+    };
+    let group = Cgroup::create(base.path(), &format!("child-{n}"))?;
+    let usable = &active.report.controllers;
+    let set = |controller: &str, file: &'static str, value: Option<u64>| {
+        if let Some(v) = value
+            && usable.iter().any(|c| c == controller)
+            && let Err(e) = group.write(file, &v.to_string())
+        {
+            tracing::warn!("cannot set {file}: {e}");
+        }
+    };
+    set("memory", "memory.max", limits.memory_max);
+    set("pids", "pids.max", limits.pids_max);
+    match group.procs_fd() {
+        Ok(procs) => Ok(Placement::Cgroup { group, procs }),
+        Err(e) => {
+            let _ = group.remove();
+            Err(e)
+        }
+    }
+}
+
+/// Every live process that carries `token` (exactly) in its environment and started no
+/// earlier than `since` (clock ticks since boot), except `skip`.
+pub(super) fn token_bearers(token: &str, since: u64, skip: i32) -> Vec<i32> {
+    let needle = format!("{TREE_VAR}={token}");
+    scan_environ(|value| value == needle.as_bytes(), since, skip)
+}
+
+/// Every live process whose token starts with `prefix` (a whole acpd's trees).
+pub fn prefix_bearers(prefix: &str) -> Vec<i32> {
+    let needle = format!("{TREE_VAR}={prefix}");
+    scan_environ(|value| value.starts_with(needle.as_bytes()), 0, -1)
+}
+
+fn scan_environ(matches: impl Fn(&[u8]) -> bool, since: u64, skip: i32) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    procfs::pids()
+        .filter(|&pid| pid != me && pid != skip)
+        .filter(|&pid| {
+            procfs::stat(pid).is_some_and(|s| s.state != 'Z' && s.start >= since)
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|env| env.split(|b| *b == 0).any(&matches))
+        })
+        .collect()
+}
+
+/// [`contain`] with the config's `containment` and limits; warns (once, at start) for each
+/// provider whose `memory_max` / `pids_max` cannot take effect here.
+pub fn contain_config(
+    config: &crate::config::Config,
+) -> Result<&'static Containment, ContainError> {
+    let containment = contain(config.containment, config.wants_limits())?;
+    for line in limit_warnings(config) {
+        tracing::warn!("{line}");
+    }
+    Ok(containment)
+}
+
+/// One line per provider whose limits this acpd cannot apply, saying why.
+pub fn limit_warnings(config: &crate::config::Config) -> Vec<String> {
+    let why = match current() {
+        Some(c) if c.mode == Mode::Cgroup => "the controller is not enabled for acpd's cgroup",
+        Some(_) => "containment is by process groups",
+        None => "containment is not set up",
+    };
+    config
+        .providers
+        .values()
+        .filter_map(|p| {
+            let missing = p.child_limits().missing_controllers();
+            (!missing.is_empty()).then(|| {
+                format!(
+                    "provider {}: {} not applied ({why}); its children run without that limit",
+                    p.name,
+                    missing
+                        .iter()
+                        .map(|c| if *c == "memory" {
+                            "memory_max"
+                        } else {
+                            "pids_max"
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" and "),
+                )
+            })
+        })
+        .collect()
+}
