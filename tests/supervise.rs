@@ -66,7 +66,9 @@ fn gone(child: &mut Child, pids: &[i32]) -> std::process::ExitStatus {
 
 #[test]
 fn relays_bytes_exactly_and_exits_with_the_commands_status() {
+    // Supervise's own log lines share stderr (a sweep's warning): none here.
     let mut child = supervise(&[], &["sh", "-c", "cat; printf 'err' >&2; exit 7"])
+        .env("ACPD_LOG", "off")
         .spawn()
         .unwrap();
     // Not lines, not UTF-8, no final newline.
@@ -202,4 +204,57 @@ fn hostile_setup_lines_are_refused_before_anything_starts() {
         assert!(!err.contains("xxxx"), "the error echoes its input");
         assert!(!touched.exists(), "the command ran");
     }
+}
+
+#[test]
+fn a_sigkilled_supervisors_cgroup_is_swept_by_the_next_one() {
+    // Orphans of the killed supervise come here (PID 1 reaps nothing on these machines).
+    nix::sys::prctl::set_child_subreaper(true).unwrap();
+    let (mut child, _out, pids) = deaf_tree();
+    let (supervise, cmd) = (pids[0], pids[1]);
+    let own = std::fs::read_to_string(format!("/proc/{cmd}/cgroup")).unwrap();
+    let Some(group) = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .filter(|g| g.contains(&format!("/acpd-{supervise}-")))
+        .map(str::to_string)
+    else {
+        kill(Pid::from_raw(supervise), Signal::SIGTERM).unwrap();
+        gone(&mut child, &pids);
+        eprintln!("SKIP: acpd supervise cannot create cgroups here (CMD is in {own:?})");
+        return;
+    };
+    let dir = acpd::supervise::cgroup::own_dir()
+        .unwrap()
+        .join(group.rsplit('/').next().unwrap());
+    assert!(dir.is_dir(), "{dir:?}");
+    kill(Pid::from_raw(supervise), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    // CMD dies by PDEATHSIG; the escapee and the grandchild live on in the dead one's group.
+    let reap = |pid: i32| {
+        let _ = nix::sys::wait::waitpid(
+            Pid::from_raw(pid),
+            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+        );
+        !exists(pid)
+    };
+    assert!(eventually(Duration::from_secs(5), || reap(cmd)));
+    // (Another test's supervise, starting in the same parent group, may sweep it first.)
+    let next = supervise_output(&[], &["true"]);
+    assert_eq!(code(&next), 0);
+    let swept = eventually(Duration::from_secs(10), || {
+        pids[2..].iter().all(|&p| reap(p))
+    });
+    for &pid in &pids[2..] {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    assert!(
+        swept,
+        "the next supervise did not sweep the dead one's group"
+    );
+    assert!(!dir.exists(), "{dir:?} is still there");
+}
+
+fn supervise_output(args: &[&str], cmd: &[&str]) -> std::process::Output {
+    supervise(args, cmd).stdin(Stdio::null()).output().unwrap()
 }

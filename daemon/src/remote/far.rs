@@ -5,12 +5,17 @@
 //! grace → SIGKILL the group) when its own stdin closes, its stdout breaks, it gets SIGHUP,
 //! SIGTERM or SIGINT, or its parent dies (its own PDEATHSIG is SIGTERM). It is a child
 //! subreaper, so everything CMD starts stays its descendant however it detaches (`setsid`,
-//! double fork); once CMD is gone the rest of that tree is ended too. It exits with CMD's
+//! double fork); once CMD is gone the rest of that tree is ended too. Where it can create a
+//! cgroup v2 group (root, or a delegated subtree) CMD runs in its own, `acpd-<pid>-<start>`
+//! beside supervise, and teardown ends with `cgroup.kill`; a supervise that was SIGKILLed
+//! leaves that group behind, and the next supervise or acpd started in the same parent group
+//! kills what is in it and removes it (the name says whose it was). It exits with CMD's
 //! status (128 + the signal when a signal ended it), 125 for its own failures, 126/127 when
 //! CMD cannot be executed / found.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Write as _};
+use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
@@ -27,6 +32,7 @@ use tokio::time::{Instant, timeout};
 
 use super::diagnose::SUPERVISE_MARK;
 use super::setup::{MAX_SETUP_LINE, Setup};
+use crate::supervise::cgroup::{self, Cgroup};
 use crate::supervise::{DEPTH_VAR, MAX_DEPTH_VAR, child_env, procfs};
 
 /// What `acpd supervise` was asked to run.
@@ -127,7 +133,18 @@ async fn run(args: SuperviseArgs) -> Result<u8, SuperviseError> {
         Setup::default()
     };
     let (eof_grace, term_grace) = setup.graces().unwrap_or((args.eof_grace, args.term_grace));
-    let mut child = start(&args.command, setup)?;
+    let contained = own_group();
+    let started = start(&args.command, setup, contained.as_ref().map(|(_, fd)| fd));
+    let group = contained.map(|(group, _)| group);
+    let mut child = match started {
+        Ok(child) => child,
+        Err(e) => {
+            if let Some(Err(e)) = group.as_ref().map(Cgroup::remove) {
+                tracing::warn!("acpd supervise: {e}");
+            }
+            return Err(e);
+        }
+    };
     let leader = child.id().map_or(-1, |p| p as i32);
     let (tx, mut triggers) = mpsc::channel::<Trigger>(4);
     let (Some(child_in), Some(child_out), Some(child_err)) =
@@ -135,6 +152,7 @@ async fn run(args: SuperviseArgs) -> Result<u8, SuperviseError> {
     else {
         let _ = killpg(Pid::from_raw(leader), Signal::SIGKILL);
         let _ = child.wait().await;
+        end_the_rest(leader, Duration::ZERO, group.as_ref()).await;
         return Err(SuperviseError::Spawn {
             program: args.command.first().cloned().unwrap_or_default(),
             source: io::Error::other("pipes missing"),
@@ -167,7 +185,7 @@ async fn run(args: SuperviseArgs) -> Result<u8, SuperviseError> {
         }
         break ladder(&mut child, leader, eof_grace, term_grace).await;
     };
-    end_the_rest(leader, term_grace).await;
+    end_the_rest(leader, term_grace, group.as_ref()).await;
     for pump in [stdout_pump, stderr_pump] {
         let _ = timeout(DRAIN, pump).await;
     }
@@ -184,6 +202,25 @@ fn adopt_the_tree() {
         );
     }
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGTERM);
+}
+
+/// CMD's cgroup, `acpd-<pid>-<start>` beside us (the name acpd's sweep knows), with its
+/// `cgroup.procs` open for the child to enter before exec; `None` where we cannot create one
+/// (no cgroup2, no permission, no `cgroup.kill`). Sweeps the groups of dead supervisors and
+/// acpds in the same parent first.
+fn own_group() -> Option<(Cgroup, OwnedFd)> {
+    let own = cgroup::own_dir().ok()?;
+    let me = std::process::id() as i32;
+    let start = procfs::stat(me)?.start;
+    let group = Cgroup::create(&own, &cgroup::base_name(me, start)).ok()?;
+    let usable = group.path().join("cgroup.kill").exists();
+    let procs = group.procs_fd().ok().filter(|_| usable);
+    let Some(procs) = procs else {
+        let _ = group.remove();
+        return None;
+    };
+    cgroup::sweep(&own, Some(group.path()));
+    Some((group, procs))
 }
 
 async fn read_setup(stdin: &mut BufReader<tokio::io::Stdin>) -> Result<Setup, SuperviseError> {
@@ -234,7 +271,11 @@ fn environment(
 /// Spawns CMD in its own process group, with PDEATHSIG=SIGKILL and an empty signal mask.
 /// Called on the runtime's one thread, which lives as long as we do (PDEATHSIG follows the
 /// forking thread).
-fn start(command: &[String], setup: Setup) -> Result<Child, SuperviseError> {
+fn start(
+    command: &[String],
+    setup: Setup,
+    group: Option<&OwnedFd>,
+) -> Result<Child, SuperviseError> {
     let (program, args) = command.split_first().ok_or_else(|| SuperviseError::Spawn {
         program: String::new(),
         source: io::Error::new(io::ErrorKind::NotFound, "empty command"),
@@ -247,6 +288,7 @@ fn start(command: &[String], setup: Setup) -> Result<Child, SuperviseError> {
         return Err(SuperviseError::Cwd(cwd));
     }
     let parent = nix::unistd::getpid();
+    let procs = group.map(cgroup::raw);
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .current_dir(cwd)
@@ -256,10 +298,14 @@ fn start(command: &[String], setup: Setup) -> Result<Child, SuperviseError> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    // SAFETY: between fork and exec only async-signal-safe syscalls (prctl, getppid,
+    // SAFETY: between fork and exec only async-signal-safe syscalls (write, prctl, getppid,
     // sigprocmask); nothing allocates.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(procs) = procs {
+                // Not fatal: without its group CMD is still in our tree and process group.
+                let _ = cgroup::enter_in_child(procs);
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             if nix::unistd::getppid() != parent {
                 return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
@@ -340,22 +386,29 @@ async fn ladder(
     child.wait().await.ok()
 }
 
-/// Ends whatever of the tree outlived CMD — its group and every descendant that left it —
-/// with SIGTERM, then SIGKILL after `term_grace`, reaping as it goes. CMD is already reaped,
-/// so every child left is ours to wait for.
-async fn end_the_rest(leader: i32, term_grace: Duration) {
-    let _ = killpg(Pid::from_raw(leader), Signal::SIGKILL);
+/// Ends whatever of the tree outlived CMD — its group, every descendant that left it, and
+/// everything in its cgroup — with SIGTERM, then after `term_grace` SIGKILL (and
+/// `cgroup.kill`), reaping as it goes, and removes the cgroup. CMD is already reaped, so every
+/// child left is ours to wait for.
+async fn end_the_rest(leader: i32, term_grace: Duration, group: Option<&Cgroup>) {
     reap_all();
     let left = descendants();
-    if left.is_empty() {
-        return;
-    }
-    signal_each(&left, Signal::SIGTERM);
-    if !gone_by(Instant::now() + term_grace).await {
-        signal_each(&descendants(), Signal::SIGKILL);
-        if !gone_by(Instant::now() + KILL_WAIT).await {
-            tracing::warn!(left = ?descendants(), "acpd supervise: descendants left after SIGKILL");
+    if !left.is_empty() || group.is_some_and(Cgroup::populated) {
+        let _ = killpg(Pid::from_raw(leader), Signal::SIGTERM);
+        signal_each(&left, Signal::SIGTERM);
+        if !gone_by(Instant::now() + term_grace, group).await {
+            if let Some(g) = group {
+                let _ = g.kill();
+            }
+            let _ = killpg(Pid::from_raw(leader), Signal::SIGKILL);
+            signal_each(&descendants(), Signal::SIGKILL);
+            if !gone_by(Instant::now() + KILL_WAIT, group).await {
+                tracing::warn!(left = ?descendants(), "acpd supervise: processes left after SIGKILL");
+            }
         }
+    }
+    if let Some(Err(e)) = group.map(Cgroup::remove) {
+        tracing::warn!("acpd supervise: {e}");
     }
 }
 
@@ -374,12 +427,13 @@ fn reap_all() {
     }
 }
 
-/// Reaps until no descendant is left or `deadline` passes; true when none is left.
-async fn gone_by(deadline: Instant) -> bool {
+/// Reaps until no descendant is left (and `group` is empty) or `deadline` passes; true when
+/// none is left.
+async fn gone_by(deadline: Instant, group: Option<&Cgroup>) -> bool {
     let mut delay = Duration::from_millis(1);
     loop {
         reap_all();
-        if descendants().is_empty() {
+        if descendants().is_empty() && !group.is_some_and(Cgroup::populated) {
             return true;
         }
         let now = Instant::now();
