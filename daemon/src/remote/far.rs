@@ -392,7 +392,7 @@ async fn ladder(
 /// child left is ours to wait for.
 async fn end_the_rest(leader: i32, term_grace: Duration, group: Option<&Cgroup>) {
     reap_all();
-    let left = descendants();
+    let left = tree_left(group);
     if !left.is_empty() || group.is_some_and(Cgroup::populated) {
         let _ = killpg(Pid::from_raw(leader), Signal::SIGTERM);
         signal_each(&left, Signal::SIGTERM);
@@ -401,10 +401,14 @@ async fn end_the_rest(leader: i32, term_grace: Duration, group: Option<&Cgroup>)
                 let _ = g.kill();
             }
             let _ = killpg(Pid::from_raw(leader), Signal::SIGKILL);
-            signal_each(&descendants(), Signal::SIGKILL);
+            signal_each(&tree_left(group), Signal::SIGKILL);
             if !gone_by(Instant::now() + KILL_WAIT, group).await {
                 tracing::warn!(left = ?descendants(), "acpd supervise: processes left after SIGKILL");
             }
+        }
+        // A cgroup empties before its last processes are zombies we can reap: wait for those.
+        if group.is_some() {
+            gone_by(Instant::now() + KILL_WAIT, None).await;
         }
     }
     if let Some(Err(e)) = group.map(Cgroup::remove) {
@@ -433,7 +437,7 @@ async fn gone_by(deadline: Instant, group: Option<&Cgroup>) -> bool {
     let mut delay = Duration::from_millis(1);
     loop {
         reap_all();
-        if descendants().is_empty() && !group.is_some_and(Cgroup::populated) {
+        if tree_left(group).is_empty() && !group.is_some_and(Cgroup::populated) {
             return true;
         }
         let now = Instant::now();
@@ -442,6 +446,16 @@ async fn gone_by(deadline: Instant, group: Option<&Cgroup>) -> bool {
         }
         tokio::time::sleep(delay.min(deadline - now)).await;
         delay = (delay * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// What is left of the tree: with a cgroup, nothing once it is empty (everything CMD started
+/// was born in it; reading `cgroup.events` spares a `/proc` scan at every teardown), else
+/// every descendant.
+fn tree_left(group: Option<&Cgroup>) -> Vec<i32> {
+    match group {
+        Some(g) if !g.populated() => Vec::new(),
+        _ => descendants(),
     }
 }
 
