@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod mcp;
 pub mod registry;
+pub mod remote;
 pub(crate) mod runtime;
 pub(crate) mod server;
 pub mod store;

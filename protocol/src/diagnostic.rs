@@ -22,12 +22,25 @@ pub struct Facts<'a> {
     pub env_names: &'a [String],
     /// acpd's own fixed remarks, such as a permission fallback.
     pub notes: &'a [&'static str],
+    /// The ssh destination of a remote provider (`[user@]host[:port]`, from its config).
+    pub host: Option<&'a str>,
+    /// The launcher program of a `launcher` provider.
+    pub launcher: Option<&'a str>,
 }
 
 /// `Subagent failure (provider: P; stage: S; category: C; stop reason: R; exit code: N; signal:
 /// S)` with absent facts left out.
 pub fn build(facts: &Facts<'_>) -> String {
     let mut parts: Vec<String> = vec![format!("provider: {}", token(facts.provider))];
+    if let Some(host) = facts.host {
+        parts.push(format!("host: {}", host_token(host)));
+    }
+    if let Some(launcher) = facts.launcher {
+        parts.push(format!(
+            "launcher: {}",
+            token(launcher.rsplit('/').next().unwrap_or(launcher))
+        ));
+    }
     if let Some(f) = facts.failure {
         parts.push(format!("stage: {}", f.stage.as_str()));
         parts.push(format!("category: {}", token(f.category.as_str())));
@@ -74,6 +87,19 @@ fn token(raw: &str) -> String {
     if s.is_empty() { "?".into() } else { s }
 }
 
+/// A host as config wrote it, reduced like [`token`] but keeping what `user@host:port` and
+/// `[v6]` need.
+fn host_token(raw: &str) -> String {
+    let s: String = raw
+        .chars()
+        .filter(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '@' | ':' | '[' | ']')
+        })
+        .take(128)
+        .collect();
+    if s.is_empty() { "?".into() } else { s }
+}
+
 /// Caps `text` at [`MAX_DIAGNOSTIC_BYTES`], cutting on a UTF-8 boundary and marking the cut.
 pub fn limit(text: String) -> String {
     if text.len() <= MAX_DIAGNOSTIC_BYTES {
@@ -112,6 +138,35 @@ mod tests {
             d,
             "Subagent failure (provider: echo; stage: prompt; category: process-exit; exit code: 3)"
         );
+    }
+
+    #[test]
+    fn names_the_far_side_without_free_text() {
+        let f = Failure {
+            stage: Stage::Spawn,
+            category: Category::Unreachable,
+            code: None,
+            exit_code: Some(255),
+            signal: None,
+        };
+        let d = build(&Facts {
+            provider: "far",
+            failure: Some(&f),
+            host: Some("root@[::1]:2222; rm -rf /"),
+            notes: &["unreachable: the host refused the connection"],
+            ..Default::default()
+        });
+        assert_eq!(
+            d,
+            "Subagent failure (provider: far; host: root@[::1]:2222rm-rf; stage: spawn; \
+             category: unreachable; exit code: 255; unreachable: the host refused the connection)"
+        );
+        let d = build(&Facts {
+            provider: "pod",
+            launcher: Some("/usr/local/bin/kubectl"),
+            ..Default::default()
+        });
+        assert_eq!(d, "Subagent failure (provider: pod; launcher: kubectl)");
     }
 
     #[test]

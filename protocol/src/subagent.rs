@@ -131,6 +131,10 @@ pub enum Category {
     /// The child's tree hit its cgroup process limit (`pids_max`): a fork failed
     /// (`pids.events` `max`).
     Pids,
+    /// A remote provider's host could not be reached (name, refused, timeout, ssh failure).
+    Unreachable,
+    /// A remote provider's far side has no `acpd` to run `acpd supervise`.
+    NoRemoteAcpd,
     /// A category named by the child's own typed failure record (`_meta.acpd.failure`),
     /// restricted to `[a-z0-9-]`.
     #[serde(untagged)]
@@ -154,6 +158,8 @@ impl Category {
             Category::OutputSchema => "output-schema",
             Category::Oom => "oom",
             Category::Pids => "pids",
+            Category::Unreachable => "unreachable",
+            Category::NoRemoteAcpd => "no-remote-acpd",
             Category::Reported(s) => s,
         }
     }

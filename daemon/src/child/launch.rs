@@ -14,6 +14,7 @@ use acpd_protocol::subagent::{Category, Stage};
 use agent_client_protocol::schema::ProtocolVersion;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use tokio::io::AsyncWriteExt as _;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::driver::{ChildWire, Driver};
 use super::{AgentInfo, CMD_DEPTH, Child, ChildSpec, Shared, StartFailure, failure};
 use crate::config::ProviderConfig;
-use crate::supervise::{self, Graces, ProcessTree, SpawnSpec, StderrTail};
+use crate::supervise::{self, Graces, ProcessTree, StderrTail};
 use crate::trace::Hop;
 use crate::wire::{LineReader, Outbox, sleep_until_opt};
 
@@ -294,15 +295,36 @@ pub async fn probe(spec: ChildSpec, cancel: &CancellationToken) -> Result<AgentI
 }
 
 async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
-    let spawned = supervise::spawn_limited(
-        SpawnSpec {
-            argv: spec.provider.command.clone(),
-            cwd: spec.cwd.clone(),
-            env: spec.env.clone(),
-        },
-        spec.provider.child_limits(),
-    )
-    .await?;
+    let provider = &spec.provider;
+    // Behind ssh or a launcher the local process is that tool, and the command, its env and
+    // cwd go to `acpd supervise` on the far side in the setup line, before any ACP.
+    let (local, setup) = crate::remote::spawn_spec(provider, &spec.cwd, &spec.env);
+    // Limits are a local cgroup's: a remote provider's local process is only its ssh or
+    // launcher (the far side has its own).
+    let limits = match provider.remote {
+        None => provider.child_limits(),
+        Some(_) => Default::default(),
+    };
+    let mut spawned = supervise::spawn_limited(local, limits).await?;
+    if let Some(line) = setup {
+        // A few hundred bytes into an empty pipe; a write that fails means the launcher is
+        // already gone, which the handshake then reports with its exit status.
+        let written =
+            tokio::time::timeout(provider.handshake_timeout, spawned.stdin.write_all(&line)).await;
+        if written.is_err() {
+            let stdin = spawned.stdin;
+            let now = Graces {
+                eof: Duration::ZERO,
+                term: Duration::ZERO,
+            };
+            spawned.tree.teardown(move || drop(stdin), now).await;
+            return Err(handshake_failure(
+                Stage::Spawn,
+                Category::Timeout,
+                "the launcher did not take the setup line within handshake_timeout".into(),
+            ));
+        }
+    }
     let stderr = StderrTail::drain(
         spawned.stderr,
         format!("{}/{}", spec.provider.name, spec.run_id),
@@ -449,6 +471,7 @@ impl Handshake {
 
     /// Logs a failed start and tears the child down.
     async fn fail(&self, e: StartFailure) -> StartFailure {
+        let e = self.far_failure(e).await;
         if let StartFailure::Cancelled { .. } = e {
             tracing::debug!(provider = %self.spec.provider.name, run = %self.spec.run_id, "child start {e}");
         } else {
@@ -459,6 +482,27 @@ impl Handshake {
         }
         self.teardown().await;
         e
+    }
+
+    /// For a remote provider whose local ssh/launcher process ended before answering: what
+    /// failed on the way (unreachable, auth refused, no acpd there). Anything else stays.
+    async fn far_failure(&self, e: StartFailure) -> StartFailure {
+        let StartFailure::Handshake { failure, .. } = &e else {
+            return e;
+        };
+        if self.spec.provider.remote.is_none() || failure.category != Category::ProcessExit {
+            return e;
+        }
+        // ssh's last words are what tell the failures apart.
+        self.stderr.ended_within(Duration::from_millis(500)).await;
+        match crate::remote::far_failure(&self.spec.provider, failure, &self.stderr.snapshot()) {
+            Some((failure, target, far)) => StartFailure::Remote {
+                failure,
+                target,
+                far,
+            },
+            None => e,
+        }
     }
 
     async fn create_session(

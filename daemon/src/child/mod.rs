@@ -136,6 +136,14 @@ pub enum StartFailure {
     },
     #[error("cancelled during {}", stage.as_str())]
     Cancelled { stage: Stage },
+    /// A `host`/`launcher` provider's far side was not reached or could not start there.
+    #[error("{target}: {}", far.note())]
+    Remote {
+        failure: Failure,
+        /// The ssh destination or the launcher program.
+        target: String,
+        far: crate::remote::FarFailure,
+    },
 }
 
 impl StartFailure {
@@ -143,7 +151,9 @@ impl StartFailure {
     pub fn failure(&self) -> Failure {
         match self {
             StartFailure::Spawn(_) => failure(Stage::Spawn, Category::Spawn),
-            StartFailure::Handshake { failure, .. } => failure.clone(),
+            StartFailure::Handshake { failure, .. } | StartFailure::Remote { failure, .. } => {
+                failure.clone()
+            }
             StartFailure::Refused {
                 stage,
                 error,
@@ -172,6 +182,14 @@ impl StartFailure {
             StartFailure::Refused { advertised, .. }
             | StartFailure::AuthMethod { advertised, .. } => advertised,
             _ => &[],
+        }
+    }
+
+    /// What failed on the way to a remote provider's far side, and which side it was.
+    pub fn far(&self) -> Option<(&str, crate::remote::FarFailure)> {
+        match self {
+            StartFailure::Remote { target, far, .. } => Some((target, *far)),
+            _ => None,
         }
     }
 

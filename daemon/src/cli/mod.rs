@@ -22,6 +22,7 @@ mod install;
 mod registry;
 mod reload;
 mod run;
+mod supervise;
 
 use std::io::Write as _;
 
@@ -113,6 +114,8 @@ pub enum Command {
     /// The ACP Registry (`registry = "ID"` providers): what it offers.
     #[command(subcommand)]
     Registry(registry::RegistryCommand),
+    /// Run CMD as a supervised tree: the far side of `host`/`launcher` providers.
+    Supervise(supervise::SuperviseArgs),
     /// Built-in ACP agents.
     #[command(subcommand)]
     Agent(AgentCommand),
@@ -208,6 +211,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         Command::Reload(args) => reload::reload(args).await,
         Command::Doctor { provider } => daemon::doctor(cli.config.as_deref(), provider).await,
         Command::Registry(command) => registry::registry(cli.config.as_deref(), command).await,
+        Command::Supervise(args) => supervise::supervise(args).await,
         Command::Agent(AgentCommand::Echo(args)) => {
             crate::agent::run_echo(args).await.clamp(0, 255) as u8
         }

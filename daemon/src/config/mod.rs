@@ -17,6 +17,7 @@ use std::{
 use serde::Deserialize;
 use toml::Spanned;
 
+mod hosts;
 pub mod presets;
 
 use presets::PresetContext;
@@ -67,6 +68,9 @@ pub struct ProviderConfig {
     /// Offer acpd itself to this provider's sessions as the MCP server `acpd` (`acpd mcp`), so
     /// the agent can delegate in turn; its runs are nested under the session that made them.
     pub offer_delegation: bool,
+    /// Where the command runs when not on this host (`host` / `launcher`, `ssh_options`,
+    /// `remote_acpd`): behind ssh or a launcher, under `acpd supervise` on the far side.
+    pub remote: Option<crate::remote::Remote>,
     /// `memory_max` in bytes: the child's cgroup `memory.max` (cgroup containment with the
     /// memory controller enabled; otherwise a warning at start).
     pub memory_max: Option<u64>,
@@ -101,6 +105,7 @@ impl ProviderConfig {
             registry: None,
             auth_method: None,
             offer_delegation: false,
+            remote: None,
             memory_max: None,
             pids_max: None,
             builtin: false,
@@ -231,6 +236,10 @@ struct RawProvider {
     registry: Option<Spanned<String>>,
     auth_method: Option<Spanned<String>>,
     offer_delegation: Option<bool>,
+    host: Option<Spanned<String>>,
+    ssh_options: Option<Spanned<Vec<Spanned<String>>>>,
+    remote_acpd: Option<Spanned<String>>,
+    launcher: Option<Spanned<Vec<Spanned<String>>>>,
     /// A `Value` because both `268435456` and `"256MiB"` are accepted.
     memory_max: Option<Spanned<toml::Value>>,
     pids_max: Option<Spanned<usize>>,
@@ -600,6 +609,15 @@ fn finish_provider(
     if let Some(permission) = raw.permission {
         provider.permission = permission;
     }
+    provider.remote = hosts::remote(
+        &provider,
+        raw.host,
+        raw.ssh_options,
+        raw.remote_acpd,
+        raw.launcher,
+        &key,
+        at,
+    )?;
     let dur = |value: Option<Spanned<String>>, k: &str, default: Duration| {
         value.map_or(Ok(default), |v| parse_duration(&v, &key(k), at))
     };

@@ -242,6 +242,7 @@ pids_max = 100
         registry: None,
         auth_method: None,
         offer_delegation: false,
+        remote: None,
         memory_max: Some(512 << 20),
         pids_max: Some(100),
         builtin: false,
@@ -481,4 +482,64 @@ fn an_unknown_preset_names_the_valid_ones() {
         "providers.x.registry",
     );
     assert!(err.ends_with("cannot be combined with `preset`"), "{err}");
+}
+
+#[test]
+fn remote_keys_parse_into_a_remote_and_reject_what_cannot_work() {
+    use crate::remote::{Remote, SshHost, Via};
+    let c = parse(&codex(
+        "host = \"ssh://dev@box:2222\"\nssh_options = [\"-F\", \"/etc/acpd/ssh_config\"]\n\
+         remote_acpd = \"/opt/acpd/bin/acpd\"",
+    ))
+    .unwrap();
+    let remote = c.provider("codex").unwrap().remote.clone();
+    assert_eq!(
+        remote,
+        Some(Remote {
+            via: Via::Ssh {
+                host: SshHost::parse("ssh://dev@box:2222").unwrap(),
+                options: vec!["-F".into(), "/etc/acpd/ssh_config".into()],
+            },
+            remote_acpd: "/opt/acpd/bin/acpd".into(),
+        })
+    );
+    let c = parse(&codex(
+        "launcher = [\"kubectl\", \"exec\", \"-i\", \"pod\", \"--\"]",
+    ))
+    .unwrap();
+    let remote = c.provider("codex").unwrap().remote.clone().unwrap();
+    assert_eq!(remote.remote_acpd, "acpd");
+    assert!(matches!(remote.via, Via::Launcher(ref argv) if argv.len() == 5));
+    assert_eq!(
+        parse(CODEX).unwrap().provider("codex").unwrap().remote,
+        None
+    );
+
+    let key = |k: &str| format!("providers.codex.{k}");
+    let err = fails(&codex("host = \"ssh://-oProxyCommand=x\""), 3, &key("host"));
+    assert!(err.contains("bad host name"), "{err}");
+    fails(&codex("host = \"box\""), 3, &key("host"));
+    let err = fails(&codex("\nssh_options = [\"-v\"]"), 4, &key("ssh_options"));
+    assert!(err.ends_with("needs `host`"), "{err}");
+    let err = fails(&codex("remote_acpd = \"/x\""), 3, &key("remote_acpd"));
+    assert!(err.ends_with("needs `host` or `launcher`"), "{err}");
+    let err = fails(
+        &codex("host = \"ssh://box\"\nlauncher = [\"env\"]"),
+        4,
+        &key("launcher"),
+    );
+    assert!(err.ends_with("cannot be combined with `host`"), "{err}");
+    fails(&codex("launcher = []"), 3, &key("launcher"));
+    fails(&codex("launcher = [\"\"]"), 3, &key("launcher"));
+    fails(
+        &codex("host = \"ssh://box\"\nremote_acpd = \"\""),
+        4,
+        &key("remote_acpd"),
+    );
+    let err = fails(
+        "[providers.r]\nregistry = \"some-agent\"\nhost = \"ssh://box\"\n",
+        3,
+        "providers.r.host",
+    );
+    assert!(err.contains("cannot be combined with `registry`"), "{err}");
 }

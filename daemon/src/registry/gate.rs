@@ -103,7 +103,10 @@ pub(super) fn resolve_cwd(
             reason: format!("{origin} must be absolute"),
         });
     }
-    if !cwd.is_dir() || nix::unistd::access(cwd, nix::unistd::AccessFlags::X_OK).is_err() {
+    // A remote provider's cwd is the far side's: `acpd supervise` checks it there.
+    let far = provider.remote.is_some();
+    if !far && (!cwd.is_dir() || nix::unistd::access(cwd, nix::unistd::AccessFlags::X_OK).is_err())
+    {
         return Err(RegistryError::InvalidCwd {
             reason: format!("{origin} is not an existing, enterable directory"),
         });
@@ -156,7 +159,9 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         StartFailure::Refused { error, .. } => Some(error.clone()),
         _ => None,
     };
-    let is_auth = failure.category == Category::Auth;
+    let far = e.far();
+    // A remote auth refusal is ssh's, not the agent's: no agent auth facts for it.
+    let is_auth = failure.category == Category::Auth && far.is_none();
     let advertised: &[String] = if is_auth {
         e.advertised_auth_methods()
     } else {
@@ -167,9 +172,19 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
     } else {
         Vec::new()
     };
-    let notes: &[&'static str] = match e.unadvertised_auth_method() {
-        Some(_) => &[NOTE_AUTH_METHOD],
-        None => &[],
+    let far_note;
+    let notes: &[&'static str] = match (e.unadvertised_auth_method(), far) {
+        (Some(_), _) => &[NOTE_AUTH_METHOD],
+        (None, Some((_, f))) => {
+            far_note = [f.note()];
+            &far_note
+        }
+        (None, None) => &[],
+    };
+    let (host, launcher) = match provider.remote.as_ref().map(|r| (&r.via, r.target())) {
+        Some((crate::remote::Via::Ssh { .. }, t)) => (Some(t), None),
+        Some((crate::remote::Via::Launcher(_), t)) => (None, Some(t)),
+        None => (None, None),
     };
     let diagnostic = diagnostic::build(&diagnostic::Facts {
         provider: &provider.name,
@@ -178,6 +193,8 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         auth_method: e.unadvertised_auth_method(),
         env_names: &env_names,
         notes,
+        host: host.as_deref(),
+        launcher: launcher.as_deref(),
         ..Default::default()
     });
     RegistryError::StartFailed {

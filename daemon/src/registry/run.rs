@@ -438,6 +438,7 @@ impl Run {
                 auth_method: None,
                 env_names: &auth_env,
                 notes: &notes,
+                ..Default::default()
             })
         });
         SubagentResult {

@@ -6,7 +6,7 @@
 pub mod cgroup;
 mod contain;
 mod env;
-mod procfs;
+pub(crate) mod procfs;
 mod reaper;
 mod records;
 mod sentinel;

@@ -15,6 +15,8 @@ const MAX_LINE: usize = 1024;
 #[derive(Clone, Default)]
 pub struct StderrTail {
     lines: Arc<Mutex<VecDeque<String>>>,
+    /// Cancelled once stderr reached its end: every line the child wrote is in the tail.
+    ended: tokio_util::sync::CancellationToken,
 }
 
 impl StderrTail {
@@ -29,7 +31,9 @@ impl StderrTail {
     ) -> Self {
         let tail = StderrTail::default();
         let lines = tail.lines.clone();
+        let ended = tail.ended.clone();
         tokio::spawn(async move {
+            let _ended = ended.drop_guard();
             let mut decoder = LineDecoder::new(MAX_LINE);
             // Held for the child's whole life, and most children write little: one line's worth
             // (it grows if a read brings more).
@@ -66,6 +70,11 @@ impl StderrTail {
             }
         });
         tail
+    }
+
+    /// Waits up to `limit` for stderr's end (a child that just exited has usually closed it).
+    pub async fn ended_within(&self, limit: std::time::Duration) {
+        let _ = tokio::time::timeout(limit, self.ended.cancelled()).await;
     }
 
     /// The last lines, oldest first.
