@@ -83,6 +83,27 @@ pub(super) fn start(base: Option<&Path>, token_prefix: &str) {
     *pipe = Some(file);
 }
 
+/// acpd is exiting cleanly, its trees reaped: the sentinel gets its EOF now and is waited for
+/// (its sweep finds nothing), up to [`STOP_WAIT`].
+pub(super) fn stop() {
+    drop(PIPE.lock().unwrap_or_else(|p| p.into_inner()).take());
+    let Some(pid) = PID.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        return;
+    };
+    let deadline = std::time::Instant::now() + STOP_WAIT;
+    // Gone, or a zombie the stray reaper has yet to reap: either way it does nothing more.
+    while super::procfs::stat(pid as i32).is_some_and(|s| s.state != 'Z') {
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(pid, "the sentinel did not exit in {STOP_WAIT:?}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// How long a clean exit waits for the sentinel.
+const STOP_WAIT: Duration = Duration::from_secs(3);
+
 /// The sentinel's pid, when it runs (for status and the bench).
 pub fn pid() -> Option<u32> {
     *PID.lock().unwrap_or_else(|p| p.into_inner())
