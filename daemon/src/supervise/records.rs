@@ -102,11 +102,12 @@ pub fn kill_all() {
     super::contain::kill_all();
 }
 
-/// Removes this process's record on a clean exit.
+/// Removes this process's record on a clean exit, and lets the sentinel finish first.
 pub fn forget() {
     if let Some(path) = FILE.get() {
         let _ = std::fs::remove_file(path);
     }
+    super::sentinel::finish();
 }
 
 /// Serialises snapshot + write + rename: with one writer at a time, the file that lands last
