@@ -102,14 +102,12 @@ pub fn kill_all() {
     super::contain::kill_all();
 }
 
-/// Removes this process's record on a clean exit, and lets its sentinel go first: under
-/// systemd (`KillMode=mixed`) whatever is left in the unit when acpd exits is SIGKILLed, the
-/// sentinel included.
+/// Removes this process's record on a clean exit, and lets the sentinel finish first.
 pub fn forget() {
     if let Some(path) = FILE.get() {
         let _ = std::fs::remove_file(path);
     }
-    super::sentinel::stop();
+    super::sentinel::finish();
 }
 
 /// Serialises snapshot + write + rename: with one writer at a time, the file that lands last

@@ -83,26 +83,32 @@ pub(super) fn start(base: Option<&Path>, token_prefix: &str) {
     *pipe = Some(file);
 }
 
-/// acpd is exiting cleanly, its trees reaped: the sentinel gets its EOF now and is waited for
-/// (its sweep finds nothing), up to [`STOP_WAIT`].
-pub(super) fn stop() {
+/// How long a clean exit waits for the sentinel to finish its (empty) sweep and exit.
+const FINISH_WAIT: Duration = Duration::from_secs(2);
+
+/// On a clean exit: closes the pipe and waits (briefly) for the sentinel to exit, so that
+/// acpd leaves no process behind at all — under systemd, a sentinel still running when the
+/// main process is gone would be SIGKILLed by `KillMode=mixed` and logged as a leftover.
+pub(super) fn finish() {
     drop(PIPE.lock().unwrap_or_else(|p| p.into_inner()).take());
     let Some(pid) = PID.lock().unwrap_or_else(|p| p.into_inner()).take() else {
         return;
     };
-    let deadline = std::time::Instant::now() + STOP_WAIT;
-    // Gone, or a zombie the stray reaper has yet to reap: either way it does nothing more.
-    while super::procfs::stat(pid as i32).is_some_and(|s| s.state != 'Z') {
+    let pid = Pid::from_raw(pid as i32);
+    let deadline = std::time::Instant::now() + FINISH_WAIT;
+    loop {
+        match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+            Ok(nix::sys::wait::WaitStatus::StillAlive) => {}
+            // Exited, or already reaped by the stray reaper (ECHILD).
+            _ => return,
+        }
         if std::time::Instant::now() >= deadline {
-            tracing::warn!(pid, "the sentinel did not exit in {STOP_WAIT:?}");
+            tracing::warn!("the sentinel did not exit within {FINISH_WAIT:?}");
             return;
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
-
-/// How long a clean exit waits for the sentinel.
-const STOP_WAIT: Duration = Duration::from_secs(3);
 
 /// The sentinel's pid, when it runs (for status and the bench).
 pub fn pid() -> Option<u32> {
@@ -164,6 +170,8 @@ impl Orders {
 /// `acpd sentinel`: reads orders until acpd's end of the pipe closes, then kills what is left
 /// and removes acpd's cgroups. Returns the exit code.
 pub fn run_sentinel() -> u8 {
+    // Named in ps and in systemd's logs (exec'd as /proc/self/exe, it would be "exe").
+    let _ = nix::sys::prctl::set_name(c"acpd-sentinel");
     for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
         // SAFETY: SIG_IGN installs no handler code.
         let _ = unsafe { signal(sig, SigHandler::SigIgn) };
