@@ -437,7 +437,16 @@ async fn progress_and_cancellation() {
         all_gone(&[pid]),
         "the cancelled delegate's child {pid} survived"
     );
-    let list = structured(&mcp.call("subagent_list", json!({})).await);
+    // The cancelled delegate's run is disposed once its tree is gone, which the tool call's
+    // end does not wait for.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let list = loop {
+        let list = structured(&mcp.call("subagent_list", json!({})).await);
+        if list["runs"] == json!([]) || std::time::Instant::now() >= deadline {
+            break list;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(list["runs"], json!([]), "{list}");
 
     // Cancelling a subagent_wait cancels the run's turn; the run stays for more.

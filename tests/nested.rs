@@ -534,8 +534,7 @@ fn a_nested_runs_permission_request_is_asked_of_the_editor() {
 }
 
 /// A process that leaves its child's tree by a double fork (reparented to acpd) and dials the
-/// socket is still that child's: with cgroup containment its run nests under the child's
-/// session by the child's cgroup; with process groups it is at least never a top-level client.
+/// socket is never taken for a top-level client, with cgroup containment or process groups.
 #[test]
 fn an_escaped_descendant_is_still_its_childs() {
     escapee("auto");
@@ -587,9 +586,7 @@ time.sleep(600)
     .unwrap();
     let serve = Serve::start(&env);
     let mut raw = editor(&serve);
-    let status = raw.ok("_acpd/status", json!({}));
-    let cgroups = status["containment"]["mode"] == "cgroup";
-    let sid = raw.new_session(Path::new("/tmp"), "h");
+    let _session = raw.new_session(Path::new("/tmp"), "h");
     assert!(
         eventually(REAPED, || out.exists()),
         "the escapee never finished"
@@ -601,18 +598,12 @@ time.sleep(600)
         json!(serve.pid()),
         "the escapee was reparented to acpd, out of its child's tree"
     );
-    if cgroups {
-        assert!(answers[1].get("result").is_some(), "start: {}", answers[1]);
-        let runs = answers[2]["result"]["runs"].as_array().unwrap();
-        assert_eq!(runs.len(), 1, "{runs:?}");
-        assert_eq!(runs[0]["depth"], 2, "counted from its child: {runs:?}");
-        assert_eq!(runs[0]["parent"], format!("session:{sid}"));
-    } else {
-        let message = answers[1]["error"]["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains("belongs to no run or session"),
-            "never a top-level client: {}",
-            answers[1]
-        );
-    }
+    // Whose it is cannot be told (a child may move itself into another child's cgroup, so
+    // membership proves nothing), but it is below acpd: refused, never a top-level client.
+    let message = answers[1]["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("belongs to no run or session"),
+        "never a top-level client: {}",
+        answers[1]
+    );
 }

@@ -361,6 +361,9 @@ pub(crate) enum Cmd {
     Parent(oneshot::Sender<Option<crate::wire::Peer>>),
 }
 
+/// How long a question about a nested run waits for its bridge session's relay.
+const PARENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Shared between the handle and the driver.
 struct Shared {
     provider: Arc<ProviderConfig>,
@@ -490,7 +493,12 @@ impl Child {
     pub async fn parent_peer(&self) -> Option<crate::wire::Peer> {
         let (tx, rx) = oneshot::channel();
         self.cmds.try_send(Cmd::Parent(tx)).ok()?;
-        rx.await.ok().flatten()
+        // A relay held up by an agent that is not reading answers late: nobody then.
+        tokio::time::timeout(PARENT_WAIT, rx)
+            .await
+            .ok()?
+            .ok()
+            .flatten()
     }
 
     /// A parent's `session/cancel` (relay mode).

@@ -255,7 +255,7 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
         // One editor per process: its sessions end with it (and are loaded again later).
         sessions: crate::server::Sessions::new(crate::server::open_store(), None),
         peer_uid: None,
-        peer_pid: None,
+        origin: None,
     };
     crate::runtime::serve_stdio(ctx, shutdown).await;
     crate::supervise::forget_records();

@@ -30,7 +30,7 @@ pub use error::RegistryError;
 pub use events::RunEvent;
 pub use gate::{DepthContext, auth_env_names};
 use gate::{capabilities, check_capabilities, resolve_cwd, start_failed, takes_system_prompt};
-pub use nest::{Lineage, Nest, Parent};
+pub use nest::{Lineage, Nest, Origin, Parent};
 pub use run::{Run, RunState};
 
 /// Who started a run; only its owner may wait on, cancel, send to or dispose it.
@@ -416,7 +416,7 @@ impl Registry {
         let provider = crate::catalog::resolve_provider(config, provider, l.cancel).await?;
         let slot = self.claim(config, &provider, l.cancel).await?;
         let mut session = l.session;
-        if let Some(entry) = self.offered_server(&provider, depth) {
+        if let Some(entry) = self.offered_server(&provider, depth, max_depth) {
             session.mcp_servers =
                 Some(acpd_protocol::envelope::to_raw(&serde_json::json!([entry])));
         }

@@ -43,6 +43,24 @@ pub enum Lineage {
     Unfiled,
 }
 
+/// What acpd learned of a connecting process when it connected (its ancestry may change
+/// later: a parent that exits reparents it).
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    pub ancestry: crate::supervise::Ancestry,
+    pub in_child_group: bool,
+}
+
+impl Origin {
+    /// Read now, for the process `pid`.
+    pub fn of(pid: i32) -> Origin {
+        Origin {
+            ancestry: crate::supervise::ancestry(pid, MAX_ANCESTRY),
+            in_child_group: crate::supervise::in_child_group(pid),
+        }
+    }
+}
+
 /// The MCP server entry's name, as agents show it (`mcp__acpd__delegate` in Claude Code).
 pub const SERVER_NAME: &str = "acpd";
 
@@ -59,15 +77,17 @@ impl Registry {
             .unwrap_or_else(|p| p.into_inner()) = Some(path.to_path_buf());
     }
 
-    /// The `mcpServers` entry offering acpd to a child of `provider` at `depth`, when the
-    /// provider offers delegation, this acpd has a socket to offer, and a run started by that
-    /// child would not be refused for its depth anyway.
+    /// The `mcpServers` entry offering acpd to a child of `provider` at `depth` under the limit
+    /// `max_depth`, when the provider offers delegation, runs on this host, this acpd has a
+    /// socket to offer, and a run started by that child would not be refused for its depth.
     pub fn offered_server(
         &self,
         provider: &ProviderConfig,
         depth: u32,
+        max_depth: u32,
     ) -> Option<serde_json::Value> {
-        if !provider.offer_delegation || depth >= self.max_depth(None) {
+        // A far agent could reach neither this binary nor this socket.
+        if !provider.offer_delegation || provider.remote.is_some() || depth >= max_depth {
             return None;
         }
         let socket: PathBuf = self
@@ -76,11 +96,13 @@ impl Registry {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()?;
-        let exe = std::env::current_exe().ok()?;
         let socket = socket.to_str()?.to_string();
+        // This very binary for as long as acpd (the agent's ancestor) lives, even after an
+        // upgrade replaced the file it was started from.
+        let exe = format!("/proc/{}/exe", std::process::id());
         Some(json!({
             "name": SERVER_NAME,
-            "command": exe.to_str()?,
+            "command": exe,
             "args": ["mcp", "--socket", socket],
             "env": [],
         }))
@@ -89,7 +111,7 @@ impl Registry {
     /// `mcpServers` with acpd's own entry added when it is offered (an entry the parent
     /// already named `acpd` is left alone).
     pub fn offer_in(&self, params: &mut serde_json::Value, provider: &ProviderConfig, depth: u32) {
-        let Some(entry) = self.offered_server(provider, depth) else {
+        let Some(entry) = self.offered_server(provider, depth, self.max_depth(None)) else {
             return;
         };
         let Some(obj) = params.as_object_mut() else {
@@ -114,47 +136,36 @@ impl Registry {
             .cloned()
     }
 
-    /// Where a connection from process `pid` belongs: the nearest of its ancestors (itself
-    /// included, acpd excluded) that is a live child of this acpd — a run's, or a bridge
-    /// session's as `session_of` tells.
+    /// Where a connection from a process with `origin` belongs: the nearest of its ancestors
+    /// (itself included, acpd excluded) that is a live child of this acpd — a run's, or a
+    /// bridge session's as `session_of` tells.
     ///
-    /// A process that left its tree by a double fork is reparented to acpd (a subreaper), so
-    /// it is never taken for an outsider; with cgroup containment it is still found to be its
-    /// child's, by the child group it is in.
-    pub fn lineage_of(&self, pid: i32, session_of: impl Fn(i32) -> Option<String>) -> Lineage {
-        let by_ancestry = self.lineage_by_ancestry(pid, &session_of);
-        if let Lineage::Nested(_) = by_ancestry {
-            return by_ancestry;
-        }
-        let mates = crate::supervise::cgroup_mates(pid);
-        for mate in &mates {
-            if let Some(nest) = self.nest_at(*mate, &session_of) {
+    /// Only a walk that reached init without meeting acpd, from a process in none of acpd's
+    /// child groups, makes an outsider. A process that left its tree by a double fork is
+    /// reparented to acpd (a subreaper), and one whose walk was cut short (an ancestor that
+    /// exited, a chain deeper than the limit) proves nothing: both are refused as children
+    /// acpd cannot place, never taken for a top-level client.
+    pub fn lineage_of(
+        &self,
+        origin: &Origin,
+        session_of: impl Fn(i32) -> Option<String>,
+    ) -> Lineage {
+        let own = std::process::id() as i32;
+        for &(at, _) in &origin.ancestry.chain {
+            if at == own {
+                // Below acpd, in no run or session filed (yet): a child still starting, or
+                // one that left its tree.
+                return Lineage::Unfiled;
+            }
+            if let Some(nest) = self.nest_at(at, &session_of) {
                 return Lineage::Nested(nest);
             }
         }
-        if mates.is_empty() {
-            by_ancestry
+        if origin.ancestry.complete && !origin.in_child_group {
+            Lineage::Outside
         } else {
             Lineage::Unfiled
         }
-    }
-
-    fn lineage_by_ancestry(
-        &self,
-        pid: i32,
-        session_of: &impl Fn(i32) -> Option<String>,
-    ) -> Lineage {
-        let own = std::process::id() as i32;
-        for (at, _) in crate::supervise::ancestry(pid, MAX_ANCESTRY) {
-            if at == own {
-                // Below acpd, but in no run or session filed yet: a child still starting.
-                return Lineage::Unfiled;
-            }
-            if let Some(nest) = self.nest_at(at, session_of) {
-                return Lineage::Nested(nest);
-            }
-        }
-        Lineage::Outside
     }
 
     /// The nest of the run or bridge session whose child is `pid`, if any.
@@ -200,6 +211,21 @@ impl Registry {
             .runs
             .get(run_id)
             .map(|r| r.session_id.clone())
+    }
+
+    /// The bridge session at the top of `parent`'s chain of nested runs, if it is one.
+    pub fn top_session(&self, parent: &Parent) -> Option<String> {
+        let mut at = parent.clone();
+        // Each level is a run whose parent existed before it: the chain ends, and is short.
+        for _ in 0..=self.max_depth(None) {
+            match at {
+                Parent::Session(s) => return Some(s),
+                Parent::Run(run_id) => {
+                    at = lock(&self.inner.table).runs.get(&run_id)?.parent.clone()?;
+                }
+            }
+        }
+        None
     }
 
     /// The runs started from `parent`'s child.

@@ -146,6 +146,18 @@ async fn run(args: SuperviseArgs) -> Result<u8, SuperviseError> {
         }
     };
     let leader = child.id().map_or(-1, |p| p as i32);
+    // CMD enters its group before exec, or not at all (not fatal): a group it never entered
+    // stays empty, and an empty group must not be read as "nothing of the tree is left".
+    let group = match group {
+        Some(g) if !g.members().contains(&leader) => {
+            tracing::warn!(
+                "acpd supervise: the command did not enter its cgroup; process groups only"
+            );
+            let _ = g.remove();
+            None
+        }
+        g => g,
+    };
     let (tx, mut triggers) = mpsc::channel::<Trigger>(4);
     let (Some(child_in), Some(child_out), Some(child_err)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())

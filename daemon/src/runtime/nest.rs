@@ -97,6 +97,8 @@ async fn accept(
     tasks: TaskTracker,
 ) {
     let own = Uid::effective().as_raw();
+    // Counted like the daemon's own connections, against the same `max_connections`.
+    let open = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -116,13 +118,28 @@ async fn accept(
         }
         let conn_ctx = ServerContext {
             peer_uid: cred.map(|c| c.uid()),
-            peer_pid: cred.and_then(|c| c.pid()),
+            origin: cred
+                .and_then(|c| c.pid())
+                .map(|pid| std::sync::Arc::new(crate::registry::Origin::of(pid))),
             caller_cwd: None,
             // Ends with the editor's connection too (see `close`), disposing what it started.
             shutdown: stop.clone(),
             ..ctx.clone()
         };
+        let max = ctx.registry.config().max_connections;
+        if open.load(std::sync::atomic::Ordering::Acquire) >= max {
+            tracing::warn!(
+                max,
+                "refused a delegating child's connection: max_connections"
+            );
+            continue;
+        }
+        open.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let (reader, writer) = stream.into_split();
-        tasks.spawn(server::serve(reader, writer, conn_ctx));
+        let open = open.clone();
+        tasks.spawn(async move {
+            server::serve(reader, writer, conn_ctx).await;
+            open.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        });
     }
 }

@@ -98,7 +98,7 @@ pub async fn serve(
         shutdown: cancel_all.clone(),
         sessions: sessions.clone(),
         peer_uid: None,
-        peer_pid: None,
+        origin: None,
     };
     registry.keep_warm(cancel_all.clone());
     let tracker = TaskTracker::new();
@@ -143,9 +143,11 @@ pub async fn serve(
                 let slot = Slot::take(&open);
                 let cred = stream.peer_cred().ok();
                 let peer_uid = cred.map(|c| c.uid());
-                let peer_pid = cred.and_then(|c| c.pid());
+                let origin = cred
+                    .and_then(|c| c.pid())
+                    .map(|pid| Arc::new(crate::registry::Origin::of(pid)));
                 let (reader, writer) = stream.into_split();
-                let conn_ctx = ServerContext { peer_uid, peer_pid, ..ctx.clone() };
+                let conn_ctx = ServerContext { peer_uid, origin, ..ctx.clone() };
                 tracker.spawn(async move {
                     let _slot = slot;
                     server::serve(reader, writer, conn_ctx).await;

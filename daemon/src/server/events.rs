@@ -221,8 +221,13 @@ fn ask_parent(
     session: Option<String>,
     answered: mpsc::Sender<String>,
 ) {
+    // The editor of the bridge session at the top of the chain, which was shown every level.
     let nested_under = match subagent_target(conn, &run_id) {
         Some((Parent::Nested(bridge), _, _)) => Some(bridge),
+        Some((Parent::NestedRun { run_id, .. }, _, _)) => conn
+            .ctx
+            .registry
+            .top_session(&crate::registry::Parent::Run(run_id)),
         _ => None,
     };
     let conn2 = conn.clone();

@@ -67,9 +67,10 @@ pub struct ServerContext {
     pub sessions: Arc<Sessions>,
     /// The connected user (`acpd serve`); only they may attach their detached sessions.
     pub peer_uid: Option<u32>,
-    /// The connected process (a socket's `SO_PEERCRED`): a child of this acpd delegating in
-    /// turn is known by its ancestry, never by what it says.
-    pub peer_pid: Option<i32>,
+    /// What acpd read of the connected process (a socket's `SO_PEERCRED` pid) as it
+    /// connected: a child of this acpd delegating in turn is known by its ancestry, never by
+    /// what it says.
+    pub origin: Option<Arc<crate::registry::Origin>>,
 }
 
 /// Daemon-wide facts for `_acpd/status`, and the daemon's own operations.
@@ -479,12 +480,12 @@ impl Conn {
         let Some(run) = registry.runs().into_iter().find(|r| r.session_id == sid) else {
             return;
         };
-        let mine = match &run.parent {
-            Some(crate::registry::Parent::Session(s)) => {
-                matches!(lock(&self.sessions).get(s), Some(SessionRef::Bridge(_)))
-            }
-            _ => false,
-        };
+        // Under one of this connection's bridge sessions, however many runs down.
+        let mine = run
+            .parent
+            .as_ref()
+            .and_then(|p| registry.top_session(p))
+            .is_some_and(|s| matches!(lock(&self.sessions).get(&s), Some(SessionRef::Bridge(_))));
         if mine {
             registry.cancel_run(&run);
         }
@@ -506,11 +507,11 @@ impl Conn {
         if let Some(known) = self.lineage.get() {
             return known.clone();
         }
-        let Some(pid) = self.ctx.peer_pid else {
+        let Some(origin) = &self.ctx.origin else {
             return self.lineage.get_or_init(|| Lineage::Outside).clone();
         };
         let sessions = &self.ctx.sessions;
-        match self.ctx.registry.lineage_of(pid, |p| sessions.by_pid(p)) {
+        match self.ctx.registry.lineage_of(origin, |p| sessions.by_pid(p)) {
             Lineage::Unfiled => Lineage::Unfiled,
             settled => self.lineage.get_or_init(|| settled).clone(),
         }

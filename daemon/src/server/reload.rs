@@ -28,7 +28,7 @@ pub(super) async fn reload(conn: &Arc<Conn>, id: Id) {
         return conn.reply_err(&id, &not_permitted(why)).await;
     }
     if !matches!(conn.lineage(), crate::registry::Lineage::Outside) {
-        tracing::warn!(peer_pid = ?conn.ctx.peer_pid, "refused _acpd/reload from inside a child's tree");
+        tracing::warn!("refused _acpd/reload from inside a child's tree");
         let why = "a connection from inside the process tree of one of this acpd's children (an \
                    agent) may not reload it; reloading is the operator's";
         return conn.reply_err(&id, &not_permitted(why.into())).await;

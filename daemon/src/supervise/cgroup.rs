@@ -68,7 +68,8 @@ impl Cgroup {
         Cgroup { path: path.into() }
     }
 
-    /// Creates `parent/name` (an existing empty one is reused).
+    /// Creates `parent/name`; an existing one is reused as it is (callers name groups so that
+    /// only a dead owner's can exist, and sweep those first).
     pub fn create(parent: &Path, name: &str) -> Result<Self, CgroupError> {
         let path = parent.join(name);
         match std::fs::create_dir(&path) {

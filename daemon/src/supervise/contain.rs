@@ -115,13 +115,13 @@ pub fn current() -> Option<&'static Containment> {
     ACTIVE.get().map(|a| &a.report)
 }
 
-/// Every process in the same child group as `pid` (cgroup containment only): the members of
-/// the group directly below acpd's base that holds it, however the process got there — a
-/// double fork that left its parent's tree is still in its cgroup. Empty when `pid` is in no
-/// child group of this acpd.
-pub fn cgroup_mates(pid: i32) -> Vec<i32> {
+/// Whether `pid` is in one of this acpd's child groups (cgroup containment only), however it
+/// got there: a double fork that left its parent's tree is still in its cgroup. Only ever a
+/// reason to refuse: a child may move itself into another child's group, so membership does
+/// not say whose it is.
+pub fn in_child_group(pid: i32) -> bool {
     let Some(base) = ACTIVE.get().and_then(|a| a.base.as_ref()) else {
-        return Vec::new();
+        return false;
     };
     let group = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .ok()
@@ -130,24 +130,18 @@ pub fn cgroup_mates(pid: i32) -> Vec<i32> {
         .ok()
         .and_then(|text| cgroup::find_mount(&text));
     let (Some(group), Some((mount, root))) = (group, mount) else {
-        return Vec::new();
+        return false;
     };
     let below = if root == "/" {
         Some(group.as_str())
     } else {
         group.strip_prefix(root.as_str())
     };
-    let Some(below) = below else {
-        return Vec::new();
-    };
-    let dir = mount.join(below.trim_start_matches('/'));
-    let Ok(rest) = dir.strip_prefix(base.path()) else {
-        return Vec::new();
-    };
-    match rest.components().next() {
-        Some(child) => Cgroup::at(base.path().join(child)).all_members(),
-        None => Vec::new(),
-    }
+    below.is_some_and(|below| {
+        let dir = mount.join(below.trim_start_matches('/'));
+        dir.strip_prefix(base.path())
+            .is_ok_and(|rest| rest.components().next().is_some())
+    })
 }
 
 /// Containment as `_acpd/status` reports it (process groups when [`contain`] never ran).

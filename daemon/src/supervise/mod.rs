@@ -16,13 +16,13 @@ mod tree;
 
 pub use contain::{
     ChildLimits, ContainError, Containment, ContainmentSetting, Mode as ContainmentMode, TREE_VAR,
-    cgroup_mates, contain, contain_config, current as containment, limit_warnings,
+    contain, contain_config, current as containment, in_child_group, limit_warnings,
     status as containment_status,
 };
 pub use sentinel::{pid as sentinel_pid, run_sentinel};
 
 pub use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
-pub use procfs::ancestry;
+pub use procfs::{Ancestry, ancestry};
 pub use reaper::{init, tune_allocator};
 pub(crate) use records::default_state_dir;
 pub use records::start_time;

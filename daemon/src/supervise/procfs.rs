@@ -41,17 +41,47 @@ pub fn pids() -> impl Iterator<Item = i32> {
         .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
 }
 
-/// `pid` and its ancestors, nearest first, each with its start time (so a recorded pid that
-/// was reused is not mistaken for the process recorded), up to init or `limit` steps.
-pub fn ancestry(pid: i32, limit: usize) -> Vec<(i32, u64)> {
+/// A process's ancestors as read from `/proc`.
+#[derive(Debug, Clone, Default)]
+pub struct Ancestry {
+    /// The process and its ancestors, nearest first, each with its start time.
+    pub chain: Vec<(i32, u64)>,
+    /// The walk reached its end — init (pid 1, or 0 outside this pid namespace), or a live
+    /// process this one may not read (another user's, under `hidepid`/`ProtectProc=`, which no
+    /// child of acpd's own user sits below) — and missed nothing on the way: no process that
+    /// exited under the walk, no chain longer than its limit.
+    pub complete: bool,
+}
+
+/// `pid` and its ancestors, up to init or `limit` steps.
+pub fn ancestry(pid: i32, limit: usize) -> Ancestry {
     let mut chain = Vec::new();
     let mut at = pid;
-    while at > 1 && chain.len() < limit {
-        let Some(stat) = stat(at) else { break };
+    while chain.len() < limit {
+        if at <= 1 && !chain.is_empty() {
+            return Ancestry {
+                chain,
+                complete: true,
+            };
+        }
+        let Some(stat) = stat(at) else {
+            // Alive but unreadable ends the walk as init does; gone means a link is missing.
+            let alive = !matches!(
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(at), None),
+                Err(nix::errno::Errno::ESRCH)
+            );
+            return Ancestry {
+                chain,
+                complete: alive && at > 0,
+            };
+        };
         chain.push((at, stat.start));
         at = stat.ppid;
     }
-    chain
+    Ancestry {
+        chain,
+        complete: false,
+    }
 }
 
 #[cfg(test)]
