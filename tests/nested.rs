@@ -407,20 +407,11 @@ fn a_child_cannot_open_or_touch_bridge_sessions_through_the_socket() {
     let socket = env.path().join("run/acpd.sock");
     let out = env.path().join("hostile.json");
     let script = env.path().join("hostile.py");
+    let client = python_client(&socket);
     std::fs::write(
         &script,
         format!(
-            r#"import json, socket, sys, time
-s = socket.socket(socket.AF_UNIX)
-s.connect({socket:?})
-f = s.makefile("rwb")
-def call(i, method, params):
-    f.write((json.dumps({{"jsonrpc": "2.0", "id": i, "method": method, "params": params}}) + "\n").encode())
-    f.flush()
-    while True:
-        msg = json.loads(f.readline())
-        if msg.get("id") == i:
-            return msg
+            r#"{client}
 answers = [call(1, "initialize", {{"protocolVersion": 1}})]
 answers.append(call(2, "session/new", {{"cwd": "/tmp", "mcpServers": []}}))
 answers.append(call(3, "session/list", {{}}))
@@ -546,20 +537,11 @@ fn escapee(containment: &str) {
     let socket = env.path().join("run/acpd.sock");
     let out = env.path().join("escapee.json");
     let script = env.path().join("escapee.py");
+    let client = python_client(&socket);
     std::fs::write(
         &script,
         format!(
-            r#"import json, os, socket, time
-s = socket.socket(socket.AF_UNIX)
-s.connect({socket:?})
-f = s.makefile("rwb")
-def call(i, method, params):
-    f.write((json.dumps({{"jsonrpc": "2.0", "id": i, "method": method, "params": params}}) + "\n").encode())
-    f.flush()
-    while True:
-        msg = json.loads(f.readline())
-        if msg.get("id") == i:
-            return msg
+            r#"{client}
 call(1, "initialize", {{"protocolVersion": 1}})
 answers = [os.getppid()]
 answers.append(call(2, "_acpd/subagent/start", {{"provider": "p", "cwd": "/tmp", "prompt": [{{"type": "text", "text": "hi"}}]}}))
@@ -606,4 +588,23 @@ time.sleep(600)
         "never a top-level client: {}",
         answers[1]
     );
+}
+
+/// The start of a python script that connects to acpd's socket as a peer of its own: `call(id,
+/// method, params)` sends a request and returns its answer. `json`, `os`, `sys` and `time` are
+/// imported.
+fn python_client(socket: &Path) -> String {
+    format!(
+        r#"import json, os, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect({socket:?})
+f = s.makefile("rwb")
+def call(i, method, params):
+    f.write((json.dumps({{"jsonrpc": "2.0", "id": i, "method": method, "params": params}}) + "\n").encode())
+    f.flush()
+    while True:
+        msg = json.loads(f.readline())
+        if msg.get("id") == i:
+            return msg"#
+    )
 }

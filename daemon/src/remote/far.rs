@@ -446,19 +446,11 @@ fn reap_all() {
 /// Reaps until no descendant is left (and `group` is empty) or `deadline` passes; true when
 /// none is left.
 async fn gone_by(deadline: Instant, group: Option<&Cgroup>) -> bool {
-    let mut delay = Duration::from_millis(1);
-    loop {
+    crate::supervise::poll_until(deadline, || {
         reap_all();
-        if tree_left(group).is_empty() && !group.is_some_and(Cgroup::populated) {
-            return true;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        tokio::time::sleep(delay.min(deadline - now)).await;
-        delay = (delay * 2).min(Duration::from_millis(20));
-    }
+        tree_left(group).is_empty() && !group.is_some_and(Cgroup::populated)
+    })
+    .await
 }
 
 /// What is left of the tree: with a cgroup, nothing once it is empty (everything CMD started

@@ -119,18 +119,7 @@ impl Cgroup {
 
     /// Waits until the group is empty or `deadline` passes; true when empty.
     pub async fn wait_empty(&self, deadline: Instant) -> bool {
-        let mut delay = Duration::from_millis(1);
-        loop {
-            if !self.populated() {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            tokio::time::sleep(delay.min(deadline - now)).await;
-            delay = (delay * 2).min(Duration::from_millis(20));
-        }
+        super::poll_until(deadline, || !self.populated()).await
     }
 
     /// The same wait, blocking the calling thread (for the sentinel, which has no runtime).

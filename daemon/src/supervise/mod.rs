@@ -30,3 +30,21 @@ pub use records::{enable_default as keep_records, forget as forget_records, kill
 pub use spawn::{SpawnError, SpawnSpec, Spawned, spawn, spawn_limited};
 pub use stderr::StderrTail;
 pub use tree::{Graces, LimitHit, ProcessTree, TeardownOutcome, signal_name};
+
+/// Polls `done` until it holds or `deadline` passes (true when it held), backing off from 1 ms
+/// to 20 ms: the waits of the teardown ladder, where the kernel gives no event to wait on for a
+/// process group (and a cgroup's `cgroup.events` would need inotify).
+pub async fn poll_until(deadline: tokio::time::Instant, mut done: impl FnMut() -> bool) -> bool {
+    let mut delay = std::time::Duration::from_millis(1);
+    loop {
+        if done() {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        tokio::time::sleep(delay.min(deadline - now)).await;
+        delay = (delay * 2).min(std::time::Duration::from_millis(20));
+    }
+}

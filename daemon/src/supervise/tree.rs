@@ -280,20 +280,12 @@ impl ProcessTree {
             return false;
         }
         let pgid = Pid::from_raw(self.inner.pid);
-        let mut delay = Duration::from_millis(1);
-        loop {
+        super::poll_until(deadline, || {
             reap_group(pgid);
             let cgroup_empty = self.cgroup().is_none_or(|g| !g.populated());
-            if killpg(pgid, None).is_err() && cgroup_empty {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            tokio::time::sleep(delay.min(deadline - now)).await;
-            delay = (delay * 2).min(Duration::from_millis(20));
-        }
+            killpg(pgid, None).is_err() && cgroup_empty
+        })
+        .await
     }
 }
 
