@@ -128,8 +128,8 @@ async fn drive(
         Err(_) => return (process_exit(d, None).await, None),
     };
     let idle = d.shared.provider.idle_timeout;
-    let mut idle_deadline = idle.map(|t| Instant::now() + t);
-    let run_deadline = ctl.run_timeout.map(|t| Instant::now() + t);
+    let mut idle_deadline = idle.map(crate::config::durations::deadline);
+    let run_deadline = ctl.run_timeout.map(crate::config::durations::deadline);
     // Set when acpd itself ends the turn (timeout, hung): the child is cancelled and then torn
     // down, and this is the outcome whatever it answers.
     let mut ending: Option<TurnEnd> = None;
@@ -146,7 +146,7 @@ async fn drive(
             biased;
             frame = d.wire.reader.next() => {
                 if let Some(i) = idle {
-                    idle_deadline = Some(Instant::now() + i);
+                    idle_deadline = Some(crate::config::durations::deadline(i));
                 }
                 match frame {
                     None => {
@@ -203,7 +203,7 @@ async fn drive(
                 }
                 // Waiting on a person is not the child hanging: the idle clock restarts.
                 if t.pending_asks.is_empty() {
-                    idle_deadline = idle.map(|i| Instant::now() + i);
+                    idle_deadline = idle.map(crate::config::durations::deadline);
                 }
             }
             _ = sleep_until_opt(idle_deadline), if idle_armed => {
@@ -258,7 +258,7 @@ async fn send_cancel(d: &mut Driver, t: &mut Turn) -> Instant {
     for id in t.pending_asks.drain().collect::<Vec<_>>() {
         let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
     }
-    Instant::now() + d.shared.provider.cancel_grace
+    crate::config::durations::deadline(d.shared.provider.cancel_grace)
 }
 
 fn stopped(d: &Driver, raw: &RawValue, ending: Option<TurnEnd>) -> (TurnEnd, Option<String>) {

@@ -157,7 +157,7 @@ impl Initialized {
         auth: Auth,
         cancel: &CancellationToken,
     ) -> Result<Initialized, StartFailure> {
-        let deadline = Instant::now() + h.spec.provider.handshake_timeout;
+        let deadline = crate::config::durations::deadline(h.spec.provider.handshake_timeout);
         let agent = match h.initialize(client_capabilities, deadline, cancel).await {
             Ok(agent) if auth == Auth::Configured => {
                 match h.authenticate(&agent, deadline, cancel).await {
@@ -213,7 +213,7 @@ impl Initialized {
         params: &RawValue,
         cancel: &CancellationToken,
     ) -> Result<Box<RawValue>, StartFailure> {
-        let deadline = Instant::now() + self.h.spec.provider.handshake_timeout;
+        let deadline = crate::config::durations::deadline(self.h.spec.provider.handshake_timeout);
         match self
             .h
             .exchange(Stage::SessionNew, method, params, deadline, cancel)
@@ -242,7 +242,7 @@ impl Initialized {
     ) -> Result<Child, StartFailure> {
         // From here the child is torn down on failure, or owned by its driver.
         self.guard.armed = None;
-        let deadline = Instant::now() + self.h.spec.provider.handshake_timeout;
+        let deadline = crate::config::durations::deadline(self.h.spec.provider.handshake_timeout);
         let (session_id, session_reply) = match open {
             Open::Create { method, params } => {
                 match self

@@ -32,7 +32,7 @@ pub struct RunArgs {
     #[arg(long)]
     json: bool,
     /// Overrides the provider's run_timeout (e.g. "30s"); reached: error, category timeout.
-    #[arg(long, value_name = "DUR", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DUR", value_parser = crate::config::durations::parse_flag)]
     timeout: Option<Duration>,
     /// The prompt; `-` reads it from stdin.
     #[arg(required = true, num_args = 1.., value_name = "PROMPT")]

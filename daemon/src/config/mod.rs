@@ -17,6 +17,7 @@ use std::{
 use serde::Deserialize;
 use toml::Spanned;
 
+pub mod durations;
 mod hosts;
 pub mod presets;
 
@@ -312,7 +313,7 @@ impl Config {
         match Self::discover(explicit, |k| std::env::var(k).ok(), exists)? {
             None => Ok(Self::builtin(echo_command)),
             Some(path) => {
-                let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                let text = read_regular(&path).map_err(|source| ConfigError::Read {
                     path: path.clone(),
                     source,
                 })?;
@@ -690,13 +691,57 @@ fn parse_duration(
     key: &str,
     at: &At<'_>,
 ) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(value.get_ref()).map_err(|e| {
-        let msg = format!(
-            "invalid duration {:?} (like \"90s\" or \"10m\"): {e}",
-            value.get_ref()
-        );
-        at(value.span(), key, &msg)
-    })
+    humantime::parse_duration(value.get_ref())
+        .map_err(|e| {
+            format!(
+                "invalid duration {:?} (like \"90s\" or \"10m\"): {e}",
+                value.get_ref()
+            )
+        })
+        .and_then(|d| durations::check(d, value.get_ref()))
+        .map_err(|msg| at(value.span(), key, &msg))
+}
+
+/// The most a config file may hold; a larger one is refused rather than read into memory.
+const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Reads the config file, refusing anything but a regular file: a FIFO nobody writes (or a
+/// device) would block the read forever or never end. Opened with `O_NONBLOCK` so the open
+/// itself cannot block on a FIFO, then checked with `fstat` on what was opened.
+fn read_regular(path: &Path) -> io::Result<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_dir() {
+            "a directory"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a file"
+        };
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("not a regular file (it is {what}); point acpd at a regular file"),
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {MAX_CONFIG_BYTES} bytes"),
+        ));
+    }
+    Ok(text)
 }
 
 /// Zero would make the limit unusable (nothing could ever start), so it is rejected.

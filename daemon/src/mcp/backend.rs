@@ -169,10 +169,10 @@ impl Backend {
                 let ladder = config
                     .providers
                     .values()
-                    .map(|p| p.cancel_grace + p.eof_grace + p.term_grace)
+                    .map(|p| p.cancel_grace.saturating_add(p.eof_grace).saturating_add(p.term_grace))
                     .max()
                     .unwrap_or_default();
-                ladder + std::time::Duration::from_secs(2)
+                ladder.saturating_add(std::time::Duration::from_secs(2))
             }
             Backend::Daemon(_) => std::time::Duration::from_secs(5),
         }

@@ -91,7 +91,7 @@ impl Registry {
     ) -> Result<Slot, RegistryError> {
         let deadline = config
             .queue_timeout
-            .map(|d| tokio::time::Instant::now() + d);
+            .map(crate::config::durations::deadline);
         let mut waiting: Option<Queued<'_>> = None;
         loop {
             let freed = self.inner.freed.notified();

@@ -76,6 +76,8 @@ enum SuperviseError {
     },
     #[error("cannot set up signal handling: {0}")]
     Signals(#[source] io::Error),
+    #[error("{} while waiting for the setup line; nothing was started", .0.as_str())]
+    Interrupted(Signal),
 }
 
 impl SuperviseError {
@@ -86,6 +88,8 @@ impl SuperviseError {
                 io::ErrorKind::PermissionDenied => 126,
                 _ => EXIT_OWN,
             },
+            // As a shell reports a death by that signal.
+            SuperviseError::Interrupted(signal) => 128u8.saturating_add(*signal as u8),
             _ => EXIT_OWN,
         }
     }
@@ -128,7 +132,13 @@ async fn run(args: SuperviseArgs) -> Result<u8, SuperviseError> {
     adopt_the_tree();
     let mut stdin = BufReader::with_capacity(CHUNK, tokio::io::stdin());
     let setup = if args.setup_stdin {
-        read_setup(&mut stdin).await?
+        // A sender that never writes the line must not make us deaf to the signals that end us.
+        tokio::select! {
+            read = read_setup(&mut stdin) => read?,
+            _ = term.recv() => return Err(SuperviseError::Interrupted(Signal::SIGTERM)),
+            _ = int.recv() => return Err(SuperviseError::Interrupted(Signal::SIGINT)),
+            _ = hup.recv() => return Err(SuperviseError::Interrupted(Signal::SIGHUP)),
+        }
     } else {
         Setup::default()
     };
@@ -408,7 +418,7 @@ async fn end_the_rest(leader: i32, term_grace: Duration, group: Option<&Cgroup>)
     if !left.is_empty() || group.is_some_and(Cgroup::populated) {
         let _ = killpg(Pid::from_raw(leader), Signal::SIGTERM);
         signal_each(&left, Signal::SIGTERM);
-        if !gone_by(Instant::now() + term_grace, group).await {
+        if !gone_by(crate::config::durations::deadline(term_grace), group).await {
             if let Some(g) = group {
                 let _ = g.kill();
             }

@@ -56,8 +56,26 @@ impl Setup {
     /// Parses a line read from stdin (newline optional); the error says what is wrong,
     /// never what the line held.
     pub fn parse(line: &[u8]) -> Result<Setup, String> {
-        let setup: Setup = serde_json::from_slice(line.trim_ascii_end())
+        let line = line.trim_ascii_end();
+        // serde's derived structs also take a positional array (`[cwd, env, graces]`); the
+        // setup line's only form is an object with named keys, at every level.
+        let shape: serde_json::Value = serde_json::from_slice(line)
             .map_err(|e| format!("bad setup line ({})", json_error_kind(&e)))?;
+        let graces = shape.get("graces");
+        if !shape.is_object() || graces.is_some_and(|g| !(g.is_object() || g.is_null())) {
+            return Err("bad setup line (not a JSON object with named keys)".into());
+        }
+        let setup: Setup = serde_json::from_slice(line)
+            .map_err(|e| format!("bad setup line ({})", json_error_kind(&e)))?;
+        if let Some(g) = &setup.graces {
+            let ceiling = crate::config::durations::CEILING.as_millis();
+            if u128::from(g.eof_ms.max(g.term_ms)) > ceiling {
+                return Err(format!(
+                    "the setup line's graces exceed the ceiling of {}",
+                    crate::config::durations::CEILING_TEXT
+                ));
+            }
+        }
         if let Some(cwd) = &setup.cwd
             && !cwd.is_absolute()
         {

@@ -114,10 +114,10 @@ pub fn bound(config: &Config) -> Duration {
     config
         .providers
         .values()
-        .map(|p| p.cancel_grace + p.eof_grace + p.term_grace)
+        .map(|p| p.cancel_grace.saturating_add(p.eof_grace).saturating_add(p.term_grace))
         .max()
         .unwrap_or_default()
-        + SHUTDOWN_MARGIN
+        .saturating_add(SHUTDOWN_MARGIN)
 }
 
 /// Waits for `teardown` (every run cancelled, every ladder run) for at most `bound`; a second

@@ -78,7 +78,9 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             } else if self.partial_since.is_none() {
                 self.partial_since = Some(Instant::now());
             }
-            let stall = self.partial_since.map(|t| t + self.limits.line_timeout);
+            let stall = self
+                .partial_since
+                .map(|t| crate::config::durations::deadline_from(t, self.limits.line_timeout));
             self.buf.reserve(READ_CHUNK);
             tokio::select! {
                 // Bytes that are already there always win over the deadline: the owner may

@@ -4,7 +4,6 @@
 use acpd_protocol::envelope::{Message, RpcError};
 use acpd_protocol::permission::{self, PolicyAnswer};
 use futures::stream::FuturesUnordered;
-use tokio::time::Instant;
 
 use super::{MAX_FORWARDED, Relay, gone};
 use crate::child::driver::Driver;
@@ -26,7 +25,7 @@ impl Relay {
             self.switch(d, t).await;
             return Ok(());
         }
-        let expires = Instant::now() + wait;
+        let expires = crate::config::durations::deadline(wait);
         let stop = d.shared.stop.clone();
         let mut dropped = 0u64;
         loop {

@@ -1,0 +1,77 @@
+//! The one ceiling every duration acpd accepts is held to, and deadline arithmetic that cannot
+//! overflow.
+//!
+//! `Instant + Duration` panics when the sum does not fit (`"18446744073709551615s"` parses as a
+//! `Duration` fine), so a duration from a file, a flag or a request is refused above
+//! [`CEILING`], and every deadline is computed with [`deadline`] (saturating), so a value that
+//! slipped past a check still cannot crash a task.
+
+use std::time::Duration;
+
+/// The longest duration acpd accepts anywhere (config keys, flags, setup lines): 30 days.
+/// Longer than any sensible timeout or grace, short enough that `now + d` always fits.
+pub const CEILING: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+/// How [`CEILING`] is named in errors.
+pub const CEILING_TEXT: &str = "30days";
+
+/// `Err` with the reason when `d` is above [`CEILING`]; `shown` is the value as the user wrote it.
+pub fn check(d: Duration, shown: &str) -> Result<Duration, String> {
+    if d > CEILING {
+        Err(format!(
+            "{shown:?} is longer than the ceiling of {CEILING_TEXT} (write at most \"{CEILING_TEXT}\")"
+        ))
+    } else {
+        Ok(d)
+    }
+}
+
+/// A duration flag (`--timeout 30s`): humantime syntax, at most [`CEILING`].
+pub fn parse_flag(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text)
+        .map_err(|e| format!("invalid duration {text:?} (like \"90s\" or \"10m\"): {e}"))?;
+    check(d, text)
+}
+
+/// `now + d`, capped at [`CEILING`] past now: never panics, whatever `d` is.
+pub fn deadline(d: Duration) -> tokio::time::Instant {
+    deadline_from(tokio::time::Instant::now(), d)
+}
+
+/// `from + d`, capped at [`CEILING`] past `from`.
+pub fn deadline_from(from: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
+    let d = d.min(CEILING);
+    // With d ≤ 30 days this only fails on a clock near the end of its range; then `from`
+    // itself is the latest instant that is certain to exist.
+    from.checked_add(d).unwrap_or(from)
+}
+
+/// [`deadline`] on the std clock (for waits on a plain thread).
+pub fn deadline_std(d: Duration) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_add(d.min(CEILING)).unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_durations_make_deadlines_without_panicking() {
+        let now = tokio::time::Instant::now();
+        for d in [Duration::MAX, Duration::from_secs(u64::MAX), CEILING * 2] {
+            assert!(deadline(d) >= now + CEILING);
+            assert!(deadline_std(d) > std::time::Instant::now());
+        }
+        assert_eq!(deadline_from(now, Duration::from_secs(5)), now + Duration::from_secs(5));
+    }
+
+    #[test]
+    fn flags_above_the_ceiling_are_refused() {
+        assert_eq!(parse_flag("30days"), Ok(CEILING));
+        let e = parse_flag("18446744073709551615s").unwrap_err();
+        assert!(e.contains("ceiling of 30days"), "{e}");
+        assert!(parse_flag("31days").is_err());
+        assert!(parse_flag("soon").is_err());
+    }
+}
