@@ -159,10 +159,8 @@ pub async fn serve(
             _ = async { watchdog.as_mut()?.tick().await; Some(()) }, if watchdog.is_some() => notify::watchdog(),
             // Off the loop: a file that blocks the read (a FIFO, a hung mount) must not stop
             // accepts or the watchdog pings. Logged inside; SIGHUP has nobody to answer.
-            _ = hup.recv() => {
-                let reload = reload.clone();
-                tokio::task::spawn_blocking(move || { let _ = reload(); });
-            }
+            // Coalesced: a flood of SIGHUPs is one read running and one pending.
+            _ = hup.recv() => drop(reload.request()),
             () = shutdown.requested() => break,
         }
     }
@@ -286,15 +284,13 @@ fn allow_gid(config: &Config) -> Option<nix::unistd::Gid> {
 
 /// The daemon's reload (SIGHUP and `_acpd/reload`). New runs use the new providers; running
 /// ones finish on the old. A bad file is rejected and the old config stays. READY=1 follows
-/// either way (systemd waits for it). Reloads run one at a time, so an older read of the file
-/// can never replace a newer one.
+/// either way (systemd waits for it). Reloads run one at a time (the [`server::Reload`]
+/// coalesces them), so an older read of the file can never replace a newer one.
 fn reloader(
     registry: Registry,
     load: Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
 ) -> server::Reload {
-    let one_at_a_time = std::sync::Mutex::new(());
-    Arc::new(move || {
-        let _turn = one_at_a_time.lock().unwrap_or_else(|p| p.into_inner());
+    crate::server::reload::Reloader::new(Box::new(move || {
         notify::reloading();
         let outcome = match load() {
             Ok(config) => {
@@ -313,7 +309,7 @@ fn reloader(
         };
         notify::ready();
         outcome
-    })
+    }))
 }
 
 fn report_status(ctx: &ServerContext) {

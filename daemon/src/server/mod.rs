@@ -11,7 +11,7 @@ mod capabilities;
 mod delegate;
 mod events;
 mod nest;
-mod reload;
+pub(crate) mod reload;
 mod sessions;
 
 pub use sessions::{Sessions, open_store};
@@ -82,10 +82,9 @@ pub struct DaemonInfo {
     pub reload: Option<Reload>,
 }
 
-/// Re-reads the config from where it was read at start and puts it in force for new runs:
-/// the config now in force, or why the file was rejected (the previous config stays).
-pub type Reload =
-    Arc<dyn Fn() -> Result<Arc<crate::config::Config>, crate::config::ConfigError> + Send + Sync>;
+/// Re-reads the config from where it was read at start and puts it in force for new runs,
+/// coalesced (at most one read running, one pending): see [`reload::Reloader`].
+pub type Reload = Arc<reload::Reloader>;
 
 impl Default for DaemonInfo {
     fn default() -> Self {
