@@ -63,7 +63,10 @@ mod tests {
             assert!(deadline(d) >= now + CEILING);
             assert!(deadline_std(d) > std::time::Instant::now());
         }
-        assert_eq!(deadline_from(now, Duration::from_secs(5)), now + Duration::from_secs(5));
+        assert_eq!(
+            deadline_from(now, Duration::from_secs(5)),
+            now + Duration::from_secs(5)
+        );
     }
 
     #[test]

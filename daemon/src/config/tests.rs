@@ -73,6 +73,114 @@ fn bad_durations_are_rejected() {
     assert!(err.contains("expected a string"), "{err}");
 }
 
+/// Every duration key of the file: (key, is it a provider's key).
+const DURATION_KEYS: &[(&str, bool)] = &[
+    ("line_timeout", false),
+    ("write_timeout", false),
+    ("queue_timeout", false),
+    ("detach_timeout", false),
+    ("handshake_timeout", true),
+    ("idle_timeout", true),
+    ("run_timeout", true),
+    ("cancel_grace", true),
+    ("keep_alive", true),
+    ("eof_grace", true),
+    ("term_grace", true),
+    ("warm_max_age", true),
+];
+
+/// A config with `key = "value"` on line 1 (top level) or line 3 (in `[providers.codex]`).
+fn with_duration(key: &str, provider: bool, value: &str) -> (String, String, usize) {
+    if provider {
+        (
+            codex(&format!("{key} = \"{value}\"")),
+            format!("providers.codex.{key}"),
+            3,
+        )
+    } else {
+        (format!("{key} = \"{value}\"\n"), key.to_owned(), 1)
+    }
+}
+
+/// Every duration in a parsed config, so none can be left out of the ceiling's checks.
+fn all_durations(c: &Config) -> Vec<Duration> {
+    let mut all = vec![c.line_timeout, c.write_timeout];
+    all.extend(c.queue_timeout);
+    all.extend(c.detach_timeout);
+    for p in c.providers.values() {
+        all.extend([
+            p.handshake_timeout,
+            p.cancel_grace,
+            p.keep_alive,
+            p.eof_grace,
+        ]);
+        all.extend([p.term_grace, p.warm_max_age]);
+        all.extend(p.idle_timeout);
+        all.extend(p.run_timeout);
+    }
+    all
+}
+
+#[test]
+fn a_duration_above_the_ceiling_is_a_config_error_naming_the_value_and_the_ceiling() {
+    for (key, provider) in DURATION_KEYS {
+        for value in ["18446744073709551615s", "30days 1ns", "31days", "1000000h"] {
+            let (text, full, line) = with_duration(key, *provider, value);
+            let err = fails(&text, line, &full);
+            assert!(
+                err.contains(&format!("{value:?} is longer than the ceiling of 30days")),
+                "{err}"
+            );
+        }
+        let (text, ..) = with_duration(key, *provider, "30days");
+        let config = parse(&text).unwrap();
+        assert!(
+            all_durations(&config).contains(&durations::CEILING),
+            "{key}"
+        );
+    }
+}
+
+proptest::proptest! {
+    /// Any value of any duration key parses to a config error or to a config whose
+    /// durations are all at most the ceiling.
+    #[test]
+    fn every_duration_key_is_an_error_or_at_most_the_ceiling(
+        which in 0..DURATION_KEYS.len(),
+        number in proptest::prop_oneof![
+            proptest::num::u64::ANY,
+            0u64..100,
+            proptest::sample::select(vec![
+                u64::MAX, u64::MAX / 1000, 2_592_000, 2_592_001, 43_200, 43_201, 720, 721, 30, 31,
+            ]),
+        ],
+        unit in proptest::sample::select(vec![
+            "ns", "us", "ms", "s", "sec", "m", "min", "h", "hours", "d", "days", "w", "weeks",
+            "M", "months", "y", "years", "parsecs", "",
+        ]),
+        more in proptest::option::of((0u64..1_000_000, proptest::sample::select(vec!["s", "h", "d"]))),
+    ) {
+        let (key, provider) = DURATION_KEYS[which];
+        let mut value = format!("{number}{unit}");
+        if let Some((n, u)) = more {
+            value.push_str(&format!(" {n}{u}"));
+        }
+        let (text, full, line) = with_duration(key, provider, &value);
+        match parse(&text) {
+            Ok(config) => {
+                for d in all_durations(&config) {
+                    proptest::prop_assert!(d <= durations::CEILING, "{key} = {value:?} gave {d:?}");
+                }
+            }
+            Err(e) => {
+                let e = e.to_string();
+                let at = format!("{FILE}:{line}: {full}: ");
+                proptest::prop_assert!(e.starts_with(&at), "{e:?} is not at {at:?}");
+            }
+        }
+    }
+}
+
 #[test]
 fn bad_sizes_are_rejected() {
     fails("max_output = \"8 MiBs\"\n", 1, "max_output");
@@ -173,6 +281,38 @@ fn missing_or_unreadable_files_name_the_path() {
     assert!(
         shown.starts_with(&format!("{}: ", dir.path().display())),
         "{shown}"
+    );
+}
+
+/// A FIFO nobody writes (or a device) would block the read forever: refused at once, by
+/// name. Before, the read blocked; the deadline turns that into a failure, not a hang.
+#[test]
+fn a_config_that_is_not_a_regular_file_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("config.toml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || tx.send(Config::load(Some(&path), echo_command())));
+    let err = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("reading a FIFO config blocked")
+        .expect_err("a FIFO");
+    assert!(matches!(err, ConfigError::Read { .. }), "{err:?}");
+    let shown = err.to_string();
+    assert!(
+        shown.contains("not a regular file (it is a FIFO)"),
+        "{shown}"
+    );
+    assert!(
+        shown.starts_with(&format!("{}: ", fifo.display())),
+        "{shown}"
+    );
+    let err = Config::load(Some(Path::new("/dev/zero")), echo_command()).expect_err("a device");
+    assert!(
+        err.to_string()
+            .contains("not a regular file (it is a device)"),
+        "{err}"
     );
 }
 

@@ -169,7 +169,11 @@ impl Backend {
                 let ladder = config
                     .providers
                     .values()
-                    .map(|p| p.cancel_grace.saturating_add(p.eof_grace).saturating_add(p.term_grace))
+                    .map(|p| {
+                        p.cancel_grace
+                            .saturating_add(p.eof_grace)
+                            .saturating_add(p.term_grace)
+                    })
                     .max()
                     .unwrap_or_default();
                 ladder.saturating_add(std::time::Duration::from_secs(2))

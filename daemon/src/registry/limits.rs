@@ -89,9 +89,7 @@ impl Registry {
         provider: &ProviderConfig,
         cancel: &CancellationToken,
     ) -> Result<Slot, RegistryError> {
-        let deadline = config
-            .queue_timeout
-            .map(crate::config::durations::deadline);
+        let deadline = config.queue_timeout.map(crate::config::durations::deadline);
         let mut waiting: Option<Queued<'_>> = None;
         loop {
             let freed = self.inner.freed.notified();

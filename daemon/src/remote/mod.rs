@@ -69,19 +69,22 @@ const LAUNCHER_PASSTHROUGH: &[&str] = &[
 ];
 
 impl SshHost {
-    /// Parses `ssh://[user@]host[:port]` (IPv6 literals in brackets). The destination becomes
-    /// one ssh argument, so nothing in it may look like an option or carry shell syntax.
+    /// Parses `ssh://[user@]host[:port][/]` (IPv6 literals in brackets), strictly: every
+    /// character of the text is accounted for, so nothing is silently dropped. The
+    /// destination becomes one ssh argument, so nothing in it may look like an option or carry
+    /// shell syntax. No percent-escapes, paths, queries or fragments.
     pub fn parse(url: &str) -> Result<SshHost, String> {
         let rest = url
             .strip_prefix("ssh://")
             .ok_or("must look like \"ssh://[user@]host[:port]\"")?;
         let rest = rest.strip_suffix('/').unwrap_or(rest);
-        let (user, hostport) = match rest.rsplit_once('@') {
+        let (user, hostport) = match rest.split_once('@') {
             Some((user, hp)) => (Some(user), hp),
             None => (None, rest),
         };
         if let Some(user) = user
             && (user.is_empty()
+                || user.len() > 64
                 || user.starts_with('-')
                 || !user
                     .chars()
@@ -91,32 +94,51 @@ impl SshHost {
         }
         let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
             let (addr, after) = v6.split_once(']').ok_or("unclosed '[' in the host")?;
-            if addr.is_empty() || !addr.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
+            if addr.parse::<std::net::Ipv6Addr>().is_err() {
                 return Err(format!("bad IPv6 address {addr:?}"));
             }
-            (addr.to_string(), after.strip_prefix(':'))
+            let port = match after {
+                "" => None,
+                _ => Some(after.strip_prefix(':').ok_or_else(|| {
+                    format!("unexpected {after:?} after the IPv6 address (only \":PORT\")")
+                })?),
+            };
+            (addr.to_string(), port)
         } else {
-            match hostport.split_once(':') {
-                Some((h, p)) => (h.to_string(), Some(p)),
-                None => (hostport.to_string(), None),
+            let (host, port) = match hostport.split_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (hostport, None),
+            };
+            // DNS labels or an IPv4 address: [A-Za-z0-9_-] labels, none empty, none led by
+            // '-' (so the whole never reads as an option), one trailing dot allowed.
+            let labels = host.strip_suffix('.').unwrap_or(host);
+            let host_ok = !labels.is_empty()
+                && host.len() <= 253
+                && labels.split('.').all(|l| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && !l.starts_with('-')
+                        && l.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+                });
+            if !host_ok {
+                return Err(format!("bad host name {host:?}"));
             }
+            (host.to_string(), port)
         };
-        let host_ok = |h: &str| {
-            !h.is_empty()
-                && !h.starts_with('-')
-                && h.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
-        };
-        if !host_ok(&host) {
-            return Err(format!("bad host name {host:?}"));
-        }
         let port = match port {
             None => None,
             Some(p) => Some(
-                p.parse::<u16>()
-                    .ok()
+                Some(p)
+                    .filter(|p| {
+                        !p.is_empty()
+                            && p.len() <= 5
+                            && !p.starts_with('0')
+                            && p.bytes().all(|b| b.is_ascii_digit())
+                    })
+                    .and_then(|p| p.parse::<u16>().ok())
                     .filter(|p| *p > 0)
-                    .ok_or_else(|| format!("bad port {p:?}"))?,
+                    .ok_or_else(|| format!("bad port {p:?} (1 to 65535)"))?,
             ),
         };
         Ok(SshHost {

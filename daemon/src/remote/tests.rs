@@ -42,8 +42,72 @@ fn ssh_urls_parse_and_hostile_ones_do_not() {
         "ssh://[zz]",
         "ssh://[::1",
         "ssh://u$(id)@box",
+        // Junk after a closed bracket used to be dropped.
+        "ssh://[::1];x]",
+        "ssh://[::1]x",
+        "ssh://[::1]:22x",
+        "ssh://[::1]:",
+        "ssh://[:::]",
+        "ssh://[1:2]",
+        "ssh://[fe80::1%eth0]",
+        "ssh://box:",
+        "ssh://box:+22",
+        "ssh://box:022",
+        "ssh://box:22/x",
+        "ssh://box//",
+        "ssh://box?x",
+        "ssh://box#x",
+        "ssh://a..b",
+        "ssh://.box",
+        "ssh://box.-x",
+        "ssh://a:b:c",
+        "ssh://a@b@c",
+        "ssh://b%6fx",
+        "ssh://box\n",
+        "ssh://b\u{f6}x",
     ] {
         assert!(SshHost::parse(bad).is_err(), "{bad} parsed");
+    }
+    for good in [
+        "ssh://box.",
+        "ssh://10.0.0.7:65535",
+        "ssh://_svc.example.com",
+        "ssh://u.ser_1-x@h-1:1/",
+        "ssh://[2001:db8::7]",
+        "ssh://[::ffff:10.0.0.1]:2222",
+    ] {
+        assert!(SshHost::parse(good).is_ok(), "{good} refused");
+    }
+}
+
+proptest::proptest! {
+    /// Whatever text is accepted is accounted for to the last character: it is exactly
+    /// `ssh://` + what the parsed host displays (+ at most one `/`), so nothing was dropped.
+    #[test]
+    fn an_accepted_ssh_url_is_exactly_what_it_displays(
+        text in "ssh://([a-z_.@:\\[\\];/0-9-]|ff|::){0,16}",
+    ) {
+        if let Ok(h) = SshHost::parse(&text) {
+            let shown = format!("ssh://{}", h.display());
+            proptest::prop_assert!(text == shown || text == format!("{shown}/"), "{text} shown as {shown}");
+            proptest::prop_assert!(!h.host.starts_with('-'));
+            proptest::prop_assert_eq!(SshHost::parse(&shown), Ok(h));
+        }
+    }
+
+    /// Well-formed parts always parse, to those parts.
+    #[test]
+    fn well_formed_ssh_urls_parse_to_their_parts(
+        user in proptest::option::of("[a-z_][a-z0-9_.-]{0,8}"),
+        host in "[a-z0-9_][a-z0-9_-]{0,8}(\\.[a-z0-9_][a-z0-9_-]{0,8}){0,3}",
+        port in proptest::option::of(1u16..),
+    ) {
+        let mut text = "ssh://".to_string();
+        if let Some(u) = &user { text.push_str(&format!("{u}@")); }
+        text.push_str(&host);
+        if let Some(p) = port { text.push_str(&format!(":{p}")); }
+        let h = SshHost::parse(&text).map_err(|e| proptest::test_runner::TestCaseError::fail(format!("{text}: {e}")))?;
+        proptest::prop_assert_eq!(h, SshHost { user, host, port });
     }
 }
 
@@ -155,4 +219,20 @@ fn setup_lines_are_checked_and_errors_do_not_echo_them() {
     assert!(Setup::parse(br#"{"env":{"A=B":"x"}}"#).is_err());
     assert!(Setup::parse(br#"{"env":{"":"x"}}"#).is_err());
     assert!(Setup::parse(br#"{"env":{"A":"x\u0000y"}}"#).is_err());
+    // Only an object with named keys, at every level: serde would take positional arrays.
+    for positional in [
+        &br#"["/tmp", {}, null]"#[..],
+        br#"[]"#,
+        br#"{"graces": [1, 2]}"#,
+        br#"null"#,
+        br#""x""#,
+    ] {
+        let err = Setup::parse(positional).unwrap_err();
+        assert!(err.contains("bad setup line"), "{err}");
+    }
+    let g = Setup::parse(br#"{"graces": {"eofMs": 2592000000, "termMs": 1}}"#).unwrap();
+    assert_eq!(g.graces().unwrap().0, crate::config::durations::CEILING);
+    let err =
+        Setup::parse(br#"{"graces": {"eofMs": 18446744073709551615, "termMs": 1}}"#).unwrap_err();
+    assert!(err.contains("ceiling of 30days"), "{err}");
 }

@@ -114,7 +114,11 @@ pub fn bound(config: &Config) -> Duration {
     config
         .providers
         .values()
-        .map(|p| p.cancel_grace.saturating_add(p.eof_grace).saturating_add(p.term_grace))
+        .map(|p| {
+            p.cancel_grace
+                .saturating_add(p.eof_grace)
+                .saturating_add(p.term_grace)
+        })
         .max()
         .unwrap_or_default()
         .saturating_add(SHUTDOWN_MARGIN)

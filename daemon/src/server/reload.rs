@@ -217,7 +217,10 @@ mod tests {
         });
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while gate.calls.load(Ordering::SeqCst) == 0 {
-            assert!(std::time::Instant::now() < deadline, "the first read never started");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the first read never started"
+            );
             tokio::task::yield_now().await;
         }
         let waiters: Vec<_> = (0..50)
@@ -229,14 +232,22 @@ mod tests {
         for _ in 0..600 {
             drop(reloader.request());
         }
-        assert_eq!(gate.calls.load(Ordering::SeqCst), 1, "reads while one blocks");
+        assert_eq!(
+            gate.calls.load(Ordering::SeqCst),
+            1,
+            "reads while one blocks"
+        );
         *gate.open.lock().unwrap() = true;
         gate.opened.notify_all();
         assert!(first.await.unwrap().is_ok());
         for w in waiters {
             assert!(w.await.unwrap().is_ok());
         }
-        assert_eq!(gate.calls.load(Ordering::SeqCst), 2, "the flood is one more read");
+        assert_eq!(
+            gate.calls.load(Ordering::SeqCst),
+            2,
+            "the flood is one more read"
+        );
         assert_eq!(gate.most.load(Ordering::SeqCst), 1);
         // Idle again: the next request is a fresh read.
         assert!(reloader.reload().await.is_ok());

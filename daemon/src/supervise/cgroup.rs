@@ -177,7 +177,10 @@ impl Cgroup {
     pub async fn kill_and_remove(&self, timeout: Duration) -> Result<(), CgroupError> {
         if self.path.exists() {
             self.kill()?;
-            if !self.wait_empty(crate::config::durations::deadline(timeout)).await {
+            if !self
+                .wait_empty(crate::config::durations::deadline(timeout))
+                .await
+            {
                 tracing::warn!(cgroup = %self.path.display(), "cgroup still populated after cgroup.kill");
             }
         }

@@ -144,11 +144,17 @@ impl ProcessTree {
     async fn ladder(&self, close_stdin: impl FnOnce(), graces: Graces) -> TeardownOutcome {
         let started = Instant::now();
         close_stdin();
-        let outcome = if self.wait_tree(crate::config::durations::deadline_from(started, graces.eof)).await {
+        let outcome = if self
+            .wait_tree(crate::config::durations::deadline_from(started, graces.eof))
+            .await
+        {
             TeardownOutcome::Exited
         } else {
             self.signal(Signal::SIGTERM);
-            if self.wait_tree(crate::config::durations::deadline(graces.term)).await {
+            if self
+                .wait_tree(crate::config::durations::deadline(graces.term))
+                .await
+            {
                 TeardownOutcome::Terminated
             } else {
                 self.signal(Signal::SIGKILL);
