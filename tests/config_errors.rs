@@ -5,8 +5,11 @@ mod common;
 
 use common::*;
 
-fn expect_error(toml: &str, line: usize, key: &str) {
+/// Asserts both `acpd providers` and `acpd run` exit 2 naming file, line and key; returns
+/// the last stderr.
+fn expect_error(toml: &str, line: usize, key: &str) -> String {
     let env = Env::raw(toml);
+    let mut last = String::new();
     for args in [&["providers"][..], &["run", "hi"][..]] {
         let out = env.acpd().args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -15,7 +18,9 @@ fn expect_error(toml: &str, line: usize, key: &str) {
         assert!(stderr.contains(&want), "missing {want} in: {stderr}");
         assert!(stderr.contains(key), "missing key {key} in: {stderr}");
         assert!(out.stdout.is_empty(), "nothing on stdout");
+        last = stderr.into_owned();
     }
+    last
 }
 
 const CMD: &str = "command = [\"x\"]";
@@ -99,4 +104,67 @@ fn explicit_missing_file_is_an_error() {
 fn usage_error_exits_2() {
     let out = base().args(["run", "--bogus", "x"]).output().unwrap();
     assert_eq!(code(&out), 2);
+}
+
+/// Formerly `acpd run` panicked (exit 101) computing `now + eof_grace`; now every duration
+/// above the 30-day ceiling is a config error naming the value and the ceiling.
+#[test]
+fn a_duration_above_the_ceiling_is_a_config_error() {
+    for key in [
+        "eof_grace",
+        "handshake_timeout",
+        "idle_timeout",
+        "run_timeout",
+    ] {
+        let stderr = expect_error(
+            &format!("[providers.a]\n{CMD}\n{key} = \"18446744073709551615s\"\n"),
+            3,
+            &format!("providers.a.{key}"),
+        );
+        assert!(
+            stderr.contains("\"18446744073709551615s\" is longer than the ceiling of 30days"),
+            "{stderr}"
+        );
+    }
+    let out = base()
+        .args(["run", "--timeout", "18446744073709551615s", "hi"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(stderr.contains("ceiling of 30days"), "{stderr}");
+}
+
+/// Every duration just below the ceiling: a run starts, answers and ends as usual.
+#[test]
+fn durations_just_below_the_ceiling_run_fine() {
+    let near = "29days 23h 59m 59s";
+    let mut toml = format!(
+        "line_timeout = \"{near}\"\nwrite_timeout = \"{near}\"\nqueue_timeout = \"{near}\"\n\
+         detach_timeout = \"{near}\"\n[providers.a]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n"
+    );
+    for key in [
+        "handshake_timeout",
+        "idle_timeout",
+        "run_timeout",
+        "cancel_grace",
+        "keep_alive",
+        "eof_grace",
+        "term_grace",
+        "warm_max_age",
+    ] {
+        toml.push_str(&format!("{key} = \"{near}\"\n"));
+    }
+    let env = Env::raw(&toml);
+    let (result, code, stderr) = run_json(env.acpd().args([
+        "run",
+        "--json",
+        "--provider",
+        "a",
+        "--timeout",
+        "30days",
+        "still fine",
+    ]));
+    assert_eq!(code, 0, "{result} {stderr}");
+    assert!(output_text(&result).contains("still fine"), "{result}");
 }

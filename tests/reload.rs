@@ -256,60 +256,88 @@ fn a_group_member_may_not_reload() {
     assert_eq!(d.providers(), ["echo", "first"]);
 }
 
-/// A config path that blocks the read (a FIFO here; a hung mount alike) stalls only the
-/// reload: `acpd reload` gives up with exit 1, the daemon keeps answering (SIGHUP too does
-/// not stop its loop), and once the read completes the reload lands.
+/// Threads of process `pid` (/proc/PID/status).
+fn threads(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+/// The config replaced by a FIFO nobody writes, then a flood of SIGHUPs: the read is refused
+/// at once ("not a regular file"), reloads coalesce, so the thread count stays small and the
+/// daemon keeps serving sessions (whose store needs the blocking pool) and queries; a good
+/// file put back is taken at the next SIGHUP. (Before: a read blocked per SIGHUP, 5 → 517
+/// threads, and session/new hung.) Its handshake_timeout is at the ceiling: session/new on it
+/// used to be never answered (a panic computing the deadline).
 #[test]
-fn a_config_read_that_blocks_stalls_only_the_reload() {
-    let d = Daemon::start(Env::raw(&echo_provider("first")));
+fn a_fifo_config_and_a_flood_of_sighups_leave_the_daemon_serving() {
+    // A durable provider (its sessions listed from the agent's own store).
+    let env = Env::raw("");
+    let first = format!(
+        "[providers.first]\ncommand = [\"{BIN}\", \"agent\", \"echo\", \"--sessions\", \"{}\"]\n\
+         handshake_timeout = \"30days\"\n",
+        env.path().join("echo-sessions").display()
+    );
+    std::fs::write(&env.config, &first).unwrap();
+    let d = Daemon::start(env);
+    let pid = d.child.id();
     std::fs::remove_file(&d.env.config).unwrap();
     nix::unistd::mkfifo(
         &d.env.config,
         nix::sys::stat::Mode::from_bits_truncate(0o600),
     )
     .unwrap();
-    let out = d.cli(&["reload", "--timeout", "1"]);
-    assert_eq!(code(&out), 1, "{}", text(&out.stdout));
+    let out = d.cli(&["reload", "--timeout", "10"]);
+    assert_eq!(code(&out), 2, "{}", text(&out.stdout));
+    let err = text(&out.stderr);
     assert!(
-        text(&out.stderr).contains("did not answer within 1s"),
+        err.contains("config.toml") && err.contains("not a regular file (it is a FIFO)"),
+        "{err}"
+    );
+    for _ in 0..600 {
+        kill(Pid::from_raw(pid as i32), Signal::SIGHUP).unwrap();
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || d
+            .log()
+            .matches("not a regular file")
+            .count()
+            >= 2),
         "{}",
-        text(&out.stderr)
+        d.log()
     );
-    kill(Pid::from_raw(d.child.id() as i32), Signal::SIGHUP).unwrap();
+    let now = threads(pid);
+    assert!(now <= 32, "{now} threads after the SIGHUP flood");
+    let mut conn = common::raw::Raw::socket(&d.socket);
+    conn.initialize(serde_json::json!({}));
+    let session = conn.new_session(d.env.path(), "first");
+    let id = conn.send_prompt(&session, "after the flood");
+    let answer = conn.answer(&serde_json::json!(id));
+    assert_eq!(
+        answer.value["result"]["stopReason"],
+        "end_turn",
+        "{}",
+        answer.text()
+    );
+    let listed = conn.ok("session/list", serde_json::json!({}));
+    assert!(listed.to_string().contains(&session), "{listed}");
+    let providers = conn.ok("_acpd/providers", serde_json::json!({}));
+    assert!(providers.to_string().contains("first"), "{providers}");
     assert_eq!(d.providers(), ["echo", "first"]);
-    // The stalled reads get their file, one after the other (reloads are serialized): the
-    // reload `acpd reload` asked for lands, then SIGHUP's.
-    let good = format!("{}{}", echo_provider("first"), echo_provider("late"));
-    assert!(
-        feed_fifo(&d.env.config, &good),
-        "the stalled reload never opened the file"
-    );
+    // A good file again, and SIGHUP: taken.
+    std::fs::remove_file(&d.env.config).unwrap();
+    d.write_config(&format!("{first}{}", echo_provider("late")));
+    kill(Pid::from_raw(pid as i32), Signal::SIGHUP).unwrap();
     assert!(
         eventually(Duration::from_secs(10), || d.providers().len() == 3),
         "{}",
         d.log()
     );
-    assert!(
-        feed_fifo(&d.env.config, &good),
-        "SIGHUP's reload never opened the file"
-    );
-}
-
-/// Writes `text` to the FIFO once a reader has it open (within 10 s).
-fn feed_fifo(fifo: &std::path::Path, text: &str) -> bool {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut opened = None;
-    let found = eventually(Duration::from_secs(10), || {
-        // O_NONBLOCK: ENXIO at once while nobody reads, instead of blocking forever.
-        opened = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(nix::libc::O_NONBLOCK)
-            .open(fifo)
-            .ok();
-        opened.is_some()
-    });
-    found && opened.unwrap().write_all(text.as_bytes()).is_ok()
+    let now = threads(pid);
+    assert!(now <= 32, "{now} threads at the end");
 }
 
 /// Many reloads at once, from the socket and SIGHUP, while a run is going: every caller gets

@@ -185,6 +185,11 @@ fn hostile_setup_lines_are_refused_before_anything_starts() {
         b"{\"env\":{\"A=B\":\"x\"}}\n".to_vec(),
         b"{\"unknown\":1}\n".to_vec(),
         b"{}".to_vec(), // no newline, then EOF
+        // Only an object with named keys: serde would take positional arrays.
+        b"[\"/tmp\", {}, null]\n".to_vec(),
+        b"{\"graces\": [1, 2]}\n".to_vec(),
+        // Graces above the 30-day ceiling.
+        b"{\"graces\": {\"eofMs\": 18446744073709551615, \"termMs\": 1}}\n".to_vec(),
         vec![],
         [b"{\"env\":{\"A\":\"".to_vec(), vec![b'x'; 2 << 20]].concat(),
     ];
@@ -204,6 +209,54 @@ fn hostile_setup_lines_are_refused_before_anything_starts() {
         assert!(!err.contains("xxxx"), "the error echoes its input");
         assert!(!touched.exists(), "the command ran");
     }
+}
+
+/// True once `pid` catches `signal` (its handler is installed: /proc/PID/status SigCgt).
+fn catches(pid: u32, signal: Signal) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal as i32 - 1)) != 0)
+}
+
+/// SIGTERM while `--setup-stdin` still waits for its line (stdin open, nothing written):
+/// it exits at once, 143 as a shell reports a death by SIGTERM, saying so, and nothing ran.
+/// (Before, the signal was caught and queued while the read went on: it never exited.)
+#[test]
+fn sigterm_before_the_setup_line_ends_supervise_and_starts_nothing() {
+    let marker = tempfile::tempdir().unwrap();
+    let touched = marker.path().join("started");
+    let touch = format!("touch {}", touched.display());
+    let mut child = supervise(&["--setup-stdin"], &["sh", "-c", &touch])
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let pid = child.id();
+    assert!(
+        eventually(Duration::from_secs(10), || catches(pid, Signal::SIGTERM)),
+        "supervise never installed its SIGTERM handler"
+    );
+    kill(Pid::from_raw(pid as i32), Signal::SIGTERM).unwrap();
+    let exited = eventually(Duration::from_secs(10), || {
+        child.try_wait().is_ok_and(|s| s.is_some())
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert!(exited, "supervise still running 10 s after SIGTERM");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 143, "{err}");
+    assert!(
+        err.contains(
+            "acpd supervise: SIGTERM while waiting for the setup line; nothing was started"
+        ),
+        "{err}"
+    );
+    assert!(!touched.exists(), "the command ran");
 }
 
 #[test]
