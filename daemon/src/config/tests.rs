@@ -293,7 +293,9 @@ fn a_config_that_is_not_a_regular_file_is_refused_without_blocking() {
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let path = fifo.clone();
-    std::thread::spawn(move || tx.send(Config::load(Some(&path), echo_command())));
+    std::thread::spawn(move || {
+        let _ = tx.send(Config::load(Some(&path), echo_command()));
+    });
     let err = rx
         .recv_timeout(Duration::from_secs(10))
         .expect("reading a FIFO config blocked")
