@@ -316,6 +316,17 @@ fn a_config_that_is_not_a_regular_file_is_refused_without_blocking() {
             .contains("not a regular file (it is a device)"),
         "{err}"
     );
+    // A regular file too large to be a config (sparse: costs no disk) is refused unread.
+    let huge = dir.path().join("huge.toml");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let err = Config::load(Some(&huge), echo_command()).expect_err("a huge file");
+    assert!(
+        err.to_string().contains("larger than 16777216 bytes"),
+        "{err}"
+    );
 }
 
 #[test]
