@@ -53,7 +53,8 @@ fn prompt(raw: &mut Raw, sid: &str, text: &str) {
     let id = raw.send_prompt(sid, text);
     let answer = raw.answer(&json!(id));
     assert_eq!(
-        answer.value["result"]["stopReason"], "end_turn",
+        answer.value["result"]["stopReason"],
+        "end_turn",
         "{}",
         answer.text()
     );
@@ -210,7 +211,10 @@ fn attempts(raw: &mut Raw, sid: &str, cwd: &Path) -> Vec<(String, Value)> {
         ("session/load", existing.clone()),
         ("session/resume", existing.clone()),
         ("session/fork", existing),
-        ("session/set_title", json!({"sessionId": sid, "title": "pwned"})),
+        (
+            "session/set_title",
+            json!({"sessionId": sid, "title": "pwned"}),
+        ),
         (
             "session/prompt",
             json!({"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]}),
@@ -232,12 +236,23 @@ fn unknown_to(raw: &mut Raw, sid: &str, cwd: &Path) {
         assert_eq!(a["error"]["code"], -32002, "{method}: {a}");
         let a = a["error"].to_string().replace(sid, "ID");
         let b = b["error"].to_string().replace(UNKNOWN, "ID");
-        assert_eq!(a, b, "{method} tells another user's session from an unknown one");
+        assert_eq!(
+            a, b,
+            "{method} tells another user's session from an unknown one"
+        );
     }
     let listed = raw.ok("session/list", json!({}));
-    assert_eq!(listed["sessions"], json!([]), "another user's sessions listed");
+    assert_eq!(
+        listed["sessions"],
+        json!([]),
+        "another user's sessions listed"
+    );
     let listed = raw.ok("session/list", json!({ "cwd": cwd }));
-    assert_eq!(listed["sessions"], json!([]), "another user's sessions listed");
+    assert_eq!(
+        listed["sessions"],
+        json!([]),
+        "another user's sessions listed"
+    );
 }
 
 /// Bullet 1: with `allow_group`, a member of the group neither lists, loads, resumes, forks,
@@ -275,7 +290,10 @@ fn another_users_session_is_unknown_to_them_detached_and_expired() {
     let mut owner = serve.connect();
     owner.initialize(json!({}));
     let listed = owner.ok("session/list", json!({}));
-    assert_eq!(ids(listed["sessions"].as_array().unwrap()), [sid.clone()]);
+    assert_eq!(
+        ids(listed["sessions"].as_array().unwrap()),
+        std::slice::from_ref(&sid)
+    );
     owner.ok(
         "session/load",
         json!({"sessionId": sid, "cwd": cwd, "mcpServers": []}),
@@ -437,7 +455,12 @@ fn a_session_live_in_one_acpd_is_not_loaded_in_another() {
     let load = json!({"sessionId": sid, "cwd": cwd, "mcpServers": []});
     let mut stdio = Raw::stdio(&env);
     stdio.initialize(json!({}));
-    for method in ["session/load", "session/resume", "session/fork", "session/delete"] {
+    for method in [
+        "session/load",
+        "session/resume",
+        "session/fork",
+        "session/delete",
+    ] {
         let answer = stdio.call(method, load.clone());
         let message = answer["error"]["message"].as_str().unwrap_or_default();
         let pid = format!("pid {}", serve.pid());
@@ -446,7 +469,11 @@ fn a_session_live_in_one_acpd_is_not_loaded_in_another() {
             "{method}: {answer}"
         );
         assert!(message.contains("close it there"), "{answer}");
-        assert_eq!(answer["error"]["data"]["holderPid"], serve.pid(), "{answer}");
+        assert_eq!(
+            answer["error"]["data"]["holderPid"],
+            serve.pid(),
+            "{answer}"
+        );
     }
     // The daemon dies without a word: its lease is a dead process's.
     serve.child.kill().unwrap();
@@ -517,7 +544,11 @@ fn what_an_agent_lists_is_bounded() {
     );
     for s in &first {
         let title = s["title"].as_str().unwrap();
-        assert!(title.len() <= 1024 && title.len() >= 1022, "{}", title.len());
+        assert!(
+            title.len() <= 1024 && title.len() >= 1022,
+            "{}",
+            title.len()
+        );
         assert!(title.chars().all(|c| c == 'é'));
     }
     let second = list_all(&mut raw, MAX_LINE);

@@ -122,11 +122,13 @@ impl Sessions {
         self.tasks.spawn(async move {
             let end = child.ended().await;
             tracing::info!(provider = %child.provider().name, session = %id, ?end, "bridge session ended");
-            lock(&me.live).remove(&id);
-            // No longer live here: another acpd may load it now.
+            // No longer live here: another acpd may load it now. Released before the entry
+            // goes, so a load of it in this process (which waits for the entry) claims after
+            // this release, never before it.
             if let Err(e) = me.store.release(&id, &me.holder).await {
                 tracing::warn!(session = %id, "cannot release the session's lease: {e}");
             }
+            lock(&me.live).remove(&id);
             let nested = crate::registry::Parent::Session(id.clone());
             tokio::join!(child.shut(), registry.dispose_nested(&nested));
             drop(slot);
