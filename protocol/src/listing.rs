@@ -39,6 +39,48 @@ pub fn page<T>(
     Ok((page, next))
 }
 
+/// Like [`page`], but the page also stays within `budget` bytes, each item costing
+/// `cost(item)` (the caller counts separators in it): no answer line outgrows the peer's line
+/// limit however long the items are; the rest follows under the next cursor. An item that
+/// alone exceeds `budget` can never be sent: it is passed over (counted in the third value),
+/// so paging still ends.
+pub fn page_within<T>(
+    items: Vec<T>,
+    cursor: Option<&str>,
+    size: usize,
+    budget: usize,
+    cost: impl Fn(&T) -> usize,
+) -> Result<(Vec<T>, Option<String>, usize), String> {
+    let start = match cursor {
+        None => 0,
+        Some(c) => offset(c).ok_or_else(|| {
+            format!("unknown cursor {c:?}: pass a nextCursor from an earlier answer")
+        })?,
+    };
+    let size = size.max(1);
+    let total = items.len();
+    let (mut page, mut used, mut skipped, mut end) = (Vec::new(), 0usize, 0usize, start);
+    for item in items.into_iter().skip(start) {
+        if page.len() >= size {
+            break;
+        }
+        let c = cost(&item);
+        if c > budget {
+            skipped += 1;
+            end += 1;
+            continue;
+        }
+        if used.saturating_add(c) > budget {
+            break;
+        }
+        used += c;
+        page.push(item);
+        end += 1;
+    }
+    let next = (end < total).then(|| format!("{PREFIX}{end}"));
+    Ok((page, next, skipped))
+}
+
 /// The offset in one of our cursors: digits only, written as we write them (no sign, no
 /// leading zero), so every offset has exactly one cursor.
 fn offset(cursor: &str) -> Option<usize> {
@@ -95,6 +137,30 @@ mod tests {
     #[test]
     fn zero_size_still_advances() {
         assert_eq!(all_pages(3, 0), vec![vec![0], vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn pages_within_a_budget_cover_the_fitting_items_once() {
+        // Costs 1..=9 repeating, budget 10: every page fits, every item that fits is seen once.
+        let items: Vec<usize> = (0..100).collect();
+        let cost = |i: &usize| i % 9 + 1;
+        let (mut seen, mut cursor) = (Vec::new(), None::<String>);
+        loop {
+            let (page, next, skipped) =
+                page_within(items.clone(), cursor.as_deref(), PAGE, 10, cost).unwrap();
+            assert_eq!(skipped, 0);
+            assert!(!page.is_empty());
+            assert!(page.iter().map(cost).sum::<usize>() <= 10);
+            seen.extend(page);
+            match next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(seen, items);
+        // An item over budget alone is passed over, never stalls the paging.
+        let (page, next, skipped) = page_within(vec![50, 1, 2], None, PAGE, 10, |i| *i).unwrap();
+        assert_eq!((page, next, skipped), (vec![1, 2], None, 1));
     }
 
     #[test]

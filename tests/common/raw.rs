@@ -118,6 +118,31 @@ impl Raw {
         }
     }
 
+    /// A client process that speaks for the test on its stdin/stdout (`acpd connect` run as
+    /// another user, say), its stderr to `log`.
+    pub fn process(mut cmd: Command, log: &Path) -> Raw {
+        let mut process = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).expect("log file"))
+            .spawn()
+            .expect("spawn the client");
+        let writer = process.stdin.take().expect("stdin");
+        let reader = process.stdout.take().expect("stdout");
+        let stdout_fd = Some(std::os::fd::AsRawFd::as_raw_fd(&reader));
+        Raw {
+            process: Some(process),
+            writer: Some(Box::new(writer)),
+            socket: None,
+            source: Source::Unread(Box::new(reader)),
+            eof: false,
+            seen: Vec::new(),
+            next_id: 1000,
+            log: Some(log.to_path_buf()),
+            stdout_fd,
+        }
+    }
+
     /// A raw connection to `acpd serve`'s socket.
     pub fn socket(path: &Path) -> Raw {
         // The socket file exists from bind(), a moment before listen(): refused until then.

@@ -138,6 +138,9 @@ pub struct Config {
     pub write_timeout: Duration,
     /// Bridge sessions and live runs one parent connection may hold at once.
     pub max_sessions_per_connection: usize,
+    /// Rows of one provider's agent listing the session map keeps (the newest); more are
+    /// neither read nor kept, so an agent listing without end cannot grow the map.
+    pub max_listed_sessions: usize,
     /// Unanswered requests one parent connection may have outstanding.
     pub max_pending_requests: usize,
     /// (`acpd serve`) How long a bridge session outlives the editor connection that held it,
@@ -203,6 +206,7 @@ struct RawConfig {
     line_timeout: Option<Spanned<String>>,
     write_timeout: Option<Spanned<String>>,
     max_sessions_per_connection: Option<Spanned<usize>>,
+    max_listed_sessions: Option<Spanned<usize>>,
     max_pending_requests: Option<Spanned<usize>>,
     detach_timeout: Option<Spanned<String>>,
     registry_url: Option<Spanned<String>>,
@@ -295,6 +299,7 @@ impl Config {
             line_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
             max_sessions_per_connection: 16,
+            max_listed_sessions: 1000,
             max_pending_requests: 64,
             detach_timeout: Some(Duration::from_secs(600)),
             registry_url: DEFAULT_REGISTRY_URL.to_owned(),
@@ -410,6 +415,9 @@ impl Config {
         if let Some(n) = raw.max_sessions_per_connection {
             config.max_sessions_per_connection =
                 at_least_one(n, "max_sessions_per_connection", &at)?;
+        }
+        if let Some(n) = raw.max_listed_sessions {
+            config.max_listed_sessions = at_least_one(n, "max_listed_sessions", &at)?;
         }
         if let Some(n) = raw.max_pending_requests {
             config.max_pending_requests = at_least_one(n, "max_pending_requests", &at)?;

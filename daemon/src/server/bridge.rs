@@ -16,11 +16,11 @@ use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::sessions::{RELEASE_WAIT, Taken};
+use super::sessions::{RELEASE_WAIT, Taken, held_elsewhere};
 use super::{Conn, Seat, SessionRef, bridge_error, lock, raw, session_not_found};
 use crate::child::{Child, First, Open, ParentServes, RelayTarget};
 use crate::registry::{BridgeRequest, advertises};
-use crate::store::SessionRow;
+use crate::store::{Claim, SessionRow};
 
 /// The router's handle on a bridge session.
 #[derive(Clone)]
@@ -123,6 +123,13 @@ pub async fn fork(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     let Some((req, row)) = existing(&conn, &id, params.as_deref()).await else {
         return;
     };
+    // Forking a session another acpd runs would read it mid-turn.
+    let me = &conn.ctx.sessions.holder;
+    if let Some(h) = row.lease.as_ref().filter(|h| *h != me && h.alive()) {
+        return conn
+            .reply_err(&id, &held_elsewhere(&req.session_id, h))
+            .await;
+    }
     let cwd = req.cwd.unwrap_or_else(|| row.cwd.clone());
     let Some(params) = params
         .as_deref()
@@ -200,6 +207,8 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
         cwd: o.cwd,
         title: None,
         updated_at: crate::store::now(),
+        owner: conn.caller(),
+        lease: Some(conn.ctx.sessions.holder.clone()),
     };
     // Only a session the agent can bring back is worth remembering (and listing).
     let agent = child.agent();
@@ -259,6 +268,19 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
     let Some(seat) = conn.take_seat() else {
         return conn.reply_err(&id, &conn.seat_limit()).await;
     };
+    // Live in one acpd at a time: taken here, or refused naming the acpd that has it.
+    let store = &conn.ctx.sessions.store;
+    let me = &conn.ctx.sessions.holder;
+    match store.claim(&row.acpd_id, conn.caller(), me).await {
+        Ok(Claim::Held) => {}
+        Ok(Claim::Elsewhere(h)) => return conn.reply_err(&id, &held_elsewhere(&sid, &h)).await,
+        Ok(Claim::Unknown) => return conn.reply_err(&id, &session_not_found(&sid)).await,
+        Err(e) => {
+            return conn
+                .reply_err(&id, &RpcError::internal(e.to_string()))
+                .await;
+        }
+    }
     let needs = if method == "session/load" {
         "/loadSession"
     } else {
@@ -270,7 +292,12 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
     };
     let launched = match open_child(&conn, Some(&row.provider), &cwd, open, Some(needs)).await {
         Ok(l) => l,
-        Err(e) => return conn.reply_err(&id, &e).await,
+        Err(e) => {
+            if let Err(e) = store.release(&row.acpd_id, me).await {
+                tracing::warn!(session = %sid, "cannot release the session's lease: {e}");
+            }
+            return conn.reply_err(&id, &e).await;
+        }
     };
     let child = launched.child;
     conn.ctx.sessions.file(
@@ -331,7 +358,13 @@ async fn existing(
         .await;
         return None;
     }
-    match conn.ctx.sessions.store.get(&req.session_id).await {
+    match conn
+        .ctx
+        .sessions
+        .store
+        .get_owned(&req.session_id, conn.caller())
+        .await
+    {
         Ok(Some(row)) => Some((req, row)),
         Ok(None) => {
             conn.reply_err(id, &session_not_found(&req.session_id))

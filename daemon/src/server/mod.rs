@@ -302,7 +302,6 @@ impl Conn {
             | "session/set_model"
             | "session/set_config_option"
             | "session/set_title" => {
-                self.note_activity(&method, params.as_deref());
                 self.to_session(id, method, params).await;
             }
             m if m.starts_with('_') => self.to_session(id, method, params).await,
@@ -334,24 +333,48 @@ impl Conn {
         }
     }
 
-    /// A prompt or a new title: the session map's `updatedAt` (and title) follow.
-    fn note_activity(&self, method: &str, params: Option<&RawValue>) {
-        let Some(sid) = params.and_then(session_id) else {
-            return;
-        };
-        let title = (method == "session/set_title")
-            .then(|| {
-                params
-                    .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
-                    .and_then(|v| v.get("title")?.as_str().map(str::to_string))
-            })
-            .flatten();
-        if method != "session/prompt" && title.is_none() {
-            return;
+    /// The uid of the user on the other end: the socket peer's, or acpd's own (stdio, whose
+    /// caller is whoever started acpd). Sessions in the map belong to it.
+    fn caller(&self) -> u32 {
+        self.ctx
+            .peer_uid
+            .unwrap_or_else(|| nix::unistd::Uid::effective().as_raw())
+    }
+
+    /// What a prompt or a new title on bridge session `b` will change in the session map once
+    /// acpd has passed it on: `updatedAt` (and the title). Only for a session this connection
+    /// holds under its own id (not a subagent session under it), and a title only for an agent
+    /// that takes titles: what is refused changes nothing.
+    fn activity(
+        &self,
+        method: &str,
+        params: Option<&RawValue>,
+        b: &bridge::BridgeHandle,
+    ) -> Option<(String, Option<String>)> {
+        let sid = params.and_then(session_id)?;
+        if !matches!(lock(&self.sessions).get(&sid), Some(SessionRef::Bridge(_))) {
+            return None;
         }
+        match method {
+            "session/prompt" => Some((sid, None)),
+            "session/set_title"
+                if crate::registry::advertises(b.child().agent(), "/sessionCapabilities/title") =>
+            {
+                let title = params
+                    .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
+                    .and_then(|v| v.get("title")?.as_str().map(str::to_string))?;
+                Some((sid, Some(title)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Writes what [`Conn::activity`] found, off the router.
+    fn note_activity(&self, (sid, title): (String, Option<String>)) {
         let store = self.ctx.sessions.store.clone();
+        let owner = self.caller();
         self.tracker.spawn(async move {
-            if let Err(e) = store.touch(&sid, title).await {
+            if let Err(e) = store.touch(&sid, owner, title).await {
                 tracing::debug!(session = %sid, "cannot note the session's activity: {e}");
             }
         });
@@ -412,9 +435,17 @@ impl Conn {
         let target = sid.as_ref().and_then(|s| self.session(s));
         match (target, sid) {
             (Some(SessionRef::Bridge(b)), _) => {
-                if let Err(refused) = b.forward(id, method, params) {
-                    let (id, e) = *refused;
-                    self.reply_err(&id, &e).await;
+                let activity = self.activity(&method, params.as_deref(), &b);
+                match b.forward(id, method, params) {
+                    Ok(()) => {
+                        if let Some(activity) = activity {
+                            self.note_activity(activity);
+                        }
+                    }
+                    Err(refused) => {
+                        let (id, e) = *refused;
+                        self.reply_err(&id, &e).await;
+                    }
                 }
             }
             (Some(SessionRef::Run { .. }), _) => {

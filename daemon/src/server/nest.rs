@@ -10,7 +10,9 @@ use super::{Conn, SessionRef, lock};
 const UNFILED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a child's own connection may not do: a bridge session it opened would start at the top
-/// of the depth count, and one it loaded, closed or deleted could be its own ancestor's.
+/// of the depth count, and one it loaded, closed, deleted or renamed could be its own
+/// ancestor's (the prompts and settings of a session pass only to those this connection holds,
+/// and it holds none).
 pub(super) const BRIDGE_ONLY: &[&str] = &[
     "session/new",
     "session/load",
@@ -19,6 +21,7 @@ pub(super) const BRIDGE_ONLY: &[&str] = &[
     "session/list",
     "session/delete",
     "session/close",
+    "session/set_title",
     "authenticate",
     "logout",
 ];

@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use super::{Conn, SessionRef, bridge_error, lock, raw, session_not_found};
 use crate::child::Child;
 use crate::registry::{Slot, advertises};
-use crate::store::{SessionRow, Store};
+use crate::store::{Claim, Holder, Listed, SessionRow, Store};
 
 /// Pages of `session/list` asked of one agent, at most (a listing that never ends is cut).
 const MAX_CHILD_PAGES: usize = 20;
@@ -32,10 +32,13 @@ pub fn open_store() -> Store {
 /// Every live bridge session of this acpd process.
 pub struct Sessions {
     pub store: Store,
+    /// This acpd process, as it holds leases on the sessions live in it.
+    pub holder: Holder,
     live: Mutex<HashMap<String, Live>>,
-    /// Ids being opened right now (a load spawning its child), so a second load of the same
-    /// id waits its turn instead of opening it twice.
-    opening: Mutex<std::collections::HashSet<String>>,
+    /// Ids being opened right now (a load spawning its child) and by which uid, so a second
+    /// load of the same id waits its turn instead of opening it twice (and another user's
+    /// load learns nothing of it).
+    opening: Mutex<HashMap<String, Option<u32>>>,
     /// Woken when a connection releases its sessions (see [`RELEASE_WAIT`]).
     pub released: tokio::sync::Notify,
     /// How long a session outlives its connection (`acpd serve`'s `detach_timeout`); `None`
@@ -86,6 +89,7 @@ impl Sessions {
     pub fn new(store: Store, detach: Option<Duration>) -> Arc<Sessions> {
         Arc::new(Sessions {
             store,
+            holder: Holder::me(),
             live: Mutex::new(HashMap::new()),
             opening: Mutex::default(),
             released: tokio::sync::Notify::new(),
@@ -118,6 +122,12 @@ impl Sessions {
         self.tasks.spawn(async move {
             let end = child.ended().await;
             tracing::info!(provider = %child.provider().name, session = %id, ?end, "bridge session ended");
+            // No longer live here: another acpd may load it now. Released before the entry
+            // goes, so a load of it in this process (which waits for the entry) claims after
+            // this release, never before it.
+            if let Err(e) = me.store.release(&id, &me.holder).await {
+                tracing::warn!(session = %id, "cannot release the session's lease: {e}");
+            }
             lock(&me.live).remove(&id);
             let nested = crate::registry::Parent::Session(id.clone());
             tokio::join!(child.shut(), registry.dispose_nested(&nested));
@@ -145,13 +155,16 @@ impl Sessions {
     /// or an error when the session is open on another connection or being opened.
     pub fn take_for_load(self: &Arc<Self>, id: &str, uid: Option<u32>) -> Result<Taken, RpcError> {
         let mut live = lock(&self.live);
-        if lock(&self.opening).contains(id) {
+        if let Some(opener) = lock(&self.opening).get(id) {
+            if *opener != uid {
+                return Err(session_not_found(id));
+            }
             return Err(RpcError::invalid_request(format!(
                 "session {id} is being opened by another request; retry when it answers"
             )));
         }
         let Some(entry) = live.get_mut(id) else {
-            lock(&self.opening).insert(id.to_string());
+            lock(&self.opening).insert(id.to_string(), uid);
             return Ok(Taken::Reserved(Reservation {
                 sessions: self.clone(),
                 id: id.to_string(),
@@ -294,7 +307,7 @@ pub async fn list(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
             tracing::warn!(%provider, "session/list: the agent's own listing failed: {}", e.message);
         }
     }
-    let rows = match store.list(req.cwd.as_deref()).await {
+    let rows = match store.list(req.cwd.as_deref(), conn.caller()).await {
         Ok(rows) => rows,
         Err(e) => {
             return conn
@@ -302,15 +315,33 @@ pub async fn list(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
                 .await;
         }
     };
-    let (page, next) = match acpd_protocol::listing::page(
-        rows,
+    let infos: Vec<serde_json::Value> = rows.iter().map(session_info).collect();
+    // The answer line stays within max_line: the envelope with the longest cursor, plus each
+    // entry and its comma.
+    let envelope = acpd_protocol::envelope::encode_result(
+        &id,
+        &raw(&json!({ "sessions": [], "nextCursor": format!("acpd-p{}", u64::MAX) })),
+    )
+    .len()
+        + 1;
+    let budget = conn.ctx.registry.config().max_line.saturating_sub(envelope);
+    let cost = |v: &serde_json::Value| serde_json::to_string(v).map_or(usize::MAX, |t| t.len() + 1);
+    let (sessions, next, skipped) = match acpd_protocol::listing::page_within(
+        infos,
         req.cursor.as_deref(),
         acpd_protocol::listing::PAGE,
+        budget,
+        cost,
     ) {
         Ok(p) => p,
         Err(e) => return conn.reply_err(&id, &RpcError::invalid_params(e)).await,
     };
-    let sessions: Vec<serde_json::Value> = page.iter().map(session_info).collect();
+    if skipped > 0 {
+        tracing::warn!(
+            skipped,
+            "session/list: sessions too long for one line of max_line left out; raise max_line"
+        );
+    }
     let mut result = json!({ "sessions": sessions });
     if let Some(next) = next {
         result["nextCursor"] = json!(next);
@@ -354,7 +385,8 @@ async fn refresh(
     let listing = list_all(&mut ready, conn, provider, cwd).await;
     ready.close().await;
     let (listed, complete) = listing?;
-    // What the agent no longer lists, it deleted (only a whole, unfiltered listing says so).
+    // What the agent no longer lists, it deleted (only a whole, unfiltered listing says so;
+    // one cut at max_listed_sessions is all acpd keeps, so what is past it goes too).
     if complete && cwd.is_none() {
         conn.ctx
             .sessions
@@ -366,8 +398,8 @@ async fn refresh(
     Ok(())
 }
 
-/// Every page of the agent's listing, each session filed; the child ids and whether the
-/// listing was whole.
+/// Every page of the agent's listing, each session filed, up to `max_listed_sessions`; the
+/// child ids and whether the listing was whole (or cut at that bound: what acpd keeps of it).
 async fn list_all(
     ready: &mut crate::registry::Ready,
     conn: &Arc<Conn>,
@@ -376,6 +408,7 @@ async fn list_all(
 ) -> Result<(Vec<String>, bool), RpcError> {
     let internal = |e: String| RpcError::internal(e);
     let store = &conn.ctx.sessions.store;
+    let max = conn.ctx.registry.config().max_listed_sessions;
     let mut cursor: Option<String> = None;
     let mut listed = Vec::new();
     for _ in 0..MAX_CHILD_PAGES {
@@ -392,19 +425,54 @@ async fn list_all(
             .map_err(|e| bridge_error(&e))?;
         let page: ChildListing =
             serde_json::from_str(answer.get()).map_err(|e| internal(e.to_string()))?;
-        for s in page.sessions {
-            store
-                .adopt(provider, &s.session_id, &s.cwd, s.title, s.updated_at)
-                .await
-                .map_err(|e| internal(e.to_string()))?;
-            listed.push(s.session_id);
-        }
+        let room = max.saturating_sub(listed.len());
+        let cut = page.sessions.len() > room;
+        let page_sessions: Vec<Listed> = page
+            .sessions
+            .into_iter()
+            .filter(plausible)
+            .take(room)
+            .map(|s| Listed {
+                child_session_id: s.session_id,
+                cwd: s.cwd,
+                title: s.title,
+                updated_at: s.updated_at,
+            })
+            .collect();
+        listed.extend(page_sessions.iter().map(|s| s.child_session_id.clone()));
+        store
+            .adopt_listing(provider, page_sessions, max)
+            .await
+            .map_err(|e| internal(e.to_string()))?;
         cursor = page.next_cursor;
+        if cut || (cursor.is_some() && listed.len() >= max) {
+            tracing::warn!(%provider, max, "the agent lists more sessions than max_listed_sessions; the rest are not kept");
+            return Ok((listed, true));
+        }
         if cursor.is_none() {
             return Ok((listed, true));
         }
     }
     Ok((listed, false))
+}
+
+/// The longest child session id and cwd the map keeps from an agent's listing: an id is a
+/// key, a cwd a path (PATH_MAX); anything longer is a lie, left out.
+const MAX_CHILD_ID: usize = 1024;
+const MAX_CWD: usize = 4096;
+
+/// Whether a listed session is one acpd can keep: a short id, an absolute cwd of a path's
+/// length.
+fn plausible(s: &ChildSession) -> bool {
+    let ok = s.session_id.len() <= MAX_CHILD_ID
+        && s.cwd.is_absolute()
+        && s.cwd.as_os_str().len() <= MAX_CWD;
+    if !ok {
+        tracing::warn!(
+            "an agent listed a session with an id over {MAX_CHILD_ID} bytes or a cwd that is not an absolute path of at most {MAX_CWD}: left out"
+        );
+    }
+    ok
 }
 
 #[derive(Deserialize)]
@@ -430,7 +498,7 @@ pub async fn close_elsewhere(conn: Arc<Conn>, id: Id, params: Option<Box<RawValu
         let _ = conn.peer.respond_ok(&id, &json!({})).await;
         return;
     }
-    match conn.ctx.sessions.store.get(&sid).await {
+    match conn.ctx.sessions.store.get_owned(&sid, conn.caller()).await {
         Ok(Some(_)) => {
             let _ = conn.peer.respond_ok(&id, &json!({})).await;
         }
@@ -442,7 +510,9 @@ pub async fn close_elsewhere(conn: Arc<Conn>, id: Id, params: Option<Box<RawValu
     }
 }
 
-/// `session/delete`: the agent deletes its session (when it can), acpd forgets the id.
+/// `session/delete`: the agent deletes its session (when it can), acpd forgets the id. Only
+/// the owner's, only when no other acpd holds it live, and nothing ends before the agent is
+/// known to delete sessions at all: a refused delete changes nothing.
 pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     let req: SessionOnly = match acpd_protocol::methods::parse_params(params.as_deref()) {
         Ok(r) => r,
@@ -450,7 +520,8 @@ pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     };
     let sid = req.session_id;
     let store = &conn.ctx.sessions.store;
-    let row = match store.get(&sid).await {
+    let holder = &conn.ctx.sessions.holder;
+    let row = match store.get_owned(&sid, conn.caller()).await {
         Ok(Some(row)) => row,
         Ok(None) => return conn.reply_err(&id, &session_not_found(&sid)).await,
         Err(e) => {
@@ -459,15 +530,9 @@ pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
                 .await;
         }
     };
-    // A session open here or detached ends first.
-    let open_here = lock(&conn.sessions).remove(&sid);
-    if let Some(SessionRef::Bridge(b)) = open_here {
-        b.shut().await;
+    if let Some(h) = row.lease.as_ref().filter(|h| *h != holder && h.alive()) {
+        return conn.reply_err(&id, &held_elsewhere(&sid, h)).await;
     }
-    conn.ctx
-        .sessions
-        .end_detached(&sid, conn.ctx.peer_uid)
-        .await;
     let auth = conn.auth_for(&row.provider);
     let ready = conn
         .ctx
@@ -490,6 +555,33 @@ pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
             .reply_err(&id, &RpcError::method_not_found("session/delete"))
             .await;
     }
+    // Taken for the delete: no other acpd loads it meanwhile.
+    match store.claim(&sid, conn.caller(), holder).await {
+        Ok(Claim::Held) => {}
+        Ok(Claim::Elsewhere(h)) => {
+            ready.close().await;
+            return conn.reply_err(&id, &held_elsewhere(&sid, &h)).await;
+        }
+        Ok(Claim::Unknown) => {
+            ready.close().await;
+            return conn.reply_err(&id, &session_not_found(&sid)).await;
+        }
+        Err(e) => {
+            ready.close().await;
+            return conn
+                .reply_err(&id, &RpcError::internal(e.to_string()))
+                .await;
+        }
+    }
+    // A session open here or detached ends first.
+    let open_here = lock(&conn.sessions).remove(&sid);
+    if let Some(SessionRef::Bridge(b)) = open_here {
+        b.shut().await;
+    }
+    conn.ctx
+        .sessions
+        .end_detached(&sid, conn.ctx.peer_uid)
+        .await;
     let params = raw(&json!({ "sessionId": row.child_session_id }));
     let answer = ready.call("session/delete", &params, &conn.closing).await;
     ready.close().await;
@@ -500,6 +592,21 @@ pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
             }
             let _ = conn.peer.respond(&id, Ok(&result)).await;
         }
-        Err(e) => conn.reply_err(&id, &bridge_error(&e)).await,
+        Err(e) => {
+            if let Err(e) = store.release(&sid, holder).await {
+                tracing::warn!(session = %sid, "cannot release the session's lease: {e}");
+            }
+            conn.reply_err(&id, &bridge_error(&e)).await
+        }
     }
+}
+
+/// The answer to a load, resume, fork or delete of a session live in another acpd process.
+pub(super) fn held_elsewhere(sid: &str, h: &Holder) -> RpcError {
+    RpcError::invalid_request(format!(
+        "session {sid} is live in another acpd process (pid {pid}) sharing this session map; \
+         close it there (session/close through that acpd, or end acpd {pid}), then retry",
+        pid = h.pid
+    ))
+    .with_data(json!({ "holderPid": h.pid }))
 }

@@ -21,10 +21,13 @@ use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 mod tests;
 
 /// Bumped with every schema change; [`migrate`] brings older files up to it.
-const SCHEMA: i64 = 1;
+const SCHEMA: i64 = 2;
 /// How long a writer waits for another process's write before giving up.
 const BUSY: Duration = Duration::from_secs(5);
 const FILE_NAME: &str = "sessions.sqlite3";
+/// The longest title the map keeps, in bytes (cut on a character boundary): a title is a
+/// picker's label, and one agent or editor must not make every listing megabytes long.
+pub const MAX_TITLE: usize = 1024;
 
 /// A handle on the store; clones share one connection (SQLite serialises a connection's
 /// statements anyway, and one acpd process writes little).
@@ -75,6 +78,72 @@ pub struct SessionRow {
     pub title: Option<String>,
     /// RFC 3339 UTC with milliseconds ([`now`]): sorts as text.
     pub updated_at: String,
+    /// The uid of the user whose session it is: who opened it through acpd, or acpd's own
+    /// user for one an agent listed (the agent runs as acpd's user, its sessions are theirs).
+    /// Nobody else sees or touches it.
+    pub owner: u32,
+    /// The acpd process in which the session is live, if any: one session is live in one
+    /// acpd at a time.
+    pub lease: Option<Holder>,
+}
+
+/// An acpd process, told apart from a later one with the same pid by its start time and boot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: i32,
+    /// Clock ticks since boot (`/proc/PID/stat` field 22).
+    pub start: u64,
+    pub boot: String,
+}
+
+impl Holder {
+    /// This process.
+    pub fn me() -> Holder {
+        let pid = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+        Holder {
+            pid,
+            start: crate::supervise::start_time(pid).unwrap_or(0),
+            boot: crate::supervise::procfs::boot_id(),
+        }
+    }
+
+    /// Whether that process still runs: same boot, same pid, same start time.
+    pub fn alive(&self) -> bool {
+        self.boot == crate::supervise::procfs::boot_id()
+            && crate::supervise::start_time(self.pid) == Some(self.start)
+    }
+}
+
+/// What [`Store::claim`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The lease is this process's now (it was free, already ours, or its holder is dead).
+    Held,
+    /// Live in that other acpd process.
+    Elsewhere(Holder),
+    /// No such session of this owner.
+    Unknown,
+}
+
+/// A session as an agent's listing gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    pub child_session_id: String,
+    pub cwd: PathBuf,
+    pub title: Option<String>,
+    pub updated_at: Option<String>,
+}
+
+/// `title` cut to at most [`MAX_TITLE`] bytes, on a character boundary.
+pub fn cap_title(mut title: String) -> String {
+    if title.len() > MAX_TITLE {
+        let mut end = MAX_TITLE;
+        while !title.is_char_boundary(end) {
+            end -= 1;
+        }
+        title.truncate(end);
+    }
+    title
 }
 
 impl Store {
@@ -175,21 +244,87 @@ impl Store {
     /// Adds `row`, or replaces the row with its `acpd_id`. A child session already mapped to
     /// another acpd id is an error: one child session has one acpd id.
     pub async fn insert(&self, row: SessionRow) -> Result<(), StoreError> {
+        let title = row.title.map(cap_title);
+        let lease = row.lease;
         self.run(move |conn| {
             conn.execute(
-                "INSERT INTO sessions (acpd_id, provider, child_session_id, cwd, title, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                "INSERT INTO sessions (acpd_id, provider, child_session_id, cwd, title, updated_at,
+                   owner_uid, lease_pid, lease_start, lease_boot)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
                  ON CONFLICT (acpd_id) DO UPDATE SET provider = excluded.provider,
                    child_session_id = excluded.child_session_id, cwd = excluded.cwd,
-                   title = excluded.title, updated_at = excluded.updated_at",
+                   title = excluded.title, updated_at = excluded.updated_at,
+                   owner_uid = excluded.owner_uid, lease_pid = excluded.lease_pid,
+                   lease_start = excluded.lease_start, lease_boot = excluded.lease_boot",
                 params![
                     row.acpd_id,
                     row.provider,
                     row.child_session_id,
                     path_bytes(&row.cwd),
-                    row.title,
-                    row.updated_at
+                    title,
+                    row.updated_at,
+                    row.owner,
+                    lease.as_ref().map(|h| h.pid),
+                    lease.as_ref().map(|h| h.start.to_string()),
+                    lease.as_ref().map(|h| h.boot.clone()),
                 ],
+            )
+            .map(drop)
+        })
+        .await
+    }
+
+    /// The row of `acpd_id` if it is `owner`'s: another user's session is not there for them.
+    pub async fn get_owned(
+        &self,
+        acpd_id: &str,
+        owner: u32,
+    ) -> Result<Option<SessionRow>, StoreError> {
+        Ok(self.get(acpd_id).await?.filter(|r| r.owner == owner))
+    }
+
+    /// Makes `me` the holder of `owner`'s session `acpd_id`, unless another live acpd holds it.
+    /// A dead holder's lease (its process gone, or from another boot) is taken over.
+    pub async fn claim(&self, acpd_id: &str, owner: u32, me: &Holder) -> Result<Claim, StoreError> {
+        let (acpd_id, me) = (acpd_id.to_owned(), me.clone());
+        self.run(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let found = tx
+                .query_row(
+                    "SELECT owner_uid, lease_pid, lease_start, lease_boot FROM sessions
+                     WHERE acpd_id = ?1",
+                    [&acpd_id],
+                    |r| Ok((r.get::<_, u32>(0)?, lease_of(r, 1)?)),
+                )
+                .optional()?;
+            let claim = match found {
+                None => Claim::Unknown,
+                Some((o, _)) if o != owner => Claim::Unknown,
+                Some((_, Some(h))) if h != me && h.alive() => Claim::Elsewhere(h),
+                Some(_) => {
+                    tx.execute(
+                        "UPDATE sessions SET lease_pid = ?2, lease_start = ?3, lease_boot = ?4
+                         WHERE acpd_id = ?1",
+                        params![acpd_id, me.pid, me.start.to_string(), me.boot],
+                    )?;
+                    Claim::Held
+                }
+            };
+            tx.commit()?;
+            Ok(claim)
+        })
+        .await
+    }
+
+    /// Gives up `me`'s lease on `acpd_id` (the session is no longer live here); a lease
+    /// another process took meanwhile stays.
+    pub async fn release(&self, acpd_id: &str, me: &Holder) -> Result<(), StoreError> {
+        let (acpd_id, me) = (acpd_id.to_owned(), me.clone());
+        self.run(move |conn| {
+            conn.execute(
+                "UPDATE sessions SET lease_pid = NULL, lease_start = NULL, lease_boot = NULL
+                 WHERE acpd_id = ?1 AND lease_pid = ?2 AND lease_start = ?3 AND lease_boot = ?4",
+                params![acpd_id, me.pid, me.start.to_string(), me.boot],
             )
             .map(drop)
         })
@@ -210,15 +345,21 @@ impl Store {
         .await
     }
 
-    /// updated_at = now; title replaced when Some. An unknown id is not an error: the session
-    /// may have been forgotten by another process meanwhile.
-    pub async fn touch(&self, acpd_id: &str, title: Option<String>) -> Result<(), StoreError> {
+    /// updated_at = now; title replaced (capped) when Some; only on `owner`'s row. An unknown
+    /// id is not an error: the session may have been forgotten by another process meanwhile.
+    pub async fn touch(
+        &self,
+        acpd_id: &str,
+        owner: u32,
+        title: Option<String>,
+    ) -> Result<(), StoreError> {
         let acpd_id = acpd_id.to_owned();
+        let title = title.map(cap_title);
         self.run(move |conn| {
             conn.execute(
                 "UPDATE sessions SET updated_at = ?2, title = COALESCE(?3, title)
-                 WHERE acpd_id = ?1",
-                params![acpd_id, now(), title],
+                 WHERE acpd_id = ?1 AND owner_uid = ?4",
+                params![acpd_id, now(), title, owner],
             )
             .map(drop)
         })
@@ -238,7 +379,8 @@ impl Store {
     /// A session a provider listed: its acpd id (minted `acpd-<uuid v4>` when new; unique on
     /// (provider, child_session_id)), title/updated_at/cwd refreshed from the child's listing.
     /// A title or time the listing lacks keeps the stored one; a new row without a time gets
-    /// now. One statement, so two processes adopting the same session get the same id.
+    /// now, and belongs to acpd's own user. One statement, so two processes adopting the same
+    /// session get the same id.
     pub async fn adopt(
         &self,
         provider: &str,
@@ -247,41 +389,91 @@ impl Store {
         title: Option<String>,
         updated_at: Option<String>,
     ) -> Result<String, StoreError> {
-        let (provider, child) = (provider.to_owned(), child_session_id.to_owned());
-        let cwd = path_bytes(cwd).to_vec();
-        let listed = updated_at.as_deref().map(normalize_time);
+        let listed = Listed {
+            child_session_id: child_session_id.to_owned(),
+            cwd: cwd.to_path_buf(),
+            title,
+            updated_at,
+        };
+        let ids = self
+            .adopt_listing(provider, vec![listed], usize::MAX)
+            .await?;
+        ids.into_iter().next().ok_or_else(|| StoreError::Task {
+            path: self.path.to_path_buf(),
+            reason: "adopting one session returned no id".into(),
+        })
+    }
+
+    /// Adopts every session of one page of `provider`'s listing (see [`Store::adopt`]) in one
+    /// transaction, then keeps only the provider's `max` newest rows: an agent that lists
+    /// fresh ids without end cannot grow the map past `max` rows. Returns the acpd ids.
+    pub async fn adopt_listing(
+        &self,
+        provider: &str,
+        sessions: Vec<Listed>,
+        max: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let provider = provider.to_owned();
+        let owner = nix::unistd::Uid::effective().as_raw();
         self.run(move |conn| {
-            conn.query_row(
-                "INSERT INTO sessions (acpd_id, provider, child_session_id, cwd, title, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, COALESCE(?6, ?7))
-                 ON CONFLICT (provider, child_session_id) DO UPDATE SET cwd = excluded.cwd,
-                   title = COALESCE(excluded.title, title), updated_at = COALESCE(?6, updated_at)
-                 RETURNING acpd_id",
-                params![
-                    format!("acpd-{}", uuid::Uuid::new_v4()),
-                    provider,
-                    child,
-                    cwd,
-                    title,
-                    listed,
-                    now()
-                ],
-                |r| r.get(0),
-            )
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let mut ids = Vec::with_capacity(sessions.len());
+            {
+                let mut adopt = tx.prepare_cached(
+                    "INSERT INTO sessions (acpd_id, provider, child_session_id, cwd, title,
+                       updated_at, owner_uid)
+                     VALUES (?1, ?2, ?3, ?4, ?5, COALESCE(?6, ?7), ?8)
+                     ON CONFLICT (provider, child_session_id) DO UPDATE SET cwd = excluded.cwd,
+                       title = COALESCE(excluded.title, title),
+                       updated_at = COALESCE(?6, updated_at)
+                     RETURNING acpd_id",
+                )?;
+                for s in sessions {
+                    let id = adopt.query_row(
+                        params![
+                            format!("acpd-{}", uuid::Uuid::new_v4()),
+                            provider,
+                            s.child_session_id,
+                            path_bytes(&s.cwd),
+                            s.title.map(cap_title),
+                            s.updated_at.as_deref().map(normalize_time),
+                            now(),
+                            owner
+                        ],
+                        |r| r.get(0),
+                    )?;
+                    ids.push(id);
+                }
+            }
+            if max < usize::MAX {
+                tx.execute(
+                    "DELETE FROM sessions WHERE provider = ?1 AND acpd_id NOT IN (
+                       SELECT acpd_id FROM sessions WHERE provider = ?1
+                       ORDER BY updated_at DESC, acpd_id ASC LIMIT ?2)",
+                    params![provider, i64::try_from(max).unwrap_or(i64::MAX)],
+                )?;
+            }
+            tx.commit()?;
+            Ok(ids)
         })
         .await
     }
 
-    /// Newest first (updated_at desc, acpd_id asc); only rows whose cwd equals `cwd` when
-    /// given (byte for byte: the caller passes the path as the client sent it).
-    pub async fn list(&self, cwd: Option<&Path>) -> Result<Vec<SessionRow>, StoreError> {
+    /// `owner`'s rows, newest first (updated_at desc, acpd_id asc); only rows whose cwd
+    /// equals `cwd` when given (byte for byte: the caller passes the path as the client sent
+    /// it).
+    pub async fn list(
+        &self,
+        cwd: Option<&Path>,
+        owner: u32,
+    ) -> Result<Vec<SessionRow>, StoreError> {
         let cwd = cwd.map(|c| path_bytes(c).to_vec());
         self.run(move |conn| {
             let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM sessions WHERE ?1 IS NULL OR cwd = ?1
+                "SELECT {COLUMNS} FROM sessions WHERE (?1 IS NULL OR cwd = ?1) AND owner_uid = ?2
                  ORDER BY updated_at DESC, acpd_id ASC"
             ))?;
-            stmt.query_map([cwd], session_row)?.collect()
+            stmt.query_map(params![cwd, owner], session_row)?.collect()
         })
         .await
     }
@@ -388,7 +580,8 @@ impl Store {
     }
 }
 
-const COLUMNS: &str = "acpd_id, provider, child_session_id, cwd, title, updated_at";
+const COLUMNS: &str = "acpd_id, provider, child_session_id, cwd, title, updated_at, owner_uid, \
+                       lease_pid, lease_start, lease_boot";
 
 fn session_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -398,6 +591,20 @@ fn session_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         cwd: PathBuf::from(OsString::from_vec(r.get(3)?)),
         title: r.get(4)?,
         updated_at: r.get(5)?,
+        owner: r.get(6)?,
+        lease: lease_of(r, 7)?,
+    })
+}
+
+/// The lease in columns `at..at + 3` (pid, start as decimal text: a u64 does not fit SQLite's
+/// i64, boot id); None when unset or unreadable (an unreadable lease holds nothing).
+fn lease_of(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Option<Holder>> {
+    let pid: Option<i32> = r.get(at)?;
+    let start: Option<String> = r.get(at + 1)?;
+    let boot: Option<String> = r.get(at + 2)?;
+    Ok(match (pid, start.and_then(|s| s.parse().ok()), boot) {
+        (Some(pid), Some(start), Some(boot)) => Some(Holder { pid, start, boot }),
+        _ => None,
     })
 }
 
@@ -462,6 +669,19 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
                 updated_at TEXT NOT NULL
             );",
         )
+        .map_err(query)?;
+    }
+    if found < 2 {
+        // Rows from before owners were kept were written by this file's user (the state dir
+        // is theirs): they stay that user's. A uid is an integer, so formatting it is safe.
+        let own = nix::unistd::Uid::effective().as_raw();
+        tx.execute_batch(&format!(
+            "ALTER TABLE sessions ADD COLUMN owner_uid INTEGER NOT NULL DEFAULT {own};
+             ALTER TABLE sessions ADD COLUMN lease_pid INTEGER;
+             ALTER TABLE sessions ADD COLUMN lease_start TEXT;
+             ALTER TABLE sessions ADD COLUMN lease_boot TEXT;
+             CREATE INDEX sessions_by_provider ON sessions (provider, updated_at DESC, acpd_id);"
+        ))
         .map_err(query)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA)

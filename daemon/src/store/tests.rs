@@ -17,7 +17,14 @@ fn row(id: &str, provider: &str, child: &str, cwd: &str, updated_at: &str) -> Se
         cwd: PathBuf::from(cwd),
         title: Some(format!("title of {id}")),
         updated_at: updated_at.into(),
+        owner: me(),
+        lease: None,
     }
+}
+
+/// The owner of rows this process adopts.
+fn me() -> u32 {
+    nix::unistd::Uid::effective().as_raw()
 }
 
 fn ids(rows: &[SessionRow]) -> Vec<&str> {
@@ -65,7 +72,7 @@ async fn non_utf8_cwd_comes_back_exact() {
         ..row("acpd-a", "echo", "c1", "/", "2026-12-01T10:00:00Z")
     };
     store.insert(r.clone()).await.unwrap();
-    assert_eq!(store.list(Some(&cwd)).await.unwrap(), vec![r]);
+    assert_eq!(store.list(Some(&cwd), me()).await.unwrap(), vec![r]);
 }
 
 #[tokio::test]
@@ -75,7 +82,7 @@ async fn touch_bumps_time_and_keeps_or_replaces_title() {
         .insert(row("acpd-a", "echo", "c1", "/w", "2000-01-01T00:00:00Z"))
         .await
         .unwrap();
-    store.touch("acpd-a", None).await.unwrap();
+    store.touch("acpd-a", me(), None).await.unwrap();
     let got = store.get("acpd-a").await.unwrap().unwrap();
     assert_eq!(got.title.as_deref(), Some("title of acpd-a"));
     assert!(
@@ -86,12 +93,18 @@ async fn touch_bumps_time_and_keeps_or_replaces_title() {
     assert!(humantime::parse_rfc3339(&got.updated_at).is_ok());
     assert_eq!(got.updated_at.len(), "2026-12-01T10:00:00.000Z".len());
 
-    store.touch("acpd-a", Some("new".into())).await.unwrap();
+    store
+        .touch("acpd-a", me(), Some("new".into()))
+        .await
+        .unwrap();
     let got = store.get("acpd-a").await.unwrap().unwrap();
     assert_eq!(got.title.as_deref(), Some("new"));
 
     // Unknown ids are fine.
-    store.touch("acpd-nope", Some("x".into())).await.unwrap();
+    store
+        .touch("acpd-nope", me(), Some("x".into()))
+        .await
+        .unwrap();
     assert_eq!(store.get("acpd-nope").await.unwrap(), None);
 }
 
@@ -106,13 +119,13 @@ async fn list_is_newest_first_then_by_id_and_filters_on_cwd() {
     ] {
         store.insert(r).await.unwrap();
     }
-    let all = store.list(None).await.unwrap();
+    let all = store.list(None, me()).await.unwrap();
     assert_eq!(ids(&all), ["acpd-c", "acpd-a", "acpd-b", "acpd-d"]);
-    let w = store.list(Some(Path::new("/w"))).await.unwrap();
+    let w = store.list(Some(Path::new("/w")), me()).await.unwrap();
     assert_eq!(ids(&w), ["acpd-a", "acpd-b"]);
     assert!(
         store
-            .list(Some(Path::new("/none")))
+            .list(Some(Path::new("/none")), me())
             .await
             .unwrap()
             .is_empty()
@@ -144,6 +157,8 @@ async fn adopt_is_idempotent_and_refreshes() {
             cwd: "/w".into(),
             title: Some("first".into()),
             updated_at: "2026-12-01T10:00:00.250Z".into(),
+            owner: me(),
+            lease: None,
         }
     );
 
@@ -181,7 +196,7 @@ async fn adopt_is_idempotent_and_refreshes() {
     assert_ne!(other, id);
     let got = store.get(&other).await.unwrap().unwrap();
     assert!(humantime::parse_rfc3339(&got.updated_at).is_ok());
-    assert_eq!(store.list(None).await.unwrap().len(), 2);
+    assert_eq!(store.list(None, me()).await.unwrap().len(), 2);
 }
 
 #[test]
@@ -231,7 +246,7 @@ async fn forget_unlisted_removes_only_that_providers_missing_rows() {
         .unwrap();
     assert_eq!(gone, 2);
     let mut left: Vec<(String, String)> = store
-        .list(None)
+        .list(None, me())
         .await
         .unwrap()
         .into_iter()
@@ -371,7 +386,7 @@ fn hammer(path: &Path, tag: &str) {
                 .insert(row(&id, "echo", &child, "/w", "2026-12-01T10:00:00Z"))
                 .await
                 .unwrap();
-            store.touch(&id, None).await.unwrap();
+            store.touch(&id, me(), None).await.unwrap();
             store
                 .adopt(
                     "shared",
@@ -391,7 +406,7 @@ fn check_hammered(path: &Path, tags: &[&str]) {
         .build()
         .unwrap();
     let store = Store::open(path).unwrap();
-    let rows = rt.block_on(store.list(None)).unwrap();
+    let rows = rt.block_on(store.list(None, me())).unwrap();
     for tag in tags {
         let prefix = format!("acpd-{tag}-");
         let n = rows
@@ -471,4 +486,193 @@ fn concurrent_writers_in_processes_never_fail_busy() {
         );
     }
     check_hammered(&path, &tags);
+}
+
+/// Another user's session is not there for them: not got, listed, touched or claimed.
+#[tokio::test]
+async fn rows_are_their_owners_only() {
+    let store = Store::in_memory();
+    let theirs = SessionRow {
+        owner: 4242,
+        ..row("acpd-t", "echo", "c1", "/w", "2026-12-01T10:00:00Z")
+    };
+    store.insert(theirs.clone()).await.unwrap();
+    store
+        .insert(row("acpd-m", "echo", "c2", "/w", "2026-12-01T09:00:00Z"))
+        .await
+        .unwrap();
+    assert_eq!(store.get_owned("acpd-t", me()).await.unwrap(), None);
+    assert_eq!(
+        store.get_owned("acpd-t", 4242).await.unwrap(),
+        Some(theirs.clone())
+    );
+    assert_eq!(ids(&store.list(None, me()).await.unwrap()), ["acpd-m"]);
+    assert_eq!(ids(&store.list(None, 4242).await.unwrap()), ["acpd-t"]);
+    store
+        .touch("acpd-t", me(), Some("mine now".into()))
+        .await
+        .unwrap();
+    assert_eq!(store.get("acpd-t").await.unwrap(), Some(theirs));
+    let holder = Holder::me();
+    assert_eq!(
+        store.claim("acpd-t", me(), &holder).await.unwrap(),
+        Claim::Unknown
+    );
+    assert_eq!(store.get("acpd-t").await.unwrap().unwrap().lease, None);
+}
+
+/// A lease is taken when free, kept by its live holder against others, taken over from a
+/// dead one, and released only by its holder.
+#[tokio::test]
+async fn leases_hold_one_live_process_and_pass_from_the_dead() {
+    let store = Store::in_memory();
+    store
+        .insert(row("acpd-a", "echo", "c1", "/w", "2026-12-01T10:00:00Z"))
+        .await
+        .unwrap();
+    let me_now = Holder::me();
+    // Another live process: this test's parent (cargo) is alive and is not us.
+    let ppid = nix::unistd::getppid().as_raw();
+    let other = Holder {
+        pid: ppid,
+        start: crate::supervise::start_time(ppid).unwrap(),
+        boot: me_now.boot.clone(),
+    };
+    assert!(other.alive());
+    assert_eq!(
+        store.claim("acpd-a", me(), &other).await.unwrap(),
+        Claim::Held
+    );
+    assert_eq!(
+        store.claim("acpd-a", me(), &me_now).await.unwrap(),
+        Claim::Elsewhere(other.clone())
+    );
+    // Not ours to release.
+    store.release("acpd-a", &me_now).await.unwrap();
+    assert_eq!(
+        store.get("acpd-a").await.unwrap().unwrap().lease,
+        Some(other.clone())
+    );
+    // Its holder re-claims (idempotent), then releases: free for us.
+    assert_eq!(
+        store.claim("acpd-a", me(), &other).await.unwrap(),
+        Claim::Held
+    );
+    store.release("acpd-a", &other).await.unwrap();
+    assert_eq!(
+        store.claim("acpd-a", me(), &me_now).await.unwrap(),
+        Claim::Held
+    );
+    // A dead holder (a start time that pid never had, or another boot) is taken over.
+    for dead in [
+        Holder {
+            start: other.start + 1,
+            ..other.clone()
+        },
+        Holder {
+            boot: "another-boot".into(),
+            ..other.clone()
+        },
+    ] {
+        assert!(!dead.alive());
+        store.release("acpd-a", &me_now).await.unwrap();
+        assert_eq!(
+            store.claim("acpd-a", me(), &dead).await.unwrap(),
+            Claim::Held
+        );
+        assert_eq!(
+            store.claim("acpd-a", me(), &me_now).await.unwrap(),
+            Claim::Held
+        );
+    }
+}
+
+/// Titles are capped on a character boundary; a listing keeps a provider's newest `max` rows.
+#[tokio::test]
+async fn titles_are_capped_and_listings_bounded() {
+    let store = Store::in_memory();
+    let long = "é".repeat(MAX_TITLE); // 2 bytes each
+    store
+        .insert(SessionRow {
+            title: Some(long.clone()),
+            ..row("acpd-a", "echo", "c1", "/w", "2026-12-01T10:00:00Z")
+        })
+        .await
+        .unwrap();
+    let got = store.get("acpd-a").await.unwrap().unwrap().title.unwrap();
+    assert_eq!(got.len(), MAX_TITLE);
+    assert_eq!(cap_title(format!("a{long}")).len(), MAX_TITLE - 1);
+    store.touch("acpd-a", me(), Some(long)).await.unwrap();
+    assert_eq!(
+        store
+            .get("acpd-a")
+            .await
+            .unwrap()
+            .unwrap()
+            .title
+            .unwrap()
+            .len(),
+        MAX_TITLE
+    );
+
+    let page = |from: usize| -> Vec<Listed> {
+        (from..from + 10)
+            .map(|i| Listed {
+                child_session_id: format!("c{i}"),
+                cwd: "/w".into(),
+                title: Some("x".repeat(3 * MAX_TITLE)),
+                updated_at: Some(format!("2026-12-01T10:00:{:02}Z", i % 60)),
+            })
+            .collect()
+    };
+    for round in 0..5 {
+        let ids = store
+            .adopt_listing("flood", page(100 + round * 10), 7)
+            .await
+            .unwrap();
+        assert_eq!(ids.len(), 10);
+        let rows: Vec<SessionRow> = store
+            .list(None, me())
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.provider == "flood")
+            .collect();
+        assert_eq!(rows.len(), 7, "round {round}");
+        assert!(
+            rows.iter()
+                .all(|r| r.title.as_ref().unwrap().len() == MAX_TITLE)
+        );
+    }
+    // Other providers' rows are not touched by one's bound.
+    assert!(store.get("acpd-a").await.unwrap().is_some());
+}
+
+/// A file of schema 1 (no owners) is brought up to date: its rows stay the file user's.
+#[test]
+fn schema_one_rows_become_the_file_users() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sessions.sqlite3");
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE sessions (acpd_id TEXT PRIMARY KEY NOT NULL, provider TEXT NOT NULL,
+               child_session_id TEXT NOT NULL, cwd BLOB NOT NULL, title TEXT,
+               updated_at TEXT NOT NULL, UNIQUE (provider, child_session_id));
+             CREATE INDEX sessions_by_time ON sessions (updated_at DESC, acpd_id);
+             CREATE TABLE probes (provider TEXT PRIMARY KEY NOT NULL,
+               fingerprint TEXT NOT NULL, value TEXT NOT NULL, updated_at TEXT NOT NULL);
+             INSERT INTO sessions VALUES ('acpd-old', 'echo', 'c', CAST('/w' AS BLOB), NULL,
+               '2026-01-01T00:00:00.000Z');
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let got = rt
+        .block_on(store.get_owned("acpd-old", me()))
+        .unwrap()
+        .unwrap();
+    assert_eq!((got.owner, got.lease), (me(), None));
 }
