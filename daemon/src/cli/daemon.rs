@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_USAGE, config_or_usage, load_config};
 use crate::runtime::{self, ServeOptions};
-use crate::wire;
 
 #[derive(Debug, clap::Args)]
 pub struct SocketArg {
@@ -26,6 +25,9 @@ pub struct ConnectArgs {
     /// With no daemon running, serve this one connection in-process instead of failing.
     #[arg(long)]
     pub or_stdio: bool,
+    /// How long the connect step may take (a stopped daemon, a full backlog).
+    #[command(flatten)]
+    pub timeout: super::client::TimeoutArg,
 }
 
 #[derive(Debug, clap::Args)]
@@ -35,6 +37,8 @@ pub struct QueryArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub timeout: super::client::TimeoutArg,
 }
 
 fn socket_path(arg: &SocketArg) -> Result<PathBuf, u8> {
@@ -101,15 +105,15 @@ pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
         Err(_) if args.or_stdio => return super::stdio(config_path).await,
         Err(code) => return code,
     };
-    let stream = match tokio::net::UnixStream::connect(&path).await {
+    let within = args.timeout.timeout;
+    let deadline = tokio::time::Instant::now() + within;
+    let stream = match super::client::connect(&path, within, deadline).await {
         Ok(s) => s,
-        Err(_) if args.or_stdio => return super::stdio(config_path).await,
+        Err(super::client::ClientError::NoDaemon { .. }) if args.or_stdio => {
+            return super::stdio(config_path).await;
+        }
         Err(e) => {
-            errln!(
-                "acpd: no acpd daemon at {} ({e}); start one with `acpd serve` or \
-                 `systemctl --user start acpd.socket`, or use `acpd connect --or-stdio`",
-                path.display()
-            );
+            errln!("acpd: {e}; or use `acpd connect --or-stdio`");
             return 1;
         }
     };
@@ -185,39 +189,31 @@ async fn pipe(
     }
 }
 
-/// One request to the daemon over its socket, as an ACP client.
-async fn query(path: &Path, method: &'static str) -> Result<Value, String> {
-    let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| {
-        format!(
-            "no acpd daemon at {} ({e}); start one with `acpd serve`",
-            path.display()
-        )
-    })?;
-    let (reader, writer) = stream.into_split();
-    let conn = wire::connect(reader, writer, acpd_protocol::codec::DEFAULT_MAX_LINE);
-    let call = |m: &'static str, p: Value| {
-        let peer = conn.peer.clone();
-        async move { peer.request(m, &p).await.map_err(|e| e.to_string()) }
-    };
-    call(
-        "initialize",
-        // A query asks acpd, not the agent: no probe of the default provider.
-        json!({ "protocolVersion": 1, "clientCapabilities": {}, "_meta": { "acpd": { "query": true } } }),
-    )
-    .await?;
-    let raw = call(method, json!({})).await?;
-    conn.peer.close();
-    serde_json::from_str(raw.get()).map_err(|e| e.to_string())
+/// One request to the daemon over its socket, as an ACP client, all of it within `within`.
+async fn query(
+    path: &Path,
+    method: &'static str,
+    within: std::time::Duration,
+) -> Result<Value, super::client::ClientError> {
+    let mut client = super::client::Client::open(path, within).await?;
+    let raw = client.call(method, &json!({})).await?;
+    client.close();
+    serde_json::from_str(raw.get()).map_err(|e| super::client::ClientError::Garbage {
+        path: path.to_path_buf(),
+        detail: format!("a {method} result that is not JSON ({e})"),
+    })
 }
 
 /// Asks the daemon; `Err` is the exit code, with the reason already on stderr. With `--json`
 /// the answer is printed here and `None` returned.
 async fn ask(args: &QueryArgs, method: &'static str) -> Result<Option<Value>, u8> {
     let path = socket_path(&args.socket)?;
-    let v = query(&path, method).await.map_err(|e| {
-        errln!("acpd: {e}");
-        1
-    })?;
+    let v = query(&path, method, args.timeout.timeout)
+        .await
+        .map_err(|e| {
+            errln!("acpd: {e}");
+            1
+        })?;
     if args.json {
         return match outln!("{v}") {
             Ok(()) => Ok(None),
