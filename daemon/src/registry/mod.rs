@@ -32,7 +32,7 @@ pub use error::RegistryError;
 pub use events::RunEvent;
 pub use gate::{DepthContext, auth_env_names};
 use gate::{capabilities, check_capabilities, resolve_cwd, start_failed, takes_system_prompt};
-pub use nest::{Lineage, Nest, Origin, Parent};
+pub use nest::{Lineage, Nest, Origin, Parent, Tree};
 pub use run::{Run, RunState};
 
 /// Who started a run; only its owner may wait on, cancel, send to or dispose it.
