@@ -253,3 +253,172 @@ fn no_daemon_is_refused_at_once_and_bad_timeouts_are_usage_errors() {
         assert!(text(&out.stderr).contains("--timeout"), "{bad}");
     }
 }
+
+/// Connects to SOCKET, starts a run of provider `fast` labelled LABEL (JSON-decoded), prints
+/// its answer and holds the connection (its runs live) until stdin closes.
+const STARTER: &str = r#"
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+f = s.makefile("rwb")
+def call(i, method, params):
+    f.write((json.dumps({"jsonrpc": "2.0", "id": i, "method": method, "params": params}) + "\n").encode())
+    f.flush()
+    while True:
+        msg = json.loads(f.readline())
+        if msg.get("id") == i:
+            return msg
+call(1, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+started = call(2, "_acpd/subagent/start", {"provider": "fast", "cwd": "/tmp",
+    "label": json.loads(sys.argv[2]), "prompt": [{"type": "text", "text": "hi"}]})
+print(json.dumps(started), flush=True)
+sys.stdin.read()
+"#;
+
+/// A connection holding one run labelled `label`, as whoever `cmd` runs as.
+struct Starter(Child);
+
+impl Starter {
+    fn start(mut cmd: Command, socket: &Path, label: &str) -> (Starter, serde_json::Value) {
+        let mut child = cmd
+            .args(["-c", STARTER])
+            .arg(socket)
+            .arg(serde_json::to_string(label).unwrap())
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let answer: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("the starter said {line:?} ({e})"));
+        assert!(answer["result"]["runId"].is_string(), "{answer}");
+        (Starter(child), answer["result"].clone())
+    }
+}
+
+impl Drop for Starter {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A label a parent chose to clear the operator's screen is printed escaped by `acpd runs`.
+#[test]
+fn runs_prints_a_hostile_label_escaped() {
+    let d = Daemon::start(Env::new(""));
+    let (_run, _) = Starter::start(
+        Command::new("python3"),
+        &d.socket,
+        "evil\x1b[2J\r\x07\u{202e}x",
+    );
+    let out = d.cli(&["runs"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains(r"evil\u{1b}[2J\r\u{7}\u{202e}x"), "{shown}");
+    assert!(
+        !shown.chars().any(|c| c.is_control() && c != '\n'),
+        "a raw control character reached the terminal: {shown:?}"
+    );
+}
+
+/// A user created for one test (as root), removed with its group when dropped.
+struct TempUser {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+impl TempUser {
+    fn create() -> Option<TempUser> {
+        if !nix::unistd::Uid::effective().is_root() {
+            return None;
+        }
+        let name = format!("acpdt{}", std::process::id());
+        let made = Command::new("useradd")
+            .args([
+                "--no-create-home",
+                "--user-group",
+                "--shell",
+                "/usr/sbin/nologin",
+            ])
+            .arg(&name)
+            .status()
+            .ok()?;
+        if !made.success() {
+            return None;
+        }
+        let user = nix::unistd::User::from_name(&name).ok()??;
+        Some(TempUser {
+            name,
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+        })
+    }
+
+    fn command(&self, program: &str) -> Command {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(program);
+        // std drops root's supplementary groups when it sets the uid.
+        cmd.uid(self.uid).gid(self.gid);
+        cmd
+    }
+}
+
+impl Drop for TempUser {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").arg(&self.name).status();
+    }
+}
+
+/// `acpd runs` from a member of `allow_group` lists that user's runs only; acpd's own user
+/// sees every run. Needs root (to create the second user); skipped otherwise.
+#[test]
+fn runs_lists_only_the_callers_own_runs() {
+    let Some(user) = TempUser::create() else {
+        eprintln!("skipped: needs root and useradd to create a second user");
+        return;
+    };
+    let d = Daemon::start(Env::new(&format!("allow_group = \"{}\"", user.name)));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // Let the second user reach the socket: the test's directories are root's and 0700.
+        for p in [d.env.path(), &d.env.path().join("run")] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let (_mine, mine) = Starter::start(Command::new("python3"), &d.socket, "owner's secret task");
+    let (_theirs, theirs) = Starter::start(user.command("python3"), &d.socket, "their task");
+    let runs_as = |cmd: &mut Command| {
+        let out = finish(
+            cmd.args(["runs", "--json", "--timeout", "10", "--socket"])
+                .arg(&d.socket)
+                .current_dir("/")
+                .env("ACPD_LOG", "warn"),
+        );
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut ids: Vec<String> = v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["runId"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let as_user = runs_as(&mut user.command(BIN));
+    assert_eq!(as_user, [theirs["runId"].as_str().unwrap()]);
+    let mut all = vec![
+        mine["runId"].as_str().unwrap().to_string(),
+        theirs["runId"].as_str().unwrap().to_string(),
+    ];
+    all.sort();
+    assert_eq!(runs_as(&mut base()), all);
+}

@@ -236,7 +236,7 @@ fn print_status(v: &Value) -> std::io::Result<()> {
     let limits = &v["limits"];
     outln!(
         "acpd {} (pid {}), up {}s",
-        v["version"].as_str().unwrap_or("?"),
+        shown(v["version"].as_str().unwrap_or("?")),
         v["pid"],
         v["uptimeS"]
     )?;
@@ -251,14 +251,18 @@ fn print_status(v: &Value) -> std::io::Result<()> {
         .as_object()
         .map(|m| {
             m.iter()
-                .map(|(name, p)| format!("{name} ({}/{})", p["live"], p["maxConcurrent"]))
+                .map(|(name, p)| format!("{} ({}/{})", shown(name), p["live"], p["maxConcurrent"]))
                 .collect()
         })
         .unwrap_or_default();
     outln!("providers: {}", providers.join(", "))?;
     let spares: Vec<String> = v["spares"]
         .as_object()
-        .map(|m| m.iter().map(|(name, n)| format!("{name} {n}")).collect())
+        .map(|m| {
+            m.iter()
+                .map(|(name, n)| format!("{} {n}", shown(name)))
+                .collect()
+        })
         .unwrap_or_default();
     outln!(
         "bridge sessions: {} attached, {} detached   warm spares: {}",
@@ -273,18 +277,34 @@ fn print_status(v: &Value) -> std::io::Result<()> {
     outln!("{}", containment_line(&v["containment"]))
 }
 
+/// Text a child, a parent or a config controls, made safe for a terminal: control characters
+/// (ESC, CR, BEL, … C1 too) and the bidi overrides that reorder what is shown are printed as
+/// escapes (`\u{1b}`, `\r`), never acted on.
+fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `containment: cgroup (why) at PATH` from `_acpd/status`'s `containment` object.
 fn containment_line(c: &Value) -> String {
     let mut line = format!(
         "containment: {} ({})",
-        c["mode"].as_str().unwrap_or("unknown"),
-        c["reason"].as_str().unwrap_or("no reason given")
+        shown(c["mode"].as_str().unwrap_or("unknown")),
+        shown(c["reason"].as_str().unwrap_or("no reason given"))
     );
     if let Some(path) = c["path"].as_str() {
-        line.push_str(&format!(" at {path}"));
+        line.push_str(&format!(" at {}", shown(path)));
     }
     if let Some(list) = c["controllers"].as_array().filter(|l| !l.is_empty()) {
-        let names: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
+        let names: Vec<String> = list.iter().filter_map(Value::as_str).map(shown).collect();
         line.push_str(&format!("; limits via {}", names.join(", ")));
     }
     line
@@ -320,7 +340,7 @@ fn print_runs(v: &Value) -> std::io::Result<()> {
         "CONN"
     )?;
     for r in v["runs"].as_array().into_iter().flatten() {
-        let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
+        let s = |k: &str| shown(r[k].as_str().unwrap_or("-"));
         outln!(
             "{:<38} {:<12} {:<16} {:<9} {:>5}s {:>8} {:>5} {:>5}  {}",
             s("runId"),
@@ -345,7 +365,7 @@ fn print_runs(v: &Value) -> std::io::Result<()> {
         )?;
     }
     for s in sessions {
-        let f = |k: &str| s[k].as_str().unwrap_or("-").to_string();
+        let f = |k: &str| shown(s[k].as_str().unwrap_or("-"));
         outln!(
             "{:<48} {:<12} {:<9} {:>8}",
             f("sessionId"),
@@ -440,8 +460,8 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
         let cancel = CancellationToken::new();
         let line = match registry.probe(&provider.name, Some(&cwd), &cancel).await {
             Ok(agent) => {
-                let name = agent.agent_info["name"].as_str().unwrap_or("?");
-                let version = agent.agent_info["version"].as_str().unwrap_or("?");
+                let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
+                let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
                 let auth = auth_report(&provider, &agent, |n| {
                     std::env::var_os(n).is_some_and(|v| !v.is_empty())
                 });
@@ -451,12 +471,12 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
                     provider.name,
                     if auth.ok { "OK" } else { "FAIL" },
                     agent.protocol_version,
-                    auth.text
+                    shown(&auth.text)
                 )
             }
             Err(e) => {
                 healthy = false;
-                outln!("{}: FAIL — {e}", provider.name)
+                outln!("{}: FAIL — {}", provider.name, shown(&e.to_string()))
             }
         };
         if let Err(e) = line {
