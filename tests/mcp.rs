@@ -948,7 +948,6 @@ fn every_unusable_line_gets_an_error_with_its_id() {
     assert_eq!(v["id"], 9, "{v}");
     assert!(v["result"]["tools"].is_array(), "{v}");
 
-    drop(send);
     drop(stdin);
     let deadline = Instant::now() + Duration::from_secs(20);
     while child.try_wait().unwrap().is_none() {
