@@ -358,6 +358,11 @@ mod tests {
         let v = answer(r#"{"foo":"bar"}"#);
         assert_eq!(v["id"], Value::Null);
         assert!(v.as_object().unwrap().contains_key("id"));
+        let v = answer(r#"{"jsonrpc":"2.0","id":1.5,"method":"tools/list"}"#);
+        assert_eq!(
+            (v["id"].clone(), v["error"]["code"].clone()),
+            (Value::Null, json!(-32600))
+        );
         let v = answer("[1,2]");
         assert_eq!(v["error"]["code"], json!(-32600));
     }
