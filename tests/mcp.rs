@@ -857,3 +857,101 @@ async fn a_daemon_that_goes_away_is_reported_then_found_again() {
     assert_eq!(daemon.query(&env, "status")["connections"], 2);
     mcp.close().await;
 }
+
+/// Lines an MCP client may send that rmcp alone drops or answers without an id: each gets a
+/// JSON-RPC error with the request's id (null when it has none), in order, and the server
+/// still answers the next good request.
+#[test]
+fn every_unusable_line_gets_an_error_with_its_id() {
+    use std::io::{BufRead, BufReader, Write};
+    let env = env();
+    let mut child = env
+        .acpd()
+        .args(["mcp", "--in-process"])
+        .env_remove("ACPD_SOCKET")
+        .env("XDG_RUNTIME_DIR", env.path().join("no-runtime-dir"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            let _ = tx.send(serde_json::from_str(&line).unwrap_or(json!({ "raw": line })));
+        }
+    });
+    let next = || {
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("acpd mcp did not answer a line (it was dropped)")
+    };
+    let mut send = |line: &str| {
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    };
+    send(
+        &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": { "name": "t", "version": "1" } } })
+        .to_string(),
+    );
+    assert_eq!(next()["id"], 1);
+    send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+
+    send("this is not json");
+    let v = next();
+    assert_eq!(v["error"]["code"], -32700, "{v}");
+    assert!(
+        v.as_object().unwrap().contains_key("id") && v["id"].is_null(),
+        "{v}"
+    );
+
+    let deep = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"subagent_list","arguments":{{"x":{}{}}}}}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    send(&deep);
+    let v = next();
+    assert_eq!(
+        (v["id"].clone(), v["error"]["code"].clone()),
+        (json!(7), json!(-32600)),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nested deeper"),
+        "{v}"
+    );
+
+    send(r#"{"jsonrpc":"2.0","id":"eight","method":"tools/call","params":[1]}"#);
+    let v = next();
+    assert_eq!(v["id"], "eight", "{v}");
+    assert!(v["error"]["code"].is_i64(), "{v}");
+
+    send(r#"{"foo":"bar"}"#);
+    let v = next();
+    assert!(
+        v.as_object().unwrap().contains_key("id") && v["id"].is_null(),
+        "{v}"
+    );
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+
+    send(r#"{"jsonrpc":"2.0","id":9,"method":"tools/list"}"#);
+    let v = next();
+    assert_eq!(v["id"], 9, "{v}");
+    assert!(v["result"]["tools"].is_array(), "{v}");
+
+    drop(stdin);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "acpd mcp did not exit at EOF");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -608,3 +608,79 @@ def call(i, method, params):
             return msg"#
     )
 }
+
+/// A child that opens 80 connections to the daemon gets `max_connections_per_child` (8) of
+/// them, the rest one LIMIT line each; an editor still connects (before, the child took every
+/// `max_connections` slot).
+#[test]
+fn one_childs_connections_leave_room_for_editors() {
+    let env = Env::raw("");
+    let socket = env.path().join("run/acpd.sock");
+    let out = env.path().join("flood.json");
+    let script = env.path().join("flood.py");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import json, os, socket, time
+init = json.dumps({{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "params": {{"protocolVersion": 1, "_meta": {{"acpd": {{"query": True}}}}}}}}) + "\n"
+held, answers = [], []
+for _ in range(80):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect({socket:?})
+    held.append(s)
+for s in held:
+    s.settimeout(30)
+    try:
+        s.sendall(init.encode())
+        line = s.makefile("rb").readline()
+        answers.append(json.loads(line) if line else {{"closed": True}})
+    except Exception as e:
+        answers.append({{"failed": str(e)}})
+open({out:?} + ".tmp", "w").write(json.dumps(answers))
+os.rename({out:?} + ".tmp", {out:?})
+time.sleep(600)
+"#
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &env.config,
+        format!(
+            "detach_timeout = \"0s\"\ndefault_provider = \"p\"\n\
+             [providers.p]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+             [providers.h]\n\
+             command = [\"sh\", \"-c\", \"python3 {script} & exec {BIN} agent echo\"]\n\
+             cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n",
+            script = script.display(),
+        ),
+    )
+    .unwrap();
+    let serve = Serve::start(&env);
+    let mut raw = editor(&serve);
+    let _session = raw.new_session(Path::new("/tmp"), "h");
+    assert!(
+        eventually(REAPED, || out.exists()),
+        "the flooding child never finished"
+    );
+    let answers: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let served = answers.iter().filter(|a| a.get("result").is_some()).count();
+    let refused: Vec<&Value> = answers
+        .iter()
+        .filter(|a| a["error"]["data"]["limit"] == "max_connections_per_child")
+        .collect();
+    assert_eq!(served, 8, "{answers:?}");
+    assert_eq!(refused.len(), 72, "{answers:?}");
+    assert!(
+        refused.iter().all(|a| a["id"].is_null()
+            && a["error"]["data"]["code"] == "LIMIT"
+            && a["error"]["data"]["value"] == 8),
+        "{:?}",
+        refused[0]
+    );
+    // An editor still gets in, and is served.
+    let mut other = serve.connect();
+    let init = other.initialize(json!({}));
+    assert!(init.get("protocolVersion").is_some(), "{init}");
+}

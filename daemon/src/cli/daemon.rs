@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_USAGE, config_or_usage, load_config};
 use crate::runtime::{self, ServeOptions};
-use crate::wire;
 
 #[derive(Debug, clap::Args)]
 pub struct SocketArg {
@@ -26,6 +25,9 @@ pub struct ConnectArgs {
     /// With no daemon running, serve this one connection in-process instead of failing.
     #[arg(long)]
     pub or_stdio: bool,
+    /// How long the connect step may take (a stopped daemon, a full backlog).
+    #[command(flatten)]
+    pub timeout: super::client::TimeoutArg,
 }
 
 #[derive(Debug, clap::Args)]
@@ -35,6 +37,8 @@ pub struct QueryArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub timeout: super::client::TimeoutArg,
 }
 
 fn socket_path(arg: &SocketArg) -> Result<PathBuf, u8> {
@@ -101,15 +105,15 @@ pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
         Err(_) if args.or_stdio => return super::stdio(config_path).await,
         Err(code) => return code,
     };
-    let stream = match tokio::net::UnixStream::connect(&path).await {
+    let within = args.timeout.timeout;
+    let deadline = tokio::time::Instant::now() + within;
+    let stream = match super::client::connect(&path, within, deadline).await {
         Ok(s) => s,
-        Err(_) if args.or_stdio => return super::stdio(config_path).await,
+        Err(super::client::ClientError::NoDaemon { .. }) if args.or_stdio => {
+            return super::stdio(config_path).await;
+        }
         Err(e) => {
-            errln!(
-                "acpd: no acpd daemon at {} ({e}); start one with `acpd serve` or \
-                 `systemctl --user start acpd.socket`, or use `acpd connect --or-stdio`",
-                path.display()
-            );
+            errln!("acpd: {e}; or use `acpd connect --or-stdio`");
             return 1;
         }
     };
@@ -185,39 +189,31 @@ async fn pipe(
     }
 }
 
-/// One request to the daemon over its socket, as an ACP client.
-async fn query(path: &Path, method: &'static str) -> Result<Value, String> {
-    let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| {
-        format!(
-            "no acpd daemon at {} ({e}); start one with `acpd serve`",
-            path.display()
-        )
-    })?;
-    let (reader, writer) = stream.into_split();
-    let conn = wire::connect(reader, writer, acpd_protocol::codec::DEFAULT_MAX_LINE);
-    let call = |m: &'static str, p: Value| {
-        let peer = conn.peer.clone();
-        async move { peer.request(m, &p).await.map_err(|e| e.to_string()) }
-    };
-    call(
-        "initialize",
-        // A query asks acpd, not the agent: no probe of the default provider.
-        json!({ "protocolVersion": 1, "clientCapabilities": {}, "_meta": { "acpd": { "query": true } } }),
-    )
-    .await?;
-    let raw = call(method, json!({})).await?;
-    conn.peer.close();
-    serde_json::from_str(raw.get()).map_err(|e| e.to_string())
+/// One request to the daemon over its socket, as an ACP client, all of it within `within`.
+async fn query(
+    path: &Path,
+    method: &'static str,
+    within: std::time::Duration,
+) -> Result<Value, super::client::ClientError> {
+    let mut client = super::client::Client::open(path, within).await?;
+    let raw = client.call(method, &json!({})).await?;
+    client.close();
+    serde_json::from_str(raw.get()).map_err(|e| super::client::ClientError::Garbage {
+        path: path.to_path_buf(),
+        detail: format!("a {method} result that is not JSON ({e})"),
+    })
 }
 
 /// Asks the daemon; `Err` is the exit code, with the reason already on stderr. With `--json`
 /// the answer is printed here and `None` returned.
 async fn ask(args: &QueryArgs, method: &'static str) -> Result<Option<Value>, u8> {
     let path = socket_path(&args.socket)?;
-    let v = query(&path, method).await.map_err(|e| {
-        errln!("acpd: {e}");
-        1
-    })?;
+    let v = query(&path, method, args.timeout.timeout)
+        .await
+        .map_err(|e| {
+            errln!("acpd: {e}");
+            1
+        })?;
     if args.json {
         return match outln!("{v}") {
             Ok(()) => Ok(None),
@@ -240,7 +236,7 @@ fn print_status(v: &Value) -> std::io::Result<()> {
     let limits = &v["limits"];
     outln!(
         "acpd {} (pid {}), up {}s",
-        v["version"].as_str().unwrap_or("?"),
+        shown(v["version"].as_str().unwrap_or("?")),
         v["pid"],
         v["uptimeS"]
     )?;
@@ -255,14 +251,18 @@ fn print_status(v: &Value) -> std::io::Result<()> {
         .as_object()
         .map(|m| {
             m.iter()
-                .map(|(name, p)| format!("{name} ({}/{})", p["live"], p["maxConcurrent"]))
+                .map(|(name, p)| format!("{} ({}/{})", shown(name), p["live"], p["maxConcurrent"]))
                 .collect()
         })
         .unwrap_or_default();
     outln!("providers: {}", providers.join(", "))?;
     let spares: Vec<String> = v["spares"]
         .as_object()
-        .map(|m| m.iter().map(|(name, n)| format!("{name} {n}")).collect())
+        .map(|m| {
+            m.iter()
+                .map(|(name, n)| format!("{} {n}", shown(name)))
+                .collect()
+        })
         .unwrap_or_default();
     outln!(
         "bridge sessions: {} attached, {} detached   warm spares: {}",
@@ -277,18 +277,34 @@ fn print_status(v: &Value) -> std::io::Result<()> {
     outln!("{}", containment_line(&v["containment"]))
 }
 
+/// Text a child, a parent or a config controls, made safe for a terminal: control characters
+/// (ESC, CR, BEL, … C1 too) and the bidi overrides that reorder what is shown are printed as
+/// escapes (`\u{1b}`, `\r`), never acted on.
+fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `containment: cgroup (why) at PATH` from `_acpd/status`'s `containment` object.
 fn containment_line(c: &Value) -> String {
     let mut line = format!(
         "containment: {} ({})",
-        c["mode"].as_str().unwrap_or("unknown"),
-        c["reason"].as_str().unwrap_or("no reason given")
+        shown(c["mode"].as_str().unwrap_or("unknown")),
+        shown(c["reason"].as_str().unwrap_or("no reason given"))
     );
     if let Some(path) = c["path"].as_str() {
-        line.push_str(&format!(" at {path}"));
+        line.push_str(&format!(" at {}", shown(path)));
     }
     if let Some(list) = c["controllers"].as_array().filter(|l| !l.is_empty()) {
-        let names: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
+        let names: Vec<String> = list.iter().filter_map(Value::as_str).map(shown).collect();
         line.push_str(&format!("; limits via {}", names.join(", ")));
     }
     line
@@ -324,7 +340,7 @@ fn print_runs(v: &Value) -> std::io::Result<()> {
         "CONN"
     )?;
     for r in v["runs"].as_array().into_iter().flatten() {
-        let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
+        let s = |k: &str| shown(r[k].as_str().unwrap_or("-"));
         outln!(
             "{:<38} {:<12} {:<16} {:<9} {:>5}s {:>8} {:>5} {:>5}  {}",
             s("runId"),
@@ -349,7 +365,7 @@ fn print_runs(v: &Value) -> std::io::Result<()> {
         )?;
     }
     for s in sessions {
-        let f = |k: &str| s[k].as_str().unwrap_or("-").to_string();
+        let f = |k: &str| shown(s[k].as_str().unwrap_or("-"));
         outln!(
             "{:<48} {:<12} {:<9} {:>8}",
             f("sessionId"),
@@ -444,8 +460,8 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
         let cancel = CancellationToken::new();
         let line = match registry.probe(&provider.name, Some(&cwd), &cancel).await {
             Ok(agent) => {
-                let name = agent.agent_info["name"].as_str().unwrap_or("?");
-                let version = agent.agent_info["version"].as_str().unwrap_or("?");
+                let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
+                let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
                 let auth = auth_report(&provider, &agent, |n| {
                     std::env::var_os(n).is_some_and(|v| !v.is_empty())
                 });
@@ -455,12 +471,12 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
                     provider.name,
                     if auth.ok { "OK" } else { "FAIL" },
                     agent.protocol_version,
-                    auth.text
+                    shown(&auth.text)
                 )
             }
             Err(e) => {
                 healthy = false;
-                outln!("{}: FAIL — {e}", provider.name)
+                outln!("{}: FAIL — {}", provider.name, shown(&e.to_string()))
             }
         };
         if let Err(e) = line {

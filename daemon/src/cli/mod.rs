@@ -16,6 +16,7 @@ macro_rules! errln {
     };
 }
 
+mod client;
 mod daemon;
 pub(crate) use daemon::contain;
 mod install;

@@ -6,17 +6,17 @@
 //! error; 1 no daemon answered, or it refused (only acpd's own user may reload, and not from
 //! inside one of its children's process trees).
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Duration;
 
 use acpd_protocol::errors::ErrorName;
 use acpd_protocol::methods::{ReloadReply, name};
 use serde_json::json;
 
+use super::client::{Client, ClientError};
 use super::daemon::SocketArg;
 use super::{EXIT_USAGE, stdout_failed};
 use crate::runtime;
-use crate::wire::{self, CallError};
 
 #[derive(Debug, clap::Args)]
 pub struct ReloadArgs {
@@ -25,10 +25,9 @@ pub struct ReloadArgs {
     /// Print the daemon's answer as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Give up (exit 1) when the daemon has not answered within this many seconds. The
-    /// default is below systemd's reload timeout, so the journal gets acpd's message.
-    #[arg(long, value_name = "SECS", default_value_t = 20)]
-    pub timeout: u64,
+    /// The default is below systemd's reload timeout, so the journal gets acpd's message.
+    #[command(flatten)]
+    pub timeout: super::client::TimeoutArg,
 }
 
 pub async fn reload(args: ReloadArgs) -> u8 {
@@ -42,25 +41,14 @@ pub async fn reload(args: ReloadArgs) -> u8 {
             }
         },
     };
-    let within = Duration::from_secs(args.timeout);
-    let asked = tokio::time::timeout(within, ask(&path)).await;
-    let reply = match asked {
-        Ok(Ok(reply)) => reply,
-        Ok(Err(Refused::Rejected(message))) => {
+    let reply = match ask(&path, args.timeout.timeout).await {
+        Ok(reply) => reply,
+        Err(Refused::Rejected(message)) => {
             errln!("acpd: {message}");
             return EXIT_USAGE;
         }
-        Ok(Err(Refused::Other(message))) => {
+        Err(Refused::Other(message)) => {
             errln!("acpd: {message}");
-            return 1;
-        }
-        Err(_) => {
-            errln!(
-                "acpd: the daemon at {} did not answer within {}s (is its config file readable? \
-                 a FIFO or a hung mount blocks the read)",
-                path.display(),
-                args.timeout
-            );
             return 1;
         }
     };
@@ -87,38 +75,29 @@ enum Refused {
     Other(String),
 }
 
-async fn ask(path: &PathBuf) -> Result<ReloadReply, Refused> {
-    let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| {
-        Refused::Other(format!(
-            "no acpd daemon at {} ({e}); nothing was reloaded",
-            path.display()
-        ))
-    })?;
-    let (reader, writer) = stream.into_split();
-    let conn = wire::connect(reader, writer, acpd_protocol::codec::DEFAULT_MAX_LINE);
-    let failed = |e: CallError| match e {
-        CallError::Rpc(e) if e.code == ErrorName::ConfigRejected.code() => {
-            Refused::Rejected(e.message)
+async fn ask(path: &Path, within: Duration) -> Result<ReloadReply, Refused> {
+    let failed = |e: ClientError, asked: bool| match e {
+        ClientError::Rpc { error, .. } if error.code == ErrorName::ConfigRejected.code() => {
+            Refused::Rejected(error.message)
         }
-        CallError::Rpc(e) => Refused::Other(format!("the daemon refused to reload: {}", e.message)),
-        CallError::Closed => Refused::Other(format!(
-            "the daemon at {} closed the connection (is this user allowed to connect?)",
-            path.display()
+        ClientError::Rpc { error, .. } => {
+            Refused::Other(format!("the daemon refused to reload: {}", error.message))
+        }
+        // A read of the config that blocks (a FIFO, a hung mount) is the likely stall.
+        e @ ClientError::Silent { .. } if asked => Refused::Other(format!(
+            "{e}; nothing may have been reloaded (is its config file readable? a FIFO or a hung \
+             mount blocks the read)"
         )),
+        e => Refused::Other(format!("{e}; nothing was reloaded")),
     };
-    // A query asks acpd, not the agent: no probe of the default provider.
-    let init = json!({ "protocolVersion": 1, "clientCapabilities": {},
-        "_meta": { "acpd": { "query": true } } });
-    conn.peer
-        .request("initialize", &init)
+    let mut client = Client::open(path, within)
         .await
-        .map_err(failed)?;
-    let raw = conn
-        .peer
-        .request(name::RELOAD, &json!({}))
+        .map_err(|e| failed(e, false))?;
+    let raw = client
+        .call(name::RELOAD, &json!({}))
         .await
-        .map_err(failed)?;
-    conn.peer.close();
+        .map_err(|e| failed(e, true))?;
+    client.close();
     serde_json::from_str(raw.get())
         .map_err(|e| Refused::Other(format!("the daemon's answer is not a reload reply: {e}")))
 }

@@ -126,6 +126,9 @@ pub struct Config {
     pub max_children: usize,
     /// (`acpd serve`) Connections served at once; the next one gets one LIMIT error line.
     pub max_connections: usize,
+    /// Connections from inside one child's process tree at once (its delegating `acpd mcp`s),
+    /// so one child cannot take every `max_connections` slot and lock editors out.
+    pub max_connections_per_child: usize,
     /// How long a start waits for a free slot when a limit is reached; `None` fails at once.
     pub queue_timeout: Option<Duration>,
     /// A group whose members may connect to a system-wide daemon's socket besides its own user.
@@ -200,6 +203,7 @@ struct RawConfig {
     max_output: Option<Spanned<toml::Value>>,
     max_children: Option<Spanned<usize>>,
     max_connections: Option<Spanned<usize>>,
+    max_connections_per_child: Option<Spanned<usize>>,
     queue_timeout: Option<Spanned<String>>,
     allow_group: Option<Spanned<String>>,
     max_line: Option<Spanned<toml::Value>>,
@@ -293,6 +297,7 @@ impl Config {
             max_output: 8 * 1024 * 1024,
             max_children: 256,
             max_connections: 64,
+            max_connections_per_child: 8,
             queue_timeout: None,
             allow_group: None,
             max_line: acpd_protocol::codec::DEFAULT_MAX_LINE,
@@ -427,6 +432,10 @@ impl Config {
         }
         if let Some(connections) = raw.max_connections {
             config.max_connections = at_least_one(connections, "max_connections", &at)?;
+        }
+        if let Some(per_child) = raw.max_connections_per_child {
+            config.max_connections_per_child =
+                at_least_one(per_child, "max_connections_per_child", &at)?;
         }
         if let Some(wait) = raw.queue_timeout {
             let d = parse_duration(&wait, "queue_timeout", &at)?;

@@ -13,6 +13,7 @@ mod backend;
 mod error;
 mod server;
 mod tools;
+mod transport;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -105,7 +106,8 @@ async fn choose(config_path: Option<&Path>, args: &McpArgs) -> Result<Backend, u
 async fn serve(backend: Arc<Backend>, shutdown: &crate::runtime::Shutdown) -> u8 {
     let (reader, writer) = crate::runtime::stdio();
     let stop = CancellationToken::new();
-    let serving = server::AcpdMcp::new(backend).serve_with_ct((reader, writer), stop.clone());
+    let serving = server::AcpdMcp::new(backend)
+        .serve_with_ct(transport::Screening::new(reader, writer), stop.clone());
     let service = tokio::select! {
         served = serving => match served {
             Ok(s) => s,

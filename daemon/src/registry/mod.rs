@@ -32,7 +32,7 @@ pub use error::RegistryError;
 pub use events::RunEvent;
 pub use gate::{DepthContext, auth_env_names};
 use gate::{capabilities, check_capabilities, resolve_cwd, start_failed, takes_system_prompt};
-pub use nest::{Lineage, Nest, Origin, Parent};
+pub use nest::{Lineage, Nest, Origin, Parent, Tree};
 pub use run::{Run, RunState};
 
 /// Who started a run; only its owner may wait on, cancel, send to or dispose it.
@@ -67,6 +67,8 @@ pub struct StartOptions {
     /// The run or bridge session whose child asked for this run (see [`nest`]): the run is
     /// one level deeper than that child, and goes with it.
     pub nest: Option<Nest>,
+    /// The uid of the user asking (see [`Run::uid`]); a nested run takes its parent run's.
+    pub uid: Option<u32>,
 }
 
 /// A started child with its claim on the limits (released when the slot is dropped).
@@ -262,6 +264,13 @@ impl Registry {
             forward_permissions: opts.forward_permissions,
             sink: opts.sink,
             schema,
+            uid: match opts.nest.as_ref().map(|n| &n.parent) {
+                Some(Parent::Run(parent)) => lock(&self.inner.table)
+                    .runs
+                    .get(parent)
+                    .map_or(opts.uid, |p| p.uid),
+                _ => opts.uid,
+            },
             parent: opts.nest.map(|n| n.parent),
         });
         {

@@ -61,6 +61,39 @@ impl Origin {
     }
 }
 
+/// Whose process tree a connection comes from, for `max_connections_per_child`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tree {
+    /// Not below this acpd (an editor, a user's CLI): only `max_connections` applies.
+    Outside,
+    /// Below this acpd's child `pid`, started at `start` (whatever run or session it is in,
+    /// filed yet or not).
+    Child { pid: i32, start: u64 },
+    /// Below this acpd but under no child it spawned (a double-forked escapee reparented to
+    /// acpd, the subreaper), or from a walk that could not tell: all of these share one
+    /// allowance, so forking more escapees buys no more connections.
+    Unplaced,
+}
+
+impl Origin {
+    /// The tree this process belongs to, from the ancestry read when it connected: the
+    /// ancestor just below this acpd, when it is a child acpd spawned and still holds.
+    pub fn tree(&self) -> Tree {
+        let own = std::process::id() as i32;
+        let chain = &self.ancestry.chain;
+        match chain.iter().position(|&(pid, _)| pid == own) {
+            Some(at) => match at.checked_sub(1).and_then(|below| chain.get(below)) {
+                Some(&(pid, start)) if crate::supervise::is_own_child(pid, start) => {
+                    Tree::Child { pid, start }
+                }
+                _ => Tree::Unplaced,
+            },
+            None if self.ancestry.complete && !self.in_child_group => Tree::Outside,
+            None => Tree::Unplaced,
+        }
+    }
+}
+
 /// The MCP server entry's name, as agents show it (`mcp__acpd__delegate` in Claude Code).
 pub const SERVER_NAME: &str = "acpd";
 

@@ -60,11 +60,15 @@ pub(super) struct RunInit {
     pub sink: Option<mpsc::Sender<String>>,
     pub schema: Option<Arc<OutputSchema>>,
     pub parent: Option<super::Parent>,
+    pub uid: Option<u32>,
 }
 
 pub struct Run {
     pub run_id: String,
     pub owner: Owner,
+    /// The user who started it (the connection's SO_PEERCRED uid; a nested run, its parent
+    /// run's); `None` in-process. `_acpd/runs` shows a run only to this user and acpd's own.
+    pub uid: Option<u32>,
     pub provider: Arc<ProviderConfig>,
     pub label: Option<String>,
     /// The parent-facing session id acpd minted (never the child's own).
@@ -114,6 +118,7 @@ impl Run {
         Arc::new(Run {
             run_id: init.run_id,
             owner: init.owner,
+            uid: init.uid,
             provider: init.provider,
             label: init.label,
             session_id: init.session_id,

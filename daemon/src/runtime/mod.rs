@@ -3,6 +3,7 @@
 
 mod nest;
 mod notify;
+mod per_child;
 mod serve;
 mod shutdown;
 mod socket;

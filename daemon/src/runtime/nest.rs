@@ -99,6 +99,7 @@ async fn accept(
     let own = Uid::effective().as_raw();
     // Counted like the daemon's own connections, against the same `max_connections`.
     let open = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let trees = std::sync::Arc::new(super::per_child::PerChild::default());
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -116,28 +117,36 @@ async fn accept(
             tracing::warn!(peer = ?cred.map(|c| c.uid()), "refused a connection from another user");
             continue;
         }
+        let origin = cred
+            .and_then(|c| c.pid())
+            .map(|pid| std::sync::Arc::new(crate::registry::Origin::of(pid)));
+        let config = ctx.registry.config();
+        let tree = origin
+            .as_ref()
+            .map_or(crate::registry::Tree::Unplaced, |o| o.tree());
+        let per_child = config.max_connections_per_child;
+        let Ok(tree_slot) = trees.take(tree, per_child) else {
+            super::serve::refuse_over_limit(stream, "max_connections_per_child", per_child);
+            continue;
+        };
+        let max = config.max_connections;
+        if open.load(std::sync::atomic::Ordering::Acquire) >= max {
+            super::serve::refuse_over_limit(stream, "max_connections", max);
+            continue;
+        }
         let conn_ctx = ServerContext {
             peer_uid: cred.map(|c| c.uid()),
-            origin: cred
-                .and_then(|c| c.pid())
-                .map(|pid| std::sync::Arc::new(crate::registry::Origin::of(pid))),
+            origin,
             caller_cwd: None,
             // Ends with the editor's connection too (see `close`), disposing what it started.
             shutdown: stop.clone(),
             ..ctx.clone()
         };
-        let max = ctx.registry.config().max_connections;
-        if open.load(std::sync::atomic::Ordering::Acquire) >= max {
-            tracing::warn!(
-                max,
-                "refused a delegating child's connection: max_connections"
-            );
-            continue;
-        }
         open.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let (reader, writer) = stream.into_split();
         let open = open.clone();
         tasks.spawn(async move {
+            let _tree_slot = tree_slot;
             server::serve(reader, writer, conn_ctx).await;
             open.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         });

@@ -106,6 +106,8 @@ pub async fn serve(
     // Connections being served, counted here (not in the connection task) so a burst of
     // accepts cannot overshoot max_connections before the tasks start.
     let open = Arc::new(AtomicUsize::new(0));
+    // Connections from inside each child's tree, under `max_connections_per_child`.
+    let trees = Arc::new(super::per_child::PerChild::default());
     notify::ready();
     // Pinged from the supervisor loop itself, so a wedged loop stops the pings.
     let mut watchdog = notify::watchdog_period().map(tokio::time::interval);
@@ -136,20 +138,28 @@ pub async fn serve(
                 if !admitted(&stream, own_uid, allow_gid(&config)) {
                     continue;
                 }
-                if open.load(Ordering::Acquire) >= config.max_connections {
-                    refuse_over_limit(stream, config.max_connections);
-                    continue;
-                }
-                let slot = Slot::take(&open);
                 let cred = stream.peer_cred().ok();
                 let peer_uid = cred.map(|c| c.uid());
                 let origin = cred
                     .and_then(|c| c.pid())
                     .map(|pid| Arc::new(crate::registry::Origin::of(pid)));
+                // Checked first: a child at its own limit is told so, whatever the total.
+                let tree = origin.as_ref().map_or(crate::registry::Tree::Unplaced, |o| o.tree());
+                let per_child = config.max_connections_per_child;
+                let Ok(tree_slot) = trees.take(tree, per_child) else {
+                    tracing::warn!(?tree, "refused a child's connection over max_connections_per_child");
+                    refuse_over_limit(stream, "max_connections_per_child", per_child);
+                    continue;
+                };
+                if open.load(Ordering::Acquire) >= config.max_connections {
+                    refuse_over_limit(stream, "max_connections", config.max_connections);
+                    continue;
+                }
+                let slot = Slot::take(&open);
                 let (reader, writer) = stream.into_split();
                 let conn_ctx = ServerContext { peer_uid, origin, ..ctx.clone() };
                 tracker.spawn(async move {
-                    let _slot = slot;
+                    let _slots = (slot, tree_slot);
                     server::serve(reader, writer, conn_ctx).await;
                 });
                 report_status(&ctx);
@@ -241,17 +251,15 @@ impl Drop for Slot {
     }
 }
 
-/// The connection over `max_connections` gets one LIMIT error line and is closed. The write
+/// The connection over `limit` (`max_connections`, `max_connections_per_child`) gets one LIMIT
+/// error line and is closed. The write
 /// never waits: a fresh socket's buffer holds one line, and a peer that cannot take it loses it.
 /// What the peer already sent is read and dropped before the close (for a short while at most):
 /// a Unix socket closed with unread input resets the connection, and the peer would lose the
 /// line.
-fn refuse_over_limit(stream: UnixStream, max: usize) {
-    tracing::warn!(
-        max_connections = max,
-        "refused a connection over max_connections"
-    );
-    let error = acpd_protocol::envelope::RpcError::limit("max_connections", max as u64);
+pub(super) fn refuse_over_limit(stream: UnixStream, limit: &'static str, max: usize) {
+    tracing::warn!(limit, max, "refused a connection over {limit}");
+    let error = acpd_protocol::envelope::RpcError::limit(limit, max as u64);
     let mut line = acpd_protocol::envelope::encode_error(None, &error);
     line.push(b'\n');
     let _ = stream.try_write(&line);

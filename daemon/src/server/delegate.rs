@@ -193,9 +193,13 @@ fn live_runs(conn: &Conn) -> impl Iterator<Item = Arc<Run>> {
         .filter(|r| !matches!(r.state(), RunState::Disposed))
 }
 
-/// `_acpd/runs`: the operator's view, any connection may ask.
+/// `_acpd/runs`: the operator's view. acpd's own user (and an in-process caller) sees every
+/// run; any other user (`allow_group`) only the runs it started.
 async fn runs(conn: &Conn, id: Id) {
+    let own = nix::unistd::Uid::effective().as_raw();
+    let caller = conn.ctx.peer_uid.filter(|&uid| uid != own);
     let runs = live_runs(conn)
+        .filter(|r| caller.is_none_or(|uid| r.uid == Some(uid)))
         .map(|r| RunInfo {
             run_id: r.run_id.clone(),
             provider: r.provider.name.clone(),
@@ -338,6 +342,7 @@ async fn start_nested(
         cancel: conn.closing.child_token(),
         run_id: Some(run_id.clone()),
         nest,
+        uid: conn.ctx.peer_uid,
         ..Default::default()
     };
     match conn.ctx.registry.start(opts).await {

@@ -93,6 +93,12 @@ pub(super) fn remove(pgid: i32) {
     write();
 }
 
+/// Whether `pid`, started at `start`, is a child this process spawned and has not reaped: the
+/// leader of one of its live groups (a reused pid has another start time).
+pub fn is_own_child(pid: i32, start: u64) -> bool {
+    live().get(&pid) == Some(&start)
+}
+
 /// SIGKILLs every live group (and, in cgroup mode, every child's cgroup) at once (the second
 /// shutdown signal).
 pub fn kill_all() {
