@@ -5,6 +5,7 @@
 
 use std::io::Read;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -162,7 +163,14 @@ fn fetch_to(url: &str, dest: &Path, sha256: Option<&str>) -> Result<(), CatalogE
         CatalogError::Fetch { reason, .. } => failed(reason),
         e => e,
     })?;
-    let mut file = std::fs::File::create(dest).map_err(|e| CatalogError::Io {
+    // A fresh file at a fresh name: nothing planted there is written through.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(dest)
+        .map_err(|e| CatalogError::Io {
         what: "write the download",
         path: dest.to_owned(),
         reason: e.to_string(),

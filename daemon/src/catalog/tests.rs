@@ -576,3 +576,28 @@ fn the_table_overrides_the_distributions_env() {
     assert_eq!(applied.env["A"], "table");
     assert_eq!(applied.env["B"], "doc");
 }
+
+#[test]
+fn a_file_document_is_bounded_and_must_be_a_regular_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    // One byte over the 16 MiB an http document may have.
+    let big = tmp.path().join("big.json");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len((16 << 20) + 1).unwrap();
+    let err = load(&format!("file://{}", big.display()), None).unwrap_err();
+    assert!(err.to_string().contains("larger than 16777216 bytes"), "{err}");
+    // A device: refused for what it is (`/dev/zero` would otherwise be read forever).
+    let err = load("file:///dev/null", None).unwrap_err();
+    assert!(err.to_string().contains("/dev/null is a device, not a regular file"), "{err}");
+    let err = load(&format!("file://{}", tmp.path().display()), None).unwrap_err();
+    assert!(err.to_string().contains("is a directory"), "{err}");
+    // A FIFO nobody writes: refused at once, the open does not wait for a writer.
+    let fifo = tmp.path().join("fifo.json");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let url = format!("file://{}", fifo.display());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(load(&url, None).map(|_| ())));
+    let answer = rx.recv_timeout(std::time::Duration::from_secs(30));
+    let err = answer.expect("loading a FIFO blocked").unwrap_err();
+    assert!(err.to_string().contains("is a FIFO, not a regular file"), "{err}");
+}
