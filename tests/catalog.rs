@@ -374,7 +374,10 @@ fn an_archive_linking_its_command_out_is_refused_and_nothing_outside_is_chmodded
     let marker = outside.path().join("ran");
     std::fs::write(
         &secret,
-        format!("#!/bin/sh\ntouch '{}'\nexec \"{BIN}\" agent echo\n", marker.display()),
+        format!(
+            "#!/bin/sh\ntouch '{}'\nexec \"{BIN}\" agent echo\n",
+            marker.display()
+        ),
     )
     .unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();

@@ -171,10 +171,10 @@ fn fetch_to(url: &str, dest: &Path, sha256: Option<&str>) -> Result<(), CatalogE
         .mode(0o600)
         .open(dest)
         .map_err(|e| CatalogError::Io {
-        what: "write the download",
-        path: dest.to_owned(),
-        reason: e.to_string(),
-    })?;
+            what: "write the download",
+            path: dest.to_owned(),
+            reason: e.to_string(),
+        })?;
     let mut hasher = sha2::Sha256::new();
     let mut total: u64 = 0;
     let mut buf = vec![0u8; 64 * 1024];

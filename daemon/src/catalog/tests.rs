@@ -255,7 +255,10 @@ impl Scene {
     fn untouched(&self) {
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::read(self.secret()).unwrap(), b"secret");
-        let mode = std::fs::metadata(self.secret()).unwrap().permissions().mode();
+        let mode = std::fs::metadata(self.secret())
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         let mut names: Vec<_> = std::fs::read_dir(self.tmp.path())
             .unwrap()
@@ -312,7 +315,11 @@ fn nothing_is_written_through_a_link() {
     let s = Scene::new();
     // An entry under a link, even one pointing inside, is refused.
     let err = s
-        .untar(&[Raw::Dir("sub"), Raw::Symlink("d", "sub"), Raw::File("d/x", b"x")])
+        .untar(&[
+            Raw::Dir("sub"),
+            Raw::Symlink("d", "sub"),
+            Raw::File("d/x", b"x"),
+        ])
         .unwrap_err();
     assert!(err.contains("passes through the link d"), "{err}");
     // A later entry replaces an earlier soft or hard link's name; the file linked to keeps
@@ -331,7 +338,11 @@ fn nothing_is_written_through_a_link() {
     assert_eq!(std::fs::read(out.join("real")).unwrap(), b"first");
     assert_eq!(std::fs::read(out.join("soft")).unwrap(), b"second");
     assert_eq!(std::fs::read(out.join("hard")).unwrap(), b"third");
-    assert!(!std::fs::symlink_metadata(out.join("soft")).unwrap().is_symlink());
+    assert!(
+        !std::fs::symlink_metadata(out.join("soft"))
+            .unwrap()
+            .is_symlink()
+    );
     // A device or FIFO is no part of an agent.
     std::fs::remove_dir_all(&out).unwrap();
     std::fs::create_dir(&out).unwrap();
@@ -432,7 +443,10 @@ fn the_command_is_never_chmodded_or_run_through_a_link_out() {
             |_| true,
         )
         .unwrap_err();
-        assert!(err.to_string().contains("outside the install directory"), "{err}");
+        assert!(
+            err.to_string().contains("outside the install directory"),
+            "{err}"
+        );
     }
     s.untouched();
     // A link inside is run by its real path.
@@ -440,7 +454,10 @@ fn the_command_is_never_chmodded_or_run_through_a_link_out() {
     let archive = write(
         s.tmp.path(),
         "a.tar",
-        &raw_tar(&[Raw::File("lib/real", b"#!/bin/sh\n"), Raw::Symlink("agent", "lib/real")]),
+        &raw_tar(&[
+            Raw::File("lib/real", b"#!/bin/sh\n"),
+            Raw::Symlink("agent", "lib/real"),
+        ]),
     );
     let r = resolve_agent(
         &binary_agent(&archive, "agent"),
@@ -585,10 +602,17 @@ fn a_file_document_is_bounded_and_must_be_a_regular_file() {
     let f = std::fs::File::create(&big).unwrap();
     f.set_len((16 << 20) + 1).unwrap();
     let err = load(&format!("file://{}", big.display()), None).unwrap_err();
-    assert!(err.to_string().contains("larger than 16777216 bytes"), "{err}");
+    assert!(
+        err.to_string().contains("larger than 16777216 bytes"),
+        "{err}"
+    );
     // A device: refused for what it is (`/dev/zero` would otherwise be read forever).
     let err = load("file:///dev/null", None).unwrap_err();
-    assert!(err.to_string().contains("/dev/null is a device, not a regular file"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("/dev/null is a device, not a regular file"),
+        "{err}"
+    );
     let err = load(&format!("file://{}", tmp.path().display()), None).unwrap_err();
     assert!(err.to_string().contains("is a directory"), "{err}");
     // A FIFO nobody writes: refused at once, the open does not wait for a writer.
@@ -599,5 +623,8 @@ fn a_file_document_is_bounded_and_must_be_a_regular_file() {
     std::thread::spawn(move || tx.send(load(&url, None).map(|_| ())));
     let answer = rx.recv_timeout(std::time::Duration::from_secs(30));
     let err = answer.expect("loading a FIFO blocked").unwrap_err();
-    assert!(err.to_string().contains("is a FIFO, not a regular file"), "{err}");
+    assert!(
+        err.to_string().contains("is a FIFO, not a regular file"),
+        "{err}"
+    );
 }

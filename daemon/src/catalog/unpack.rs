@@ -158,7 +158,13 @@ impl<'a> Unpacker<'a> {
         Some(at)
     }
 
-    fn file(&mut self, to: &Path, shown: &str, mode: u32, body: &mut dyn Read) -> Result<(), String> {
+    fn file(
+        &mut self,
+        to: &Path,
+        shown: &str,
+        mode: u32,
+        body: &mut dyn Read,
+    ) -> Result<(), String> {
         let mode = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
         let mut out = std::fs::OpenOptions::new()
             .write(true)
@@ -172,7 +178,9 @@ impl<'a> Unpacker<'a> {
             .map_err(|e| format!("{shown}: {e}"))?;
         self.written = self.written.saturating_add(n);
         if self.written > MAX_UNPACKED {
-            return Err(format!("the archive unpacks to more than {MAX_UNPACKED} bytes"));
+            return Err(format!(
+                "the archive unpacks to more than {MAX_UNPACKED} bytes"
+            ));
         }
         out.flush().map_err(|e| format!("{shown}: {e}"))
     }
@@ -266,7 +274,13 @@ pub(super) fn untar(reader: &mut dyn Read, dest: &Path) -> Result<(), String> {
         let kind = match entry.header().entry_type() {
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 let mode = entry.header().mode().unwrap_or(0o644);
-                out.entry(&name, Kind::File { mode, body: &mut entry })?;
+                out.entry(
+                    &name,
+                    Kind::File {
+                        mode,
+                        body: &mut entry,
+                    },
+                )?;
                 continue;
             }
             EntryType::Directory => Kind::Dir,
@@ -314,7 +328,13 @@ pub(super) fn unzip(file: File, dest: &Path) -> Result<(), String> {
             out.entry(&name, Kind::Symlink(target))?;
         } else {
             let mode = entry.unix_mode().unwrap_or(0o644);
-            out.entry(&name, Kind::File { mode, body: &mut entry })?;
+            out.entry(
+                &name,
+                Kind::File {
+                    mode,
+                    body: &mut entry,
+                },
+            )?;
         }
     }
     out.finish()
@@ -324,6 +344,12 @@ pub(super) fn unzip(file: File, dest: &Path) -> Result<(), String> {
 pub(super) fn raw(archive: &Path, dest: &Path, cmd: &Path) -> Result<(), String> {
     let mut file = File::open(archive).map_err(|e| e.to_string())?;
     let mut out = Unpacker::new(dest);
-    out.entry(cmd, Kind::File { mode: 0o755, body: &mut file })?;
+    out.entry(
+        cmd,
+        Kind::File {
+            mode: 0o755,
+            body: &mut file,
+        },
+    )?;
     out.finish()
 }
