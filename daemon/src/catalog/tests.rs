@@ -354,7 +354,8 @@ fn nothing_is_written_through_a_link() {
 #[test]
 fn a_zip_link_out_or_a_climbing_name_is_refused() {
     let s = Scene::new();
-    let zipped = |f: &dyn Fn(&mut zip::ZipWriter<std::io::Cursor<Vec<u8>>>)| {
+    type Zip = zip::ZipWriter<std::io::Cursor<Vec<u8>>>;
+    let zipped = |f: &dyn Fn(&mut Zip)| {
         let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
         f(&mut zip);
         write(s.tmp.path(), "a.zip", &zip.finish().unwrap().into_inner())
