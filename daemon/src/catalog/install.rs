@@ -65,6 +65,13 @@ pub(super) fn ensure(
 ) -> Result<PathBuf, CatalogError> {
     let cmd = relative_cmd(id, &target.cmd)?;
     let dir = data.join("registry").join(id).join(version);
+    // acpd makes this directory itself (a rename): a link there is not its install.
+    if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(CatalogError::Extract {
+            url: shown(&target.archive),
+            reason: format!("the install directory {} is a symbolic link", dir.display()),
+        });
+    }
     if !dir.is_dir() {
         let _one = INSTALLING.lock().unwrap_or_else(|p| p.into_inner());
         if !dir.is_dir() {

@@ -449,9 +449,24 @@ fn the_command_is_never_chmodded_or_run_through_a_link_out() {
             "{err}"
         );
     }
+    // The version directory itself a link to elsewhere: refused.
+    let dir = data.join("registry/bin-agent/1.0.0");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let elsewhere = s.tmp.path().join("out/elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("agent"), b"#!/bin/sh\n").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+    let err = resolve_agent(
+        &binary_agent(&archive, "agent"),
+        "linux-x86_64",
+        Some(&data),
+        |_| true,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("is a symbolic link"), "{err}");
+    std::fs::remove_file(&dir).unwrap();
     s.untouched();
     // A link inside is run by its real path.
-    std::fs::remove_dir_all(data.join("registry/bin-agent/1.0.0")).unwrap();
     let archive = write(
         s.tmp.path(),
         "a.tar",
