@@ -365,3 +365,54 @@ fn registry_list_prints_a_table() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("solo\t3.0.0\tnpx\tSolo\talone"), "{text}");
 }
+
+#[test]
+fn an_archive_linking_its_command_out_is_refused_and_nothing_outside_is_chmodded_or_run() {
+    let server = Server::start();
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret");
+    let marker = outside.path().join("ran");
+    std::fs::write(
+        &secret,
+        format!(
+            "#!/bin/sh\ntouch '{}'\nexec \"{BIN}\" agent echo\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    tar.append_link(&mut h, "agent", &secret).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar.into_inner().unwrap()).unwrap();
+    server.serve("/dl/evil.tar.gz", gz.finish().unwrap());
+    let doc = json!({"agents": [{"id": "bin-agent", "name": "Evil", "version": "6.6.6",
+        "description": "links out", "distribution": {"binary": {acpd::catalog::platform(): {
+            "archive": server.url("/dl/evil.tar.gz"), "cmd": "agent"}}}}]});
+    server.serve("/registry.json", doc.to_string());
+    let s = setup(&server.url("/registry.json"));
+
+    let (v, code, _) = s.run("bin-agent", "hi");
+    assert_eq!(code, 3, "{v}");
+    let msg = error_message(&v);
+    assert!(
+        msg.contains("cannot extract the agent archive")
+            && msg.contains("\"agent\" is a link to")
+            && msg.contains("outside the archive"),
+        "{msg}"
+    );
+    let mode = std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the link's target was chmodded");
+    assert!(!marker.exists(), "the link's target was run");
+    assert!(
+        !s.env
+            .path()
+            .join("data/acpd/registry/bin-agent/6.6.6")
+            .exists(),
+        "nothing installed"
+    );
+}

@@ -248,6 +248,43 @@ fn socket_is_private_and_a_second_daemon_refuses() {
     d.terminate();
 }
 
+/// `acpd serve --socket PATH` on something that is not a stale socket of its own: refused
+/// with a clear error, and the thing is left as it was.
+#[test]
+fn serve_never_removes_what_is_not_a_stale_socket() {
+    let env = fast_env("");
+    let file = env.path().join("not-a-socket");
+    std::fs::write(&file, b"keep me").unwrap();
+    let link = env.path().join("link.sock");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    for (path, what) in [(&file, "is a regular file"), (&link, "is a symbolic link")] {
+        let mut child = env
+            .acpd()
+            .args(["serve", "--socket"])
+            .arg(path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let exited = eventually(Duration::from_secs(20), || {
+            child.try_wait().is_ok_and(|s| s.is_some())
+        });
+        if !exited {
+            stop(&mut child);
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(exited, "acpd served on {}: {stderr}", path.display());
+        assert_eq!(code(&out), 1, "{stderr}");
+        assert!(
+            stderr.contains(what) && stderr.contains("not a socket"),
+            "{stderr}"
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    }
+}
+
 #[test]
 fn foreign_uid_is_refused() {
     if !nix::unistd::Uid::effective().is_root() {

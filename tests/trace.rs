@@ -148,3 +148,57 @@ fn no_trace_dir_no_files() {
         "{entries:?}"
     );
 }
+
+#[test]
+fn a_trace_dir_others_can_write_is_refused_and_the_run_goes_on() {
+    let env = Env::new("");
+    let dir = env.path().join("shared");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (v, code, stderr) = run_json(env.acpd().arg("--trace").arg(&dir).args([
+        "run",
+        "--json",
+        "--provider",
+        "fast",
+        "untraced",
+    ]));
+    assert_eq!(
+        (code, output_text(&v).as_str()),
+        (0, "untraced"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("tracing is off: the trace directory is refused")
+            && stderr.contains("group- or world-writable (mode 0777)"),
+        "{stderr}"
+    );
+    assert_eq!(traces(&dir), Vec::<PathBuf>::new());
+}
+
+#[test]
+fn trace_show_escapes_what_peers_wrote_and_reads_bytes_that_are_not_utf8() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("run.ndjson");
+    let mut bytes = br#"{"ts":"2026-12-01T10:00:00Z","dir":"stderr","id":"r","msg":"\u001b]0;title\u0007\r\u001b[2Jhidden"}"#.to_vec();
+    bytes.extend_from_slice(b"\n\xc3\x28 half a character \x1b[5m\n");
+    std::fs::write(&file, &bytes).unwrap();
+    let out = base().args(["trace", "show"]).arg(&file).output().unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        !out.stdout
+            .iter()
+            .any(|&b| b < 0x20 && b != b'\n' || b == 0x7f),
+        "a control byte reached the terminal: {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(
+        text.contains(r"\u{1b}]0;title\u{7}\r\u{1b}[2Jhidden"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\u{fffd}( half a character \\u{1b}[5m"),
+        "{text}"
+    );
+}

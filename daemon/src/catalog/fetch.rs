@@ -40,11 +40,9 @@ pub struct Loaded {
 /// The document at `url`: from the cache under `state` while fresh, else fetched (and cached),
 /// else the stale cache when the fetch fails.
 pub fn load(url: &str, state: Option<&Path>) -> Result<Loaded, CatalogError> {
-    if let Some(path) = file_path(url) {
-        let bytes = std::fs::read(&path).map_err(|e| CatalogError::Fetch {
-            url: shown(url),
-            reason: e.to_string(),
-        })?;
+    if file_path(url).is_some() {
+        // Bounded like a download, and only a regular file (a FIFO or /dev/zero is refused).
+        let bytes = get_bytes(url, MAX_DOCUMENT, DOCUMENT_TIMEOUT)?;
         return Ok(Loaded {
             document: Document::parse(&bytes, url)?,
             origin: Origin::File,
@@ -95,8 +93,13 @@ pub fn cache_path(state: &Path, url: &str) -> PathBuf {
 
 /// The cached document and its age; `None` when absent or unreadable (then fetched anew).
 fn read_cache(path: &Path, url: &str) -> Option<(Document, Duration)> {
-    let bytes = std::fs::read(path).ok()?;
-    let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok()?;
+    let file = open_regular(path, true).ok()?;
+    let modified = file.metadata().and_then(|m| m.modified()).ok()?;
+    let mut bytes = Vec::new();
+    file.take(MAX_DOCUMENT + 1).read_to_end(&mut bytes).ok()?;
+    if bytes.len() as u64 > MAX_DOCUMENT {
+        return None;
+    }
     let age = SystemTime::now()
         .duration_since(modified)
         .unwrap_or_default();
@@ -153,7 +156,7 @@ pub(super) fn open(
         reason,
     };
     if let Some(path) = file_path(url) {
-        let file = std::fs::File::open(&path).map_err(|e| failed(e.to_string()))?;
+        let file = open_regular(&path, false).map_err(|e| failed(e.to_string()))?;
         return Ok(Box::new(file.take(limit.saturating_add(1))));
     }
     if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -188,13 +191,64 @@ fn get_bytes(url: &str, limit: u64, timeout: Duration) -> Result<Vec<u8>, Catalo
     Ok(bytes)
 }
 
-/// Writes through a temporary file and a rename, so a reader never sees half a file.
+/// Opens `path` for reading when it is a regular file; a FIFO, device, socket or directory is
+/// refused with an error that says what it is. `O_NONBLOCK` keeps a FIFO nobody writes from
+/// blocking the open itself (it is meaningless for the regular file that is then read).
+/// `nofollow`: a link at `path` is refused too (acpd's own files); a `file://` URL the
+/// config names may be a link, since only the file it reaches is read.
+pub(super) fn open_regular(path: &Path, nofollow: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC;
+    if nofollow {
+        flags |= nix::libc::O_NOFOLLOW;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let kind = file.metadata()?.file_type();
+    let what = if kind.is_file() {
+        return Ok(file);
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!("{} is {what}, not a regular file", path.display()),
+    ))
+}
+
+/// Writes through a temporary file and a rename, so a reader never sees half a file. The
+/// temporary is created afresh (`O_EXCL|O_NOFOLLOW`): nothing planted at its name is written
+/// through.
 pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
+    // Left by a crash of an earlier process with this pid.
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .mode(0o644)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })

@@ -3,7 +3,9 @@
 //! gives one), extracted into a scratch directory beside it, and renamed into place only when
 //! complete, so an interrupted install is never mistaken for a finished one.
 
-use std::io::{Read, Write};
+use std::io::Read;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -11,6 +13,7 @@ use std::time::Duration;
 use sha2::Digest;
 
 use super::fetch::{hex, open};
+use super::unpack;
 use super::{BinaryTarget, CatalogError, shown};
 
 /// Agent archives are large (a bundled runtime), but not this large.
@@ -62,15 +65,22 @@ pub(super) fn ensure(
 ) -> Result<PathBuf, CatalogError> {
     let cmd = relative_cmd(id, &target.cmd)?;
     let dir = data.join("registry").join(id).join(version);
+    // acpd makes this directory itself (a rename): a link there is not its install.
+    if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(CatalogError::Extract {
+            url: shown(&target.archive),
+            reason: format!("the install directory {} is a symbolic link", dir.display()),
+        });
+    }
     if !dir.is_dir() {
         let _one = INSTALLING.lock().unwrap_or_else(|p| p.into_inner());
         if !dir.is_dir() {
             install(&dir, target, &cmd)?;
         }
     }
-    let exe = find_cmd(&dir, &cmd).ok_or_else(|| CatalogError::Extract {
+    let exe = find_cmd(&dir, &cmd).map_err(|reason| CatalogError::Extract {
         url: shown(&target.archive),
-        reason: format!("the archive has no {}", cmd.display()),
+        reason,
     })?;
     make_executable(&exe).map_err(|e| CatalogError::Io {
         what: "make the agent executable",
@@ -160,11 +170,18 @@ fn fetch_to(url: &str, dest: &Path, sha256: Option<&str>) -> Result<(), CatalogE
         CatalogError::Fetch { reason, .. } => failed(reason),
         e => e,
     })?;
-    let mut file = std::fs::File::create(dest).map_err(|e| CatalogError::Io {
-        what: "write the download",
-        path: dest.to_owned(),
-        reason: e.to_string(),
-    })?;
+    // A fresh file at a fresh name: nothing planted there is written through.
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .mode(0o600)
+        .open(dest)
+        .map_err(|e| CatalogError::Io {
+            what: "write the download",
+            path: dest.to_owned(),
+            reason: e.to_string(),
+        })?;
     let mut hasher = sha2::Sha256::new();
     let mut total: u64 = 0;
     let mut buf = vec![0u8; 64 * 1024];
@@ -201,43 +218,29 @@ fn fetch_to(url: &str, dest: &Path, sha256: Option<&str>) -> Result<(), CatalogE
     Ok(())
 }
 
-/// Unpacks `archive` into `dest`; nothing is written outside it (the tar and zip readers
-/// refuse entries that climb out, and zip symlinks that point out).
+/// Unpacks `archive` into `dest` by [`super::unpack`]'s rules: nothing written, linked or
+/// chmodded outside it, and no link that resolves out of it.
 pub(super) fn extract(kind: Kind, archive: &Path, dest: &Path, cmd: &Path) -> Result<(), String> {
     let file = std::fs::File::open(archive).map_err(|e| e.to_string())?;
-    let untar = |reader: &mut dyn Read| -> Result<(), String> {
-        let mut tar = tar::Archive::new(reader);
-        tar.set_preserve_permissions(false);
-        tar.set_overwrite(true);
-        tar.unpack(dest).map_err(|e| e.to_string())
-    };
     match kind {
-        Kind::Zip => {
-            let mut zip = zip::ZipArchive::new(file).map_err(|e| e.to_string())?;
-            zip.extract(dest).map_err(|e| e.to_string())
-        }
-        Kind::TarGz => untar(&mut flate2::read::GzDecoder::new(file)),
-        Kind::TarBz2 => untar(&mut bzip2::read::BzDecoder::new(file)),
-        Kind::Tar => untar(&mut { file }),
-        Kind::Raw => {
-            // A raw binary is saved under the entry's own `cmd` (the registry's verifier
-            // does the same).
-            let to = dest.join(cmd);
-            if let Some(parent) = to.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
-            }
-            std::fs::copy(archive, &to).map_err(|e| e.to_string())?;
-            Ok(())
-        }
+        Kind::Zip => unpack::unzip(file, dest),
+        Kind::TarGz => unpack::untar(&mut flate2::read::GzDecoder::new(file), dest),
+        Kind::TarBz2 => unpack::untar(&mut bzip2::read::BzDecoder::new(file), dest),
+        Kind::Tar => unpack::untar(&mut { file }, dest),
+        // A raw binary is saved under the entry's own `cmd` (the registry's verifier does the
+        // same).
+        Kind::Raw => unpack::raw(archive, dest, cmd),
     }
 }
 
-/// `cmd` where the entry says, else a file whose path ends with it anywhere below (archives
-/// often wrap their contents in one top directory).
-fn find_cmd(dir: &Path, cmd: &Path) -> Option<PathBuf> {
+/// The file to run: `cmd` where the entry says, else a file or link whose path ends with it
+/// anywhere below (archives often wrap their contents in one top directory) — resolved by the
+/// kernel to a regular file inside `dir`, and named by that real path, so nothing is ever
+/// chmodded or run through a link (nor through one that an older install let out).
+fn find_cmd(dir: &Path, cmd: &Path) -> Result<PathBuf, String> {
     let direct = dir.join(cmd);
-    if direct.is_file() {
-        return Some(direct);
+    if std::fs::symlink_metadata(&direct).is_ok() {
+        return inside(dir, &direct, cmd);
     }
     let mut stack = vec![(dir.to_path_buf(), 0usize)];
     let mut found: Vec<PathBuf> = Vec::new();
@@ -252,23 +255,54 @@ fn find_cmd(dir: &Path, cmd: &Path) -> Option<PathBuf> {
             };
             if kind.is_dir() && depth < SEARCH_DEPTH {
                 stack.push((path, depth + 1));
-            } else if (kind.is_file() || kind.is_symlink()) && path.ends_with(cmd) && path.is_file()
-            {
+            } else if (kind.is_file() || kind.is_symlink()) && path.ends_with(cmd) {
                 found.push(path);
             }
         }
     }
     // The shallowest match, then the first by name: the same answer every time.
     found.sort_by_key(|p| (p.components().count(), p.clone()));
-    found.into_iter().next()
+    match found.into_iter().next() {
+        Some(path) => inside(dir, &path, cmd),
+        None => Err(format!("the archive has no {}", cmd.display())),
+    }
 }
 
+/// `path`'s real location when it is a regular file inside `dir` (links followed by the
+/// kernel, then checked); an error naming `cmd` otherwise.
+fn inside(dir: &Path, path: &Path, cmd: &Path) -> Result<PathBuf, String> {
+    let root = std::fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let real = std::fs::canonicalize(path)
+        .map_err(|e| format!("{} does not resolve to a file ({e})", cmd.display()))?;
+    if !real.starts_with(&root) {
+        return Err(format!(
+            "{} resolves to {}, outside the install directory",
+            cmd.display(),
+            real.display()
+        ));
+    }
+    if !std::fs::symlink_metadata(&real).is_ok_and(|m| m.is_file()) {
+        return Err(format!("{} is not a regular file", cmd.display()));
+    }
+    Ok(real)
+}
+
+/// Adds the execute bits to `path`, opened without following a link (and without blocking on
+/// a FIFO swapped in), and changed through that descriptor only when it is a regular file.
 fn make_executable(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(path)?;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
     let mode = meta.permissions().mode();
     if mode & 0o111 == 0o111 {
         return Ok(());
     }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o755))
+    // fchmod(2): the file just checked, whatever its name points at now.
+    file.set_permissions(std::fs::Permissions::from_mode((mode | 0o755) & 0o777))
 }

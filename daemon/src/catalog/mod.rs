@@ -9,6 +9,7 @@ mod fetch;
 mod install;
 #[cfg(test)]
 mod tests;
+mod unpack;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

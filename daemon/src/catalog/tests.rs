@@ -190,22 +190,300 @@ fn zip_tar_bz2_and_raw_extract() {
     assert!(err.is_err());
 }
 
+/// One raw tar entry: `name` and `link` are written into the header as they are (no
+/// checks), as a hostile archive would.
+enum Raw<'a> {
+    File(&'a str, &'a [u8]),
+    Dir(&'a str),
+    Symlink(&'a str, &'a str),
+    HardLink(&'a str, &'a str),
+    Fifo(&'a str),
+}
+
+fn raw_tar(entries: &[Raw<'_>]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut h = tar::Header::new_gnu();
+        let (name, kind, link, data): (&str, tar::EntryType, &str, &[u8]) = match e {
+            Raw::File(n, d) => (n, tar::EntryType::Regular, "", d),
+            Raw::Dir(n) => (n, tar::EntryType::Directory, "", b""),
+            Raw::Symlink(n, l) => (n, tar::EntryType::Symlink, l, b""),
+            Raw::HardLink(n, l) => (n, tar::EntryType::Link, l, b""),
+            Raw::Fifo(n) => (n, tar::EntryType::Fifo, "", b""),
+        };
+        h.as_gnu_mut().unwrap().name[..name.len()].copy_from_slice(name.as_bytes());
+        h.set_entry_type(kind);
+        h.set_link_name_literal(link).unwrap();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o755);
+        h.set_cksum();
+        b.append(&h, data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// A directory holding `out/` (to extract into) and `secret` (0600, what an archive is after).
+struct Scene {
+    tmp: tempfile::TempDir,
+}
+
+impl Scene {
+    fn new() -> Scene {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("out")).unwrap();
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, b"secret").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        Scene { tmp }
+    }
+
+    fn out(&self) -> std::path::PathBuf {
+        self.tmp.path().join("out")
+    }
+
+    fn secret(&self) -> std::path::PathBuf {
+        self.tmp.path().join("secret")
+    }
+
+    fn untar(&self, entries: &[Raw<'_>]) -> Result<(), String> {
+        let archive = write(self.tmp.path(), "a.tar", &raw_tar(entries));
+        extract(Kind::Tar, &archive, &self.out(), Path::new("agent"))
+    }
+
+    /// The secret is as it was: same bytes, still 0600, and nothing new beside it.
+    fn untouched(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::read(self.secret()).unwrap(), b"secret");
+        let mode = std::fs::metadata(self.secret())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let mut names: Vec<_> = std::fs::read_dir(self.tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n != "a.tar" && n != "a.zip")
+            .collect();
+        names.sort();
+        assert_eq!(names, ["out", "secret"]);
+    }
+}
+
 #[test]
 fn an_archive_cannot_write_outside_its_directory() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    std::fs::create_dir(&out).unwrap();
+    let s = Scene::new();
     // A tar entry named ../escaped: the header's name is written raw.
-    let mut h = tar::Header::new_gnu();
-    h.as_gnu_mut().unwrap().name[..10].copy_from_slice(b"../escaped");
-    h.set_size(1);
-    h.set_mode(0o644);
-    h.set_cksum();
-    let mut b = tar::Builder::new(Vec::new());
-    b.append(&h, &b"x"[..]).unwrap();
-    let archive = write(tmp.path(), "evil.tar", &b.into_inner().unwrap());
-    let _ = extract(Kind::Tar, &archive, &out, Path::new("x"));
-    assert!(!tmp.path().join("escaped").exists());
+    let err = s.untar(&[Raw::File("../escaped", b"x")]).unwrap_err();
+    assert!(err.contains("not a relative path"), "{err}");
+    let err = s.untar(&[Raw::File("/abs/escaped", b"x")]).unwrap_err();
+    assert!(err.contains("not a relative path"), "{err}");
+    s.untouched();
+}
+
+#[test]
+fn a_link_out_of_the_archive_is_refused() {
+    let s = Scene::new();
+    let secret = s.secret().display().to_string();
+    for entries in [
+        // Absolute, climbing, and a chain that only the kernel's resolution sees out: `a/up`
+        // is `..` from `a` (the root), and `b` goes up once more through it.
+        vec![Raw::Symlink("agent", &secret)],
+        vec![Raw::Symlink("agent", "../secret")],
+        vec![
+            Raw::Dir("a"),
+            Raw::Symlink("a/up", ".."),
+            Raw::Symlink("agent", "a/up/../secret"),
+        ],
+    ] {
+        let out = s.out();
+        std::fs::remove_dir_all(&out).unwrap();
+        std::fs::create_dir(&out).unwrap();
+        let err = s.untar(&entries).unwrap_err();
+        assert!(err.contains("outside the archive"), "{err}");
+    }
+    // A hard link to a file outside, by an absolute or climbing name.
+    for target in [secret.as_str(), "../secret"] {
+        let err = s.untar(&[Raw::HardLink("agent", target)]).unwrap_err();
+        assert!(err.contains("hard link"), "{err}");
+    }
+    s.untouched();
+}
+
+#[test]
+fn nothing_is_written_through_a_link() {
+    let s = Scene::new();
+    // An entry under a link, even one pointing inside, is refused.
+    let err = s
+        .untar(&[
+            Raw::Dir("sub"),
+            Raw::Symlink("d", "sub"),
+            Raw::File("d/x", b"x"),
+        ])
+        .unwrap_err();
+    assert!(err.contains("passes through the link d"), "{err}");
+    // A later entry replaces an earlier soft or hard link's name; the file linked to keeps
+    // its bytes.
+    let out = s.out();
+    std::fs::remove_dir_all(&out).unwrap();
+    std::fs::create_dir(&out).unwrap();
+    s.untar(&[
+        Raw::File("real", b"first"),
+        Raw::Symlink("soft", "real"),
+        Raw::HardLink("hard", "real"),
+        Raw::File("soft", b"second"),
+        Raw::File("hard", b"third"),
+    ])
+    .unwrap();
+    assert_eq!(std::fs::read(out.join("real")).unwrap(), b"first");
+    assert_eq!(std::fs::read(out.join("soft")).unwrap(), b"second");
+    assert_eq!(std::fs::read(out.join("hard")).unwrap(), b"third");
+    assert!(
+        !std::fs::symlink_metadata(out.join("soft"))
+            .unwrap()
+            .is_symlink()
+    );
+    // A device or FIFO is no part of an agent.
+    std::fs::remove_dir_all(&out).unwrap();
+    std::fs::create_dir(&out).unwrap();
+    let err = s.untar(&[Raw::Fifo("agent")]).unwrap_err();
+    assert!(err.contains("Fifo"), "{err}");
+    s.untouched();
+}
+
+#[test]
+fn a_zip_link_out_or_a_climbing_name_is_refused() {
+    let s = Scene::new();
+    type Zip = zip::ZipWriter<std::io::Cursor<Vec<u8>>>;
+    let zipped = |f: &dyn Fn(&mut Zip)| {
+        let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        f(&mut zip);
+        write(s.tmp.path(), "a.zip", &zip.finish().unwrap().into_inner())
+    };
+    let opts = zip::write::SimpleFileOptions::default();
+    let secret = s.secret().display().to_string();
+    let archive = zipped(&|z| z.add_symlink("agent", &secret, opts).unwrap());
+    let err = extract(Kind::Zip, &archive, &s.out(), Path::new("agent")).unwrap_err();
+    assert!(err.contains("outside the archive"), "{err}");
+    let archive = zipped(&|z| {
+        z.start_file("../escaped", opts).unwrap();
+        z.write_all(b"x").unwrap();
+    });
+    let err = extract(Kind::Zip, &archive, &s.out(), Path::new("agent")).unwrap_err();
+    assert!(err.contains("not a relative path"), "{err}");
+    // A link inside is kept.
+    let archive = zipped(&|z| {
+        z.start_file("lib/real", opts).unwrap();
+        z.write_all(b"x").unwrap();
+        z.add_symlink("agent", "lib/real", opts).unwrap();
+    });
+    let out = s.out();
+    std::fs::remove_dir_all(&out).unwrap();
+    std::fs::create_dir(&out).unwrap();
+    extract(Kind::Zip, &archive, &out, Path::new("agent")).unwrap();
+    assert_eq!(std::fs::read(out.join("agent")).unwrap(), b"x");
+    s.untouched();
+}
+
+/// An agent `id` 1.0.0 whose archive is `archive` and whose `cmd` is `cmd`.
+fn binary_agent(archive: &Path, cmd: &str) -> Agent {
+    Agent {
+        id: "bin-agent".into(),
+        name: String::new(),
+        version: "1.0.0".into(),
+        description: String::new(),
+        distribution: Distribution {
+            binary: [(
+                "linux-x86_64".to_owned(),
+                BinaryTarget {
+                    archive: format!("file://{}", archive.display()),
+                    cmd: cmd.into(),
+                    args: vec![],
+                    env: Default::default(),
+                    sha256: None,
+                },
+            )]
+            .into(),
+            ..Default::default()
+        },
+    }
+}
+
+#[test]
+fn the_command_is_never_chmodded_or_run_through_a_link_out() {
+    let s = Scene::new();
+    let data = s.tmp.path().join("out/data");
+    let secret = s.secret().display().to_string();
+    // The archive's own link out is refused at install.
+    let archive = write(
+        s.tmp.path(),
+        "a.tar",
+        &raw_tar(&[Raw::Symlink("agent", &secret)]),
+    );
+    let err = resolve_agent(
+        &binary_agent(&archive, "agent"),
+        "linux-x86_64",
+        Some(&data),
+        |_| true,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("outside the archive"), "{err}");
+    assert!(!data.join("registry/bin-agent/1.0.0").exists());
+    // An install already there (an older acpd, a hand edit) with a link out: refused, by the
+    // direct name and by the search below.
+    for cmd in ["agent", "nested"] {
+        let dir = data.join("registry/bin-agent/1.0.0");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("top")).unwrap();
+        std::os::unix::fs::symlink(&secret, dir.join("agent")).unwrap();
+        std::os::unix::fs::symlink(&secret, dir.join("top/nested")).unwrap();
+        let err = resolve_agent(
+            &binary_agent(&archive, cmd),
+            "linux-x86_64",
+            Some(&data),
+            |_| true,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("outside the install directory"),
+            "{err}"
+        );
+    }
+    // The version directory itself a link to elsewhere: refused.
+    let dir = data.join("registry/bin-agent/1.0.0");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let elsewhere = s.tmp.path().join("out/elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("agent"), b"#!/bin/sh\n").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+    let err = resolve_agent(
+        &binary_agent(&archive, "agent"),
+        "linux-x86_64",
+        Some(&data),
+        |_| true,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("is a symbolic link"), "{err}");
+    std::fs::remove_file(&dir).unwrap();
+    s.untouched();
+    // A link inside is run by its real path.
+    let archive = write(
+        s.tmp.path(),
+        "a.tar",
+        &raw_tar(&[
+            Raw::File("lib/real", b"#!/bin/sh\n"),
+            Raw::Symlink("agent", "lib/real"),
+        ]),
+    );
+    let r = resolve_agent(
+        &binary_agent(&archive, "agent"),
+        "linux-x86_64",
+        Some(&data),
+        |_| true,
+    )
+    .unwrap();
+    let real = std::fs::canonicalize(data.join("registry/bin-agent/1.0.0/lib/real")).unwrap();
+    assert_eq!(r.command, [real.to_string_lossy().as_ref()]);
 }
 
 #[test]
@@ -330,4 +608,39 @@ fn the_table_overrides_the_distributions_env() {
     assert_eq!(applied.command, ["npx"]);
     assert_eq!(applied.env["A"], "table");
     assert_eq!(applied.env["B"], "doc");
+}
+
+#[test]
+fn a_file_document_is_bounded_and_must_be_a_regular_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    // One byte over the 16 MiB an http document may have.
+    let big = tmp.path().join("big.json");
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len((16 << 20) + 1).unwrap();
+    let err = load(&format!("file://{}", big.display()), None).unwrap_err();
+    assert!(
+        err.to_string().contains("larger than 16777216 bytes"),
+        "{err}"
+    );
+    // A device: refused for what it is (`/dev/zero` would otherwise be read forever).
+    let err = load("file:///dev/null", None).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("/dev/null is a device, not a regular file"),
+        "{err}"
+    );
+    let err = load(&format!("file://{}", tmp.path().display()), None).unwrap_err();
+    assert!(err.to_string().contains("is a directory"), "{err}");
+    // A FIFO nobody writes: refused at once, the open does not wait for a writer.
+    let fifo = tmp.path().join("fifo.json");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let url = format!("file://{}", fifo.display());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(load(&url, None).map(|_| ())));
+    let answer = rx.recv_timeout(std::time::Duration::from_secs(30));
+    let err = answer.expect("loading a FIFO blocked").unwrap_err();
+    assert!(
+        err.to_string().contains("is a FIFO, not a regular file"),
+        "{err}"
+    );
 }

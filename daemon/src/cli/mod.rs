@@ -189,11 +189,15 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
             let mut out = std::io::stdout().lock();
             match crate::trace::show(&file, &mut out) {
                 Ok(()) => 0,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(crate::trace::ShowError::Stdout(e)) => stdout_failed(&e),
+                Err(e @ crate::trace::ShowError::NoSuchTrace(_)) => {
                     errln!("acpd: {e}");
                     EXIT_USAGE
                 }
-                Err(e) => stdout_failed(&e),
+                Err(e) => {
+                    errln!("acpd: {e}");
+                    EXIT_IO
+                }
             }
         }
         Command::Run(args) => run::run(cli.config.as_deref(), args).await,

@@ -32,6 +32,18 @@ pub enum ServeError {
     },
     #[error("another acpd is already serving on {}; stop it first (acpd status --socket {0})", path.display())]
     AlreadyRunning { path: PathBuf },
+    #[error(
+        "cannot listen on {}: it exists and is {what}, not a socket; acpd replaces only a stale \
+         socket of its own (remove it yourself or pick another --socket)",
+        path.display()
+    )]
+    NotASocket { path: PathBuf, what: &'static str },
+    #[error(
+        "cannot listen on {}: it is a socket owned by uid {owner}, not this acpd's; acpd replaces \
+         only a stale socket of its own (pick another --socket)",
+        path.display()
+    )]
+    ForeignSocket { path: PathBuf, owner: u32 },
     #[error("the socket systemd passed cannot be used: {0}")]
     Activation(std::io::Error),
     #[error("cannot set up signal handling: {0}")]

@@ -1,9 +1,9 @@
-//! The daemon's socket: private to its user (directory 0700, socket 0600), a stale file from a
-//! dead daemon replaced, a live daemon never displaced, and every connecting peer checked by
-//! its kernel-reported credentials.
+//! The daemon's socket: private to its user (directory 0700, socket 0600), a stale socket of
+//! its own from a dead daemon replaced, a live server never displaced, nothing else ever
+//! deleted, and every connecting peer checked by its kernel-reported credentials.
 
 use std::io::ErrorKind;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::unistd::{Gid, Uid};
@@ -33,18 +33,11 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServeError>
             .create(dir)
             .map_err(io)?;
     }
-    match std::os::unix::net::UnixStream::connect(path) {
-        Ok(_) => {
-            return Err(ServeError::AlreadyRunning {
-                path: path.to_path_buf(),
-            });
-        }
+    // lstat: a link at the path is never followed, and only a socket is ever removed.
+    match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == ErrorKind::NotFound => {}
-        Err(_) => {
-            // Nobody answers: the file is left over from a dead daemon.
-            tracing::info!("replacing the stale socket {}", path.display());
-            std::fs::remove_file(path).map_err(io)?;
-        }
+        Err(e) => return Err(io(e)),
+        Ok(meta) => replace_stale(path, &meta)?,
     }
     // The socket is created 0600 from the start (no window where others could connect).
     let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
@@ -53,6 +46,59 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServeError>
     let listener = bound.map_err(io)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
     Ok(listener)
+}
+
+/// Removes the socket at `path` when it is a stale one of this uid's: a socket file, owned by
+/// acpd's uid, that nobody answers on (`ECONNREFUSED`). Anything else is an error naming it:
+/// a link, a file, a directory, another uid's socket, or a socket a live server answers on.
+fn replace_stale(path: &Path, meta: &std::fs::Metadata) -> Result<(), ServeError> {
+    let kind = meta.file_type();
+    let what = if kind.is_socket() {
+        None
+    } else if kind.is_symlink() {
+        Some("a symbolic link")
+    } else if kind.is_file() {
+        Some("a regular file")
+    } else if kind.is_dir() {
+        Some("a directory")
+    } else if kind.is_fifo() {
+        Some("a FIFO")
+    } else {
+        Some("a device")
+    };
+    if let Some(what) = what {
+        return Err(ServeError::NotASocket {
+            path: path.to_path_buf(),
+            what,
+        });
+    }
+    let own = nix::unistd::geteuid().as_raw();
+    if meta.uid() != own {
+        return Err(ServeError::ForeignSocket {
+            path: path.to_path_buf(),
+            owner: meta.uid(),
+        });
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(ServeError::AlreadyRunning {
+            path: path.to_path_buf(),
+        }),
+        // Gone since the lstat: nothing to remove.
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) if e.raw_os_error() == Some(nix::libc::ECONNREFUSED) => {
+            // Nobody listens: left over from a dead daemon.
+            tracing::info!("replacing the stale socket {}", path.display());
+            std::fs::remove_file(path).map_err(|source| ServeError::Bind {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+        // EACCES, EAGAIN (a full backlog: someone is listening) …: not provably stale.
+        Err(source) => Err(ServeError::Bind {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// Whether a peer may talk to this daemon: the same uid, or (for a system-wide daemon that
@@ -144,5 +190,41 @@ mod tests {
         // The file remains but nobody listens: stale, replaced.
         assert!(path.exists());
         bind(&path).unwrap();
+    }
+
+    #[test]
+    fn bind_never_removes_what_is_not_a_stale_socket_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"keep me").unwrap();
+        let err = bind(&file).unwrap_err();
+        assert!(
+            err.to_string().contains("is a regular file, not a socket"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+        // A link is refused, whether it leads to a file or to a stale socket.
+        let stale = dir.path().join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        for target in [&file, &stale] {
+            let link = dir.path().join("link.sock");
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(target, &link).unwrap();
+            let err = bind(&link).unwrap_err();
+            assert!(err.to_string().contains("is a symbolic link"), "{err}");
+            assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+            assert!(target.exists());
+        }
+        let err = bind(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+        if nix::unistd::geteuid().is_root() {
+            // Another uid's stale socket is theirs to remove.
+            let theirs = dir.path().join("theirs.sock");
+            drop(std::os::unix::net::UnixListener::bind(&theirs).unwrap());
+            nix::unistd::chown(&theirs, Some(Uid::from_raw(65534)), None).unwrap();
+            let err = bind(&theirs).unwrap_err();
+            assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+            assert!(theirs.exists());
+        }
     }
 }
