@@ -39,8 +39,11 @@ const here = (p) => fileURLToPath(new URL(p, import.meta.url));
 const MOCK = here("./mock-model.mjs");
 const PROMPT = "hello differential";
 const TITLE = "Differential session";
-/** One request's deadline. */
-const STEP_MS = 20_000;
+/**
+ * One request's deadline: generous, because the three sides (and other agents' tests) start
+ * their agents at once on a small machine, where opencode's cold start alone can take 20 s.
+ */
+const STEP_MS = 60_000;
 /** How long a process may take to exit after its stdin closed (then SIGTERM, then SIGKILL). */
 const EXIT_MS = 10_000;
 /** How long a cancelled turn may take to end (the agents take milliseconds). */
@@ -725,11 +728,11 @@ async function main() {
   return report;
 }
 
-const TOTAL_MS = Number(process.env.DIFFERENTIAL_TOTAL_MS ?? 170_000);
-setTimeout(() => {
-  process.stdout.write(JSON.stringify({ agent: opts.agent, error: { code: "timeout", message: `the whole run took over ${TOTAL_MS} ms` } }) + "\n");
-  process.exit(0);
-}, TOTAL_MS).unref();
-const report = await main().catch((e) => ({ agent: opts.agent, error: errorOf(e) }));
-process.stdout.write(JSON.stringify(report) + "\n");
-process.exit(0);
+/** The whole run's budget (all sides at once): opencode through acpd starts ~8 agents per side. */
+const TOTAL_MS = Number(process.env.DIFFERENTIAL_TOTAL_MS ?? 240_000);
+/** Prints the report and exits once it is written (a pipe takes large writes in pieces). */
+function finish(report) {
+  process.stdout.write(JSON.stringify(report) + "\n", () => process.exit(0));
+}
+setTimeout(() => finish({ agent: opts.agent, error: { code: "timeout", message: `the whole run took over ${TOTAL_MS} ms` } }), TOTAL_MS).unref();
+finish(await main().catch((e) => ({ agent: opts.agent, error: errorOf(e) })));
