@@ -167,7 +167,7 @@ const AGENTS = {
     preset: "opencode",
     argv: () => [bin("opencode-ai/bin/opencode.exe"), "acp"],
     setup(root, port) {
-      const file = `${root}/opencode.json`;
+      const file = `${root}/opencode-config.json`;
       writeFileSync(
         file,
         JSON.stringify({
@@ -194,6 +194,9 @@ const AGENTS = {
         OPENCODE_DISABLE_SHARE: "1",
         OPENCODE_DISABLE_DEFAULT_PLUGINS: "1",
         OPENCODE_DISABLE_CLAUDE_CODE: "1",
+        // opencode also reads every opencode.json from the project directory up to /: a stray
+        // one (e.g. /tmp/opencode.json) would change or break the run.
+        OPENCODE_DISABLE_PROJECT_CONFIG: "1",
       };
     },
   },
@@ -651,7 +654,7 @@ async function bench(n, project, mock) {
     });
     // Spawn time counts: measured from just before the spawn (connection() spawns, then the
     // SDK's first write) — the gap is a few ms, small against any agent's start.
-    if (rec.error) out.error = rec.error;
+    if (rec.error) out.coldError = { ...rec.error, stderrTail: rec.stderrTail };
   }
   const proc = await sideProcess("stdio", `${opts.work}/bench-warm`, mock.port, { warm: 1 });
   const rec = {};
@@ -675,7 +678,7 @@ async function bench(n, project, mock) {
       }
     }
   });
-  if (rec.error) out.error = rec.error;
+  if (rec.error) out.warmError = { ...rec.error, stderrTail: rec.stderrTail };
   const c = median(out.cold);
   const w = median(out.warm);
   return { n, coldMs: c && Math.round(c), coldSessionNewMs: median(out.coldNew) && Math.round(median(out.coldNew)), warmMs: w && Math.round(w), ratio: c && w ? Math.round((w / c) * 1000) / 1000 : null, raw: out };
