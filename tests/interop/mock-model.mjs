@@ -41,6 +41,7 @@
 // whole, so a test asserts on what reached the model.
 import { createServer } from "node:http";
 import { appendFileSync } from "node:fs";
+import { anyUserText, hang, hangs, other } from "./mock-apis.mjs";
 
 const log = process.argv[2];
 
@@ -330,6 +331,10 @@ const server = createServer((req, res) => {
       body = {};
     }
     const path = (req.url ?? "").split("?")[0];
+    if (process.env.MOCK_EVENTS) {
+      // One line per request on stdout, for a harness that waits until a turn reached the model.
+      process.stdout.write(JSON.stringify({ method: req.method, path, user: (lastUserText(body) || anyUserText(body)).slice(0, 200) }) + "\n");
+    }
     if (log) {
       if (process.env.MOCK_DUMP) appendFileSync(log + ".bodies", raw + "\n");
       appendFileSync(
@@ -339,12 +344,13 @@ const server = createServer((req, res) => {
           path,
           model: body.model ?? null,
           stream: body.stream ?? null,
-          user: lastUserText(body).slice(0, 200),
+          user: (lastUserText(body) || anyUserText(body)).slice(0, 200),
           ...(process.env.MOCK_TOOLS ? { tools: toolNames(body), toolResults: toolResults(body) } : {}),
         }) + "\n",
       );
     }
     if (req.method === "POST" && path === "/v1/messages") {
+      if (hangs(body)) return hang(req, res, () => streamReply(res, body, "late reply"));
       const call = toolCallFor(body);
       if (call?.name && body.stream) return streamToolUse(res, body, call);
       const text = call?.badInput
@@ -358,6 +364,7 @@ const server = createServer((req, res) => {
       res.writeHead(200, { "content-type": "application/json" });
       return res.end(JSON.stringify({ input_tokens: 10 }));
     }
+    if (other(req, res, path, body)) return;
     notFound(res);
   });
 });
