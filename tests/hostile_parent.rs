@@ -206,6 +206,36 @@ fn parent_that_closes_stdin_while_not_reading_ends_stdio_and_its_child() {
     );
 }
 
+/// Issue 18: with the default `write_timeout` (30 s) a parent that closed stdin without ever
+/// reading kept `acpd stdio` alive for the whole write deadline. EOF on stdin ends acpd within
+/// the final flush's 1 s (asserted under a generous deadline, not as a timing), and no child
+/// process outlives it.
+#[test]
+fn eof_on_stdin_ends_stdio_within_the_final_flush_under_the_default_write_timeout() {
+    subreaper();
+    let env = env_with("");
+    let mut raw = ready(&env);
+    let sid = raw.new_session(env.path(), "fast");
+    raw.send_prompt(&sid, ":pid\n:chunks 1000000 1024");
+    let child = pid_after(&raw.until_chunk(&sid, "pid "), "pid ");
+    raw.until_output_blocks();
+    raw.close_write();
+    let started = Instant::now();
+    let process = raw.process.as_mut().unwrap();
+    let exited = eventually(Duration::from_secs(10), || {
+        process.try_wait().ok().flatten().is_some()
+    });
+    assert!(
+        exited,
+        "acpd stdio still runs {:?} after its parent closed stdin (never reading)",
+        started.elapsed()
+    );
+    assert!(
+        gone_within(child, LADDER),
+        "child {child} outlived acpd stdio"
+    );
+}
+
 #[test]
 fn write_timeout_toward_a_parent_that_stops_reading_closes_it() {
     subreaper();

@@ -216,16 +216,15 @@ where
     }
     conn.shutdown().await;
     conn.ctx.daemon.connections.fetch_sub(1, Ordering::Relaxed);
-    // What is queued goes out, each write bounded by write_timeout; when acpd itself is
-    // shutting down, a parent that is not reading gets a moment, not the whole timeout.
-    if conn.ctx.shutdown.is_cancelled() {
-        let _ = tokio::time::timeout(SHUTDOWN_FLUSH, conn.peer.flush_and_close()).await;
-    } else {
-        conn.peer.flush_and_close().await;
-    }
+    // What is queued goes out within a moment, not the whole write_timeout: the connection
+    // is over (the parent hung up, stopped reading, or acpd is shutting down), everything it
+    // started is already cancelled, and a parent that closed its input without ever reading
+    // must not keep `acpd stdio` (the whole process) alive for another write_timeout. A
+    // parent still reading takes a bounded outbox in far less than this.
+    conn.peer.flush_and_close_within(SHUTDOWN_FLUSH).await;
 }
 
-/// How long a connection's last answers may take to go out when acpd shuts down.
+/// How long a connection's last answers may take to go out once it is over.
 const SHUTDOWN_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Conn {
