@@ -248,6 +248,17 @@ impl Conn {
                 return;
             }
         }
+        // A session id (or another routing key) written twice means one session to a reader
+        // that takes the first and another to one that takes the last: refused, not guessed.
+        if let Some(key) = params
+            .as_deref()
+            .and_then(|p| acpd_protocol::session_id::duplicate_routing_key(p.get()))
+        {
+            let e = RpcError::invalid_request(format!(
+                "{method}: the key \"{key}\" appears twice in the params; send it once"
+            ));
+            return self.reply_err(&id, &e).await;
+        }
         if method == "initialize" {
             // Spawned: learning what the agent advertises may take a probe.
             let query = capabilities::note_client(self, params.as_deref());
@@ -366,6 +377,13 @@ impl Conn {
         let extension = method.starts_with('_') && !method.starts_with("_acpd/");
         if method != "session/cancel" && !extension {
             // Unknown notifications are ignored, as JSON-RPC and ACP ask.
+            return;
+        }
+        if let Some(key) =
+            params.and_then(|p| acpd_protocol::session_id::duplicate_routing_key(p.get()))
+        {
+            tracing::warn!(owner = self.owner, %method,
+                "dropping a notification whose params carry \"{key}\" twice");
             return;
         }
         let Some(sid) = params.and_then(session_id) else {

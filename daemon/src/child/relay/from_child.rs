@@ -37,6 +37,9 @@ impl Relay {
             line.push(b'}');
             return self.to_parent(line).await;
         }
+        if let Some(why) = strict::doubled(&params) {
+            return log(&why);
+        }
         let keys = strict::session_keys(&params);
         let own = &d.shared.session_id;
         let sid = keys.as_ref().and_then(|k| k.value.as_deref());
@@ -88,6 +91,13 @@ impl Relay {
     ) {
         let serves = self.t.serves;
         let ask = method == "session/request_permission";
+        if let Some(why) = params.as_deref().and_then(strict::doubled) {
+            tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
+                %method, "refusing a child request: {why}");
+            let e = RpcError::invalid_request(format!("{why} in the params; send it once"));
+            let _ = d.wire.respond(&id, Err(&e)).await;
+            return;
+        }
         let allowed = match method.as_str() {
             "session/request_permission" => {
                 match permission::answer_by_policy(d.shared.provider.permission, params.as_deref())
