@@ -33,6 +33,8 @@ pub enum PrivateError {
         path: PathBuf,
         expected: &'static str,
     },
+    #[error("{} is a shared directory (mode {mode:o}: world-writable or sticky); acpd's state needs a directory of its own: point STATE_DIRECTORY or XDG_STATE_HOME elsewhere", path.display())]
+    Shared { path: PathBuf, mode: u32 },
     #[error("{} has {links} hard links; acpd keeps its state only in a file of its own: move it aside", path.display())]
     Linked { path: PathBuf, links: u64 },
     #[error("cannot {what} {}: {source}", path.display())]
@@ -101,6 +103,19 @@ pub fn private_dir(dir: &Path) -> Result<File, PrivateError> {
                 PrivateError::io("open", dir)(e)
             }
         })?;
+    // A shared directory (`/tmp` named as the state dir) is never narrowed: that would take
+    // it from everyone else.
+    let mode = file
+        .metadata()
+        .map_err(PrivateError::io("stat", dir))?
+        .mode()
+        & 0o7777;
+    if mode & 0o1002 != 0 {
+        return Err(PrivateError::Shared {
+            path: dir.to_path_buf(),
+            mode,
+        });
+    }
     own_with_mode(&file, dir, 0o700)?;
     Ok(file)
 }
@@ -263,6 +278,20 @@ mod tests {
         assert!(!tmp.path().join("nowhere").exists());
         assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         assert_eq!(mode(&victim), 0o644);
+    }
+
+    #[test]
+    fn a_shared_dir_is_refused_not_narrowed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("shared");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, Permissions::from_mode(0o1777)).unwrap();
+        let e = private_dir(&dir).unwrap_err();
+        assert!(
+            matches!(e, PrivateError::Shared { mode: 0o1777, .. }),
+            "{e}"
+        );
+        assert_eq!(mode(&dir), 0o1777);
     }
 
     #[test]

@@ -70,12 +70,14 @@ pub fn own_update<'a>(
 ) -> Result<&'a RawValue, &'static str> {
     let params = params.ok_or("no params")?;
     let keys = session_keys(params).ok_or("params are not an object")?;
-    if acpd_protocol::session_id::duplicate_routing_key(params.get()).is_some() {
-        return Err("a routing key appears twice");
-    }
     match (keys.count, keys.value.as_deref()) {
         (0, _) => Err("no sessionId"),
-        (1, Some(sid)) if sid == own => keys.update.ok_or("no update"),
+        (1, Some(sid)) if sid == own => {
+            if acpd_protocol::session_id::duplicate_routing_key(params.get()).is_some() {
+                return Err("a routing key appears twice");
+            }
+            keys.update.ok_or("no update")
+        }
         (1, _) => Err("another session's sessionId"),
         _ => Err("more than one sessionId"),
     }
@@ -151,6 +153,14 @@ mod tests {
                 "another session's sessionId",
             ),
             (r#"[1]"#, "params are not an object"),
+            (
+                r#"{"sessionId":"s1","update":{"a":1},"update":{"b":2}}"#,
+                "a routing key appears twice",
+            ),
+            (
+                r#"{"sessionId":"s1","update":{"sessionUpdate":"x","sessionUpdate":"y"}}"#,
+                "a routing key appears twice",
+            ),
         ];
         for (text, why) in cases {
             assert_eq!(
@@ -170,6 +180,9 @@ mod tests {
             r#"{"sessionId":"s1","session\u0049d":"s2"}"#,
             r#"{"sessionId":"s10","update":{}}"#,
             r#"{"update":{},"sessionId":"s1"}"#,
+            r#"{"sessionId":"s1","update":{"a":1},"update":{"b":2}}"#,
+            r#"{"sessionId":"s1","update":{"sessionUpdate":"a","sessionUpdate":"b"}}"#,
+            r#"{"sessionId":"s1","update":{"senderSessionId":"x"}}"#,
         ] {
             assert!(!fast_own(text, prefix), "{text}");
         }

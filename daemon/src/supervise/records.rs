@@ -116,8 +116,13 @@ pub fn kill_all() {
 
 /// Removes this process's record on a clean exit, and lets the sentinel finish first.
 pub fn forget() {
-    if let Some(path) = FILE.get() {
-        let _ = std::fs::remove_file(path);
+    // No write (a retry included) may bring the record back after this.
+    FORGOTTEN.store(true, Ordering::Release);
+    {
+        let _writer = WRITER.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(path) = FILE.get() {
+            let _ = std::fs::remove_file(path);
+        }
     }
     super::sentinel::finish();
 }
@@ -132,6 +137,10 @@ static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 fn write() {
     let Some(path) = FILE.get() else { return };
     let _writer = WRITER.lock().unwrap_or_else(|p| p.into_inner());
+    if FORGOTTEN.load(Ordering::Acquire) {
+        DIRTY.store(false, Ordering::Release);
+        return;
+    }
     // The snapshot is taken under the writer lock: any change made before this point is in it.
     let groups: Vec<serde_json::Value> = live()
         .iter()
@@ -167,6 +176,8 @@ fn write() {
 const WRITE_ATTEMPTS: usize = 3;
 /// Set while the record on disk may lack a change (its last write failed).
 static DIRTY: AtomicBool = AtomicBool::new(false);
+/// Set by [`forget`]: the process is exiting cleanly and its record is gone for good.
+static FORGOTTEN: AtomicBool = AtomicBool::new(false);
 static RETRYING: AtomicBool = AtomicBool::new(false);
 
 /// A thread, started at a failed write, that rewrites the record (backing off from 50 ms to

@@ -91,13 +91,6 @@ impl Relay {
     ) {
         let serves = self.t.serves;
         let ask = method == "session/request_permission";
-        if let Some(why) = params.as_deref().and_then(strict::doubled) {
-            tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
-                %method, "refusing a child request: {why}");
-            let e = RpcError::invalid_request(format!("{why} in the params; send it once"));
-            let _ = d.wire.respond(&id, Err(&e)).await;
-            return;
-        }
         let allowed = match method.as_str() {
             "session/request_permission" => {
                 match permission::answer_by_policy(d.shared.provider.permission, params.as_deref())
@@ -146,6 +139,15 @@ impl Relay {
                 }
             },
         };
+        // Two sessionIds were refused above (-32602); any other routing key written twice
+        // (a nested session id, an update kind) is an invalid request.
+        if let Some(why) = params.as_deref().and_then(strict::doubled) {
+            tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
+                %method, "refusing a child request: {why}");
+            let e = RpcError::invalid_request(format!("{why} in the params; send it once"));
+            let _ = d.wire.respond(&id, Err(&e)).await;
+            return;
+        }
         if self.forwarded.len() >= MAX_FORWARDED {
             let e = RpcError::internal("too many requests are waiting on the parent");
             let _ = d.wire.respond(&id, Err(&e)).await;
