@@ -515,3 +515,87 @@ fn deaf_bridge_child_under_a_prompt_flood_keeps_acpd_bounded() {
     assert_eq!(pushed, PROMPTS, "acpd hung up on the parent mid-flood");
     drop(writer);
 }
+
+// ---- A key written twice on the routing path never reaches a parent (issue 18) -------------
+
+/// A child agent that, on each prompt, writes updates that say one thing to a reader taking a
+/// key's first value and another to one taking its last (the prompt's text is another
+/// session's id, which it writes second), then one honest chunk `ok`.
+const DOUBLING_CHILD: &str = r#"
+import sys, json
+def send(o):
+    sys.stdout.write(json.dumps(o) + "\n"); sys.stdout.flush()
+def chunk(t):
+    return '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"%s"}}' % t
+n = 0
+for line in sys.stdin:
+    m = json.loads(line)
+    meth, i = m.get("method"), m.get("id")
+    if meth == "initialize":
+        send({"jsonrpc": "2.0", "id": i, "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
+    elif meth == "session/new":
+        n += 1
+        send({"jsonrpc": "2.0", "id": i, "result": {"sessionId": "own-%d" % n}})
+    elif meth == "session/prompt":
+        own, other = m["params"]["sessionId"], m["params"]["prompt"][0]["text"]
+        for params in [
+            '{"sessionId":"%s","update":%s,"sessionId":"%s"}' % (own, chunk("LEAK-top"), other),
+            '{"sessionId":"%s","session\\u0049d":"%s","update":%s}' % (own, other, chunk("LEAK-escaped")),
+            '{"sessionId":"%s","update":%s,"update":%s}' % (own, chunk("LEAK-first"), chunk("LEAK-second")),
+            '{"sessionId":"%s","update":{"sessionUpdate":"agent_message_chunk","sessionUpdate":"subagent_update","sessionId":"%s","content":{"type":"text","text":"LEAK-kind"}}}' % (own, other),
+            '{"sessionId":"%s","update":{"sessionUpdate":"session_message","senderSessionId":"x","senderSessionId":"%s","text":"LEAK-nested"}}' % (own, other),
+            '{"sessionId":"%s","update":%s}' % (own, chunk("ok")),
+        ]:
+            sys.stdout.write('{"jsonrpc":"2.0","method":"session/update","params":%s}\n' % params)
+        sys.stdout.flush()
+        send({"jsonrpc": "2.0", "id": i, "result": {"stopReason": "end_turn"}})
+"#;
+
+fn doubling_env() -> Env {
+    let env = env_with("");
+    let script = env.path().join("doubling.py");
+    std::fs::write(&script, DOUBLING_CHILD).unwrap();
+    let mut config = std::fs::read_to_string(&env.config).unwrap();
+    config.push_str(&format!(
+        "\n[providers.doubling]\ncommand = [\"python3\", \"{}\"]\n",
+        script.display()
+    ));
+    std::fs::write(&env.config, config).unwrap();
+    env
+}
+
+#[test]
+fn doubled_routing_keys_from_a_bridge_child_never_reach_the_parent() {
+    let env = doubling_env();
+    let mut raw = ready(&env);
+    let a = raw.new_session(env.path(), "doubling");
+    let b = raw.new_session(env.path(), "doubling");
+    let id = json!(raw.send_prompt(&a, &b));
+    let answer = raw.answer(&id).value;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let id = json!(raw.send_prompt(&b, &a));
+    raw.answer(&id);
+    let leaked: Vec<String> = raw
+        .seen
+        .iter()
+        .map(Line::text)
+        .filter(|t| t.contains("LEAK"))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "updates with a doubled routing key reached the parent: {leaked:?}"
+    );
+    assert_eq!(raw.chunk_text(&a), "ok");
+    assert_eq!(raw.chunk_text(&b), "ok");
+}
+
+#[test]
+fn doubled_routing_keys_from_a_child_never_enter_a_run() {
+    let env = doubling_env();
+    let (value, _code, stderr) =
+        run_json(
+            env.acpd()
+                .args(["run", "--json", "--provider", "doubling", "another-session"]),
+        );
+    assert_eq!(output_text(&value), "ok", "{value}\n{stderr}");
+}

@@ -206,6 +206,36 @@ fn parent_that_closes_stdin_while_not_reading_ends_stdio_and_its_child() {
     );
 }
 
+/// Issue 18: with the default `write_timeout` (30 s) a parent that closed stdin without ever
+/// reading kept `acpd stdio` alive for the whole write deadline. EOF on stdin ends acpd within
+/// the final flush's 1 s (asserted under a generous deadline, not as a timing), and no child
+/// process outlives it.
+#[test]
+fn eof_on_stdin_ends_stdio_within_the_final_flush_under_the_default_write_timeout() {
+    subreaper();
+    let env = env_with("");
+    let mut raw = ready(&env);
+    let sid = raw.new_session(env.path(), "fast");
+    raw.send_prompt(&sid, ":pid\n:chunks 1000000 1024");
+    let child = pid_after(&raw.until_chunk(&sid, "pid "), "pid ");
+    raw.until_output_blocks();
+    raw.close_write();
+    let started = Instant::now();
+    let process = raw.process.as_mut().unwrap();
+    let exited = eventually(Duration::from_secs(10), || {
+        process.try_wait().ok().flatten().is_some()
+    });
+    assert!(
+        exited,
+        "acpd stdio still runs {:?} after its parent closed stdin (never reading)",
+        started.elapsed()
+    );
+    assert!(
+        gone_within(child, LADDER),
+        "child {child} outlived acpd stdio"
+    );
+}
+
 #[test]
 fn write_timeout_toward_a_parent_that_stops_reading_closes_it() {
     subreaper();
@@ -598,4 +628,50 @@ fn default_max_connections_is_64() {
     assert_eq!(raw_id(&line), "null", "{}", line.text());
     assert_limit(&line.value, "max_connections", 64);
     open.clear();
+}
+
+/// Issue 18: a request naming two sessions (the same key twice, however spelled) is −32600
+/// with its id, never routed by either; a doubled `id` is −32600 with a null id.
+#[test]
+fn doubled_session_id_or_id_keys_from_a_parent_are_invalid_requests() {
+    let env = env_with("");
+    let mut raw = ready(&env);
+    let a = raw.new_session(env.path(), "fast");
+    let b = raw.new_session(env.path(), "fast");
+    let prompt = r#""prompt":[{"type":"text","text":"x"}]"#;
+    for (n, params) in [
+        format!(r#"{{"sessionId":"{a}",{prompt},"sessionId":"{b}"}}"#),
+        format!(r#"{{"sessionId":"{a}","session\u0049d":"{b}",{prompt}}}"#),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = 900 + n as u64;
+        raw.line(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"session/prompt","params":{params}}}"#
+        ));
+        let answer = raw.answer(&json!(id)).value;
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("sessionId"), "{answer}");
+    }
+    for line in [
+        format!(
+            r#"{{"jsonrpc":"2.0","id":910,"method":"session/prompt","id":911,"params":{{"sessionId":"{a}",{prompt}}}}}"#
+        ),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":912,"i\u0064":913,"method":"session/prompt","params":{{"sessionId":"{a}",{prompt}}}}}"#
+        ),
+    ] {
+        raw.line(&line);
+        let answer = raw.next_response().value;
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        assert!(answer["id"].is_null(), "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("id"), "{answer}");
+    }
+    // Nothing reached either session: both still take a prompt and answer only it.
+    let id = json!(raw.send_prompt(&a, "after"));
+    assert_eq!(raw.answer(&id).value["result"]["stopReason"], "end_turn");
+    assert_eq!(raw.chunk_text(&b), "");
 }

@@ -6,6 +6,7 @@ pub(crate) mod child;
 pub mod cli;
 pub mod config;
 pub mod mcp;
+pub mod private_fs;
 pub mod registry;
 pub mod remote;
 pub(crate) mod runtime;

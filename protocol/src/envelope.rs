@@ -374,10 +374,15 @@ pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
     let wire: Wire<'_> = match serde_json::from_str(line) {
         Ok(w) => w,
         Err(e) if e.is_data() => {
-            return Err(EnvelopeError::Invalid {
-                id: None,
-                reason: e.to_string(),
-            });
+            // A doubled envelope key (`id`, `method`, `params`…, however spelled): which one
+            // is meant is unknowable, so none is used, not even the id.
+            let reason = e.to_string();
+            let reason = if reason.starts_with("duplicate field") {
+                format!("{reason}: each envelope key may appear once")
+            } else {
+                reason
+            };
+            return Err(EnvelopeError::Invalid { id: None, reason });
         }
         Err(e) => return Err(EnvelopeError::NotJson(e.to_string())),
     };
@@ -832,6 +837,26 @@ mod tests {
         // Duplicate keys: which id is meant is unknowable, so none is used.
         let e = parse(br#"{"id":1,"id":2,"method":"m"}"#).unwrap_err();
         assert!(matches!(e, EnvelopeError::Invalid { id: None, .. }));
+        // However the second key is spelled, and whichever envelope key is doubled.
+        for line in [
+            r#"{"id":1,"id":2,"method":"m"}"#,
+            r#"{"id":1,"method":"a","method":"b"}"#,
+            r#"{"id":1,"method":"m","params":{"sessionId":"a"},"params":{"sessionId":"b"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{},"result":{}}"#,
+        ] {
+            let e = parse(line.as_bytes()).unwrap_err();
+            assert!(
+                matches!(e, EnvelopeError::Invalid { id: None, .. }),
+                "{line}"
+            );
+            let rpc = e.to_rpc_error();
+            assert_eq!(rpc.code, INVALID_REQUEST, "{line}");
+            assert!(
+                rpc.message.contains("appear once"),
+                "{line}: {}",
+                rpc.message
+            );
+        }
         let e = parse(br#"{"id":null,"method":"m"}"#).unwrap_err();
         assert!(matches!(e, EnvelopeError::Invalid { id: None, .. }));
         let e = parse(br#"{"id":true,"method":"m"}"#).unwrap_err();

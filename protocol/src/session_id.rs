@@ -83,8 +83,100 @@ pub fn surely_no_session_id_key(rest: &str) -> bool {
     // Built once: on the hot path a finder's set-up costs more than the search.
     static KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"sessionId\""));
     static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
+    // `…SessionId` keys name sessions too (they are remapped on the slow path).
+    static NAMED: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"SessionId\""));
     let bytes = rest.as_bytes();
-    KEY.find(bytes).is_none() && ESCAPE.find(bytes).is_none()
+    KEY.find(bytes).is_none() && ESCAPE.find(bytes).is_none() && NAMED.find(bytes).is_none()
+}
+
+/// The first key that appears twice in one object on a message's routing path: `sessionId`
+/// and `update` of the top-level params object, and at any depth any key that names a session
+/// (`sessionId`, `…SessionId`) or `sessionUpdate` (an update's kind decides whether a session
+/// is announced). Keys are compared decoded (`"session\u0049d"` is `sessionId`). A peer
+/// that writes such a key twice means one thing to a reader that takes the first and another
+/// to one that takes the last, so acpd refuses the message instead of guessing.
+///
+/// Cheap when nothing is doubled: without a `\u` escape, a key can only be doubled if its
+/// plain spelling occurs twice, so text where each occurs at most once needs no parse.
+pub fn duplicate_routing_key(params: &str) -> Option<String> {
+    if !params.contains("\\u")
+        && [
+            r#""sessionId""#,
+            r#"SessionId""#,
+            r#""sessionUpdate""#,
+            r#""update""#,
+        ]
+        .iter()
+        .all(|k| params.matches(k).nth(1).is_none())
+    {
+        return None;
+    }
+    let mut de = serde_json::Deserializer::from_str(params);
+    // Not JSON: whoever parses it next refuses it; nothing here to route on.
+    serde::de::DeserializeSeed::deserialize(Walk { top: true }, &mut de)
+        .ok()
+        .flatten()
+}
+
+/// Walks one JSON value for [`duplicate_routing_key`]; `top` for the params object itself.
+struct Walk {
+    top: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Walk {
+    type Value = Option<String>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Walk {
+    type Value = Option<String>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        while let Some(f) = seq.next_element_seed(Walk { top: false })? {
+            found = found.or(f);
+        }
+        Ok(found)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seen: Vec<std::borrow::Cow<'de, str>> = Vec::new();
+        let mut found = None;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let routing =
+                names_a_session(&key) || key == "sessionUpdate" || (self.top && key == "update");
+            if routing {
+                if found.is_none() && seen.contains(&key) {
+                    found = Some(key.to_string());
+                }
+                seen.push(key);
+            }
+            let inner = map.next_value_seed(Walk { top: false })?;
+            found = found.or(inner);
+        }
+        Ok(found)
+    }
 }
 
 /// Whether a key names a session: `sessionId` itself or any `…SessionId`
@@ -223,5 +315,105 @@ mod tests {
         assert!(session_id(&raw(r#"["] "]"#)).is_none());
         assert!(session_id(&raw(r#"["acpd-1",{"sessionUpdate":"x"}]"#)).is_none());
         assert!(session_id(&raw(r#"{"sessionId":5}"#)).is_none());
+    }
+
+    #[test]
+    fn doubled_routing_keys_are_found_however_spelled_and_wherever_they_route() {
+        for (text, key) in [
+            (
+                r#"{"sessionId":"a","update":{},"sessionId":"b"}"#,
+                "sessionId",
+            ),
+            (r#"{"sessionId":"a","session\u0049d":"b"}"#, "sessionId"),
+            (
+                r#"{"sessionId":"a","update":{"x":1},"update":{"y":2}}"#,
+                "update",
+            ),
+            (
+                r#"{"sessionId":"a","update":{"sessionUpdate":"x","sessionUpdate":"subagent_update"}}"#,
+                "sessionUpdate",
+            ),
+            (
+                r#"{"sessionId":"a","update":{"senderSessionId":"x","senderSessionId":"y"}}"#,
+                "senderSessionId",
+            ),
+            (
+                r#"{"list":[{"sessionId":"a","sessionId":"b"}]}"#,
+                "sessionId",
+            ),
+            (r#"[{"sessionId":"a","sessionId":"b"}]"#, "sessionId"),
+        ] {
+            assert_eq!(duplicate_routing_key(text).as_deref(), Some(key), "{text}");
+        }
+        for text in [
+            r#"{"sessionId":"a","update":{"sessionUpdate":"x","sessionId":"b"}}"#,
+            r#"{"sessionId":"a","update":{"text":"\"sessionId\":1,\"sessionId\":2 \u0041"}}"#,
+            r#"{"sessionId":"a","update":{"content":{"a":1,"a":2}}}"#,
+            r#"{"senderSessionId":"a","recipientSessionId":"b"}"#,
+            r#"{"sessionId":"a","x":{"update":1,"update":2}}"#,
+            "not json",
+        ] {
+            assert_eq!(duplicate_routing_key(text), None, "{text}");
+        }
+    }
+
+    /// `key` as a JSON string, plain or with the character at `escape` written as `\uXXXX`.
+    fn spell(key: &str, escape: Option<usize>) -> String {
+        match escape {
+            None => format!("\"{key}\""),
+            Some(i) => {
+                let i = i % key.len();
+                format!(
+                    "\"{}\\u{:04x}{}\"",
+                    &key[..i],
+                    key.as_bytes()[i],
+                    &key[i + 1..]
+                )
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// A routing key written twice into any object of the path (the params, or an object
+        /// nested at any depth) is always found, whatever else the object holds and however
+        /// the key is spelled; the same message with the key once is never refused.
+        #[test]
+        fn a_doubled_routing_key_is_always_found(
+            key in proptest::prop_oneof![
+                proptest::strategy::Just("sessionId"),
+                proptest::strategy::Just("senderSessionId"),
+                proptest::strategy::Just("sessionUpdate"),
+            ],
+            depth in 0usize..4,
+            filler in proptest::collection::vec(("[a-z]{1,6}", "[a-z0-9 ]{0,8}"), 0..4),
+            first in 0usize..5,
+            esc_a in proptest::option::of(0usize..16),
+            esc_b in proptest::option::of(0usize..16),
+        ) {
+            let a = spell(key, esc_a);
+            let b = spell(key, esc_b);
+            let mut fields: Vec<String> = filler
+                .iter()
+                .filter(|(k, _)| !names_a_session(k) && k != "update")
+                .map(|(k, v)| format!("\"{k}\":\"{v}\""))
+                .collect();
+            let once = fields.clone();
+            let at = first.min(fields.len());
+            fields.insert(at, format!("{a}:\"one\""));
+            fields.push(format!("{b}:\"two\""));
+            let mut twice = format!("{{{}}}", fields.join(","));
+            let mut single = {
+                let mut f = once;
+                f.insert(at.min(f.len()), format!("{a}:\"one\""));
+                format!("{{{}}}", f.join(","))
+            };
+            for _ in 0..depth {
+                twice = format!("{{\"sessionId\":\"own\",\"update\":{twice}}}");
+                single = format!("{{\"sessionId\":\"own\",\"update\":{single}}}");
+            }
+            let found = duplicate_routing_key(&twice);
+            proptest::prop_assert_eq!(found.as_deref(), Some(key), "{}", twice);
+            proptest::prop_assert_eq!(duplicate_routing_key(&single), None, "{}", single);
+        }
     }
 }

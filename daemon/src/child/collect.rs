@@ -368,6 +368,13 @@ async fn on_request(
             .await;
         return;
     }
+    if let Some(why) = params.and_then(strict::doubled) {
+        tracing::warn!(provider = %d.shared.provider.name, run = %d.shared.log_id,
+            "refusing a permission request: {why}");
+        let e = RpcError::invalid_request(format!("{why} in the params; send it once"));
+        let _ = d.wire.respond(&id, Err(&e)).await;
+        return;
+    }
     let request = match permission::answer_by_policy(d.shared.provider.permission, params) {
         PolicyAnswer::InvalidParams(why) => {
             let _ = d

@@ -72,7 +72,12 @@ pub fn own_update<'a>(
     let keys = session_keys(params).ok_or("params are not an object")?;
     match (keys.count, keys.value.as_deref()) {
         (0, _) => Err("no sessionId"),
-        (1, Some(sid)) if sid == own => keys.update.ok_or("no update"),
+        (1, Some(sid)) if sid == own => {
+            if acpd_protocol::session_id::duplicate_routing_key(params.get()).is_some() {
+                return Err("a routing key appears twice");
+            }
+            keys.update.ok_or("no update")
+        }
         (1, _) => Err("another session's sessionId"),
         _ => Err("more than one sessionId"),
     }
@@ -88,6 +93,30 @@ pub fn fast_own(params: &str, prefix: &str) -> bool {
     };
     matches!(rest.as_bytes().first(), Some(b',' | b'}'))
         && acpd_protocol::session_id::surely_no_session_id_key(rest)
+        && at_most_once(rest, &UPDATE)
+        && at_most_once(rest, &KIND)
+}
+
+static UPDATE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"update\""));
+static KIND: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"sessionUpdate\""));
+
+/// Whether `finder`'s needle occurs at most once in `text` (a key written twice needs the slow
+/// path's duplicate check).
+fn at_most_once(text: &str, finder: &memchr::memmem::Finder<'_>) -> bool {
+    let bytes = text.as_bytes();
+    match finder.find(bytes) {
+        None => true,
+        Some(at) => finder.find(&bytes[at + 1..]).is_none(),
+    }
+}
+
+/// Why a child's params are refused for a key written twice on the routing path (see
+/// [`acpd_protocol::session_id::duplicate_routing_key`]).
+pub fn doubled(params: &RawValue) -> Option<String> {
+    acpd_protocol::session_id::duplicate_routing_key(params.get())
+        .map(|key| format!("the key \"{key}\" appears twice"))
 }
 
 #[cfg(test)]
@@ -124,6 +153,14 @@ mod tests {
                 "another session's sessionId",
             ),
             (r#"[1]"#, "params are not an object"),
+            (
+                r#"{"sessionId":"s1","update":{"a":1},"update":{"b":2}}"#,
+                "a routing key appears twice",
+            ),
+            (
+                r#"{"sessionId":"s1","update":{"sessionUpdate":"x","sessionUpdate":"y"}}"#,
+                "a routing key appears twice",
+            ),
         ];
         for (text, why) in cases {
             assert_eq!(
@@ -143,6 +180,9 @@ mod tests {
             r#"{"sessionId":"s1","session\u0049d":"s2"}"#,
             r#"{"sessionId":"s10","update":{}}"#,
             r#"{"update":{},"sessionId":"s1"}"#,
+            r#"{"sessionId":"s1","update":{"a":1},"update":{"b":2}}"#,
+            r#"{"sessionId":"s1","update":{"sessionUpdate":"a","sessionUpdate":"b"}}"#,
+            r#"{"sessionId":"s1","update":{"senderSessionId":"x"}}"#,
         ] {
             assert!(!fast_own(text, prefix), "{text}");
         }

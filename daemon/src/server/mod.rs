@@ -215,16 +215,15 @@ where
     }
     conn.shutdown().await;
     conn.ctx.daemon.connections.fetch_sub(1, Ordering::Relaxed);
-    // What is queued goes out, each write bounded by write_timeout; when acpd itself is
-    // shutting down, a parent that is not reading gets a moment, not the whole timeout.
-    if conn.ctx.shutdown.is_cancelled() {
-        let _ = tokio::time::timeout(SHUTDOWN_FLUSH, conn.peer.flush_and_close()).await;
-    } else {
-        conn.peer.flush_and_close().await;
-    }
+    // What is queued goes out within a moment, not the whole write_timeout: the connection
+    // is over (the parent hung up, stopped reading, or acpd is shutting down), everything it
+    // started is already cancelled, and a parent that closed its input without ever reading
+    // must not keep `acpd stdio` (the whole process) alive for another write_timeout. A
+    // parent still reading takes a bounded outbox in far less than this.
+    conn.peer.flush_and_close_within(SHUTDOWN_FLUSH).await;
 }
 
-/// How long a connection's last answers may take to go out when acpd shuts down.
+/// How long a connection's last answers may take to go out once it is over.
 const SHUTDOWN_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Conn {
@@ -247,6 +246,17 @@ impl Conn {
                     .await;
                 return;
             }
+        }
+        // A session id (or another routing key) written twice means one session to a reader
+        // that takes the first and another to one that takes the last: refused, not guessed.
+        if let Some(key) = params
+            .as_deref()
+            .and_then(|p| acpd_protocol::session_id::duplicate_routing_key(p.get()))
+        {
+            let e = RpcError::invalid_request(format!(
+                "{method}: the key \"{key}\" appears twice in the params; send it once"
+            ));
+            return self.reply_err(&id, &e).await;
         }
         if method == "initialize" {
             // Spawned: learning what the agent advertises may take a probe.
@@ -389,6 +399,13 @@ impl Conn {
         let extension = method.starts_with('_') && !method.starts_with("_acpd/");
         if method != "session/cancel" && !extension {
             // Unknown notifications are ignored, as JSON-RPC and ACP ask.
+            return;
+        }
+        if let Some(key) =
+            params.and_then(|p| acpd_protocol::session_id::duplicate_routing_key(p.get()))
+        {
+            tracing::warn!(owner = self.owner, %method,
+                "dropping a notification whose params carry \"{key}\" twice");
             return;
         }
         let Some(sid) = params.and_then(session_id) else {

@@ -10,7 +10,6 @@
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -51,6 +50,11 @@ pub enum StoreError {
     Dir {
         path: PathBuf,
         source: std::io::Error,
+    },
+    #[error("the session store {} is not private: {source}", path.display())]
+    Private {
+        path: PathBuf,
+        source: crate::private_fs::PrivateError,
     },
     #[error("cannot open the session store {}: {source}; check its permissions, or move it aside to start afresh", path.display())]
     Open {
@@ -147,37 +151,39 @@ pub fn cap_title(mut title: String) -> String {
 }
 
 impl Store {
-    /// Opens (creating) the store at `path`: a missing directory is made 0700 and a new file
-    /// 0600 (SQLite gives its `-wal`/`-shm` files the same mode), since titles and working
-    /// directories are the user's business. Blocking: it may wait up to 5 s for other
+    /// Opens (creating) the store at `path`: its directory is made private (0700, created or
+    /// tightened) and the file 0600 (created or tightened; SQLite gives its `-wal`/`-shm`
+    /// files the same mode), since titles and working directories are the user's business.
+    /// Neither is opened through a symlink: one planted at the directory, the file, or its
+    /// `-wal`/`-shm` is refused with an error naming it ([`crate::private_fs`]), and SQLite
+    /// opens the file with `SQLITE_OPEN_NOFOLLOW`. Blocking: it may wait up to 5 s for other
     /// processes opening or writing the same file.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|source| StoreError::Dir {
-                    path: dir.to_path_buf(),
-                    source,
-                })?;
-        }
-        // Created here, not by SQLite, to choose the mode (SQLite would use 0644).
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|source| StoreError::Dir {
+        let private = |source| match source {
+            crate::private_fs::PrivateError::Io { path, source, .. } => {
+                StoreError::Dir { path, source }
+            }
+            source => StoreError::Private {
                 path: path.to_path_buf(),
                 source,
-            })?;
+            },
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            crate::private_fs::private_dir(dir).map_err(private)?;
+        }
+        // Created here, not by SQLite, to choose the mode (SQLite would use 0644).
+        crate::private_fs::private_file(path).map_err(private)?;
+        for suffix in ["-wal", "-shm", "-journal"] {
+            let mut companion = path.as_os_str().to_owned();
+            companion.push(suffix);
+            crate::private_fs::check_absent_or_private(Path::new(&companion)).map_err(private)?;
+        }
         let open = |source| StoreError::Open {
             path: path.to_path_buf(),
             source,
         };
-        let mut conn = Connection::open(path).map_err(open)?;
+        let flags = rusqlite::OpenFlags::default() | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW;
+        let mut conn = Connection::open_with_flags(path, flags).map_err(open)?;
         // The timeout first: switching to WAL and migrating may wait on another process.
         conn.busy_timeout(BUSY).map_err(open)?;
         let mode = use_wal(&conn).map_err(open)?;

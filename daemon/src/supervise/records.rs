@@ -10,13 +10,14 @@
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 use super::procfs;
+use crate::private_fs::PrivateError;
 
 /// Live groups (pgid → leader start time), kept whether or not a state directory is used: the
 /// emergency kill of a second shutdown signal walks them too.
@@ -69,9 +70,11 @@ pub fn enable_default() {
     }
 }
 
-/// Sweeps dead owners' records in `dir`, then starts this process's own record there.
-pub fn enable(dir: &Path) -> std::io::Result<Sweep> {
-    std::fs::create_dir_all(dir)?;
+/// Sweeps dead owners' records in `dir`, then starts this process's own record there. The
+/// directory is made private (0700, created or tightened; a symlink or another uid's
+/// directory is refused): the records name acpd's process groups, which the next acpd kills.
+pub fn enable(dir: &Path) -> Result<Sweep, PrivateError> {
+    crate::private_fs::private_dir(dir)?;
     let sweep = sweep(dir);
     let me = std::process::id() as i32;
     let start = start_time(me).unwrap_or(0);
@@ -87,8 +90,17 @@ pub(super) fn add(pgid: i32) {
     write();
 }
 
-pub(super) fn remove(pgid: i32) {
-    live().remove(&pgid);
+/// Forgets the group whose leader started at `start`. A pgid is freed when its group is
+/// reaped, before this runs, so a new child may already hold it: that child's entry (another
+/// start time) stays.
+pub(super) fn remove(pgid: i32, start: u64) {
+    {
+        let mut live = live();
+        if live.get(&pgid).is_some_and(|s| *s != start) {
+            return;
+        }
+        live.remove(&pgid);
+    }
     super::sentinel::remove_group(pgid);
     write();
 }
@@ -110,8 +122,13 @@ pub fn kill_all() {
 
 /// Removes this process's record on a clean exit, and lets the sentinel finish first.
 pub fn forget() {
-    if let Some(path) = FILE.get() {
-        let _ = std::fs::remove_file(path);
+    // No write (a retry included) may bring the record back after this.
+    FORGOTTEN.store(true, Ordering::Release);
+    {
+        let _writer = WRITER.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(path) = FILE.get() {
+            let _ = std::fs::remove_file(path);
+        }
     }
     super::sentinel::finish();
 }
@@ -126,6 +143,10 @@ static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 fn write() {
     let Some(path) = FILE.get() else { return };
     let _writer = WRITER.lock().unwrap_or_else(|p| p.into_inner());
+    if FORGOTTEN.load(Ordering::Acquire) {
+        DIRTY.store(false, Ordering::Release);
+        return;
+    }
     // The snapshot is taken under the writer lock: any change made before this point is in it.
     let groups: Vec<serde_json::Value> = live()
         .iter()
@@ -134,24 +155,87 @@ fn write() {
     let session = nix::unistd::getsid(None).map_or(0, |s| s.as_raw());
     let body = serde_json::json!({ "bootId": procfs::boot_id(), "sid": session, "groups": groups })
         .to_string();
-    if let Err(e) = replace(path, body.as_bytes()) {
-        tracing::warn!("cannot write the child record {}: {e}", path.display());
+    // A failed write (no fd or inode left for the temp file, an obstacle at the name) is
+    // tried again at once with a fresh temp file, then in the background until it lands:
+    // a group missing from the record is a group the next acpd never sweeps.
+    let mut result = replace(path, body.as_bytes());
+    for _ in 1..WRITE_ATTEMPTS {
+        if result.is_ok() {
+            break;
+        }
+        result = replace(path, body.as_bytes());
+    }
+    match result {
+        Ok(()) => DIRTY.store(false, Ordering::Release),
+        Err(e) => {
+            tracing::warn!(
+                "cannot write the child record {}: {e}; retrying in the background",
+                path.display()
+            );
+            DIRTY.store(true, Ordering::Release);
+            start_retrier();
+        }
+    }
+}
+
+/// Immediate attempts per write before the background retrier takes over.
+const WRITE_ATTEMPTS: usize = 3;
+/// Set while the record on disk may lack a change (its last write failed).
+static DIRTY: AtomicBool = AtomicBool::new(false);
+/// Set by [`forget`]: the process is exiting cleanly and its record is gone for good.
+static FORGOTTEN: AtomicBool = AtomicBool::new(false);
+static RETRYING: AtomicBool = AtomicBool::new(false);
+
+/// A thread, started at a failed write, that rewrites the record (backing off from 50 ms to
+/// 2 s) until a write lands, then ends.
+fn start_retrier() {
+    if RETRYING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("acpd-records".into())
+        .spawn(|| {
+            let mut wait = std::time::Duration::from_millis(50);
+            loop {
+                while DIRTY.load(Ordering::Acquire) {
+                    std::thread::sleep(wait);
+                    write();
+                    wait = (wait * 2).min(std::time::Duration::from_secs(2));
+                }
+                RETRYING.store(false, Ordering::Release);
+                // A write that failed after the check above found no retrier running.
+                if !DIRTY.load(Ordering::Acquire) || RETRYING.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        RETRYING.store(false, Ordering::Release);
+        tracing::warn!("cannot start the child record retrier: {e}");
     }
 }
 
 /// Atomic replace: a unique temp file in the same directory (not named `acpd-*.json`, so a
 /// sweeper never mistakes it for a record), then rename over the record. A sweeper reads the
 /// old record or the new one, never half of one.
-fn replace(path: &Path, body: &[u8]) -> std::io::Result<()> {
+fn replace(path: &Path, body: &[u8]) -> Result<(), PrivateError> {
     let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}.{seq}.tmp", std::process::id()));
-    let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(body))
-        .and_then(|()| std::fs::rename(&tmp, path));
+    // A new 0600 file, never an existing name (O_EXCL|O_NOFOLLOW): nothing planted is
+    // written through.
+    let written = crate::private_fs::create_new_private(&tmp).and_then(|mut f| {
+        f.write_all(body)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|source| PrivateError::Io {
+                what: "write",
+                path: tmp.clone(),
+                source,
+            })
+    });
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -288,12 +372,25 @@ mod tests {
     /// 64 starts and then 64 ends at once, from 64 threads, while a sweeper-like reader keeps
     /// reading the record: every read parses, the record lists all 64 groups after the starts
     /// and none of them after the ends, and no temp file is left behind.
+    /// This test process's record directory (`FILE` is set once per process), and the lock
+    /// that runs the tests using it one at a time.
+    fn fixture() -> (MutexGuard<'static, ()>, &'static Path) {
+        static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+        static SERIAL: Mutex<()> = Mutex::new(());
+        let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = DIR.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            enable(dir.path()).unwrap();
+            dir
+        });
+        (guard, dir.path())
+    }
+
     #[test]
     fn concurrent_starts_lose_no_group() {
-        let dir = tempfile::tempdir().unwrap();
-        enable(dir.path()).unwrap();
+        let (_serial, dir) = fixture();
         let path = FILE.get().unwrap().clone();
-        assert_eq!(path.parent(), Some(dir.path()));
+        assert_eq!(path.parent(), Some(dir));
         // Above any pid_max, so no real process is named (kill_all would get ESRCH).
         let fake: Vec<i32> = (0..64).map(|i| 0x7000_0000 + i).collect();
         let all = |pgids: &[i32]| pgids.iter().map(|&p| i64::from(p)).collect::<Vec<_>>();
@@ -317,7 +414,7 @@ mod tests {
                     let barrier = barrier.clone();
                     std::thread::spawn(move || {
                         barrier.wait();
-                        if round { add(pgid) } else { remove(pgid) }
+                        if round { add(pgid) } else { remove(pgid, 0) }
                     })
                 })
                 .collect();
@@ -335,10 +432,86 @@ mod tests {
         }
         stop.store(true, Ordering::Relaxed);
         assert!(reader.join().unwrap() > 0);
-        let names: Vec<String> = std::fs::read_dir(dir.path())
+        let names: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names.len(), 1, "only the record itself: {names:?}");
+    }
+
+    /// Issue 18: a write that failed (here an obstacle at the record's name) left a live
+    /// group out of the record until some later start or end happened to write it again.
+    #[test]
+    fn a_failed_write_is_retried_until_it_lands() {
+        let (_serial, _dir) = fixture();
+        let path = FILE.get().unwrap().clone();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("obstacle"), b"").unwrap();
+        let pgid = 0x7000_1000;
+        add(pgid);
+        assert!(path.is_dir(), "the write cannot land yet");
+        std::fs::remove_dir_all(&path).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let landed = loop {
+            let groups = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .map(|_| recorded(&path));
+            if groups
+                .as_ref()
+                .is_some_and(|g| g.contains(&i64::from(pgid)))
+            {
+                break true;
+            }
+            if std::time::Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert!(landed, "the live group never reached the record");
+        remove(pgid, 0);
+        assert!(!recorded(&path).contains(&i64::from(pgid)));
+    }
+
+    /// A pgid freed by a reaped group and taken by a new child: the old group's late removal
+    /// must not drop the new child from the record.
+    #[test]
+    fn removing_a_reused_pgid_keeps_the_new_group() {
+        let (_serial, _dir) = fixture();
+        let path = FILE.get().unwrap().clone();
+        let pgid = 0x7000_2000;
+        live().insert(pgid, 7);
+        write();
+        remove(pgid, 3);
+        assert!(recorded(&path).contains(&i64::from(pgid)));
+        remove(pgid, 7);
+        assert!(!recorded(&path).contains(&i64::from(pgid)));
+    }
+
+    /// The records' directory is private however it came to exist, and a symlink there is
+    /// refused, never written through.
+    #[test]
+    fn the_records_dir_is_private_and_never_a_symlink() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let (_serial, _dir) = fixture();
+        let tmp = tempfile::tempdir().unwrap();
+        let open = tmp.path().join("state");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        enable(&open).unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&open), 0o700);
+        let fresh = tmp.path().join("a/b");
+        enable(&fresh).unwrap();
+        assert_eq!((mode(&fresh), mode(&tmp.path().join("a"))), (0o700, 0o700));
+        let target = tmp.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = enable(&link).unwrap_err();
+        assert!(e.to_string().contains(&link.display().to_string()), "{e}");
+        assert_eq!(mode(&target), 0o755);
     }
 }

@@ -168,7 +168,7 @@ impl ProcessTree {
             }
         };
         self.end_escapees().await;
-        super::records::remove(self.pid());
+        super::records::remove(self.pid(), self.inner.start);
         reaper::churned();
         tracing::debug!(pgid = self.pid(), ?outcome, elapsed = ?started.elapsed(), "child tree torn down");
         outcome

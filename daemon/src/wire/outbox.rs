@@ -130,6 +130,19 @@ impl Outbox {
         self.done.cancelled().await;
     }
 
+    /// Flushes what is queued for at most `within`, then gives up on the peer: the writer
+    /// stops and every sender waiting for room (a session still streaming toward a parent
+    /// that hung up without reading) fails at once instead of waiting out `write_timeout`.
+    pub async fn flush_and_close_within(&self, within: Duration) {
+        if tokio::time::timeout(within, self.flush_and_close())
+            .await
+            .is_err()
+        {
+            self.broken.cancel();
+            self.done.cancelled().await;
+        }
+    }
+
     /// Resolves once a line of `len` bytes would be queued without waiting, for owners that
     /// stop taking work while the peer is behind. Never resolves once the writer has ended
     /// (whoever owns the peer learns that from [`Outbox::broken`] or the process).
@@ -158,7 +171,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     broken: CancellationToken,
     budget: Arc<Semaphore>,
 ) {
-    let ok = write_all_queued(writer, out, write_timeout, close).await;
+    // `broken` cancelled from outside is an owner giving up on the peer: stop writing.
+    let ok = tokio::select! {
+        ok = write_all_queued(writer, out, write_timeout, close) => ok,
+        () = broken.cancelled() => Ok(()),
+    };
     if ok.is_err() {
         broken.cancel();
     }

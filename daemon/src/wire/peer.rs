@@ -253,6 +253,12 @@ impl Peer {
         self.out.flush_and_close().await;
     }
 
+    /// [`Peer::flush_and_close`] for at most `within`; then the peer is given up on (see
+    /// [`super::outbox::Outbox::flush_and_close_within`]).
+    pub async fn flush_and_close_within(&self, within: std::time::Duration) {
+        self.out.flush_and_close_within(within).await;
+    }
+
     /// True once the peer's side has ended (EOF or read error).
     pub fn is_closed(&self) -> bool {
         self.pending.closed.load(Ordering::Acquire)

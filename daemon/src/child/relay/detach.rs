@@ -36,7 +36,10 @@ impl Relay {
                     None => return Err(gone(d.exit_status_soon().await)),
                     Some(Err(_)) => return Err(RelayEnd::Protocol),
                     Some(Ok(Message::Request { id, method, params })) => {
-                        if method == "session/request_permission" {
+                        if let Some(why) = params.as_deref().and_then(crate::child::strict::doubled) {
+                            let e = RpcError::invalid_request(format!("{why} in the params; send it once"));
+                            let _ = d.wire.respond(&id, Err(&e)).await;
+                        } else if method == "session/request_permission" {
                             match permission::answer_by_policy(d.shared.provider.permission, params.as_deref()) {
                                 PolicyAnswer::InvalidParams(why) => {
                                     let _ = d.wire.respond(&id, Err(&RpcError::invalid_params(why))).await;

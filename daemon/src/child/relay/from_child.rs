@@ -37,6 +37,9 @@ impl Relay {
             line.push(b'}');
             return self.to_parent(line).await;
         }
+        if let Some(why) = strict::doubled(&params) {
+            return log(&why);
+        }
         let keys = strict::session_keys(&params);
         let own = &d.shared.session_id;
         let sid = keys.as_ref().and_then(|k| k.value.as_deref());
@@ -136,6 +139,15 @@ impl Relay {
                 }
             },
         };
+        // Two sessionIds were refused above (-32602); any other routing key written twice
+        // (a nested session id, an update kind) is an invalid request.
+        if let Some(why) = params.as_deref().and_then(strict::doubled) {
+            tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
+                %method, "refusing a child request: {why}");
+            let e = RpcError::invalid_request(format!("{why} in the params; send it once"));
+            let _ = d.wire.respond(&id, Err(&e)).await;
+            return;
+        }
         if self.forwarded.len() >= MAX_FORWARDED {
             let e = RpcError::internal("too many requests are waiting on the parent");
             let _ = d.wire.respond(&id, Err(&e)).await;

@@ -328,8 +328,17 @@ impl Relay {
         {
             from_child::log_reported_failure(d, &self.t.session_id, r);
         }
-        // An answer naming the child's session (a load's, a resume's) names the parent's.
+        // An answer naming the child's session (a load's, a resume's) names the parent's;
+        // one that names a session twice is refused, never passed on for the parent to guess.
         let outcome = match outcome {
+            Ok(r) if strict::doubled(&r).is_some() => {
+                let why = strict::doubled(&r).unwrap_or_default();
+                tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
+                    %method, "refusing the agent's answer: {why}");
+                Err(RpcError::internal(format!(
+                    "the agent's answer to {method} is ambiguous ({why})"
+                )))
+            }
             Ok(r) => {
                 let names_own = r.get().contains(self.own.as_str())
                     && acpd_protocol::session_id::session_id(&r).as_deref()

@@ -1,0 +1,392 @@
+//! Directories and files that are acpd's user's alone (the state dir, the session map, child
+//! records): made private however they came to exist, never reached through a symlink.
+//!
+//! A directory is created 0700 (missing parents too). One that already exists is opened with
+//! `O_NOFOLLOW|O_DIRECTORY` and checked on the open descriptor (`fstat`): it must be owned by
+//! acpd's effective uid, and any other mode (an older acpd made the state dir 0755, systemd's
+//! `StateDirectory=` defaults to 0755) is tightened to 0700 with `fchmod`, not refused — the
+//! owner is acpd's user, so the directory is already theirs to narrow, and refusing would stop
+//! every upgraded install. A symlink there, or a directory another uid owns, is refused: a
+//! planted link is how another user would make acpd (possibly root) write where they choose.
+//!
+//! A file inside such a directory is opened (created 0600) with `O_NOFOLLOW`, and must be a
+//! regular file with one link, owned by acpd's uid; any other mode is tightened to 0600.
+//! Only the last component of a path is guarded: the parents are the user's own home or
+//! `STATE_DIRECTORY`, and whoever can rename those can already act as that user.
+
+use std::fs::{File, OpenOptions, Permissions};
+use std::io;
+use std::os::unix::fs::{
+    DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt,
+};
+use std::path::{Path, PathBuf};
+
+/// Why a private directory or file cannot be used. Every message names the path and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivateError {
+    #[error("{} is a symlink; acpd never opens its state through a link: remove it (or point acpd at the real directory)", path.display())]
+    Symlink { path: PathBuf },
+    #[error("{} is owned by uid {owner}, not by acpd's uid {me}; acpd keeps its state only in its own files: remove it or fix its owner", path.display())]
+    NotOwned { path: PathBuf, owner: u32, me: u32 },
+    #[error("{} is not a {expected}; move it aside", path.display())]
+    WrongKind {
+        path: PathBuf,
+        expected: &'static str,
+    },
+    #[error("{} is a shared directory (mode {mode:o}: world-writable or sticky); acpd's state needs a directory of its own: point STATE_DIRECTORY or XDG_STATE_HOME elsewhere", path.display())]
+    Shared { path: PathBuf, mode: u32 },
+    #[error("{} has {links} hard links; acpd keeps its state only in a file of its own: move it aside", path.display())]
+    Linked { path: PathBuf, links: u64 },
+    #[error("cannot {what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+impl PrivateError {
+    fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PrivateError + 'a {
+        move |source| {
+            // ELOOP from O_NOFOLLOW: the last component is a symlink.
+            if source.raw_os_error() == Some(nix::libc::ELOOP) {
+                PrivateError::Symlink {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                PrivateError::Io {
+                    what,
+                    path: path.to_path_buf(),
+                    source,
+                }
+            }
+        }
+    }
+}
+
+fn euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+/// Makes `dir` a private directory (see the module doc) and returns it open.
+pub fn private_dir(dir: &Path) -> Result<File, PrivateError> {
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(PrivateError::io("create", parent))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        // Whatever is there (a directory, a symlink, a file) is judged on the open below.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(PrivateError::io("create", dir)(e)),
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| {
+            // With O_DIRECTORY a trailing symlink may be ENOTDIR rather than ELOOP.
+            let link = std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink());
+            if link {
+                PrivateError::Symlink {
+                    path: dir.to_path_buf(),
+                }
+            } else if e.raw_os_error() == Some(nix::libc::ENOTDIR) {
+                PrivateError::WrongKind {
+                    path: dir.to_path_buf(),
+                    expected: "directory",
+                }
+            } else {
+                PrivateError::io("open", dir)(e)
+            }
+        })?;
+    // A shared directory (`/tmp` named as the state dir) is never narrowed: that would take
+    // it from everyone else.
+    let mode = file
+        .metadata()
+        .map_err(PrivateError::io("stat", dir))?
+        .mode()
+        & 0o7777;
+    if mode & 0o1002 != 0 {
+        return Err(PrivateError::Shared {
+            path: dir.to_path_buf(),
+            mode,
+        });
+    }
+    own_with_mode(&file, dir, 0o700)?;
+    Ok(file)
+}
+
+/// Opens (creating 0600) the private file `path`, whose directory must already be private
+/// ([`private_dir`]), for reading and writing; see the module doc.
+pub fn private_file(path: &Path) -> Result<File, PrivateError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(PrivateError::io("open", path))?;
+    let meta = file.metadata().map_err(PrivateError::io("stat", path))?;
+    if !meta.file_type().is_file() {
+        return Err(PrivateError::WrongKind {
+            path: path.to_path_buf(),
+            expected: "regular file",
+        });
+    }
+    if meta.nlink() > 1 {
+        return Err(PrivateError::Linked {
+            path: path.to_path_buf(),
+            links: meta.nlink(),
+        });
+    }
+    own_with_mode(&file, path, 0o600)?;
+    Ok(file)
+}
+
+/// Creates a new private file (0600) at `path` that must not exist yet (`O_EXCL`: a name
+/// planted there, a symlink included, is an error, never followed).
+pub fn create_new_private(path: &Path) -> Result<File, PrivateError> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)
+        .map_err(PrivateError::io("create", path))
+}
+
+/// Checks that the open `file` is owned by acpd's uid and sets its mode to `mode` if it is
+/// anything else (on the descriptor, so nothing renamed meanwhile is touched).
+fn own_with_mode(file: &File, path: &Path, mode: u32) -> Result<(), PrivateError> {
+    let meta = file.metadata().map_err(PrivateError::io("stat", path))?;
+    let me = euid();
+    if meta.uid() != me {
+        return Err(PrivateError::NotOwned {
+            path: path.to_path_buf(),
+            owner: meta.uid(),
+            me,
+        });
+    }
+    if meta.mode() & 0o7777 != mode {
+        tracing::info!(
+            "{}: mode {:o} tightened to {mode:o} (acpd's state is private)",
+            path.display(),
+            meta.mode() & 0o7777
+        );
+        file.set_permissions(Permissions::from_mode(mode))
+            .map_err(PrivateError::io("chmod", path))?;
+    }
+    Ok(())
+}
+
+/// Whether `path` exists as anything but a private file acpd may open: a symlink or another
+/// uid's entry there is refused, nothing is created (for companion files another library
+/// opens by name, such as SQLite's `-wal` and `-shm`).
+pub fn check_absent_or_private(path: &Path) -> Result<(), PrivateError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(PrivateError::io("stat", path)(e)),
+        Ok(meta) if meta.file_type().is_symlink() => Err(PrivateError::Symlink {
+            path: path.to_path_buf(),
+        }),
+        Ok(_) => private_file(path).map(drop),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn a_new_dir_and_file_are_private() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("a/b/state");
+        private_dir(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&tmp.path().join("a")), 0o700);
+        let file = dir.join("f");
+        private_file(&file).unwrap();
+        assert_eq!(mode(&file), 0o600);
+    }
+
+    #[test]
+    fn an_existing_open_dir_and_file_are_tightened() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, Permissions::from_mode(0o755)).unwrap();
+        let file = dir.join("f");
+        std::fs::write(&file, b"x").unwrap();
+        std::fs::set_permissions(&file, Permissions::from_mode(0o644)).unwrap();
+        private_dir(&dir).unwrap();
+        private_file(&file).unwrap();
+        assert_eq!((mode(&dir), mode(&file)), (0o700, 0o600));
+        assert_eq!(std::fs::read(&file).unwrap(), b"x", "never truncated");
+    }
+
+    #[test]
+    fn symlinks_are_refused_and_never_written_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target_dir = tmp.path().join("elsewhere");
+        std::fs::create_dir(&target_dir).unwrap();
+        std::fs::set_permissions(&target_dir, Permissions::from_mode(0o755)).unwrap();
+        let link = tmp.path().join("state");
+        std::os::unix::fs::symlink(&target_dir, &link).unwrap();
+        let e = private_dir(&link).unwrap_err();
+        assert!(matches!(e, PrivateError::Symlink { .. }), "{e}");
+        assert!(e.to_string().contains(&link.display().to_string()), "{e}");
+        assert_eq!(
+            mode(&target_dir),
+            0o755,
+            "the link's target was not touched"
+        );
+
+        let dir = tmp.path().join("real");
+        private_dir(&dir).unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::fs::set_permissions(&victim, Permissions::from_mode(0o644)).unwrap();
+        let planted = dir.join("f");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let e = private_file(&planted).unwrap_err();
+        assert!(matches!(e, PrivateError::Symlink { .. }), "{e}");
+        assert!(matches!(
+            check_absent_or_private(&planted),
+            Err(PrivateError::Symlink { .. })
+        ));
+        assert!(matches!(
+            create_new_private(&planted),
+            Err(PrivateError::Io { .. })
+        ));
+        // A dangling link is refused too, and nothing is created at its target.
+        let dangling = dir.join("g");
+        std::os::unix::fs::symlink(tmp.path().join("nowhere"), &dangling).unwrap();
+        assert!(matches!(
+            private_file(&dangling),
+            Err(PrivateError::Symlink { .. })
+        ));
+        assert!(!tmp.path().join("nowhere").exists());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(mode(&victim), 0o644);
+    }
+
+    #[test]
+    fn a_shared_dir_is_refused_not_narrowed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("shared");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, Permissions::from_mode(0o1777)).unwrap();
+        let e = private_dir(&dir).unwrap_err();
+        assert!(
+            matches!(e, PrivateError::Shared { mode: 0o1777, .. }),
+            "{e}"
+        );
+        assert_eq!(mode(&dir), 0o1777);
+    }
+
+    #[test]
+    fn hard_links_and_non_files_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        private_dir(&dir).unwrap();
+        let other = tmp.path().join("other");
+        std::fs::write(&other, b"x").unwrap();
+        std::fs::hard_link(&other, dir.join("f")).unwrap();
+        assert!(matches!(
+            private_file(&dir.join("f")),
+            Err(PrivateError::Linked { links: 2, .. })
+        ));
+        std::fs::create_dir(dir.join("d")).unwrap();
+        assert!(private_file(&dir.join("d")).is_err());
+        let file = tmp.path().join("plain");
+        std::fs::write(&file, b"").unwrap();
+        assert!(matches!(
+            private_dir(&file),
+            Err(PrivateError::WrongKind { .. })
+        ));
+    }
+
+    /// Another uid's directory is refused (root only: it needs a chown).
+    #[test]
+    fn another_users_dir_is_refused() {
+        if euid() != 0 {
+            eprintln!("skipped: needs root to chown a directory to another uid");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        std::fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        let e = private_dir(&dir).unwrap_err();
+        assert!(
+            matches!(e, PrivateError::NotOwned { owner: 65534, .. }),
+            "{e}"
+        );
+    }
+
+    /// The session map: a 0755 state dir and a 0644 `sessions.sqlite3` from before are
+    /// tightened; a symlink planted at the file or at the dir is refused with an error naming
+    /// it, and its target is neither written nor chmodded.
+    #[test]
+    fn the_session_store_is_private_and_never_opened_through_a_link() {
+        use crate::store::Store;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("state");
+        let db = dir.join("sessions.sqlite3");
+        drop(Store::open(&db).unwrap());
+        std::fs::set_permissions(&dir, Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&db, Permissions::from_mode(0o644)).unwrap();
+        drop(Store::open(&db).unwrap());
+        assert_eq!((mode(&dir), mode(&db)), (0o700, 0o600));
+
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::fs::set_permissions(&victim, Permissions::from_mode(0o644)).unwrap();
+        let dir2 = tmp.path().join("state2");
+        private_dir(&dir2).unwrap();
+        let planted = dir2.join("sessions.sqlite3");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let e = Store::open(&planted).unwrap_err().to_string();
+        assert!(
+            e.contains(&planted.display().to_string()) && e.contains("symlink"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(mode(&victim), 0o644);
+
+        // A link planted at the WAL is refused too (SQLite would open it by name).
+        let dir3 = tmp.path().join("state3");
+        private_dir(&dir3).unwrap();
+        std::os::unix::fs::symlink(&victim, dir3.join("sessions.sqlite3-wal")).unwrap();
+        let e = Store::open(&dir3.join("sessions.sqlite3"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sessions.sqlite3-wal"), "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::set_permissions(&elsewhere, Permissions::from_mode(0o755)).unwrap();
+        let link = tmp.path().join("linked-state");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        let e = Store::open(&link.join("sessions.sqlite3"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&link.display().to_string()) && e.contains("symlink"),
+            "{e}"
+        );
+        assert!(std::fs::read_dir(&elsewhere).unwrap().next().is_none());
+        assert_eq!(mode(&elsewhere), 0o755);
+    }
+}
