@@ -133,7 +133,9 @@ SESSIONS, AUTH AND EXTENSIONS
   methods are -32601.
   With --auth ID, session/new|load|resume|list answer -32000 until authenticate succeeds
   with an advertised id (another id is -32602).
-  Every request whose method starts with '_' is answered {\"echo\": METHOD, \"params\": PARAMS}.
+  A request whose method starts with '_echo/' is answered {\"echo\": METHOD, \"params\": PARAMS};
+  any other unknown request is -32601 Method not found; unknown notifications are ignored
+  (the '_' ones are recorded for :ext).
 
 EXAMPLES
   acpd run 'hello'                 echoes hello
