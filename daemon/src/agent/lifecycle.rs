@@ -33,6 +33,11 @@ pub(super) async fn handle(agent: &Arc<Agent>, method: &str, params: Option<&Raw
                 .and_then(|p| p.pointer("/clientCapabilities/subagents"))
                 .is_some_and(|v| !v.is_null());
             agent.client_subagents.store(subagents, Ordering::Release);
+            *lock(&agent.client_caps) = params
+                .as_ref()
+                .and_then(|p| p.get("clientCapabilities"))
+                .cloned()
+                .unwrap_or_default();
             let air = agent.args.air && params.as_ref().is_some_and(declares_air_session_failure);
             agent.client_air.store(air, Ordering::Release);
             let mut result = initialize_result(&agent.args);

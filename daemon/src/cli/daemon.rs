@@ -59,6 +59,9 @@ pub async fn serve(
     if let Err(code) = contain(&config) {
         return code;
     }
+    if config.child_stderr == Some(crate::supervise::ChildStderrMode::Forward) {
+        crate::supervise::forward_child_stderr();
+    }
     let explicit = config_path.map(Path::to_path_buf);
     let opts = ServeOptions {
         activated,

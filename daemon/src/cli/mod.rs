@@ -247,6 +247,10 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
     }
     crate::supervise::init();
     crate::supervise::keep_records();
+    // An editor shows the stderr of the agent it launched in its log: acpd's, here.
+    if config.child_stderr != Some(crate::supervise::ChildStderrMode::Log) {
+        crate::supervise::forward_child_stderr();
+    }
     let ctx = crate::server::ServerContext {
         registry: crate::registry::Registry::new(config, crate::registry::DepthContext::from_env()),
         caller_cwd: std::env::current_dir().ok(),
@@ -259,6 +263,7 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
     };
     crate::runtime::serve_stdio(ctx, shutdown).await;
     crate::supervise::forget_records();
+    crate::supervise::flush_child_stderr(std::time::Duration::from_millis(200));
     0
 }
 

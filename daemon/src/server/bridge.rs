@@ -387,6 +387,7 @@ async fn attach(conn: Arc<Conn>, sid: String, child: Child, first: First, seat: 
             read_text_file: client.has("/fs/readTextFile"),
             write_text_file: client.has("/fs/writeTextFile"),
             terminal: client.has("/terminal"),
+            elicitation: client.has("/elicitation"),
             subagents: client.subagents,
         },
         first,

@@ -305,11 +305,9 @@ impl Conn {
                 self.note_activity(&method, params.as_deref());
                 self.to_session(id, method, params).await;
             }
-            m if m.starts_with('_') => self.to_session(id, method, params).await,
-            _ => {
-                self.reply_err(&id, &RpcError::method_not_found(&method))
-                    .await
-            }
+            // Any other method (an extension, an ACP method acpd has no special part in, one
+            // newer than acpd) goes to the session it names; one naming none is unknown here.
+            _ => self.to_session(id, method, params).await,
         }
     }
 
@@ -363,18 +361,36 @@ impl Conn {
     }
 
     fn on_notification(self: &Arc<Self>, method: &str, params: Option<&RawValue>) {
-        let extension = method.starts_with('_') && !method.starts_with("_acpd/");
-        if method != "session/cancel" && !extension {
-            // Unknown notifications are ignored, as JSON-RPC and ACP ask.
+        if method.starts_with("_acpd/") {
             return;
         }
+        if method == "$/cancel_request" {
+            // Which session's agent got the request is its relay's to know: each looks for the
+            // id among the calls it forwarded, and the one that has it sends the cancel on.
+            if let Some(p) = params {
+                let bridges: Vec<bridge::BridgeHandle> = lock(&self.sessions)
+                    .values()
+                    .filter_map(|s| match s {
+                        SessionRef::Bridge(b) => Some(b.clone()),
+                        SessionRef::Run { .. } => None,
+                    })
+                    .collect();
+                for b in bridges {
+                    b.notify(method.to_string(), p.to_owned());
+                }
+            }
+            return;
+        }
+        let extension = method != "session/cancel";
+        // A notification naming no session has nowhere to go: ignored, as JSON-RPC asks.
         let Some(sid) = params.and_then(session_id) else {
             return;
         };
         let own = lock(&self.sessions).get(&sid).cloned();
         let target = own.clone().or_else(|| self.session(&sid));
         if extension {
-            // `_` extensions pass to the session's agent; a run's child is acpd's to drive.
+            // Every other notification passes to the session's agent; a run's child is acpd's
+            // to drive.
             if let (Some(SessionRef::Bridge(b)), Some(p)) = (target, params) {
                 b.notify(method.to_string(), p.to_owned());
             }
