@@ -107,7 +107,11 @@ fn child_stderr_reaches_acpd_stdio_stderr_line_by_line() {
     let env = env_of("", &[("main", &["--stderr", "agent starting up"])]);
     let mut raw = connect(&env, json!({}));
     let s = new_default(&mut raw, env.path());
-    let (answer, _) = prompt(&mut raw, &s, ":stderr warn: quota low\n:stderr-flood 1 9000\nok");
+    let (answer, _) = prompt(
+        &mut raw,
+        &s,
+        ":stderr warn: quota low\n:stderr-flood 1 9000\nok",
+    );
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     assert!(
         eventually(ANSWER, || raw.log().contains("warn: quota low")),
@@ -119,7 +123,11 @@ fn child_stderr_reaches_acpd_stdio_stderr_line_by_line() {
     // Verbatim, one line each; an overlong line keeps its head and says what was cut.
     assert!(log.lines().any(|l| l == "warn: quota low"), "{log}");
     let long = log.lines().find(|l| l.starts_with("eee")).unwrap();
-    assert!(long.ends_with(" more bytes cut]"), "{}", &long[long.len() - 40..]);
+    assert!(
+        long.ends_with(" more bytes cut]"),
+        "{}",
+        &long[long.len() - 40..]
+    );
     assert!(long.len() < 4096, "{}", long.len());
     close(raw);
 }
@@ -137,7 +145,10 @@ fn child_stderr_log_keeps_it_off_acpd_stderr() {
     let log_path = env.path().join("acpd.log");
     close(raw);
     let log = std::fs::read_to_string(log_path).unwrap();
-    assert!(!log.contains("secret line") && !log.contains("agent starting up"), "{log}");
+    assert!(
+        !log.contains("secret line") && !log.contains("agent starting up"),
+        "{log}"
+    );
 }
 
 #[test]
@@ -167,8 +178,15 @@ fn a_child_flooding_stderr_nobody_reads_neither_stalls_nor_bloats_acpd() {
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     close(raw);
     let err = reader.join().unwrap();
-    assert!(err.contains("after the flood\n"), "{}", &err[err.len().saturating_sub(500)..]);
-    assert!(err.contains("line(s) of child stderr dropped"), "no drop count");
+    assert!(
+        err.contains("after the flood\n"),
+        "{}",
+        &err[err.len().saturating_sub(500)..]
+    );
+    assert!(
+        err.contains("line(s) of child stderr dropped"),
+        "no drop count"
+    );
     assert!(err.len() < 8 * 1024 * 1024, "{} bytes forwarded", err.len());
 }
 
@@ -215,7 +233,10 @@ fn elicitation_from_the_child_reaches_an_editor_that_advertised_it() {
     assert_eq!(params["sessionId"], s, "{}", asked.text());
     assert_eq!(params["mode"], "form");
     assert_eq!(params["message"], "Your name?");
-    assert_eq!(params["requestedSchema"]["properties"]["name"]["type"], "string");
+    assert_eq!(
+        params["requestedSchema"]["properties"]["name"]["type"],
+        "string"
+    );
     reply(
         &mut raw,
         &asked.value["id"],
@@ -249,7 +270,9 @@ fn elicitation_is_refused_for_an_editor_that_did_not_advertise_it() {
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     assert_eq!(text, "error -32601\ndone");
     assert!(
-        raw.seen.iter().all(|l| !l.method().starts_with("elicitation/")),
+        raw.seen
+            .iter()
+            .all(|l| !l.method().starts_with("elicitation/")),
         "{:?}",
         raw.seen_text()
     );
@@ -296,7 +319,8 @@ fn a_childs_cancel_request_reaches_the_editor_under_the_editors_request_id() {
     let asked = until_request(&mut raw, "elicitation/create");
     let cancel = until_notification(&mut raw, "$/cancel_request");
     assert_eq!(
-        cancel.value["params"]["requestId"], asked.value["id"],
+        cancel.value["params"]["requestId"],
+        asked.value["id"],
         "{}",
         cancel.text()
     );
@@ -340,7 +364,11 @@ fn the_editors_client_capabilities_reach_the_child() {
         "/auth/terminal",
         "/_meta/vendor.example",
     ] {
-        assert_eq!(seen.pointer(pointer), caps.pointer(pointer), "{pointer}: {seen}");
+        assert_eq!(
+            seen.pointer(pointer),
+            caps.pointer(pointer),
+            "{pointer}: {seen}"
+        );
     }
     close(raw);
 }
@@ -388,4 +416,159 @@ fn updates_acpd_has_no_part_in_and_trace_meta_pass_unchanged() {
     reply(&mut raw, &asked.value["id"], json!({"result": {}}));
     raw.answer(&json!(id));
     close(raw);
+}
+
+// ---- one editor entry per agent ----
+
+/// Two providers that differ in what they advertise (`other`: image prompts) and in an env
+/// variable a prompt can show (`WHO`); `main` is the config's default.
+fn two_providers() -> Env {
+    let argv = |flags: &[&str]| {
+        let mut a = vec![BIN.to_string(), "agent".into(), "echo".into()];
+        a.extend(flags.iter().map(|f| f.to_string()));
+        serde_json::to_string(&a).unwrap()
+    };
+    Env::raw(&format!(
+        "default_provider = \"main\"\n\
+         [providers.main]\ncommand = {}\nenv = {{ WHO = \"main\" }}\n\
+         [providers.other]\ncommand = {}\nenv = {{ WHO = \"other\" }}\n",
+        argv(&[]),
+        argv(&["--prompt-caps", "image"])
+    ))
+}
+
+#[test]
+fn stdio_provider_makes_that_provider_the_connections_default() {
+    let env = two_providers();
+    let mut raw = Raw::stdio_with(&env, &["--provider", "other"], log_file(&env));
+    let init = raw.initialize(json!({}));
+    assert_eq!(
+        init["agentCapabilities"]["promptCapabilities"]["image"], true,
+        "initialize must mirror `other`: {init}"
+    );
+    let s = new_default(&mut raw, env.path());
+    let (_, text) = prompt(&mut raw, &s, ":env WHO");
+    assert_eq!(text, "WHO=other\n");
+    // Naming a provider still works.
+    let m = raw.new_session(env.path(), "main");
+    let (_, text) = prompt(&mut raw, &m, ":env WHO");
+    assert_eq!(text, "WHO=main\n");
+    close(raw);
+
+    // Without the flag, the config's default.
+    let mut raw = Raw::stdio(&env);
+    let init = raw.initialize(json!({}));
+    assert_ne!(
+        init["agentCapabilities"]["promptCapabilities"]["image"], true,
+        "{init}"
+    );
+    close(raw);
+}
+
+#[test]
+fn an_unknown_provider_is_refused_at_once() {
+    let env = two_providers();
+    let out = env
+        .acpd()
+        .args(["stdio", "--provider", "nope"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"nope\"") && err.contains("main, other"),
+        "{err}"
+    );
+
+    let serve = Serve::start(&env);
+    let out = env
+        .acpd()
+        .arg("connect")
+        .arg("--socket")
+        .arg(&serve.socket)
+        .args(["--provider", "nope"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"nope\"") && err.contains("main, other"),
+        "{err}"
+    );
+}
+
+#[test]
+fn connect_provider_makes_that_provider_the_connections_default() {
+    use std::io::{BufRead, BufReader, Write};
+    let env = two_providers();
+    let serve = Serve::start(&env);
+    let mut connect = env
+        .acpd()
+        .arg("connect")
+        .arg("--socket")
+        .arg(&serve.socket)
+        .args(["--provider", "other"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut stdin = connect.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    let stdout = connect.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut chunks = String::new();
+    let mut call = |id: u64, method: &str, params: Value| -> Value {
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        writeln!(stdin, "{msg}").unwrap();
+        loop {
+            let line = rx
+                .recv_timeout(ANSWER)
+                .expect("an answer through acpd connect");
+            if line["id"] == id {
+                return line;
+            }
+            if let Some(t) = line
+                .pointer("/params/update/content/text")
+                .and_then(|t| t.as_str())
+            {
+                chunks.push_str(t);
+            }
+        }
+    };
+    // The editor's first line is its own initialize: nothing of acpd's handshake shows.
+    let init = call(
+        1,
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    assert_eq!(init["id"], 1, "{init}");
+    assert_eq!(
+        init["result"]["agentCapabilities"]["promptCapabilities"]["image"], true,
+        "{init}"
+    );
+    let new = call(
+        2,
+        "session/new",
+        json!({"cwd": env.path(), "mcpServers": []}),
+    );
+    let s = new["result"]["sessionId"].as_str().unwrap().to_string();
+    let answer = call(
+        3,
+        "session/prompt",
+        json!({"sessionId": s, "prompt": [{"type": "text", "text": ":env WHO"}]}),
+    );
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    assert_eq!(chunks, "WHO=other\n");
+    drop(stdin);
+    assert!(connect.wait().unwrap().success());
 }

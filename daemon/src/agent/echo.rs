@@ -404,7 +404,11 @@ fn cancel_request(agent: &Agent, params: Option<&RawValue>) {
         return;
     };
     for session in lock(&agent.sessions).values() {
-        if let Some(turn) = session.turn.as_ref().filter(|t| t.request == params.request_id) {
+        if let Some(turn) = session
+            .turn
+            .as_ref()
+            .filter(|t| t.request == params.request_id)
+        {
             turn.by_request.store(true, Ordering::Release);
             turn.cancel.cancel();
         }

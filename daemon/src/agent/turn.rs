@@ -546,7 +546,11 @@ fn write_stderr(line: &[u8], count: u64) {
     use std::io::Write as _;
     let mut err = std::io::stderr().lock();
     for _ in 0..count {
-        if err.write_all(line).and_then(|()| err.write_all(b"\n")).is_err() {
+        if err
+            .write_all(line)
+            .and_then(|()| err.write_all(b"\n"))
+            .is_err()
+        {
             return;
         }
     }

@@ -154,7 +154,9 @@ async fn open_child(
     open: Open,
     needs: Option<&'static str>,
 ) -> Result<crate::registry::Launched, RpcError> {
-    let auth = conn.auth_for(provider.unwrap_or(&conn.ctx.registry.config().default_provider));
+    let default = conn.default_provider();
+    let provider = Some(provider.unwrap_or(&default));
+    let auth = conn.auth_for(provider.unwrap_or(&default));
     conn.ctx
         .registry
         .open_bridge(BridgeRequest {
