@@ -11,7 +11,6 @@ mod common;
 use std::io::Read as _;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::Duration;
 
 use common::raw::*;
 use common::*;

@@ -181,7 +181,35 @@ mod tests {
         assert!(forwardable("session/update"));
         assert!(forwardable("_zed/thing"));
         assert!(!forwardable("_acpd/subagent/ended"));
-        assert!(!forwardable("session/cancel"));
+        // Everything else passes, methods newer than acpd included.
+        assert!(forwardable("elicitation/complete"));
+        assert!(forwardable("$/cancel_request"));
+        assert!(forwardable("session/some_future_notification"));
         assert!(!forwardable_request("_acpd/subagent/start"));
+        assert!(forwardable_request("elicitation/create"));
+        assert!(forwardable_request("session/some_future_request"));
+    }
+
+    #[test]
+    fn capability_gated_methods_name_what_they_need() {
+        assert_eq!(
+            needs_of_parent("fs/read_text_file"),
+            Some(Need::ReadTextFile)
+        );
+        assert_eq!(
+            needs_of_parent("fs/write_text_file"),
+            Some(Need::WriteTextFile)
+        );
+        assert_eq!(needs_of_parent("terminal/create"), Some(Need::Terminal));
+        assert_eq!(
+            needs_of_parent("elicitation/create"),
+            Some(Need::Elicitation)
+        );
+        assert_eq!(
+            needs_of_parent("elicitation/complete"),
+            Some(Need::Elicitation)
+        );
+        assert_eq!(needs_of_parent("session/update"), None);
+        assert_eq!(needs_of_parent("_zed/thing"), None);
     }
 }

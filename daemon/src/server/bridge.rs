@@ -155,8 +155,9 @@ async fn open_child(
     needs: Option<&'static str>,
 ) -> Result<crate::registry::Launched, RpcError> {
     let default = conn.default_provider();
-    let provider = Some(provider.unwrap_or(&default));
-    let auth = conn.auth_for(provider.unwrap_or(&default));
+    let name = provider.unwrap_or(&default);
+    let provider = Some(name);
+    let auth = conn.auth_for(name);
     conn.ctx
         .registry
         .open_bridge(BridgeRequest {
