@@ -167,26 +167,35 @@ fn a_child_flooding_stderr_nobody_reads_neither_stalls_nor_bloats_acpd() {
     assert_eq!(text, "still here\n");
     let peak = peak_kib(raw.pid());
     assert!(peak < 128 * 1024, "acpd grew to {peak} KiB");
-    let reader = std::thread::spawn(move || {
-        let mut all = Vec::new();
-        let _ = err_read.read_to_end(&mut all);
-        String::from_utf8_lossy(&all).into_owned()
+    let shown = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let sink = shown.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = err_read.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
     });
-    // A line written after the flood is shown, with the count of what was dropped before it.
-    let (answer, _) = prompt(&mut raw, &s, ":stderr after the flood\nok");
-    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
-    close(raw);
-    let err = reader.join().unwrap();
-    assert!(
-        err.contains("after the flood\n"),
-        "{}",
-        &err[err.len().saturating_sub(500)..]
-    );
+    let text = || String::from_utf8_lossy(&shown.lock().unwrap()).into_owned();
+    // Now that acpd's stderr is read, a line written after the flood is shown (once the
+    // backlog is out), preceded by the count of what was dropped.
+    let mut n = 0;
+    let shown_after = eventually(ANSWER, || {
+        n += 1;
+        let (answer, _) = prompt(&mut raw, &s, &format!(":stderr after the flood {n}\nok"));
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        text().contains("after the flood")
+    });
+    let err = text();
+    assert!(shown_after, "{}", &err[err.len().saturating_sub(500)..]);
     assert!(
         err.contains("line(s) of child stderr dropped"),
         "no drop count"
     );
     assert!(err.len() < 8 * 1024 * 1024, "{} bytes forwarded", err.len());
+    close(raw);
 }
 
 // ---- the built-in echo agent ----

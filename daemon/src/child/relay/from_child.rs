@@ -126,7 +126,18 @@ impl Relay {
                 // acpd gave that call on the child's wire: the parent knows its own.
                 Some((0, _)) if method.starts_with("elicitation/") => {
                     let parent_id = |child: &Id| self.open.get(child).map(|(pid, _)| pid.clone());
-                    Some(remap_request_id(p, parent_id).unwrap_or_else(|| p.to_owned()))
+                    match remap_request_id(p, parent_id) {
+                        Some(p) => Some(p),
+                        // Naming no call of the parent's that is open: it could only be
+                        // mistaken for another request of the parent's.
+                        None => {
+                            let e = RpcError::invalid_params(
+                                "an elicitation must name its own session or an open request",
+                            );
+                            let _ = d.wire.respond(&id, Err(&e)).await;
+                            return;
+                        }
+                    }
                 }
                 Some((0, _)) => Some(p.to_owned()),
                 Some((1, Some(sid))) if sid == d.shared.session_id => {
