@@ -823,13 +823,18 @@ fn extensions_pass_both_ways_with_the_session_id_remapped() {
     let s = new_in(&mut raw, env.path(), "main");
 
     // A request on a session reaches its agent, under the agent's own session id.
-    let answer = raw.ok("_x/ping", json!({"sessionId": s, "n": 1}));
-    assert_eq!(answer["echo"], "_x/ping", "{answer}");
+    let answer = raw.ok("_echo/ping", json!({"sessionId": s, "n": 1}));
+    assert_eq!(answer["echo"], "_echo/ping", "{answer}");
     assert_eq!(answer["params"]["n"], 1, "{answer}");
     let child_id = answer["params"]["sessionId"].as_str().unwrap();
     assert!(child_id.starts_with("echo-"), "{answer}");
     // One naming no session has nowhere to go.
-    assert_eq!(code_of(&mut raw, "_x/ping", json!({"n": 1})), -32601);
+    assert_eq!(code_of(&mut raw, "_echo/ping", json!({"n": 1})), -32601);
+    // One the agent does not know is its -32601, passed back unchanged.
+    assert_eq!(
+        code_of(&mut raw, "_x/ping", json!({"sessionId": s})),
+        -32601
+    );
 
     // A notification on a session reaches its agent.
     raw.line(

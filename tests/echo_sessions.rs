@@ -490,9 +490,11 @@ fn extensions_are_echoed_recorded_and_sent() {
     let mut echo = Echo::spawn(&[]);
     echo.initialize(json!({}));
     assert_eq!(
-        echo.ok("_vendor/ping", json!({"n": 1})),
-        json!({"echo": "_vendor/ping", "params": {"n": 1}})
+        echo.ok("_echo/ping", json!({"n": 1})),
+        json!({"echo": "_echo/ping", "params": {"n": 1}})
     );
+    // Any other `_` request is unknown to the agent: -32601, as a real agent answers.
+    assert_eq!(echo.error_code("_vendor/ping", json!({"n": 1})).0, -32601);
     echo.notify("_vendor/one", json!({}));
     echo.notify("_vendor/two", json!({"x": 1}));
     let sid = echo.new_session(&std::env::temp_dir());

@@ -268,24 +268,32 @@ fn forged_acpd_notifications_never_leave_a_delegated_run() {
 }
 
 #[test]
-fn only_acp_notifications_are_forwarded_from_a_bridge_child() {
+fn a_bridge_childs_notifications_pass_under_the_parents_session_id_but_acpds_own() {
     let env = env_with("");
     let mut raw = ready(&env);
     let sid = raw.new_session(env.path(), "fast");
     let id = json!(raw.send_prompt(
         &sid,
-        ":notify weird/method\n:notify session/request_permission\n:notify _vendor/ping\nend"
+        ":notify weird/method\n:notify _vendor/ping\n:notify _acpd/subagent/ended\nend"
     ));
     raw.answer(&id);
     raw.ok("_acpd/providers", json!({}));
-    let methods: Vec<&str> = raw.seen.iter().map(Line::method).collect();
+    // A transparent bridge forwards what it does not know (the editor ignores what it does
+    // not know), with the session id remapped; only acpd's own namespace is refused.
+    for method in ["weird/method", "_vendor/ping"] {
+        let line = raw.seen.iter().find(|l| l.method() == method);
+        let line = line.unwrap_or_else(|| panic!("{method} was not forwarded"));
+        assert_eq!(
+            line.value["params"],
+            json!({"sessionId": sid, "acpdProbe": true}),
+            "{}",
+            line.text()
+        );
+    }
     assert!(
-        !methods.contains(&"weird/method") && !methods.contains(&"session/request_permission"),
-        "a non-ACP notification was forwarded: {methods:?}"
-    );
-    assert!(
-        methods.contains(&"_vendor/ping"),
-        "an `_` extension notification was not forwarded: {methods:?}"
+        raw.seen.iter().all(|l| !l.method().starts_with("_acpd/")),
+        "a child's _acpd/ notification was forwarded: {:?}",
+        raw.seen_text()
     );
 }
 

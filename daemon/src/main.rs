@@ -26,7 +26,7 @@ fn main() -> ExitCode {
     // moves between tasks without waking another thread, which is most of a hop's latency.
     // The daemon and `acpd run` (which writes to a terminal with blocking calls) use workers.
     let mut builder = match cli.command {
-        Command::Stdio | Command::Connect(_) | Command::Agent(_) | Command::Supervise(_) => {
+        Command::Stdio(_) | Command::Connect(_) | Command::Agent(_) | Command::Supervise(_) => {
             tokio::runtime::Builder::new_current_thread()
         }
         _ => tokio::runtime::Builder::new_multi_thread(),

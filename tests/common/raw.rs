@@ -86,10 +86,16 @@ impl Drop for Raw {
 impl Raw {
     /// `acpd --config <env> stdio`, stderr to `<env>/acpd.log`. Nothing is read until asked.
     pub fn stdio(env: &Env) -> Raw {
+        Raw::stdio_with(env, &[], log_file(env))
+    }
+
+    /// [`Raw::stdio`] with `args` after `stdio` and acpd's stderr going to `stderr`.
+    pub fn stdio_with(env: &Env, args: &[&str], stderr: Stdio) -> Raw {
         let mut process = Command::new(BIN)
             .arg("--config")
             .arg(&env.config)
             .arg("stdio")
+            .args(args)
             .current_dir(env.path())
             .env_remove("ACPD_CONFIG")
             .env_remove("ACPD_DEPTH")
@@ -99,7 +105,7 @@ impl Raw {
             .env("STATE_DIRECTORY", env.path().join("state"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(log_file(env))
+            .stderr(stderr)
             .spawn()
             .expect("spawn acpd stdio");
         let writer = process.stdin.take().expect("stdin");
@@ -498,7 +504,7 @@ impl Raw {
     }
 }
 
-fn log_file(env: &Env) -> Stdio {
+pub fn log_file(env: &Env) -> Stdio {
     match std::fs::File::create(env.path().join("acpd.log")) {
         Ok(f) => Stdio::from(f),
         Err(_) => Stdio::null(),

@@ -45,6 +45,8 @@ pub(super) struct Agent {
     pub client_subagents: AtomicBool,
     /// With `--air`: the client negotiated AIR's `sessionFailure` at `initialize`.
     pub client_air: AtomicBool,
+    /// `clientCapabilities` of `initialize` (`:client-caps`).
+    pub client_caps: Mutex<serde_json::Value>,
     /// The methods of the `_` notifications received, in order (`:ext`).
     pub ext_seen: Mutex<Vec<String>>,
     /// The running `:subagent-hang` sessions, so `session/cancel` can reach them.
@@ -65,6 +67,10 @@ struct RunningTurn {
     /// Distinguishes this turn from a later one, so a finishing turn only clears its own slot.
     generation: u64,
     cancel: CancellationToken,
+    /// The `session/prompt` request's id, for `$/cancel_request`.
+    request: Id,
+    /// Set by `$/cancel_request`: the prompt is answered -32800 instead of a stop reason.
+    by_request: Arc<AtomicBool>,
 }
 
 impl Session {
@@ -165,6 +171,7 @@ pub(super) async fn serve(args: EchoArgs) -> i32 {
         authenticated: Mutex::new(None),
         client_subagents: AtomicBool::new(false),
         client_air: AtomicBool::new(false),
+        client_caps: Mutex::new(serde_json::Value::Null),
         ext_seen: Mutex::new(Vec::new()),
         subagents: Mutex::new(HashMap::new()),
     });
@@ -176,6 +183,8 @@ pub(super) async fn serve(args: EchoArgs) -> i32 {
             Incoming::Notification { method, params } => {
                 if method == "session/cancel" {
                     cancel(&agent, params.as_deref());
+                } else if method == "$/cancel_request" {
+                    cancel_request(&agent, params.as_deref());
                 } else if method.starts_with('_') {
                     lock(&agent.ext_seen).push(method);
                 }
@@ -266,6 +275,7 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
     let text = text_of(&params.prompt);
     let cancel = CancellationToken::new();
     let generation = agent.next_turn.fetch_add(1, Ordering::Relaxed);
+    let by_request = Arc::new(AtomicBool::new(false));
     let system_prompt = {
         let mut sessions = lock(&agent.sessions);
         let Some(session) = sessions.get_mut(&params.session_id) else {
@@ -281,6 +291,8 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
         session.turn = Some(RunningTurn {
             generation,
             cancel: cancel.clone(),
+            request: id.clone(),
+            by_request: by_request.clone(),
         });
         session.system_prompt.clone()
     };
@@ -318,6 +330,10 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
             eprintln!("acpd agent echo: {e}");
         }
         let answer = match end {
+            _ if by_request.load(Ordering::Acquire) => {
+                let e = RpcError::new(REQUEST_CANCELLED, "Request cancelled");
+                envelope::encode_error(Some(&id), &e)
+            }
             TurnEnd::Stop { reason, meta } => {
                 let mut result = json!({ "stopReason": reason });
                 if let Some(meta) = meta {
@@ -369,5 +385,32 @@ fn cancel(agent: &Agent, params: Option<&RawValue>) {
     }
     if let Some(sub) = lock(&agent.subagents).get(&params.session_id) {
         sub.cancel();
+    }
+}
+
+/// ACP's answer to a request its sender cancelled with `$/cancel_request`.
+const REQUEST_CANCELLED: i64 = -32800;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CancelRequestParams {
+    request_id: Id,
+}
+
+/// `$/cancel_request` for a running prompt: its turn is cancelled and the prompt answered
+/// -32800. Any other id (answered already, never seen) is a no-op.
+fn cancel_request(agent: &Agent, params: Option<&RawValue>) {
+    let Ok(params) = parse_params::<CancelRequestParams>(params) else {
+        return;
+    };
+    for session in lock(&agent.sessions).values() {
+        if let Some(turn) = session
+            .turn
+            .as_ref()
+            .filter(|t| t.request == params.request_id)
+        {
+            turn.by_request.store(true, Ordering::Release);
+            turn.cancel.cancel();
+        }
     }
 }

@@ -58,6 +58,44 @@ impl Turn<'_> {
         self.text(&line).await
     }
 
+    /// `:request` and `:cancel-request`: streams "reply <JSON>" or "error <CODE>".
+    pub(super) async fn request(&self, method: &str, params: &str, cancel: bool) {
+        let mut params: serde_json::Value = serde_json::from_str(params).unwrap_or_default();
+        if let Some(object) = params.as_object_mut() {
+            object
+                .entry("sessionId")
+                .or_insert_with(|| json!(self.session_id));
+        }
+        let answer = match self.agent.peer.call(method, &params).await {
+            Ok(call) => {
+                if cancel {
+                    let cancel = json!({ "requestId": call.id });
+                    let _ = self.agent.peer.notify("$/cancel_request", &cancel).await;
+                }
+                call.result().await
+            }
+            Err(e) => Err(e),
+        };
+        let line = match answer {
+            Ok(result) => format!("reply {}\n", result.get()),
+            Err(CallError::Rpc(e)) => format!("error {}\n", e.code),
+            Err(CallError::Closed) => "error closed\n".to_string(),
+        };
+        self.text(&line).await
+    }
+
+    /// `:notify-json`: the params exactly as written.
+    pub(super) async fn notify_json(&self, method: &str, params: &str) {
+        let params: serde_json::Value = serde_json::from_str(params).unwrap_or_default();
+        let _ = self.agent.peer.notify(method, &params).await;
+    }
+
+    /// `:client-caps`: "client-caps <JSON>" as `initialize` had them.
+    pub(super) async fn client_caps(&self) {
+        let caps = lock(&self.agent.client_caps).clone();
+        self.text(&format!("client-caps {caps}\n")).await
+    }
+
     /// `:subagent` and `:subagent-hang`. `Some` ends the turn (a hang cancelled either way).
     pub(super) async fn subagent(&self, text: &str, hang: bool) -> Option<TurnEnd> {
         if !self.agent.args.subagents {

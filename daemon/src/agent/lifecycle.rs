@@ -19,6 +19,9 @@ use super::{EchoArgs, PromptCap};
 
 type Reply = Result<serde_json::Value, RpcError>;
 
+/// Prefix of the extension requests the echo agent answers (with what it received).
+const ECHO_EXT: &str = "_echo/";
+
 /// Answers `method`; `session/prompt` is the caller's.
 pub(super) async fn handle(agent: &Arc<Agent>, method: &str, params: Option<&RawValue>) -> Reply {
     let store = agent.store.as_ref();
@@ -30,6 +33,11 @@ pub(super) async fn handle(agent: &Arc<Agent>, method: &str, params: Option<&Raw
                 .and_then(|p| p.pointer("/clientCapabilities/subagents"))
                 .is_some_and(|v| !v.is_null());
             agent.client_subagents.store(subagents, Ordering::Release);
+            *lock(&agent.client_caps) = params
+                .as_ref()
+                .and_then(|p| p.get("clientCapabilities"))
+                .cloned()
+                .unwrap_or_default();
             let air = agent.args.air && params.as_ref().is_some_and(declares_air_session_failure);
             agent.client_air.store(air, Ordering::Release);
             let mut result = initialize_result(&agent.args);
@@ -60,7 +68,9 @@ pub(super) async fn handle(agent: &Arc<Agent>, method: &str, params: Option<&Raw
         ("session/close", Some(store)) => close(agent, store, params, false),
         ("session/delete", Some(store)) => close(agent, store, params, true),
         ("session/fork", Some(store)) => fork(agent, store, params),
-        (other, _) if other.starts_with('_') => {
+        // The echo agent's own extension namespace answers with what it was sent, so tests can
+        // see a request arrive; any other `_` method is unknown, as in every ACP agent.
+        (other, _) if other.starts_with(ECHO_EXT) => {
             let params = parse_params::<serde_json::Value>(params).unwrap_or_default();
             Ok(json!({ "echo": other, "params": params }))
         }

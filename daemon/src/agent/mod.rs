@@ -106,6 +106,17 @@ PROMPT SCRIPT
   :ext                  stream \"ext <METHOD>\" for each '_' notification received so far
   :ext-request METHOD   send request METHOD {\"sessionId\": <own>} to the client; stream
                         \"ext-reply <JSON>\" or \"ext-error <CODE>\"
+  :request METHOD [JSON]
+                        send request METHOD to the client with params JSON (an object, {}
+                        by default; sessionId added when absent); stream \"reply <JSON>\"
+                        or \"error <CODE>\"
+  :cancel-request METHOD [JSON]
+                        as :request, then at once $/cancel_request for it
+  :notify-json METHOD JSON
+                        send notification METHOD with params JSON exactly
+  :client-caps          stream \"client-caps <JSON>\": the clientCapabilities of initialize
+  :stderr TEXT          write the line TEXT to stderr
+  :stderr-flood N SIZE  write N lines of SIZE bytes to stderr (blocking when nobody reads)
   :subagent TEXT        with --subagents and clientCapabilities.subagents: announce a
                         subagent session (subagent_update on this session), stream TEXT
                         under its own sessionId, then \"subagent <SUB ID> done\" here;
@@ -133,7 +144,10 @@ SESSIONS, AUTH AND EXTENSIONS
   methods are -32601.
   With --auth ID, session/new|load|resume|list answer -32000 until authenticate succeeds
   with an advertised id (another id is -32602).
-  Every request whose method starts with '_' is answered {\"echo\": METHOD, \"params\": PARAMS}.
+  A request whose method starts with '_echo/' is answered {\"echo\": METHOD, \"params\": PARAMS};
+  any other unknown request is -32601 Method not found; unknown notifications are ignored
+  (the '_' ones are recorded for :ext). $/cancel_request {requestId} of a running prompt
+  cancels its turn and answers the prompt -32800 Request cancelled.
 
 EXAMPLES
   acpd run 'hello'                 echoes hello
@@ -348,6 +362,12 @@ mod tests {
             "auth",
             "ext",
             "ext-request",
+            "request",
+            "cancel-request",
+            "notify-json",
+            "client-caps",
+            "stderr",
+            "stderr-flood",
             "subagent",
             "subagent-hang",
             "delegate",

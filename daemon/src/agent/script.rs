@@ -86,6 +86,27 @@ pub enum Step {
     Ext,
     /// A request with this method to the client.
     ExtRequest(String),
+    /// A request to the client with these params (a JSON object, `sessionId` added when it
+    /// has none); with `cancel`, followed at once by `$/cancel_request` for it.
+    Request {
+        method: String,
+        params: String,
+        cancel: bool,
+    },
+    /// A notification to the client with exactly these params (JSON).
+    NotifyJson {
+        method: String,
+        params: String,
+    },
+    /// The `clientCapabilities` the client sent at `initialize`.
+    ClientCaps,
+    /// A line of text written to stderr.
+    Stderr(String),
+    /// `count` lines of `size` bytes written to stderr (blocking, as a real agent would).
+    StderrFlood {
+        count: u64,
+        size: usize,
+    },
     /// A subagent session streaming `text`; with `hang`, it then waits for its cancel.
     Subagent {
         text: String,
@@ -204,6 +225,27 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
         "auth" => no_args(rest, Step::Auth)?,
         "ext" => no_args(rest, Step::Ext)?,
         "ext-request" => Step::ExtRequest(single(rest, "METHOD")?),
+        "request" | "cancel-request" => {
+            let (method, params) = method_and_json(rest)?;
+            Step::Request {
+                method,
+                params,
+                cancel: name == "cancel-request",
+            }
+        }
+        "notify-json" => {
+            let (method, params) = method_and_json(rest)?;
+            Step::NotifyJson { method, params }
+        }
+        "client-caps" => no_args(rest, Step::ClientCaps)?,
+        "stderr" => Step::Stderr(rest.to_string()),
+        "stderr-flood" => {
+            let [count, size] = exact::<2>(rest, "N SIZE")?;
+            Step::StderrFlood {
+                count: number(count, "N")?,
+                size: bytes(size, "SIZE")?,
+            }
+        }
         "subagent" => Step::Subagent {
             text: rest.to_string(),
             hang: false,
@@ -224,6 +266,23 @@ fn required(rest: &str, what: &str) -> Result<String, Bad> {
         Err(Bad::Args(format!("expected {what}")))
     } else {
         Ok(rest.to_string())
+    }
+}
+
+/// `METHOD [JSON]`: the method, and the rest of the line, which must be a JSON object
+/// (`{}` when absent).
+fn method_and_json(rest: &str) -> Result<(String, String), Bad> {
+    let (method, json) = match rest.find(char::is_whitespace) {
+        Some(at) => (&rest[..at], rest[at..].trim()),
+        None => (rest, ""),
+    };
+    if method.is_empty() {
+        return Err(Bad::Args("expected METHOD [JSON]".into()));
+    }
+    let json = if json.is_empty() { "{}" } else { json };
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(serde_json::Value::Object(_)) => Ok((method.to_string(), json.to_string())),
+        _ => Err(Bad::Args(format!("JSON must be an object, got {json:?}"))),
     }
 }
 
@@ -416,6 +475,25 @@ mod tests {
             other => panic!("{text:?} parsed as {other:?}"),
         };
         assert!(explain(":ext-request").contains("expected METHOD"));
+        assert!(explain(":request").contains("expected METHOD"));
+        assert!(explain(":request m [1]").contains("must be an object"));
+        assert!(explain(":stderr-flood 3").contains("expected N SIZE"));
+        assert_eq!(
+            parse(":cancel-request x/y {\"a\": 1}\n:request z\n:stderr hi there\n"),
+            vec![
+                Step::Request {
+                    method: "x/y".into(),
+                    params: "{\"a\": 1}".into(),
+                    cancel: true
+                },
+                Step::Request {
+                    method: "z".into(),
+                    params: "{}".into(),
+                    cancel: false
+                },
+                Step::Stderr("hi there".into()),
+            ]
+        );
         assert!(explain(":blocks x").contains("takes no arguments"));
         assert!(explain(":auth x").contains("takes no arguments"));
     }

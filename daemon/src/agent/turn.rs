@@ -325,6 +325,15 @@ impl Turn<'_> {
             Step::Auth => self.auth().await,
             Step::Ext => self.ext().await,
             Step::ExtRequest(method) => self.ext_request(&method).await,
+            Step::Request {
+                method,
+                params,
+                cancel,
+            } => self.request(&method, &params, cancel).await,
+            Step::NotifyJson { method, params } => self.notify_json(&method, &params).await,
+            Step::ClientCaps => self.client_caps().await,
+            Step::Stderr(text) => write_stderr(text.as_bytes(), 1),
+            Step::StderrFlood { count, size } => write_stderr(&vec![b'e'; size], count),
             Step::Subagent { text, hang } => return self.subagent(&text, hang).await,
             Step::Delegate(prompt) => self.delegate(&prompt).await,
         }
@@ -528,5 +537,21 @@ impl Turn<'_> {
             Err(CallError::Closed) => "read error: closed\n".to_string(),
         };
         self.text(&line).await
+    }
+}
+
+/// Writes `line` and a newline to stderr `count` times, blocking as a real agent's `eprintln!`
+/// does (a reader that falls behind stalls this turn, which is what acpd must not suffer from).
+fn write_stderr(line: &[u8], count: u64) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr().lock();
+    for _ in 0..count {
+        if err
+            .write_all(line)
+            .and_then(|()| err.write_all(b"\n"))
+            .is_err()
+        {
+            return;
+        }
     }
 }

@@ -308,8 +308,23 @@ pub struct ParentServes {
     pub read_text_file: bool,
     pub write_text_file: bool,
     pub terminal: bool,
+    /// `clientCapabilities.elicitation`: `elicitation/create` and `elicitation/complete`.
+    pub elicitation: bool,
     /// The parent opted in to Subagent Sessions: the child's own reach it, remapped.
     pub subagents: bool,
+}
+
+impl ParentServes {
+    /// Whether the parent advertised what the child's `method` needs of it.
+    pub fn takes(&self, method: &str) -> bool {
+        match strict::needs_of_parent(method) {
+            None => true,
+            Some(strict::Need::ReadTextFile) => self.read_text_file,
+            Some(strict::Need::WriteTextFile) => self.write_text_file,
+            Some(strict::Need::Terminal) => self.terminal,
+            Some(strict::Need::Elicitation) => self.elicitation,
+        }
+    }
 }
 
 /// How a bridge session ended, for the parent's log and the answer to its open calls.

@@ -1,6 +1,8 @@
 //! What acpd accepts from a child (a child is untrusted input): an update must carry exactly
-//! one `sessionId`, the child's own; a child's notification goes anywhere only if it is ACP's
-//! (`session/update`) or an extension (`_…`), and never acpd's own (`_acpd/…`).
+//! one `sessionId`, the child's own; any other method of ACP (stable, unstable, or one acpd has
+//! never heard of) and any extension passes, as a transparent bridge's must, except acpd's own
+//! (`_acpd/…`), which only acpd speaks. Which capability a method needs of the parent is the
+//! relay's to check.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -9,14 +11,40 @@ use serde::Deserializer;
 use serde::de::{MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-/// Whether a child's notification may be forwarded at all.
+/// Whether a child's notification may be forwarded at all: anything but acpd's own.
 pub fn forwardable(method: &str) -> bool {
-    method == "session/update" || (method.starts_with('_') && !method.starts_with("_acpd/"))
+    !method.starts_with("_acpd/")
 }
 
-/// Whether a child may send this request to a parent at all (beyond the ACP client methods).
+/// Whether a child may send this request to a parent at all: anything but acpd's own.
 pub fn forwardable_request(method: &str) -> bool {
-    method.starts_with('_') && !method.starts_with("_acpd/")
+    !method.starts_with("_acpd/")
+}
+
+/// A client capability a method of the child's needs the parent to have advertised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// `fs.readTextFile`
+    ReadTextFile,
+    /// `fs.writeTextFile`
+    WriteTextFile,
+    /// `terminal`
+    Terminal,
+    /// `elicitation`
+    Elicitation,
+}
+
+/// What a parent must have advertised before a child may send it `method` (a request or a
+/// notification); `None`: nothing (every other method, `session/update`'s kinds included, is
+/// the parent's to take or answer with -32601).
+pub fn needs_of_parent(method: &str) -> Option<Need> {
+    match method {
+        "fs/read_text_file" => Some(Need::ReadTextFile),
+        "fs/write_text_file" => Some(Need::WriteTextFile),
+        m if m.starts_with("terminal/") => Some(Need::Terminal),
+        m if m.starts_with("elicitation/") => Some(Need::Elicitation),
+        _ => None,
+    }
 }
 
 /// The `sessionId` keys of a params object: how many, and the first one's string value.
@@ -193,7 +221,35 @@ mod tests {
         assert!(forwardable("session/update"));
         assert!(forwardable("_zed/thing"));
         assert!(!forwardable("_acpd/subagent/ended"));
-        assert!(!forwardable("session/cancel"));
+        // Everything else passes, methods newer than acpd included.
+        assert!(forwardable("elicitation/complete"));
+        assert!(forwardable("$/cancel_request"));
+        assert!(forwardable("session/some_future_notification"));
         assert!(!forwardable_request("_acpd/subagent/start"));
+        assert!(forwardable_request("elicitation/create"));
+        assert!(forwardable_request("session/some_future_request"));
+    }
+
+    #[test]
+    fn capability_gated_methods_name_what_they_need() {
+        assert_eq!(
+            needs_of_parent("fs/read_text_file"),
+            Some(Need::ReadTextFile)
+        );
+        assert_eq!(
+            needs_of_parent("fs/write_text_file"),
+            Some(Need::WriteTextFile)
+        );
+        assert_eq!(needs_of_parent("terminal/create"), Some(Need::Terminal));
+        assert_eq!(
+            needs_of_parent("elicitation/create"),
+            Some(Need::Elicitation)
+        );
+        assert_eq!(
+            needs_of_parent("elicitation/complete"),
+            Some(Need::Elicitation)
+        );
+        assert_eq!(needs_of_parent("session/update"), None);
+        assert_eq!(needs_of_parent("_zed/thing"), None);
     }
 }

@@ -28,6 +28,11 @@ pub struct ConnectArgs {
     /// How long the connect step may take (a stopped daemon, a full backlog).
     #[command(flatten)]
     pub timeout: super::client::TimeoutArg,
+    /// Make provider NAME this connection's default (as `acpd stdio --provider`); the daemon
+    /// is told with `_acpd/connect` before anything of the editor's, and an unknown NAME ends
+    /// connect at once (exit 2).
+    #[arg(long, value_name = "NAME")]
+    pub provider: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -62,6 +67,9 @@ pub async fn serve(
     };
     if let Err(code) = contain(&config) {
         return code;
+    }
+    if config.child_stderr == Some(crate::supervise::ChildStderrMode::Forward) {
+        crate::supervise::forward_child_stderr();
     }
     let explicit = config_path.map(Path::to_path_buf);
     let opts = ServeOptions {
@@ -102,7 +110,9 @@ pub(crate) fn contain(config: &crate::config::Config) -> Result<(), u8> {
 pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
     let path = match socket_path(&args.socket) {
         Ok(p) => p,
-        Err(_) if args.or_stdio => return super::stdio(config_path).await,
+        Err(_) if args.or_stdio => {
+            return super::stdio(config_path, args.provider.as_deref()).await;
+        }
         Err(code) => return code,
     };
     let within = args.timeout.timeout;
@@ -110,14 +120,19 @@ pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
     let stream = match super::client::connect(&path, within, deadline).await {
         Ok(s) => s,
         Err(super::client::ClientError::NoDaemon { .. }) if args.or_stdio => {
-            return super::stdio(config_path).await;
+            return super::stdio(config_path, args.provider.as_deref()).await;
         }
         Err(e) => {
             errln!("acpd: {e}; or use `acpd connect --or-stdio`");
             return 1;
         }
     };
-    let (from_daemon, to_daemon) = stream.into_split();
+    let (mut from_daemon, mut to_daemon) = stream.into_split();
+    if let Some(name) = &args.provider
+        && let Err(code) = choose_provider(&mut from_daemon, &mut to_daemon, name).await
+    {
+        return code;
+    }
     let (stdin, stdout) = runtime::stdio();
     match pipe(stdin, stdout, from_daemon, to_daemon).await {
         Piped::Done | Piped::EditorGone => 0,
@@ -127,6 +142,79 @@ pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
                 path.display()
             );
             1
+        }
+    }
+}
+
+/// Whether the config has provider `name`; else why not, naming the ones it has.
+pub(super) fn known_provider(config: &crate::config::Config, name: &str) -> Result<(), String> {
+    if config.providers.contains_key(name) {
+        return Ok(());
+    }
+    let known: Vec<&str> = config.providers.keys().map(String::as_str).collect();
+    Err(format!(
+        "no provider named {name:?}; configured: {}",
+        known.join(", ")
+    ))
+}
+
+/// `acpd connect --provider NAME`: one `_acpd/connect` request and its one-line answer, read
+/// a byte at a time so nothing of what follows is taken from the pipe. `Err` is the exit code,
+/// the reason on stderr.
+async fn choose_provider(
+    from_daemon: &mut tokio::net::unix::OwnedReadHalf,
+    to_daemon: &mut tokio::net::unix::OwnedWriteHalf,
+    name: &str,
+) -> Result<(), u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const ANSWER_MAX: usize = 64 * 1024;
+    let request = serde_json::json!({"jsonrpc": "2.0", "id": "acpd-connect",
+        "method": crate::server::CONNECT, "params": {"provider": name}});
+    let exchange = async {
+        to_daemon
+            .write_all(format!("{request}\n").as_bytes())
+            .await?;
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while line.len() < ANSWER_MAX {
+            if from_daemon.read(&mut byte).await? == 0 {
+                break;
+            }
+            if byte[0] == b'\n' {
+                break;
+            }
+            line.push(byte[0]);
+        }
+        Ok::<_, std::io::Error>(line)
+    };
+    let line = match tokio::time::timeout(std::time::Duration::from_secs(30), exchange).await {
+        Ok(Ok(line)) => line,
+        Ok(Err(e)) => {
+            errln!("acpd: cannot tell the daemon the provider: {e}");
+            return Err(1);
+        }
+        Err(_) => {
+            errln!("acpd: the daemon did not answer --provider within 30s");
+            return Err(1);
+        }
+    };
+    let answer: serde_json::Value = serde_json::from_slice(&line).unwrap_or_default();
+    if answer.get("result").is_some() {
+        return Ok(());
+    }
+    match answer.pointer("/error/message").and_then(|m| m.as_str()) {
+        // The daemon's refusal of this very request (another error, a LIMIT line, is no
+        // usage error).
+        Some(why) if answer["id"] == "acpd-connect" => {
+            errln!("acpd: --provider: {why}");
+            Err(super::EXIT_USAGE)
+        }
+        _ => {
+            errln!(
+                "acpd: the daemon did not take --provider (it answered {:?})",
+                String::from_utf8_lossy(&line)
+            );
+            Err(1)
         }
     }
 }

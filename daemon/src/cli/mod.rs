@@ -81,7 +81,7 @@ pub enum Command {
     /// Run one delegation through the registry and print its output.
     Run(run::RunArgs),
     /// Serve ACP on stdin/stdout: the agent command an editor or parent agent runs.
-    Stdio,
+    Stdio(StdioArgs),
     /// Run the long-lived daemon on a Unix socket (systemd: Type=notify, socket activation).
     Serve(daemon::SocketArg),
     /// Bridge stdin/stdout to the daemon's socket: the agent command editors launch.
@@ -126,6 +126,14 @@ pub enum Command {
     /// (internal) Outlives one acpd and kills what it leaves running (supervise::sentinel).
     #[command(hide = true)]
     Sentinel,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StdioArgs {
+    /// Make provider NAME this connection's default: `initialize` mirrors its agent and
+    /// `session/new` without `_meta.acpd.provider` opens it (one editor entry per agent).
+    #[arg(long, value_name = "NAME")]
+    pub provider: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -207,7 +215,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         } => install::list_presets(json),
         Command::Providers { json, .. } => providers(cli.config.as_deref(), json),
         Command::Install(args) => install::install(args),
-        Command::Stdio => stdio(cli.config.as_deref()).await,
+        Command::Stdio(args) => stdio(cli.config.as_deref(), args.provider.as_deref()).await,
         Command::Serve(socket) => daemon::serve(cli.config.as_deref(), socket, activated).await,
         Command::Connect(args) => daemon::connect(cli.config.as_deref(), args).await,
         Command::Mcp(args) => crate::mcp::run(cli.config.as_deref(), args).await,
@@ -229,7 +237,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
 
 /// `acpd stdio`: one parent on stdin/stdout; exits 0 when it disconnects, or on SIGTERM,
 /// SIGINT or SIGHUP, after every child it started is torn down and reaped.
-pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
+pub(crate) async fn stdio(config: Option<&std::path::Path>, provider: Option<&str>) -> u8 {
     use tokio::signal::unix::SignalKind;
     // First, so a signal that comes while the config loads is already a graceful one.
     let shutdown = match crate::runtime::Shutdown::on_signals(&[
@@ -243,15 +251,27 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
             return 1;
         }
     };
-    let config = match config_or_usage(config) {
+    let mut config = match config_or_usage(config) {
         Ok(c) => c,
         Err(code) => return code,
     };
+    if let Some(name) = provider {
+        // One process per editor: the connection's default is the process's.
+        if let Err(why) = daemon::known_provider(&config, name) {
+            errln!("acpd: --provider: {why}");
+            return EXIT_USAGE;
+        }
+        config.default_provider = name.to_owned();
+    }
     if let Err(code) = daemon::contain(&config) {
         return code;
     }
     crate::supervise::init();
     crate::supervise::keep_records();
+    // An editor shows the stderr of the agent it launched in its log: acpd's, here.
+    if config.child_stderr != Some(crate::supervise::ChildStderrMode::Log) {
+        crate::supervise::forward_child_stderr();
+    }
     let ctx = crate::server::ServerContext {
         registry: crate::registry::Registry::new(config, crate::registry::DepthContext::from_env()),
         caller_cwd: std::env::current_dir().ok(),
@@ -264,6 +284,7 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>) -> u8 {
     };
     crate::runtime::serve_stdio(ctx, shutdown).await;
     crate::supervise::forget_records();
+    crate::supervise::flush_child_stderr(std::time::Duration::from_millis(200));
     0
 }
 

@@ -156,6 +156,9 @@ pub struct Config {
     /// How children are contained (`containment`): cgroups, process groups, or `auto`. Read
     /// at start only; a reload that changes it takes effect at the next start.
     pub containment: crate::supervise::ContainmentSetting,
+    /// Where children's stderr goes (`child_stderr`); `None`: the command's default (`acpd
+    /// stdio` forwards it to its own stderr, `acpd serve` only logs it). Read at start.
+    pub child_stderr: Option<crate::supervise::ChildStderrMode>,
     /// Sorted by name (the built-in echo is just the entry named `echo`).
     pub providers: BTreeMap<String, Arc<ProviderConfig>>,
 }
@@ -216,6 +219,7 @@ struct RawConfig {
     registry_url: Option<Spanned<String>>,
     trace_dir: Option<Spanned<String>>,
     containment: Option<crate::supervise::ContainmentSetting>,
+    child_stderr: Option<crate::supervise::ChildStderrMode>,
     #[serde(default)]
     providers: BTreeMap<Spanned<String>, RawProvider>,
 }
@@ -310,6 +314,7 @@ impl Config {
             registry_url: DEFAULT_REGISTRY_URL.to_owned(),
             trace_dir: None,
             containment: Default::default(),
+            child_stderr: None,
             providers: BTreeMap::from([(ECHO.to_owned(), Arc::new(echo))]),
         }
     }
@@ -393,6 +398,7 @@ impl Config {
         if let Some(containment) = raw.containment {
             config.containment = containment;
         }
+        config.child_stderr = raw.child_stderr;
         if let Some(value) = raw.max_output {
             config.max_output =
                 byte_size(&value).map_err(|msg| at(value.span(), "max_output", &msg))?;

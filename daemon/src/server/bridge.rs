@@ -161,7 +161,10 @@ async fn open_child(
     open: Open,
     needs: Option<&'static str>,
 ) -> Result<crate::registry::Launched, RpcError> {
-    let auth = conn.auth_for(provider.unwrap_or(&conn.ctx.registry.config().default_provider));
+    let default = conn.default_provider();
+    let name = provider.unwrap_or(&default);
+    let provider = Some(name);
+    let auth = conn.auth_for(name);
     conn.ctx
         .registry
         .open_bridge(BridgeRequest {
@@ -420,6 +423,7 @@ async fn attach(conn: Arc<Conn>, sid: String, child: Child, first: First, seat: 
             read_text_file: client.has("/fs/readTextFile"),
             write_text_file: client.has("/fs/writeTextFile"),
             terminal: client.has("/terminal"),
+            elicitation: client.has("/elicitation"),
             subagents: client.subagents,
         },
         first,

@@ -51,13 +51,17 @@ pub async fn initialize(conn: Arc<Conn>, id: Id, query: bool) {
 /// What the default agent advertises, or `None` (logged) when it cannot be learned.
 async fn learn(conn: &Conn) -> Option<AgentInfo> {
     let registry = &conn.ctx.registry;
+    let default = conn.default_provider();
     match registry
-        .agent_info(None, Some(&conn.ctx.sessions.store), &conn.closing)
+        .agent_info(
+            Some(&default),
+            Some(&conn.ctx.sessions.store),
+            &conn.closing,
+        )
         .await
     {
         Ok(agent) => Some(agent),
         Err(e) => {
-            let default = registry.config().default_provider.clone();
             tracing::warn!(provider = %default,
                 "cannot learn what the default agent advertises; answering initialize conservatively: {e}");
             None
@@ -120,7 +124,7 @@ pub async fn authenticate(conn: Arc<Conn>, id: Id, method: String, params: Optio
                 .as_str()
                 .map(str::to_string)
         })
-        .unwrap_or_else(|| conn.ctx.registry.config().default_provider.clone());
+        .unwrap_or_else(|| conn.default_provider());
     let params = params.unwrap_or_else(|| super::raw(&json!({})));
     // A logout forgets the login first, so no later child replays it.
     let prior = if method == "logout" {

@@ -98,6 +98,9 @@ impl Default for DaemonInfo {
 
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
 
+/// What `acpd connect --provider NAME` sends first (see [`Conn::choose_provider`]).
+pub const CONNECT: &str = "_acpd/connect";
+
 /// What the parent said about itself in `initialize`.
 #[derive(Debug, Clone, Default)]
 struct ClientInfo {
@@ -143,6 +146,9 @@ pub(crate) struct Conn {
     auth: Mutex<HashMap<String, Box<RawValue>>>,
     /// Where this connection's process stands (see [`Conn::lineage`]), once settled.
     lineage: std::sync::OnceLock<crate::registry::Lineage>,
+    /// The provider `acpd connect --provider NAME` made this connection's default
+    /// (`_acpd/connect`); `None`: the config's.
+    provider: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -177,6 +183,7 @@ where
         max_seats: config.max_sessions_per_connection,
         auth: Mutex::new(HashMap::new()),
         lineage: std::sync::OnceLock::new(),
+        provider: Mutex::new(None),
     });
     conn.tracker.spawn(events::pump(conn.clone(), events_rx));
     conn.ctx.daemon.connections.fetch_add(1, Ordering::Relaxed);
@@ -258,6 +265,19 @@ impl Conn {
             ));
             return self.reply_err(&id, &e).await;
         }
+        if method == CONNECT {
+            let e = match self.choose_provider(params.as_deref()) {
+                Ok(()) => {
+                    return self
+                        .peer
+                        .respond_ok(&id, &serde_json::json!({}))
+                        .await
+                        .unwrap_or(());
+                }
+                Err(e) => e,
+            };
+            return self.reply_err(&id, &e).await;
+        }
         if method == "initialize" {
             // Spawned: learning what the agent advertises may take a probe.
             let query = capabilities::note_client(self, params.as_deref());
@@ -314,12 +334,46 @@ impl Conn {
             | "session/set_title" => {
                 self.to_session(id, method, params).await;
             }
-            m if m.starts_with('_') => self.to_session(id, method, params).await,
-            _ => {
-                self.reply_err(&id, &RpcError::method_not_found(&method))
-                    .await
-            }
+            // Any other method (an extension, an ACP method acpd has no special part in, one
+            // newer than acpd) goes to the session it names; one naming none is unknown here.
+            _ => self.to_session(id, method, params).await,
         }
+    }
+
+    /// `_acpd/connect {"provider": NAME}`, before `initialize`: NAME is this connection's
+    /// default provider (what `initialize` mirrors, what `session/new` without
+    /// `_meta.acpd.provider` opens). An unknown name is refused, so `acpd connect` can say so.
+    fn choose_provider(&self, params: Option<&RawValue>) -> Result<(), RpcError> {
+        if lock(&self.client).is_some() {
+            return Err(RpcError::invalid_request(format!(
+                "{CONNECT} must come before initialize"
+            )));
+        }
+        let name = params
+            .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
+            .and_then(|v| v.get("provider")?.as_str().map(str::to_string))
+            .ok_or_else(|| RpcError::invalid_params(format!("{CONNECT} needs a provider name")))?;
+        let config = self.ctx.registry.config();
+        if !config.providers.contains_key(&name) {
+            let known: Vec<&str> = config.providers.keys().map(String::as_str).collect();
+            return Err(RpcError::invalid_params(format!(
+                "no provider named {name:?} in {}; configured: {}",
+                config.source.as_deref().map_or_else(
+                    || "the built-in config".to_string(),
+                    |p| p.display().to_string()
+                ),
+                known.join(", ")
+            )));
+        }
+        *lock(&self.provider) = Some(name);
+        Ok(())
+    }
+
+    /// This connection's default provider: `acpd connect --provider`'s, else the config's.
+    pub(crate) fn default_provider(&self) -> String {
+        lock(&self.provider)
+            .clone()
+            .unwrap_or_else(|| self.ctx.registry.config().default_provider.clone())
     }
 
     /// Whether the request names a session open on this connection.
@@ -396,9 +450,7 @@ impl Conn {
     }
 
     fn on_notification(self: &Arc<Self>, method: &str, params: Option<&RawValue>) {
-        let extension = method.starts_with('_') && !method.starts_with("_acpd/");
-        if method != "session/cancel" && !extension {
-            // Unknown notifications are ignored, as JSON-RPC and ACP ask.
+        if method.starts_with("_acpd/") {
             return;
         }
         if let Some(key) =
@@ -408,13 +460,33 @@ impl Conn {
                 "dropping a notification whose params carry \"{key}\" twice");
             return;
         }
+        if method == "$/cancel_request" {
+            // Which session's agent got the request is its relay's to know: each looks for the
+            // id among the calls it forwarded, and the one that has it sends the cancel on.
+            if let Some(p) = params {
+                let bridges: Vec<bridge::BridgeHandle> = lock(&self.sessions)
+                    .values()
+                    .filter_map(|s| match s {
+                        SessionRef::Bridge(b) => Some(b.clone()),
+                        SessionRef::Run { .. } => None,
+                    })
+                    .collect();
+                for b in bridges {
+                    b.notify(method.to_string(), p.to_owned());
+                }
+            }
+            return;
+        }
+        let extension = method != "session/cancel";
+        // A notification naming no session has nowhere to go: ignored, as JSON-RPC asks.
         let Some(sid) = params.and_then(session_id) else {
             return;
         };
         let own = lock(&self.sessions).get(&sid).cloned();
         let target = own.clone().or_else(|| self.session(&sid));
         if extension {
-            // `_` extensions pass to the session's agent; a run's child is acpd's to drive.
+            // Every other notification passes to the session's agent; a run's child is acpd's
+            // to drive.
             if let (Some(SessionRef::Bridge(b)), Some(p)) = (target, params) {
                 b.notify(method.to_string(), p.to_owned());
             }

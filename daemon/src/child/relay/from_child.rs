@@ -18,7 +18,13 @@ impl Relay {
                 %method, "dropping a child notification: {why}");
         };
         if !strict::forwardable(method) {
-            return log("not an ACP notification");
+            return log("acpd's own method");
+        }
+        if !self.t.serves.takes(method) {
+            return log("the parent did not advertise the capability it needs");
+        }
+        if method == CANCEL_REQUEST {
+            return self.child_cancels(d, params).await;
         }
         let Some(params) = params else {
             if method == "session/update" {
@@ -107,10 +113,7 @@ impl Relay {
                     PolicyAnswer::Forward(_) => true,
                 }
             }
-            "fs/read_text_file" => serves.read_text_file,
-            "fs/write_text_file" => serves.write_text_file,
-            m if m.starts_with("terminal/") => serves.terminal,
-            m => strict::forwardable_request(m),
+            m => strict::forwardable_request(m) && serves.takes(m),
         };
         if !allowed {
             let e = RpcError::method_not_found(&method);
@@ -122,6 +125,23 @@ impl Relay {
         let params = match params.as_deref() {
             None => None,
             Some(p) => match strict::session_keys(p).map(|k| (k.count, k.value)) {
+                // A request-scoped elicitation names the parent's call it belongs to by the id
+                // acpd gave that call on the child's wire: the parent knows its own.
+                Some((0, _)) if method.starts_with("elicitation/") => {
+                    let parent_id = |child: &Id| self.open.get(child).map(|(pid, _)| pid.clone());
+                    match remap_request_id(p, parent_id) {
+                        Some(p) => Some(p),
+                        // Naming no call of the parent's that is open: it could only be
+                        // mistaken for another request of the parent's.
+                        None => {
+                            let e = RpcError::invalid_params(
+                                "an elicitation must name its own session or an open request",
+                            );
+                            let _ = d.wire.respond(&id, Err(&e)).await;
+                            return;
+                        }
+                    }
+                }
                 Some((0, _)) => Some(p.to_owned()),
                 Some((1, Some(sid))) if sid == d.shared.session_id => {
                     with_session_id(p, &self.t.session_id)
@@ -173,6 +193,9 @@ impl Relay {
             envelope::encode_notification(method, params.as_deref())
         });
         let call = self.t.parent.call_raw(method, params.as_deref()).await;
+        if let Ok(call) = &call {
+            self.parent_ids.insert(id.clone(), call.id.clone());
+        }
         self.forwarded.push(Box::pin(async move {
             let result = match call {
                 Ok(call) => call.result().await,
@@ -201,6 +224,7 @@ impl Relay {
         if !ask {
             self.waiting.remove(&id);
         }
+        self.parent_ids.remove(&id);
         self.trace(Hop::ParentToAcpd, || match &result {
             Ok(raw) => envelope::encode_reply(&id, Ok(raw)),
             Err(CallError::Rpc(e)) => envelope::encode_reply(&id, Err(e)),
@@ -215,6 +239,39 @@ impl Relay {
             }
         };
     }
+}
+
+impl Relay {
+    /// The child's `$/cancel_request` for one of its requests to the parent: the parent gets
+    /// it for its own id of that request (the rest of the params, `_meta` included, as sent).
+    /// One for a request acpd answered itself, or never saw, is dropped.
+    async fn child_cancels(&mut self, d: &Driver, params: Option<Box<RawValue>>) {
+        let remapped = params
+            .as_deref()
+            .and_then(|p| remap_request_id(p, |child| self.parent_ids.get(child).cloned()));
+        match remapped {
+            Some(p) => {
+                self.to_parent(envelope::encode_notification(CANCEL_REQUEST, Some(&p)))
+                    .await
+            }
+            None => tracing::debug!(provider = %d.shared.provider.name,
+                session = %self.t.session_id, "dropping a child's $/cancel_request for no request of its waiting on the parent"),
+        }
+    }
+}
+
+/// `params` with its `requestId` replaced by what `map` gives for it; `None` when the params
+/// are not an object with a `requestId`, or `map` knows no such request.
+pub(super) fn remap_request_id(
+    params: &RawValue,
+    map: impl FnOnce(&Id) -> Option<Id>,
+) -> Option<Box<RawValue>> {
+    let mut value: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(params.get()).ok()?;
+    let id: Id = serde_json::from_value(value.get("requestId")?.clone()).ok()?;
+    let other = map(&id)?;
+    value.insert("requestId".into(), serde_json::to_value(&other).ok()?);
+    serde_json::value::to_raw_value(&value).ok()
 }
 
 /// A prompt answered `end_turn` with a typed failure record (the editor's own AIR opt-in, or

@@ -40,6 +40,9 @@ type Forwarded = FuturesUnordered<
     >,
 >;
 
+/// ACP's request cancellation: `{"requestId": ID}` names a request of the sender's.
+const CANCEL_REQUEST: &str = "$/cancel_request";
+
 /// Messages already read that are handled in one round of the pump, beyond the first.
 const BURST: usize = 63;
 
@@ -69,6 +72,8 @@ struct Relay {
     asks: HashMap<Id, Option<Box<RawValue>>>,
     /// Other child requests waiting on the parent.
     waiting: std::collections::HashSet<Id>,
+    /// The id the parent knows each of those child requests by (for `$/cancel_request`).
+    parent_ids: HashMap<Id, Id>,
     forwarded: Forwarded,
     /// The child's subagent sessions: its id → the id the parent knows, and back.
     subs: HashMap<String, String>,
@@ -92,6 +97,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         opening: None,
         asks: HashMap::new(),
         waiting: Default::default(),
+        parent_ids: HashMap::new(),
         forwarded: FuturesUnordered::new(),
         subs: HashMap::new(),
         subs_back: HashMap::new(),
@@ -385,6 +391,7 @@ impl Relay {
             "session/set_mode" => present(self.reply.get("modes")),
             "session/set_config_option" => present(self.reply.get("configOptions")),
             "session/set_model" => present(self.reply.get("models")),
+            // Every other method passes: the agent answers what it does not know (-32601).
             m => strict::forwardable_request(m),
         }
     }
@@ -401,6 +408,19 @@ impl Relay {
         }
         let (id, method, params) = match cmd {
             Cmd::Call { id, method, params } => (id, method, params),
+            Cmd::Notify { method, params } if method == CANCEL_REQUEST => {
+                // The parent's id of a call this relay forwarded: the child gets its own.
+                let child_id = |pid: &Id| {
+                    self.open
+                        .iter()
+                        .find(|(_, (p, _))| p == pid)
+                        .map(|(child, _)| child.clone())
+                };
+                if let Some(p) = from_child::remap_request_id(&params, child_id) {
+                    let _ = d.wire.notify(&method, &p).await;
+                }
+                return;
+            }
             Cmd::Notify { method, params } => {
                 if let Ok(p) = self.to_child(&params, &d.shared.session_id) {
                     let _ = d.wire.notify(&method, &p).await;
