@@ -493,6 +493,30 @@ fn sessions_outlive_the_process_list_load_and_resume_them() {
     finish(third);
 }
 
+/// codex-acp ends its listing with `"nextCursor": null` where others leave the key out; the
+/// editor sees from acpd what the agent says, on acpd's last page (issue 19). Without the
+/// null the key stays out (sessions_outlive_the_process_list_load_and_resume_them).
+#[test]
+fn an_agents_null_next_cursor_reaches_the_editor() {
+    let env = env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        let flags = ["--sessions", &dir_arg(&sessions), "--list-page", "2"];
+        vec![echo("main", &[&flags[..], &["--null-cursor"]].concat())]
+    });
+    let cwd = env.path().to_path_buf();
+    let (mut raw, _) = connect(&env, json!({}));
+    // Three sessions: the agent's listing takes two pages, the last one ending in null.
+    let ids: Vec<String> = (0..3).map(|_| new_in(&mut raw, &cwd, "main")).collect();
+    let page = raw.ok("session/list", json!({"cwd": cwd}));
+    assert_eq!(page.get("nextCursor"), Some(&Value::Null), "{page}");
+    let mut listed = ids_of(page["sessions"].as_array().unwrap());
+    listed.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(listed, want, "{page}");
+    finish(raw);
+}
+
 #[test]
 fn fork_close_delete_and_unknown_ids() {
     let env = env_with(|dir| {
@@ -828,8 +852,9 @@ fn extensions_pass_both_ways_with_the_session_id_remapped() {
     assert_eq!(answer["params"]["n"], 1, "{answer}");
     let child_id = answer["params"]["sessionId"].as_str().unwrap();
     assert!(child_id.starts_with("echo-"), "{answer}");
-    // One naming no session has nowhere to go.
-    assert_eq!(code_of(&mut raw, "_echo/ping", json!({"n": 1})), -32601);
+    // One naming no session is asked of a new child, as the agent would be directly.
+    let answer = raw.ok("_echo/ping", json!({"n": 1}));
+    assert_eq!(answer, json!({"echo": "_echo/ping", "params": {"n": 1}}));
     // One the agent does not know is its -32601, passed back unchanged.
     assert_eq!(
         code_of(&mut raw, "_x/ping", json!({"sessionId": s})),

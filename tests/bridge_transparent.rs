@@ -220,6 +220,26 @@ fn an_unknown_method_through_acpd_is_the_agents_method_not_found() {
     close(raw);
 }
 
+/// A request naming no session is the agent's to answer too (a new child of the provider
+/// answers it, as `authenticate`): the editor gets what the agent says, not acpd's -32601.
+#[test]
+fn a_request_naming_no_session_is_answered_by_the_agent() {
+    let env = env_of("", &[("main", &[])]);
+    let mut raw = connect(&env, json!({}));
+    let answer = raw.call("_echo/ping", json!({"n": 1}));
+    assert_eq!(
+        answer["result"],
+        json!({"echo": "_echo/ping", "params": {"n": 1}}),
+        "{answer}"
+    );
+    let answer = raw.call("_vendor/unknown", json!({}));
+    assert_eq!(answer["error"]["code"], -32601, "{answer}");
+    // acpd's own methods stay acpd's.
+    let answer = raw.call("_acpd/status", json!({}));
+    assert!(answer.get("result").is_some(), "{answer}");
+    close(raw);
+}
+
 // ---- elicitation ----
 
 const FORM: &str = r#"{"mode":"form","message":"Your name?","requestedSchema":{"type":"object","properties":{"name":{"type":"string"}}}}"#;

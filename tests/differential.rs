@@ -8,7 +8,10 @@
 //! session, fork, set_mode / set_model / set_config_option, close, delete of a known and an
 //! unknown id, an unknown `_` method, logout, the agent's stderr) directly against the agent,
 //! through `acpd stdio` and through `acpd serve` + `acpd connect`, all offline against
-//! tests/interop/mock-model.mjs. Answers are compared after normalizing session ids,
+//! tests/interop/mock-model.mjs. A fifth agent, the scripted child `acpd agent echo` (run
+//! directly too), adds what the real agents do not do on demand: an elicitation/create round
+//! trip (the editor advertises elicitation and accepts with content), elicitation/complete and
+//! `$/cancel_request` from the agent to the editor. Answers are compared after normalizing session ids,
 //! timestamps and `_meta.acpd` away; the per-agent table (method → same / differs / not
 //! offered) is printed.
 //!
@@ -50,7 +53,7 @@ struct Known {
     racy: bool,
 }
 
-const ALL: &[&str] = &["claude", "codex", "gemini", "opencode"];
+const ALL: &[&str] = &["claude", "codex", "gemini", "opencode", "echo"];
 const BOTH: &[&str] = &["stdio", "serve"];
 
 /// The differences acpd has today (measured on main, 2026-12-01). Remove an entry with the fix
@@ -59,14 +62,14 @@ const KNOWN: &[Known] = &[
     // server/bridge.rs `load`: an id open on this connection is refused before the agent is
     // asked. The agents accept both (load replays the history, resume re-binds).
     Known {
-        agents: &["claude", "codex", "opencode"],
+        agents: &["claude", "codex", "opencode", "echo"],
         row: "session/load (open)",
         sides: BOTH,
         why: "-32600 'already open on this connection' (server/bridge.rs load)",
         racy: false,
     },
     Known {
-        agents: &["claude", "codex", "opencode"],
+        agents: &["claude", "codex", "opencode", "echo"],
         row: "session/resume (open)",
         sides: BOTH,
         why: "-32600 'already open on this connection' (server/bridge.rs load)",
@@ -81,33 +84,17 @@ const KNOWN: &[Known] = &[
         why: "-32600 from acpd instead of the agent's own -32603 (server/bridge.rs load)",
         racy: false,
     },
-    // `$/cancel_request` from the editor is not forwarded to the child (server/mod.rs knows no
-    // such notification), so the turn runs on; claude and codex end it at once directly.
-    // gemini and opencode ignore it themselves, so they do not differ.
+    // acpd serve's children are the daemon's, shared by every connection: their stderr goes to
+    // its log (`child_stderr = "log"`, serve's default) or to the daemon's own stderr, never to
+    // `acpd connect`'s, which is what the editor reads. Carrying it over the socket would take
+    // an acpd extension `acpd connect` writes out; `acpd stdio` forwards it (agent stderr is
+    // `same` there). The echo child writes a line at start, codex-acp none (so it does not
+    // differ).
     Known {
-        agents: &["claude", "codex"],
-        row: "$/cancel_request",
-        sides: BOTH,
-        why: "not forwarded: the turn is not cancelled (server/mod.rs)",
-        racy: false,
-    },
-    // A `_` request without a sessionId is answered by acpd itself (server/mod.rs to_session,
-    // (None, None) arm): -32601 with acpd's message and no `data`, where the agent's own
-    // -32601 says `"Method not found": M` with `data.method`.
-    Known {
-        agents: ALL,
-        row: "_unknown method",
-        sides: BOTH,
-        why: "acpd's own -32601 instead of the agent's (server/mod.rs to_session)",
-        racy: false,
-    },
-    // The child's stderr goes into a bounded tail for error reports (supervise/stderr.rs
-    // StderrTail) and never reaches acpd's stderr. codex-acp writes none, so it does not differ.
-    Known {
-        agents: &["claude", "gemini", "opencode"],
+        agents: &["claude", "gemini", "opencode", "echo"],
         row: "agent stderr",
-        sides: BOTH,
-        why: "the child's stderr is not forwarded (supervise/stderr.rs)",
+        sides: &["serve"],
+        why: "serve keeps a child's stderr in the daemon's log, not on acpd connect's stderr",
         racy: false,
     },
     // A race: acpd relays the agent's answer to `session/close` at once, but takes the session
@@ -118,34 +105,25 @@ const KNOWN: &[Known] = &[
     // in the sequence inherit the state. Fixed with the open-session load/resume above, or by
     // dropping the session from the table when the close is answered.
     Known {
-        agents: &["claude", "codex", "opencode"],
+        agents: &["claude", "codex", "opencode", "echo"],
         row: "session/resume (closed)",
         sides: BOTH,
         why: "racy -32600 right after session/close (server/bridge.rs attach)",
         racy: true,
     },
     Known {
-        agents: &["claude", "codex", "opencode"],
+        agents: &["claude", "codex", "opencode", "echo"],
         row: "session/close (again)",
         sides: BOTH,
         why: "follows the racy resume above",
         racy: true,
     },
     Known {
-        agents: &["claude", "codex", "opencode"],
+        agents: &["claude", "codex", "opencode", "echo"],
         row: "session/load (closed)",
         sides: BOTH,
         why: "racy -32600 right after session/close (server/bridge.rs attach)",
         racy: true,
-    },
-    // acpd answers session/list from its session map (server/sessions.rs list), leaving
-    // `nextCursor` out on the last page where codex-acp sends `null`.
-    Known {
-        agents: &["codex"],
-        row: "session/list",
-        sides: BOTH,
-        why: "`nextCursor: null` dropped (server/sessions.rs list)",
-        racy: false,
     },
 ];
 
@@ -206,11 +184,12 @@ fn not_ready() -> Option<&'static str> {
     .as_deref()
 }
 
-/// Runs agents.mjs for `agent` on all three sides and checks the table against [`KNOWN`].
-fn differential(agent: &str) {
+/// Runs agents.mjs for `agent` on all three sides and checks the table against [`KNOWN`];
+/// the report, or `None` when it could not run (printed why).
+fn differential(agent: &str) -> Option<Value> {
     if let Some(why) = not_ready() {
         eprintln!("SKIPPED: {why}, so the {agent} differential cannot run");
-        return;
+        return None;
     }
     let work = tempfile::tempdir().unwrap();
     let out = Command::new("node")
@@ -249,14 +228,17 @@ fn differential(agent: &str) {
         prompt["answer"]["stopReason"], "end_turn",
         "{agent} directly: {prompt}"
     );
-    // codex-acp puts a warning about the mock's unknown model before the reply.
+    // codex-acp puts a warning about the mock's unknown model before the reply; the echo
+    // child answers with the prompt itself, which the normalizer writes `<title>`.
     let text = prompt["updates"]["texts"]["agent_message_chunk"]
         .as_str()
         .unwrap_or("");
-    assert!(
-        text.ends_with("REPLY hello differential"),
-        "{agent} directly: {prompt}"
-    );
+    let reply = if agent == "echo" {
+        "<title>"
+    } else {
+        "REPLY hello differential"
+    };
+    assert!(text.ends_with(reply), "{agent} directly: {prompt}");
 
     let table = report["table"].as_object().expect("a table");
     let mut unexpected = Vec::new();
@@ -289,6 +271,7 @@ fn differential(agent: &str) {
         unexpected.join("\n  "),
         report["text"].as_str().unwrap_or("")
     );
+    Some(report)
 }
 
 #[test]
@@ -309,4 +292,51 @@ fn gemini_cli_through_acpd_answers_as_directly() {
 #[test]
 fn opencode_through_acpd_answers_as_directly() {
     differential("opencode");
+}
+
+/// The scripted child: elicitation both ways and `$/cancel_request` from either side, which no
+/// real agent does on demand, plus the whole sequence above.
+#[test]
+fn scripted_echo_child_through_acpd_answers_as_directly() {
+    let Some(report) = differential("echo") else {
+        return;
+    };
+    // Each of these ran (`same`, not `not run`) and did what it is for, directly.
+    for row in [
+        "elicitation/create",
+        "elicitation/complete",
+        "$/cancel_request (agent → editor)",
+        "$/cancel_request (editor → agent)",
+        "session/cancel",
+    ] {
+        for side in SIDES {
+            assert_eq!(report["table"][row][side], "same", "{row} ({side})");
+        }
+    }
+    let rows = &report["sides"]["direct"]["rows"];
+    let text = |row: &str| rows[row]["updates"]["texts"]["agent_message_chunk"].clone();
+    assert_eq!(
+        text("elicitation/create"),
+        "reply {\"action\":\"accept\",\"content\":{\"name\":\"Ada\"}}\ndone"
+    );
+    assert_eq!(
+        rows["elicitation/create"]["elicitations"][0]["sessionId"],
+        "<S1>"
+    );
+    assert_eq!(
+        rows["elicitation/complete"]["completes"],
+        serde_json::json!([{"elicitationId": "el-1"}])
+    );
+    let cancelled = &rows["$/cancel_request (agent → editor)"];
+    assert_eq!(
+        cancelled["cancelled"],
+        serde_json::json!([true]),
+        "{cancelled}"
+    );
+    assert_eq!(
+        text("$/cancel_request (agent → editor)"),
+        "error -32800\ndone"
+    );
+    let cancelled = &rows["$/cancel_request (editor → agent)"];
+    assert_eq!(cancelled["error"]["code"], -32800, "{cancelled}");
 }

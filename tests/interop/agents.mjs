@@ -3,7 +3,7 @@
 // stdio` and (c) through `acpd serve` + `acpd connect`, all offline against mock-model.mjs on
 // 127.0.0.1, and says per method whether (b) and (c) answered as (a) did.
 //
-//   node agents.mjs --agent claude|codex|gemini|opencode --work DIR [--acpd BIN]
+//   node agents.mjs --agent claude|codex|gemini|opencode|echo --work DIR [--acpd BIN]
 //                   [--sides direct,stdio,serve] [--bench N]
 //
 // Prints one JSON object on stdout: every side's normalized answers (`sides`), the comparison
@@ -17,14 +17,16 @@
 //   set_config_option → session/list → load A and resume A while open → fork A →
 //   close A → resume A (closed) → close A → load A (closed) → delete A → delete of an unknown
 //   id → an unknown `_` method → logout; and whether the agent's stderr reached the editor.
+// With the scripted child (`--agent echo`: `acpd agent echo`, run directly as well, whose
+// prompt `:` directives make it ask the editor), also: an elicitation/create round trip (the
+// editor advertises elicitation and accepts with content), elicitation/complete, and a
+// `$/cancel_request` from the agent for its own elicitation/create. The real agents elicit
+// only from a tool call the mock does not script, so these rows are "not run" for them.
 // Answers are normalized before comparing: session ids become `<S1>`, `<S2>`… in order of first
 // appearance, timestamps `<time>`, the side's private directory `<root>`, a title the mock
 // generated or the prompt `<title>`; `_meta.acpd` is removed everywhere. For a turn the
 // answer, the ordered update kinds (leaving out the ones agents send on their own schedule:
 // commands and session info) and the text per kind are compared.
-//
-// An elicitation round trip needs a scripted child (no agent here asks without a tool call the
-// mock cannot script yet): its row is "not run" for now.
 //
 // Nothing sleeps and hopes: a turn is cancelled once the mock reports the model request it is
 // waiting on; every step has a deadline and a failure is recorded as `{"error": …}`.
@@ -48,6 +50,13 @@ const STEP_MS = 60_000;
 const EXIT_MS = 10_000;
 /** How long a cancelled turn may take to end (the agents take milliseconds). */
 const CANCEL_MS = 5_000;
+/** The elicitation the editor accepts, with content `{name: "Ada"}`. */
+const ELICIT_ACCEPT = "Your name?";
+/** The elicitation the agent cancels with `$/cancel_request` before the editor answers. */
+const ELICIT_CANCELLED = "Cancelled by the agent?";
+/** An elicitation/create form request asking `message`. */
+const elicitForm = (message) =>
+  JSON.stringify({ mode: "form", message, requestedSchema: { type: "object", properties: { name: { type: "string" } } } });
 /** An id no side ever created. */
 const UNKNOWN_ID = "sess-unknown-0000-differential";
 /**
@@ -77,6 +86,19 @@ const bin = (p) => here(`./node_modules/${p}`);
  * write first, and the acpd preset whose quirks (eof_grace, root env) it should get.
  */
 const AGENTS = {
+  /**
+   * The scripted child: acpd's own echo agent, the same binary run directly. It needs no model,
+   * no network and no key; its sessions live in the side's directory.
+   */
+  echo: {
+    scripted: true,
+    clientCapabilities: { elicitation: { form: {} } },
+    argv: (root) => {
+      if (!opts.acpd) throw new Error("--agent echo needs --acpd BIN (the echo agent is acpd's)");
+      return [opts.acpd, "agent", "echo", "--sessions", `${root}/echo-sessions`, "--null-cursor", "--stderr", "echo: started"];
+    },
+    setup: () => ({}),
+  },
   claude: {
     preset: "claude",
     argv: () => [process.execPath, bin("@agentclientprotocol/claude-agent-acp/dist/index.js")],
@@ -267,12 +289,12 @@ const toml = (v) => JSON.stringify(v);
 
 /** An acpd config whose one provider, the default, runs the agent with `env`. */
 function acpdConfig(root, env, { warm = 0 } = {}) {
-  const [command, ...rest] = AGENT.argv();
+  const [command, ...rest] = AGENT.argv(root);
   const lines = [
     `default_provider = "${opts.agent}"`,
     `detach_timeout = "0s"`,
     `[providers.${opts.agent}]`,
-    `preset = "${AGENT.preset}"`,
+    ...(AGENT.preset ? [`preset = "${AGENT.preset}"`] : []),
     `command = ${toml([command, ...rest])}`,
     `warm = ${warm}`,
     `handshake_timeout = "60s"`,
@@ -294,7 +316,7 @@ async function sideProcess(kind, root, port, { warm = 0 } = {}) {
   const agentEnv = AGENT.setup(root, port, dirs);
   const base = { PATH: process.env.PATH, LANG: "C.UTF-8", ...dirs };
   if (kind === "direct") {
-    const [command, ...argv] = AGENT.argv();
+    const [command, ...argv] = AGENT.argv(root);
     return { connect: () => [command, argv, { ...base, ...agentEnv }], stop: async () => {} };
   }
   if (!opts.acpd) throw new Error(`side ${kind} needs --acpd BIN`);
@@ -345,7 +367,7 @@ async function connection(label, [command, argv, env], cwd, rec, body) {
   child.stdout.on("end", () => out.end());
   child.stdin.on("error", () => {});
   const stream = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(out));
-  const seen = { updates: [], notifications: [], requests: [] };
+  const seen = { updates: [], notifications: [], requests: [], elicitations: [], completes: [], elicitationCancels: [] };
   const app = acp
     .client({ name: "acpd-differential", version: "1.0.0" })
     .onNotification("session/update", ({ params }) => {
@@ -358,8 +380,22 @@ async function connection(label, [command, argv, env], cwd, rec, body) {
       seen.requests.push("session/request_permission");
       return { outcome: { outcome: "cancelled" } };
     })
-    .onRequest("elicitation/create", () => {
+    .onNotification("elicitation/complete", ({ params }) => {
+      seen.completes.push(params);
+    })
+    .onRequest("elicitation/create", async ({ params, signal }) => {
       seen.requests.push("elicitation/create");
+      seen.elicitations.push(params);
+      if (params?.message === ELICIT_ACCEPT) return { action: "accept", content: { name: "Ada" } };
+      if (params?.message !== ELICIT_CANCELLED) return { action: "decline" };
+      // The agent cancels this one with `$/cancel_request`: answered -32800 once that arrives.
+      const cancelled = await withDeadline(
+        new Promise((resolve) => (signal.aborted ? resolve(true) : signal.addEventListener("abort", () => resolve(true), { once: true }))),
+        "the agent's $/cancel_request",
+        CANCEL_MS,
+      ).catch(() => false);
+      seen.elicitationCancels.push(cancelled);
+      if (cancelled) throw signal.reason;
       return { action: "decline" };
     });
   const died = exited.then((code) => {
@@ -453,7 +489,8 @@ async function sequence(label, proc, project, root, mock, rec) {
   const rows = {};
   rec.rows = rows;
   const notOffered = (name, why) => (rows[name] = { offered: false, why });
-  rows["elicitation round trip"] = { run: false, why: "needs a scripted child (later)" };
+  const ELICIT_ROWS = ["elicitation/create", "elicitation/complete", "$/cancel_request (agent → editor)"];
+  if (!AGENT.scripted) for (const n of ELICIT_ROWS) rows[n] = { run: false, why: "the agent elicits only from a tool call the mock does not script" };
   await connection(label, proc.connect(), project, rec, async (ctx, seen) => {
     /** The last request's own promise (still pending after a step's deadline passed). */
     let raw = null;
@@ -480,13 +517,21 @@ async function sequence(label, proc, project, root, mock, rec) {
       rows[name].updates = turnOf(norm, seen.updates.slice(before));
       return answer;
     };
-    /** A prompt that waits on the mock (HANG), cancelled by `cancel` once the mock has it. */
+    /**
+     * A prompt that waits on the mock (HANG), cancelled by `cancel` once the mock has it; the
+     * scripted child streams the HANG line and then waits (`:hang`) until it is cancelled.
+     */
     const cancelled = async (name, sessionId, cancel) => {
       const seenBefore = mock.requests.length;
+      const updatesBefore = seen.updates.length;
+      const text = AGENT.scripted ? `HANG ${name}\n:hang` : `HANG ${name}`;
       const controller = new AbortController();
-      const pending = turn(name, "session/prompt", { sessionId, prompt: [{ type: "text", text: `HANG ${name}` }] }, { cancellationSignal: controller.signal }, CANCEL_MS);
+      const pending = turn(name, "session/prompt", { sessionId, prompt: [{ type: "text", text }] }, { cancellationSignal: controller.signal }, CANCEL_MS);
+      const hanging = AGENT.scripted
+        ? () => seen.updates.slice(updatesBefore).some((u) => u.update?.content?.text?.startsWith("HANG"))
+        : () => mock.requests.slice(seenBefore).some((r) => r.user?.startsWith("HANG"));
       try {
-        await until(() => mock.requests.slice(seenBefore).some((r) => r.user?.startsWith("HANG")), "the model request of a HANG turn");
+        await until(hanging, "the HANG turn under way");
         await cancel(controller);
       } catch (e) {
         rows[name] = { error: errorOf(e) };
@@ -499,7 +544,7 @@ async function sequence(label, proc, project, root, mock, rec) {
       }
     };
 
-    const init = await call("initialize", "initialize", { protocolVersion: acp.PROTOCOL_VERSION, clientCapabilities: {} });
+    const init = await call("initialize", "initialize", { protocolVersion: acp.PROTOCOL_VERSION, clientCapabilities: AGENT.clientCapabilities ?? {} });
     if (!init) throw new Error(`initialize failed: ${JSON.stringify(rows.initialize)}`);
     const caps = init.agentCapabilities ?? {};
     const sc = caps.sessionCapabilities ?? {};
@@ -515,7 +560,20 @@ async function sequence(label, proc, project, root, mock, rec) {
     norm.id(A);
     await turn("session/prompt", "session/prompt", { sessionId: A, prompt: [{ type: "text", text: PROMPT }] });
     await cancelled("session/cancel", A, () => ctx.notify("session/cancel", { sessionId: A }));
-    await cancelled("$/cancel_request", A, async (c) => c.abort());
+    await cancelled("$/cancel_request (editor → agent)", A, async (c) => c.abort());
+    if (AGENT.scripted) {
+      /** A scripted turn whose row also holds what the editor was asked and told meanwhile. */
+      const asked = async (name, script) => {
+        const from = { e: seen.elicitations.length, c: seen.completes.length, x: seen.elicitationCancels.length };
+        await turn(name, "session/prompt", { sessionId: A, prompt: [{ type: "text", text: script }] });
+        rows[name].elicitations = norm.value(seen.elicitations.slice(from.e));
+        rows[name].completes = norm.value(seen.completes.slice(from.c));
+        rows[name].cancelled = seen.elicitationCancels.slice(from.x);
+      };
+      await asked("elicitation/create", `:request elicitation/create ${elicitForm(ELICIT_ACCEPT)}\ndone`);
+      await asked("elicitation/complete", `:notify-json elicitation/complete {"elicitationId":"el-1"}\ndone`);
+      await asked("$/cancel_request (agent → editor)", `:cancel-request elicitation/create ${elicitForm(ELICIT_CANCELLED)}\ndone`);
+    }
 
     if (sc.list) await call("session/list", "session/list", { cwd: project });
     else notOffered("session/list", "no sessionCapabilities.list");

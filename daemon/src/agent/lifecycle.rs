@@ -312,6 +312,8 @@ fn list(agent: &Agent, store: &Store, params: Option<&RawValue>) -> Reply {
     let mut result = json!({ "sessions": sessions });
     if let Some(next) = next {
         result["nextCursor"] = json!(next);
+    } else if agent.args.null_cursor {
+        result["nextCursor"] = serde_json::Value::Null;
     }
     Ok(result)
 }

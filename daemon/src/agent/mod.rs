@@ -138,9 +138,10 @@ SESSIONS, AUTH AND EXTENSIONS
   cwd, title (first prompt line), updatedAt and history (each prompt's text and the text the
   turn streamed; :chunks and :timed filler is not kept). session/load replays the history as
   user_message_chunk / agent_message_chunk updates before answering; session/resume does not;
-  session/list {cwd?, cursor?} pages newest first (--list-page); session/close forgets the
-  live session (its turn is cancelled); session/delete removes the file too; session/fork
-  copies the history into a new session. An unknown id is -32002. Without --sessions these
+  session/list {cwd?, cursor?} pages newest first (--list-page; --null-cursor ends the last
+  page with \"nextCursor\": null, as codex-acp does); session/close forgets the live session
+  (its turn is cancelled); session/delete removes the file too; session/fork copies the
+  history into a new session. An unknown id is -32002. Without --sessions these
   methods are -32601.
   With --auth ID, session/new|load|resume|list answer -32000 until authenticate succeeds
   with an advertised id (another id is -32602).
@@ -200,6 +201,10 @@ pub struct EchoArgs {
     #[arg(long, default_value_t = 50, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..))]
     pub list_page: u64,
+    /// End session/list's last page with `"nextCursor": null` instead of leaving the key out,
+    /// as codex-acp does.
+    #[arg(long)]
+    pub null_cursor: bool,
     /// Advertise auth method ID (repeatable) and refuse session/new, load, resume and list
     /// with -32000 until `authenticate` succeeded with one of them.
     #[arg(long = "auth", value_name = "ID")]

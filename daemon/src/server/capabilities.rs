@@ -113,9 +113,10 @@ fn answer(agent: Option<&AgentInfo>, providers: &[String]) -> serde_json::Value 
     result
 }
 
-/// `authenticate` (and `logout`): asked of a new child of the provider (`_meta.acpd.provider`,
-/// else the default), whose answer, error included, goes to the editor as it is.
-pub async fn authenticate(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<RawValue>>) {
+/// `authenticate`, `logout` and any other request naming no session that acpd has no part in:
+/// asked of a new child of the provider (`_meta.acpd.provider`, else the default), with the
+/// connection's login replayed, whose answer, error included, goes to the editor as it is.
+pub async fn ask_new_child(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<RawValue>>) {
     let provider = params
         .as_deref()
         .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())

@@ -319,7 +319,7 @@ impl Conn {
             }
             "authenticate" | "logout" => {
                 self.tracker
-                    .spawn(capabilities::authenticate(conn, id, method, params));
+                    .spawn(capabilities::ask_new_child(conn, id, method, params));
             }
             m if m.starts_with("_acpd/") => delegate::handle(self, id, &method, params).await,
             "session/close" if !self.has_session(params.as_deref()) => {
@@ -335,7 +335,7 @@ impl Conn {
                 self.to_session(id, method, params).await;
             }
             // Any other method (an extension, an ACP method acpd has no special part in, one
-            // newer than acpd) goes to the session it names; one naming none is unknown here.
+            // newer than acpd) goes to the session it names, or to a new child if it names none.
             _ => self.to_session(id, method, params).await,
         }
     }
@@ -549,6 +549,15 @@ impl Conn {
             (None, None) if method.starts_with("session/") => {
                 let e = RpcError::invalid_params(format!("{method} needs a sessionId"));
                 self.reply_err(&id, &e).await;
+            }
+            // Naming no session, a method acpd has no part in (an extension, an ACP method newer
+            // than acpd) is asked of a new child of the provider, as `authenticate` is: the
+            // editor gets the agent's own answer, its -32601 included, as it would directly. Not
+            // from inside a child's tree, which may not start bridge children.
+            (None, None) if matches!(self.lineage(), crate::registry::Lineage::Outside) => {
+                let conn = self.clone();
+                self.tracker
+                    .spawn(capabilities::ask_new_child(conn, id, method, params));
             }
             _ => {
                 self.reply_err(&id, &RpcError::method_not_found(&method))

@@ -269,8 +269,18 @@ struct ListParams {
 struct ChildListing {
     #[serde(default)]
     sessions: Vec<ChildSession>,
-    #[serde(default)]
-    next_cursor: Option<String>,
+    /// Absent, `null` (`Some(None)`: codex-acp ends its listing so) or a cursor.
+    #[serde(default, deserialize_with = "present")]
+    next_cursor: Option<Option<String>>,
+}
+
+/// A field that is there, even as `null`: what tells `"nextCursor": null` from no key.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -292,6 +302,9 @@ pub async fn list(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
         Err(e) => return conn.reply_err(&id, &RpcError::invalid_params(e)).await,
     };
     let store = &conn.ctx.sessions.store;
+    // Whether an agent ended its listing with `"nextCursor": null`: acpd's last page then says
+    // so too, so an editor sees the answer it gets from that agent directly.
+    let mut null_cursor = false;
     for provider in conn.ctx.registry.provider_names() {
         let Some(agent) = conn.ctx.registry.cached(&provider) else {
             continue;
@@ -299,12 +312,15 @@ pub async fn list(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
         if !advertises(&agent, "/sessionCapabilities/list") {
             continue;
         }
-        if let Err(e) = refresh(&conn, &provider, req.cwd.as_deref()).await {
+        match refresh(&conn, &provider, req.cwd.as_deref()).await {
+            Ok(null) => null_cursor |= null,
             // An agent that wants a login says so to the editor, as it would directly.
-            if e.code == acpd_protocol::envelope::AUTH_REQUIRED {
+            Err(e) if e.code == acpd_protocol::envelope::AUTH_REQUIRED => {
                 return conn.reply_err(&id, &e).await;
             }
-            tracing::warn!(%provider, "session/list: the agent's own listing failed: {}", e.message);
+            Err(e) => {
+                tracing::warn!(%provider, "session/list: the agent's own listing failed: {}", e.message)
+            }
         }
     }
     let rows = match store.list(req.cwd.as_deref(), conn.caller()).await {
@@ -345,6 +361,8 @@ pub async fn list(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     let mut result = json!({ "sessions": sessions });
     if let Some(next) = next {
         result["nextCursor"] = json!(next);
+    } else if null_cursor {
+        result["nextCursor"] = serde_json::Value::Null;
     }
     let _ = conn.peer.respond_ok(&id, &result).await;
 }
@@ -362,12 +380,13 @@ fn session_info(row: &SessionRow) -> serde_json::Value {
     info
 }
 
-/// Asks a child of `provider` for its sessions and files each under an acpd id.
+/// Asks a child of `provider` for its sessions and files each under an acpd id; whether its
+/// last page said `"nextCursor": null`.
 async fn refresh(
     conn: &Arc<Conn>,
     provider: &str,
     cwd: Option<&std::path::Path>,
-) -> Result<(), RpcError> {
+) -> Result<bool, RpcError> {
     let internal = |e: String| RpcError::internal(e);
     let auth = conn.auth_for(provider);
     let mut ready = conn
@@ -384,7 +403,7 @@ async fn refresh(
         .map_err(|e| bridge_error(&e))?;
     let listing = list_all(&mut ready, conn, provider, cwd).await;
     ready.close().await;
-    let (listed, complete) = listing?;
+    let (listed, complete, null_cursor) = listing?;
     // What the agent no longer lists, it deleted (only a whole, unfiltered listing says so;
     // one cut at max_listed_sessions is all acpd keeps, so what is past it goes too).
     if complete && cwd.is_none() {
@@ -395,17 +414,18 @@ async fn refresh(
             .await
             .map_err(|e| internal(e.to_string()))?;
     }
-    Ok(())
+    Ok(null_cursor)
 }
 
 /// Every page of the agent's listing, each session filed, up to `max_listed_sessions`; the
-/// child ids and whether the listing was whole (or cut at that bound: what acpd keeps of it).
+/// child ids, whether the listing was whole (or cut at that bound: what acpd keeps of it) and
+/// whether its last page said `"nextCursor": null`.
 async fn list_all(
     ready: &mut crate::registry::Ready,
     conn: &Arc<Conn>,
     provider: &str,
     cwd: Option<&std::path::Path>,
-) -> Result<(Vec<String>, bool), RpcError> {
+) -> Result<(Vec<String>, bool, bool), RpcError> {
     let internal = |e: String| RpcError::internal(e);
     let store = &conn.ctx.sessions.store;
     let max = conn.ctx.registry.config().max_listed_sessions;
@@ -444,16 +464,17 @@ async fn list_all(
             .adopt_listing(provider, page_sessions, max)
             .await
             .map_err(|e| internal(e.to_string()))?;
-        cursor = page.next_cursor;
+        let null_cursor = page.next_cursor == Some(None);
+        cursor = page.next_cursor.flatten();
         if cut || (cursor.is_some() && listed.len() >= max) {
             tracing::warn!(%provider, max, "the agent lists more sessions than max_listed_sessions; the rest are not kept");
-            return Ok((listed, true));
+            return Ok((listed, true, false));
         }
         if cursor.is_none() {
-            return Ok((listed, true));
+            return Ok((listed, true, null_cursor));
         }
     }
-    Ok((listed, false))
+    Ok((listed, false, false))
 }
 
 /// The longest child session id and cwd the map keeps from an agent's listing: an id is a
