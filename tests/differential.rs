@@ -53,7 +53,6 @@ struct Known {
     racy: bool,
 }
 
-const ALL: &[&str] = &["claude", "codex", "gemini", "opencode", "echo"];
 const BOTH: &[&str] = &["stdio", "serve"];
 
 /// The differences acpd has today (measured on main, 2026-12-01). Remove an entry with the fix

@@ -489,8 +489,6 @@ async function sequence(label, proc, project, root, mock, rec) {
   const rows = {};
   rec.rows = rows;
   const notOffered = (name, why) => (rows[name] = { offered: false, why });
-  const ELICIT_ROWS = ["elicitation/create", "elicitation/complete", "$/cancel_request (agent → editor)"];
-  if (!AGENT.scripted) for (const n of ELICIT_ROWS) rows[n] = { run: false, why: "the agent elicits only from a tool call the mock does not script" };
   await connection(label, proc.connect(), project, rec, async (ctx, seen) => {
     /** The last request's own promise (still pending after a step's deadline passed). */
     let raw = null;
@@ -561,7 +559,11 @@ async function sequence(label, proc, project, root, mock, rec) {
     await turn("session/prompt", "session/prompt", { sessionId: A, prompt: [{ type: "text", text: PROMPT }] });
     await cancelled("session/cancel", A, () => ctx.notify("session/cancel", { sessionId: A }));
     await cancelled("$/cancel_request (editor → agent)", A, async (c) => c.abort());
-    if (AGENT.scripted) {
+    if (!AGENT.scripted) {
+      for (const n of ["elicitation/create", "elicitation/complete", "$/cancel_request (agent → editor)"]) {
+        rows[n] = { run: false, why: "the agent elicits only from a tool call the mock does not script" };
+      }
+    } else {
       /** A scripted turn whose row also holds what the editor was asked and told meanwhile. */
       const asked = async (name, script) => {
         const from = { e: seen.elicitations.length, c: seen.completes.length, x: seen.elicitationCancels.length };
