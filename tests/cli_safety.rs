@@ -434,9 +434,14 @@ fn providers_prints_a_description_escaped() {
     let out = finish(env.acpd().arg("providers"));
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     let shown = text(&out.stdout);
-    assert!(shown.contains(r"d\u{1b}]0;T\u{7}\r\u{9b}2J\u{202e}x"), "{shown}");
     assert!(
-        !shown.chars().any(|c| (c.is_control() && c != '\n' && c != '\t') || c == '\u{202e}'),
+        shown.contains(r"d\u{1b}]0;T\u{7}\r\u{9b}2J\u{202e}x"),
+        "{shown}"
+    );
+    assert!(
+        !shown
+            .chars()
+            .any(|c| (c.is_control() && c != '\n' && c != '\t') || c == '\u{202e}'),
         "a raw control character reached the terminal: {shown:?}"
     );
 }

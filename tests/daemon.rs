@@ -1014,7 +1014,11 @@ fn records_in(dir: &std::path::Path) -> Vec<PathBuf> {
 #[test]
 fn a_flood_of_refused_connections_holds_a_bounded_number_of_descriptors() {
     let d = Daemon::start(fast_env("max_connections = 1"));
-    let fds = || std::fs::read_dir(format!("/proc/{}/fd", d.pid())).unwrap().count();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+            .unwrap()
+            .count()
+    };
     // Retried: the start-up probe's connection holds the slot until the daemon sees it close.
     let mut held = None;
     assert!(eventually(Duration::from_secs(10), || {

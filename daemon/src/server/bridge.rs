@@ -36,6 +36,7 @@ impl BridgeHandle {
         id: Id,
         method: String,
         params: Option<Box<RawValue>>,
+        after_ok: Option<crate::child::AfterOk>,
     ) -> Result<(), Box<(Id, RpcError)>> {
         let params = match (method.as_str(), params) {
             ("session/prompt", Some(p)) => {
@@ -51,7 +52,7 @@ impl BridgeHandle {
             }
             (_, p) => p,
         };
-        self.child.call(id, method, params)
+        self.child.call(id, method, params, after_ok)
     }
 
     pub fn cancel(&self) {

@@ -630,7 +630,10 @@ mod tests {
         let theirs = sessions.take_for_load("acpd-x", Some(1001));
         assert!(matches!(theirs, Ok(Taken::Reserved(_))));
         assert!(
-            matches!(sessions.take_for_load("acpd-x", Some(0)), Ok(Taken::Foreign)),
+            matches!(
+                sessions.take_for_load("acpd-x", Some(0)),
+                Ok(Taken::Foreign)
+            ),
             "the owner's load was refused while another user's held the id"
         );
         let woken = sessions.released.notified();
