@@ -416,3 +416,31 @@ fn an_archive_linking_its_command_out_is_refused_and_nothing_outside_is_chmodded
         "nothing installed"
     );
 }
+
+/// A hostile registry document's free text (name, description, the id of an entry it skips)
+/// reaches the terminal of `acpd registry list` escaped: no escape sequence, CR or BEL acts.
+#[test]
+fn registry_list_escapes_a_hostile_documents_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let doc = tmp.path().join("registry.json");
+    let evil = "\u{1b}]0;PWNED\u{7}\u{1b}[2J\r\u{9b}31m\u{202e}";
+    std::fs::write(
+        &doc,
+        json!({"agents": [
+            {"id": "ok", "name": format!("N{evil}"), "version": "1.0.0",
+             "description": format!("D{evil}"), "distribution": {"npx": {"package": "ok@1"}}},
+            {"id": format!("bad{evil}"), "version": "1", "distribution": {}}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let s = setup(&format!("file://{}", doc.display()));
+    let out = s.acpd().args(["registry", "list"]).output().unwrap();
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for c in ['\u{1b}', '\u{7}', '\r', '\u{9b}', '\u{202e}'] {
+        assert!(!text.contains(c), "{c:?} printed raw: {text:?}");
+    }
+    assert!(text.contains("ok\t1.0.0\tnpx\tN\\u{1b}]0;PWNED"), "{text}");
+    assert!(text.contains("bad\\u{1b}"), "{text}");
+}

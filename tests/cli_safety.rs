@@ -422,3 +422,26 @@ fn runs_lists_only_the_callers_own_runs() {
     all.sort();
     assert_eq!(runs_as(&mut base()), all);
 }
+
+/// `acpd providers` prints a provider's description (the config's text, or a preset's)
+/// escaped, like every other text it does not control.
+#[test]
+fn providers_prints_a_description_escaped() {
+    let env = Env::raw(&format!(
+        "[providers.p]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+         description = \"d\\u001b]0;T\\u0007\\r\\u009b2J\\u202ex\"\n"
+    ));
+    let out = finish(env.acpd().arg("providers"));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains(r"d\u{1b}]0;T\u{7}\r\u{9b}2J\u{202e}x"),
+        "{shown}"
+    );
+    assert!(
+        !shown
+            .chars()
+            .any(|c| (c.is_control() && c != '\n' && c != '\t') || c == '\u{202e}'),
+        "a raw control character reached the terminal: {shown:?}"
+    );
+}

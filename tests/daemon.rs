@@ -1006,3 +1006,48 @@ fn records_in(dir: &std::path::Path) -> Vec<PathBuf> {
         })
         .collect()
 }
+
+/// Issue 18 (beyond the list): every refused connection lingered for a while holding one of
+/// acpd's descriptors, however many there were, so a flood of connections over the limits
+/// (a group member, or a child over max_connections_per_child) held descriptors without
+/// bound. At most a bounded number linger; the rest get their LIMIT line and are closed.
+#[test]
+fn a_flood_of_refused_connections_holds_a_bounded_number_of_descriptors() {
+    let d = Daemon::start(fast_env("max_connections = 1"));
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+            .unwrap()
+            .count()
+    };
+    // Retried: the start-up probe's connection holds the slot until the daemon sees it close.
+    let mut held = None;
+    assert!(eventually(Duration::from_secs(10), || {
+        let c = UnixStream::connect(&d.socket).unwrap();
+        let served = initialize_over(&c).is_some_and(|v| v["result"].is_object());
+        held = served.then_some(c);
+        served
+    }));
+    let before = fds();
+    // Each is refused (its LIMIT line read) and kept open here, never read again.
+    let refused: Vec<UnixStream> = (0..1000)
+        .map(|_| {
+            let c = UnixStream::connect(&d.socket).unwrap();
+            let line = first_line(&c).expect("the LIMIT line");
+            assert!(line.contains("max_connections"), "{line}");
+            c
+        })
+        .collect();
+    let during = fds();
+    assert!(
+        during <= before + 300,
+        "{} descriptors held for {} refused connections ({before} before)",
+        during,
+        refused.len()
+    );
+    // Editors are still served once the slot is free.
+    drop(held);
+    assert!(eventually(Duration::from_secs(10), || {
+        let c = UnixStream::connect(&d.socket).unwrap();
+        initialize_over(&c).is_some_and(|v| v["result"].is_object())
+    }));
+}

@@ -560,3 +560,63 @@ fn what_an_agent_lists_is_bounded() {
     );
     assert!(map_rows(&env) <= 60, "{} rows kept", map_rows(&env));
 }
+
+/// An agent that takes titles but refuses some: a title with "refuse" in it is answered
+/// -32602, any other accepted.
+const PICKY_TITLES: &str = r#"import json, sys
+def out(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m or "method" not in m:
+        continue
+    i, meth = m["id"], m["method"]
+    if meth == "initialize":
+        out({"jsonrpc": "2.0", "id": i, "result": {"protocolVersion": 1, "authMethods": [],
+             "agentCapabilities": {"loadSession": True, "sessionCapabilities": {"title": {}}}}})
+    elif meth == "session/new":
+        out({"jsonrpc": "2.0", "id": i, "result": {"sessionId": "picky"}})
+    elif meth == "session/set_title" and "refuse" in m["params"].get("title", ""):
+        out({"jsonrpc": "2.0", "id": i, "error": {"code": -32602, "message": "not that title"}})
+    else:
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+"#;
+
+/// Issue 18 (beyond the list): a title the agent itself refuses (it takes titles, not this
+/// one) was written to the session map anyway, as soon as acpd passed it on. It is written
+/// only once the agent answered with a result.
+#[test]
+fn a_title_the_agent_refuses_is_not_written() {
+    let env = Env::raw("");
+    let script = env.path().join("picky.py");
+    std::fs::write(&script, PICKY_TITLES).unwrap();
+    std::fs::write(
+        &env.config,
+        format!(
+            "default_provider = \"picky\"\n[providers.picky]\ncommand = [\"python3\", \"{}\"]\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let cwd = work(&env);
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({}));
+    let sid = raw.new_session(&cwd, "picky");
+    raw.ok(
+        "session/set_title",
+        json!({"sessionId": sid, "title": "accepted"}),
+    );
+    // Written before the answer went out.
+    assert_eq!(row_of(&env, &sid).unwrap().0.as_deref(), Some("accepted"));
+    let refused = raw.call(
+        "session/set_title",
+        json!({"sessionId": sid, "title": "refuse me"}),
+    );
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    // Anything the refused title would have written was queued before its answer: one more
+    // round trip through the map and it would have landed.
+    let answer = raw.call("session/close", json!({"sessionId": UNKNOWN}));
+    assert_eq!(answer["error"]["code"], -32002, "{answer}");
+    assert_eq!(row_of(&env, &sid).unwrap().0.as_deref(), Some("accepted"));
+}

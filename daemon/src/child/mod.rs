@@ -349,6 +349,11 @@ pub enum RelayEnd {
     Expired,
 }
 
+/// What acpd records of a forwarded call (a session's new title) once the agent answered it
+/// with a result, before the parent sees the answer; never after an error, so what the agent
+/// refused changes nothing.
+pub type AfterOk = Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
 pub(crate) enum Cmd {
     Prompt {
         prompt: Vec<ContentBlock>,
@@ -362,6 +367,7 @@ pub(crate) enum Cmd {
         id: Id,
         method: String,
         params: Option<Box<RawValue>>,
+        after_ok: Option<AfterOk>,
     },
     /// A parent's `_` extension notification (relay mode).
     Notify {
@@ -471,9 +477,15 @@ impl Child {
         id: Id,
         method: String,
         params: Option<Box<RawValue>>,
+        after_ok: Option<AfterOk>,
     ) -> Result<(), Box<(Id, RpcError)>> {
         self.cmds
-            .try_send(Cmd::Call { id, method, params })
+            .try_send(Cmd::Call {
+                id,
+                method,
+                params,
+                after_ok,
+            })
             .map_err(|e| {
                 let (id, why) = match e {
                     mpsc::error::TrySendError::Full(Cmd::Call { id, .. }) => {

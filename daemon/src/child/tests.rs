@@ -461,7 +461,7 @@ async fn relay_forwards_only_the_childs_own_acp_traffic_in_order() {
     )
     .unwrap();
     child
-        .call(Id::Num(77), "session/prompt".into(), Some(params))
+        .call(Id::Num(77), "session/prompt".into(), Some(params), None)
         .unwrap();
     let (id, p) = fake.request("session/prompt").await;
     assert_eq!(p["sessionId"], "child-session", "the child sees its own id");
@@ -492,7 +492,7 @@ async fn relay_forwards_only_the_childs_own_acp_traffic_in_order() {
     )
     .unwrap();
     child
-        .call(Id::Num(78), "session/prompt".into(), Some(params))
+        .call(Id::Num(78), "session/prompt".into(), Some(params), None)
         .unwrap();
     fake.request("session/prompt").await;
     fake.send(&["{not json".to_string()]).await;

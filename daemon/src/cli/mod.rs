@@ -314,7 +314,8 @@ fn providers(config: Option<&std::path::Path>, json: bool) -> u8 {
                     "{}{}\t{}\tcapabilities: {}",
                     p.name,
                     if p.default { " (default)" } else { "" },
-                    p.description,
+                    // The config's text: escaped like every text printed to a terminal.
+                    crate::trace::escape_controls(&p.description),
                     if caps.is_empty() {
                         "none".to_string()
                     } else {

@@ -69,9 +69,12 @@ pub async fn registry(config: Option<&Path>, command: RegistryCommand) -> u8 {
                 Origin::StaleCache => "cached, the registry is unreachable",
                 Origin::File => "local file",
             };
+            // The document's free text (and the id of an entry it skips) is whatever the
+            // registry wrote: escaped, so no escape sequence of its reaches the terminal.
+            let shown = crate::trace::escape_controls;
             outln!(
                 "# {} ({origin}); config: registry = \"ID\"",
-                catalog::shown(&config.registry_url)
+                shown(&catalog::shown(&config.registry_url))
             )?;
             for a in &loaded.document.agents {
                 outln!(
@@ -79,14 +82,14 @@ pub async fn registry(config: Option<&Path>, command: RegistryCommand) -> u8 {
                     a.id,
                     a.version,
                     runs_as(a, &platform).unwrap_or("-"),
-                    a.name,
-                    a.description
+                    shown(&a.name),
+                    shown(&a.description)
                 )?;
             }
             if !loaded.document.skipped.is_empty() {
                 outln!(
                     "# skipped (not in the registry format): {}",
-                    loaded.document.skipped.join(", ")
+                    shown(&loaded.document.skipped.join(", "))
                 )?;
             }
             Ok(())

@@ -62,6 +62,13 @@ pub struct ServeOptions {
 
 /// How long a refused connection is read (and its input dropped) before it is closed.
 const REFUSED_LINGER: Duration = Duration::from_secs(2);
+/// Refused connections lingering at once, at most: past it a refused connection gets its
+/// LIMIT line and is closed at once (a client that writes first may see EPIPE, and can still
+/// read the line), so a flood of them cannot hold acpd's descriptors. Far above a burst an
+/// honest client makes.
+const MAX_LINGERING: usize = 256;
+/// Refused connections lingering now.
+static LINGERING: AtomicUsize = AtomicUsize::new(0);
 
 /// The first pause after a failed accept; it doubles up to [`ACCEPT_BACKOFF_MAX`] while accepts
 /// keep failing (EMFILE: the backlog stays readable, so retrying at once would spin a core).
@@ -275,6 +282,12 @@ pub(super) fn refuse_over_limit(stream: UnixStream, limit: &'static str, max: us
     let mut line = acpd_protocol::envelope::encode_error(None, &error);
     line.push(b'\n');
     let _ = stream.try_write(&line);
+    let room = LINGERING.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        (n < MAX_LINGERING).then_some(n + 1)
+    });
+    if room.is_err() {
+        return;
+    }
     tokio::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = stream;
@@ -288,6 +301,7 @@ pub(super) fn refuse_over_limit(stream: UnixStream, limit: &'static str, max: us
             }
         };
         let _ = tokio::time::timeout(REFUSED_LINGER, drain).await;
+        LINGERING.fetch_sub(1, Ordering::AcqRel);
     });
 }
 

@@ -36,6 +36,7 @@ impl BridgeHandle {
         id: Id,
         method: String,
         params: Option<Box<RawValue>>,
+        after_ok: Option<crate::child::AfterOk>,
     ) -> Result<(), Box<(Id, RpcError)>> {
         let params = match (method.as_str(), params) {
             ("session/prompt", Some(p)) => {
@@ -51,7 +52,7 @@ impl BridgeHandle {
             }
             (_, p) => p,
         };
-        self.child.call(id, method, params)
+        self.child.call(id, method, params, after_ok)
     }
 
     pub fn cancel(&self) {
@@ -252,13 +253,18 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
         let released = sessions.released.notified();
         tokio::pin!(released);
         released.as_mut().enable();
-        match sessions.take_for_load(&sid, conn.ctx.peer_uid) {
+        let foreign = match sessions.take_for_load(&sid, conn.ctx.peer_uid) {
             Err(e) => return conn.reply_err(&id, &e).await,
             Ok(Taken::Detached(child)) => return reattach(conn, id, sid, child).await,
             Ok(Taken::Reserved(r)) => break r,
-            Ok(Taken::Attached) => {}
-        }
+            Ok(Taken::Attached) => false,
+            Ok(Taken::Foreign) => true,
+        };
         if tokio::time::timeout_at(deadline, released).await.is_err() {
+            if foreign {
+                // Still another user's: this caller learns nothing of it.
+                return conn.reply_err(&id, &session_not_found(&sid)).await;
+            }
             let e = RpcError::invalid_request(format!(
                 "session {sid} is open on another connection; close it there first"
             ));

@@ -444,6 +444,19 @@ impl Conn {
         });
     }
 
+    /// Writes `title` (and `updatedAt`) of session `sid` when run: after the agent took it.
+    fn title_once_taken(&self, sid: String, title: String) -> crate::child::AfterOk {
+        let store = self.ctx.sessions.store.clone();
+        let owner = self.caller();
+        Box::new(move || {
+            Box::pin(async move {
+                if let Err(e) = store.touch(&sid, owner, Some(title)).await {
+                    tracing::debug!(session = %sid, "cannot note the session's title: {e}");
+                }
+            })
+        })
+    }
+
     /// The `authenticate` params this connection used with `provider`.
     fn auth_for(&self, provider: &str) -> Option<Box<RawValue>> {
         lock(&self.auth).get(provider).cloned()
@@ -525,9 +538,15 @@ impl Conn {
         match (target, sid) {
             (Some(SessionRef::Bridge(b)), _) => {
                 let activity = self.activity(&method, params.as_deref(), &b);
-                match b.forward(id, method, params) {
+                // A new title is the agent's to refuse: written once it answered with a
+                // result. A prompt it was given is activity whatever it answers.
+                let (now, after_ok) = match activity {
+                    Some((sid, Some(title))) => (None, Some(self.title_once_taken(sid, title))),
+                    other => (other, None),
+                };
+                match b.forward(id, method, params, after_ok) {
                     Ok(()) => {
-                        if let Some(activity) = activity {
+                        if let Some(activity) = now {
                             self.note_activity(activity);
                         }
                     }

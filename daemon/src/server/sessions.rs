@@ -60,6 +60,10 @@ pub enum Taken {
     Reserved(Reservation),
     /// Open on another connection (which may be closing right now).
     Attached,
+    /// Being opened by another user's load (of their own session, or of an id they guessed):
+    /// waited for like [`Taken::Attached`], never answered "unknown" meanwhile, so another
+    /// user's load cannot make the owner's fail.
+    Foreign,
 }
 
 /// How long a load waits for the connection holding its session to finish closing: an editor
@@ -75,6 +79,8 @@ pub struct Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         lock(&self.sessions.opening).remove(&self.id);
+        // A load waiting behind this one (see [`Taken::Foreign`]) tries again.
+        self.sessions.released.notify_waiters();
     }
 }
 
@@ -157,7 +163,7 @@ impl Sessions {
         let mut live = lock(&self.live);
         if let Some(opener) = lock(&self.opening).get(id) {
             if *opener != uid {
-                return Err(session_not_found(id));
+                return Ok(Taken::Foreign);
             }
             return Err(RpcError::invalid_request(format!(
                 "session {id} is being opened by another request; retry when it answers"
@@ -630,4 +636,37 @@ pub(super) fn held_elsewhere(sid: &str, h: &Holder) -> RpcError {
         pid = h.pid
     ))
     .with_data(json!({ "holderPid": h.pid }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 18 (beyond the list): another user's load of an id (guessed, or learnt from a
+    /// trace file's name) holds the id for a moment; the owner's own load then waits for it
+    /// instead of being told its session is unknown.
+    #[tokio::test]
+    async fn another_users_load_never_makes_the_owners_fail() {
+        let sessions = Sessions::new(Store::in_memory(), None);
+        let theirs = sessions.take_for_load("acpd-x", Some(1001));
+        assert!(matches!(theirs, Ok(Taken::Reserved(_))));
+        assert!(
+            matches!(
+                sessions.take_for_load("acpd-x", Some(0)),
+                Ok(Taken::Foreign)
+            ),
+            "the owner's load was refused while another user's held the id"
+        );
+        let woken = sessions.released.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        drop(theirs);
+        tokio::time::timeout(Duration::from_secs(10), woken)
+            .await
+            .expect("the waiting load is woken when the other one lets go");
+        assert!(matches!(
+            sessions.take_for_load("acpd-x", Some(0)),
+            Ok(Taken::Reserved(_))
+        ));
+    }
 }

@@ -262,11 +262,14 @@ fn sweep(dir: &Path) -> Sweep {
         if start_time(pid) == Some(start) {
             continue; // its owner is alive
         }
+        // Only a record this uid wrote is believed: it names process groups to SIGKILL.
+        let Some(text) = read_own_record(&entry.path()) else {
+            tracing::warn!(record = %entry.path().display(),
+                "not acpd's own record (a link, not a regular file, another uid's, or too large): left alone");
+            continue;
+        };
         result.records += 1;
-        let record = std::fs::read_to_string(entry.path())
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .unwrap_or_default();
+        let record = serde_json::from_str::<serde_json::Value>(&text).unwrap_or_default();
         let same_boot = record["bootId"].as_str() == Some(procfs::boot_id().as_str());
         let session = record["sid"].as_i64().unwrap_or(-1) as i32;
         let groups = record["groups"].as_array().cloned().unwrap_or_default();
@@ -298,6 +301,34 @@ fn sweep(dir: &Path) -> Sweep {
         );
     }
     result
+}
+
+/// The longest record read: one acpd's live groups, with room to spare.
+const MAX_RECORD: u64 = 4 * 1024 * 1024;
+
+/// The text of the record at `path` when it is one acpd's uid wrote: a regular file with one
+/// link, owned by this effective uid, opened without following a link or waiting on a FIFO,
+/// read up to [`MAX_RECORD`]. Anything else was planted (say, in a state dir that was
+/// group-writable before acpd tightened it) and could name another user's processes.
+fn read_own_record(path: &Path) -> Option<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    let own = meta.file_type().is_file()
+        && meta.nlink() == 1
+        && meta.uid() == nix::unistd::geteuid().as_raw()
+        && meta.len() <= MAX_RECORD;
+    if !own {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(MAX_RECORD).read_to_string(&mut text).ok()?;
+    Some(text)
 }
 
 fn parse_name(name: &str) -> Option<(i32, u64)> {
@@ -513,5 +544,59 @@ mod tests {
         let e = enable(&link).unwrap_err();
         assert!(e.to_string().contains(&link.display().to_string()), "{e}");
         assert_eq!(mode(&target), 0o755);
+    }
+}
+
+#[cfg(test)]
+mod planted {
+    use super::*;
+    use std::os::unix::process::CommandExt as _;
+
+    /// A record naming `victim`'s process group, as a dead acpd would have written it.
+    fn record_of(victim: i32) -> String {
+        let stat = procfs::stat(victim).unwrap();
+        serde_json::json!({"bootId": procfs::boot_id(), "sid": stat.session,
+            "groups": [{"pgid": victim, "start": stat.start}]})
+        .to_string()
+    }
+
+    /// What was planted in the records directory before acpd made it private (a state dir that
+    /// was group-writable, tightened at start) is not acpd's record: a symlink to a record, a
+    /// FIFO, a file another uid owns are never read, so the sweep neither blocks on them nor
+    /// kills the process group they name.
+    #[test]
+    fn the_sweep_reads_only_acpds_own_regular_records() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("records");
+        std::fs::create_dir(&dir).unwrap();
+        let mut victim = std::process::Command::new("sleep")
+            .arg("600")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = victim.id() as i32;
+        let outside = tmp.path().join("forged.json");
+        std::fs::write(&outside, record_of(pid)).unwrap();
+        // Owners above any pid_max: dead, so their records are swept.
+        std::os::unix::fs::symlink(&outside, dir.join("acpd-2100000001-1.json")).unwrap();
+        nix::unistd::mkfifo(
+            &dir.join("acpd-2100000002-1.json"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        if nix::unistd::Uid::effective().is_root() {
+            let foreign = dir.join("acpd-2100000003-1.json");
+            std::fs::write(&foreign, record_of(pid)).unwrap();
+            nix::unistd::chown(&foreign, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        }
+        let (done, swept) = std::sync::mpsc::channel();
+        let at = dir.clone();
+        std::thread::spawn(move || done.send(sweep(&at).killed));
+        let killed = swept.recv_timeout(std::time::Duration::from_secs(20));
+        let alive = victim.try_wait().unwrap().is_none();
+        let _ = victim.kill();
+        let _ = victim.wait();
+        assert_eq!(killed, Ok(0), "the sweep blocked or killed");
+        assert!(alive, "the sweep killed the group a planted record named");
     }
 }

@@ -65,6 +65,8 @@ struct Relay {
     caps: serde_json::Value,
     /// Parent calls forwarded to the child, by the id acpd gave them: (parent's id, method).
     open: HashMap<Id, (Id, String)>,
+    /// What to record once the agent answers one of those calls with a result.
+    after_ok: HashMap<Id, crate::child::AfterOk>,
     /// The child id of the `session/load`/`session/resume` that opens the session.
     opening: Option<Id>,
     /// Child permission requests waiting on the parent, with the params it was asked with
@@ -94,6 +96,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         reply: serde_json::from_str(d.shared.session_reply.get()).unwrap_or_default(),
         caps: d.shared.agent.capabilities.clone(),
         open: HashMap::new(),
+        after_ok: HashMap::new(),
         opening: None,
         asks: HashMap::new(),
         waiting: Default::default(),
@@ -329,6 +332,7 @@ impl Relay {
     ) -> Option<RelayEnd> {
         let id = id?;
         let (pid, method) = self.open.remove(&id)?;
+        let after_ok = self.after_ok.remove(&id);
         if method == "session/prompt"
             && let Ok(r) = &outcome
         {
@@ -365,6 +369,9 @@ impl Relay {
                 Err(e)
             }
         };
+        if let (Some(record), Ok(_)) = (after_ok, &outcome) {
+            record().await;
+        }
         self.trace(Hop::AcpdToParent, || {
             envelope::encode_reply(&pid, outcome.as_ref().map(|r| &**r))
         });
@@ -398,7 +405,9 @@ impl Relay {
 
     async fn parent_cmd(&mut self, d: &mut Driver, cmd: Cmd) {
         match &cmd {
-            Cmd::Call { id, method, params } => self.trace(Hop::ParentToAcpd, || {
+            Cmd::Call {
+                id, method, params, ..
+            } => self.trace(Hop::ParentToAcpd, || {
                 envelope::encode_request(id, method, params.as_deref())
             }),
             Cmd::Notify { method, params } => self.trace(Hop::ParentToAcpd, || {
@@ -406,8 +415,13 @@ impl Relay {
             }),
             _ => {}
         }
-        let (id, method, params) = match cmd {
-            Cmd::Call { id, method, params } => (id, method, params),
+        let (id, method, params, after_ok) = match cmd {
+            Cmd::Call {
+                id,
+                method,
+                params,
+                after_ok,
+            } => (id, method, params, after_ok),
             Cmd::Notify { method, params } if method == CANCEL_REQUEST => {
                 // The parent's id of a call this relay forwarded: the child gets its own.
                 let child_id = |pid: &Id| {
@@ -464,7 +478,11 @@ impl Relay {
                 }
             },
         };
-        self.send_call(d, id, method, params).await;
+        if let (Some(child_id), Some(record)) =
+            (self.send_call(d, id, method, params).await, after_ok)
+        {
+            self.after_ok.insert(child_id, record);
+        }
     }
 
     /// Sends a parent's call on; its child id, or `None` when the parent got an error.
