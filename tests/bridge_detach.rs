@@ -9,11 +9,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::client::AcpClient;
+use common::daemon::Daemon;
 use common::raw::{Raw, gone_within, subreaper};
 use common::*;
 use nix::sys::signal::{Signal, kill};
@@ -70,97 +70,27 @@ fn env(setup: &Setup) -> Env {
     env
 }
 
-struct Daemon {
-    env: Env,
-    socket: PathBuf,
-    child: Option<Child>,
+/// The shared fixture on the config `setup` describes.
+fn daemon(setup: &Setup) -> Daemon {
+    Daemon::start(env(setup))
 }
 
-/// A failed test must not leave a daemon behind, nor its children (a SIGKILL would orphan
-/// them): SIGTERM first, SIGKILL only if it does not exit in time.
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
-            if !eventually(Duration::from_secs(20), || {
-                child.try_wait().is_ok_and(|s| s.is_some())
-            }) {
-                let _ = child.kill();
-            }
-            let _ = child.wait();
-        }
-    }
+/// What this file asks of its daemon beyond the shared fixture: sessions, spares, children.
+trait Detach {
+    fn cwd(&self) -> &Path;
+    fn sessions(&self) -> Vec<Value>;
+    fn session_in(&self, sid: &str, state: &str) -> Value;
+    fn session_counts(&self, attached: u64, detached: u64);
+    fn spares(&self) -> u64;
+    fn echo_children(&self) -> Vec<i32>;
+    fn only_spare(&self) -> i32;
+    fn only_spare_beside(&self, busy: &[i32]) -> i32;
+    fn connect(&self) -> Raw;
 }
 
-impl Daemon {
-    fn start(setup: &Setup) -> Daemon {
-        let env = env(setup);
-        let socket = env.path().join("run/acpd.sock");
-        let child = env
-            .acpd()
-            .args(["serve", "--socket"])
-            .arg(&socket)
-            .env("ACPD_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(env.path().join("daemon.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let mut d = Daemon {
-            env,
-            socket,
-            child: Some(child),
-        };
-        // By path, not by connecting: a probe connection would count in `connections`.
-        let listening = eventually(Duration::from_secs(10), || {
-            d.socket.exists() || d.child.as_mut().unwrap().try_wait().unwrap().is_some()
-        });
-        assert!(
-            listening && d.socket.exists(),
-            "daemon did not listen: {}",
-            d.log()
-        );
-        d
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.as_ref().expect("running").id() as i32
-    }
-
+impl Detach for Daemon {
     fn cwd(&self) -> &Path {
         self.env.path()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.env.path().join("daemon.log")).unwrap_or_default()
-    }
-
-    /// `acpd <args> --json --socket <ours>`, parsed.
-    fn cli_json(&self, args: &[&str]) -> Value {
-        let out = self
-            .env
-            .acpd()
-            .args(args)
-            .arg("--json")
-            .arg("--socket")
-            .arg(&self.socket)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "acpd {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "acpd {args:?} --json printed no JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        })
-    }
-
-    fn status(&self) -> Value {
-        self.cli_json(&["status"])
     }
 
     /// The live bridge sessions `acpd runs --json` lists.
@@ -200,7 +130,7 @@ impl Daemon {
 
     /// The echo agents the daemon spawned (its children running `acpd agent echo`).
     fn echo_children(&self) -> Vec<i32> {
-        children_of(self.pid())
+        children_of(self.pid().as_raw())
             .into_iter()
             .filter(|&pid| is_echo(pid))
             .collect()
@@ -243,30 +173,6 @@ impl Daemon {
         let mut raw = Raw::socket(&self.socket);
         raw.initialize(json!({}));
         raw
-    }
-
-    fn client(&self) -> AcpClient {
-        AcpClient::spawn_with(
-            &self.env,
-            &["connect", "--socket", self.socket.to_str().unwrap()],
-        )
-    }
-
-    /// SIGTERM; the exit status and how long the exit took (panics past 20 s).
-    fn terminate(mut self) -> (ExitStatus, Duration) {
-        let mut child = self.child.take().expect("running");
-        let started = Instant::now();
-        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-        let exited = eventually(Duration::from_secs(20), || {
-            child.try_wait().is_ok_and(|s| s.is_some())
-        });
-        let took = started.elapsed();
-        if !exited {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the daemon ignored SIGTERM for {took:?}: {}", self.log());
-        }
-        (child.wait().unwrap(), took)
     }
 }
 
@@ -354,7 +260,7 @@ async fn prompt_when_idle(client: &mut AcpClient, sid: &str, text: &str) -> Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_detached_session_is_attached_again_with_its_child_and_its_pending_permission() {
     subreaper();
-    let d = Daemon::start(&Setup::default());
+    let d = daemon(&Setup::default());
     let cwd = d.cwd().to_path_buf();
     let mut first = d.client();
     first.initialize(json!({})).await;
@@ -429,7 +335,7 @@ async fn a_detached_session_is_attached_again_with_its_child_and_its_pending_per
 #[test]
 fn a_detached_session_expires_and_a_later_load_starts_a_fresh_child() {
     subreaper();
-    let d = Daemon::start(&Setup {
+    let d = daemon(&Setup {
         top: "detach_timeout = \"1s\"",
         sessions: true,
         ..Setup::default()
@@ -471,7 +377,7 @@ fn a_detached_session_expires_and_a_later_load_starts_a_fresh_child() {
 #[test]
 fn without_detach_the_child_dies_with_the_connection() {
     subreaper();
-    let d = Daemon::start(&Setup {
+    let d = daemon(&Setup {
         top: "detach_timeout = \"0s\"",
         ..Setup::default()
     });
@@ -500,7 +406,7 @@ fn without_detach_the_child_dies_with_the_connection() {
 #[test]
 fn a_session_open_on_a_live_connection_cannot_be_loaded_from_another() {
     subreaper();
-    let d = Daemon::start(&Setup::default());
+    let d = daemon(&Setup::default());
     let mut a = d.connect();
     let sid = a.new_session(d.cwd(), "p");
     let pid = pid_after(&prompt(&mut a, &sid, ":pid"), "pid ");
@@ -530,7 +436,7 @@ fn a_session_open_on_a_live_connection_cannot_be_loaded_from_another() {
 #[test]
 fn sigterm_while_a_session_is_detached_leaves_no_process() {
     subreaper();
-    let d = Daemon::start(&Setup {
+    let d = daemon(&Setup {
         provider: "warm = 1",
         ..Setup::default()
     });
@@ -567,7 +473,7 @@ fn sigterm_while_a_session_is_detached_leaves_no_process() {
 #[test]
 fn a_session_takes_the_warm_spare_and_a_replacement_follows() {
     subreaper();
-    let d = Daemon::start(&Setup {
+    let d = daemon(&Setup {
         provider: "warm = 1",
         ..Setup::default()
     });
@@ -599,7 +505,7 @@ fn a_session_takes_the_warm_spare_and_a_replacement_follows() {
 fn an_old_spare_is_recycled() {
     subreaper();
     let started = Instant::now();
-    let d = Daemon::start(&Setup {
+    let d = daemon(&Setup {
         provider: "warm = 1\nwarm_max_age = \"2s\"",
         ..Setup::default()
     });
@@ -625,7 +531,7 @@ fn an_old_spare_is_recycled() {
 #[test]
 fn spares_count_in_the_limits() {
     subreaper();
-    let d = Daemon::start(&Setup {
+    let d = daemon(&Setup {
         provider: "max_concurrent = 1\nwarm = 1",
         ..Setup::default()
     });
@@ -675,7 +581,7 @@ fn next_request(raw: &mut Raw, what: &str) -> common::raw::Line {
 #[test]
 fn resume_attaches_again_and_close_ends_a_detached_session() {
     subreaper();
-    let d = Daemon::start(&Setup::default());
+    let d = daemon(&Setup::default());
     let mut a = d.connect();
     let sid = a.new_session(d.cwd(), "p");
     let pid = pid_after(&prompt(&mut a, &sid, ":pid"), "pid ");
@@ -752,7 +658,7 @@ fn resume_attaches_again_and_close_ends_a_detached_session() {
 #[test]
 fn a_detached_session_whose_child_dies_is_forgotten() {
     subreaper();
-    let d = Daemon::start(&Setup::default());
+    let d = daemon(&Setup::default());
     let mut a = d.connect();
     let sid = a.new_session(d.cwd(), "p");
     let pid = pid_after(&prompt(&mut a, &sid, ":pid"), "pid ");
@@ -772,7 +678,7 @@ fn a_detached_session_whose_child_dies_is_forgotten() {
 #[test]
 fn a_listing_takes_the_spare() {
     subreaper();
-    let d = Daemon::start(&Setup {
+    let d = daemon(&Setup {
         provider: "warm = 1",
         sessions: true,
         ..Setup::default()
@@ -795,7 +701,7 @@ fn a_listing_takes_the_spare() {
 #[test]
 fn spares_follow_the_capabilities_of_the_last_taker() {
     subreaper();
-    let d = Daemon::start(&Setup {
+    let d = daemon(&Setup {
         provider: "warm = 1",
         ..Setup::default()
     });
@@ -828,7 +734,7 @@ fn spares_follow_the_capabilities_of_the_last_taker() {
 /// Loading a session open on this very connection is refused, and says where it is open.
 #[test]
 fn loading_a_session_open_on_this_connection_says_so() {
-    let d = Daemon::start(&Setup::default());
+    let d = daemon(&Setup::default());
     let mut a = d.connect();
     let sid = a.new_session(d.cwd(), "p");
     let answer = a.call("session/load", load_params(&sid, d.cwd()));
@@ -849,7 +755,7 @@ fn loading_a_session_open_on_this_connection_says_so() {
 #[test]
 fn a_session_detached_mid_stream_is_usable_once_attached_again() {
     subreaper();
-    let d = Daemon::start(&Setup::default());
+    let d = daemon(&Setup::default());
     for round in 0..2 {
         let mut a = d.connect();
         let sid = a.new_session(d.cwd(), "p");
@@ -906,7 +812,7 @@ fn answer_within(raw: &mut Raw, id: u64, timeout: Duration) -> Option<Value> {
 fn a_session_whose_client_stops_reading_mid_stream_is_usable_once_attached_again() {
     use std::io::{BufRead, BufReader, Write};
     subreaper();
-    let d = Daemon::start(&Setup::default());
+    let d = daemon(&Setup::default());
     for round in 0..2 {
         let stream = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
         let mut reader = BufReader::new(stream.try_clone().unwrap());
@@ -977,7 +883,7 @@ fn a_session_whose_client_stops_reading_mid_stream_is_usable_once_attached_again
 #[test]
 fn a_reattach_refused_at_the_session_limit_leaves_the_session_attachable() {
     subreaper();
-    let d = Daemon::start(&Setup {
+    let d = daemon(&Setup {
         top: "max_sessions_per_connection = 1",
         ..Setup::default()
     });
@@ -1013,7 +919,7 @@ fn a_reattach_refused_at_the_session_limit_leaves_the_session_attachable() {
 /// session does start one (so the count is seen to work).
 #[test]
 fn a_status_query_starts_no_agent() {
-    let d = Daemon::start(&Setup {
+    let d = daemon(&Setup {
         count_spawns: true,
         ..Setup::default()
     });

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::daemon::Daemon;
 use common::*;
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 
 /// Far above any `--timeout` a test passes: a command still running then hangs (the bug).
 const HANG: Duration = Duration::from_secs(60);
@@ -165,39 +165,14 @@ fn connect_gives_up_on_a_daemon_that_never_accepts() {
     );
 }
 
-/// A real `acpd serve`, stopped and resumed by the test.
-struct Daemon {
-    env: Env,
-    socket: PathBuf,
-    child: Child,
+/// A real `acpd serve` (the shared fixture), stopped and resumed by the test; its CLI calls
+/// here give up after `--timeout 1` and are bounded by `HANG`.
+trait Impatient {
+    fn cli_impatient(&self, args: &[&str]) -> Output;
 }
 
-impl Daemon {
-    fn start(env: Env) -> Daemon {
-        let socket = env.path().join("run/acpd.sock");
-        let child = env
-            .acpd()
-            .args(["serve", "--socket"])
-            .arg(&socket)
-            .env("ACPD_LOG", "info")
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(env.path().join("daemon.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let d = Daemon { env, socket, child };
-        assert!(
-            eventually(Duration::from_secs(10), || UnixStream::connect(&d.socket)
-                .is_ok()),
-            "daemon did not listen"
-        );
-        d
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.id() as i32)
-    }
-
-    fn cli(&self, args: &[&str]) -> Output {
+impl Impatient for Daemon {
+    fn cli_impatient(&self, args: &[&str]) -> Output {
         finish(
             self.env
                 .acpd()
@@ -209,26 +184,13 @@ impl Daemon {
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = kill(self.pid(), Signal::SIGCONT);
-        let _ = kill(self.pid(), Signal::SIGTERM);
-        if !eventually(Duration::from_secs(20), || {
-            self.child.try_wait().is_ok_and(|s| s.is_some())
-        }) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn a_stopped_daemon_is_named_with_what_to_do() {
     let d = Daemon::start(Env::new(""));
     kill(d.pid(), Signal::SIGSTOP).unwrap();
     let resume = format!("kill -CONT {}", d.pid());
     for args in [&["status"][..], &["runs"], &["reload"], &["connect"]] {
-        let out = d.cli(args);
+        let out = d.cli_impatient(args);
         let err = text(&out.stderr);
         assert_eq!(code(&out), 1, "{args:?}: {err}");
         assert!(
@@ -237,7 +199,7 @@ fn a_stopped_daemon_is_named_with_what_to_do() {
         );
     }
     kill(d.pid(), Signal::SIGCONT).unwrap();
-    let out = d.cli(&["status"]);
+    let out = d.cli_impatient(&["status"]);
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
 }
 
@@ -317,7 +279,7 @@ fn runs_prints_a_hostile_label_escaped() {
         &d.socket,
         "evil\x1b[2J\r\x07\u{202e}x",
     );
-    let out = d.cli(&["runs"]);
+    let out = d.cli_impatient(&["runs"]);
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     let shown = text(&out.stdout);
     assert!(shown.contains(r"evil\u{1b}[2J\r\u{7}\u{202e}x"), "{shown}");

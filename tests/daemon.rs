@@ -12,28 +12,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::client::AcpClient;
+use common::daemon::Daemon;
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-
-struct Daemon {
-    env: Env,
-    socket: PathBuf,
-    state: PathBuf,
-    child: Option<Child>,
-}
-
-/// A failed test must not leave a daemon behind, nor its children's grandchildren (a SIGKILL
-/// would orphan them): SIGTERM first, SIGKILL only if it does not exit in time.
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            stop(&mut child);
-        }
-    }
-}
 
 /// SIGTERM, then SIGKILL after 20 s.
 fn stop(child: &mut Child) {
@@ -44,87 +28,6 @@ fn stop(child: &mut Child) {
         let _ = child.kill();
     }
     let _ = child.wait();
-}
-
-impl Daemon {
-    fn start(env: Env) -> Daemon {
-        Self::start_with(env, |_| {})
-    }
-
-    fn start_with(env: Env, tweak: impl FnOnce(&mut Command)) -> Daemon {
-        let socket = env.path().join("run/acpd.sock");
-        let state = env.path().join("state");
-        let mut cmd = env.acpd();
-        cmd.args(["serve", "--socket"])
-            .arg(&socket)
-            .env("STATE_DIRECTORY", &state)
-            .env("ACPD_LOG", "info")
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(env.path().join("daemon.log")).unwrap());
-        tweak(&mut cmd);
-        let child = Some(cmd.spawn().unwrap());
-        let d = Daemon {
-            env,
-            socket,
-            state,
-            child,
-        };
-        assert!(
-            eventually(Duration::from_secs(10), || UnixStream::connect(&d.socket)
-                .is_ok()),
-            "daemon did not listen: {}",
-            d.log()
-        );
-        d
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.as_ref().expect("running").id() as i32)
-    }
-
-    /// Waits for the daemon to exit by itself.
-    fn wait(&mut self) -> std::process::ExitStatus {
-        self.child.take().expect("running").wait().unwrap()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.env.path().join("daemon.log")).unwrap_or_default()
-    }
-
-    fn cli(&self, args: &[&str]) -> std::process::Output {
-        self.env
-            .acpd()
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .output()
-            .unwrap()
-    }
-
-    fn status(&self) -> Value {
-        let out = self.cli(&["status", "--json"]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    fn client(&self) -> AcpClient {
-        AcpClient::spawn_with(
-            &self.env,
-            &["connect", "--socket", self.socket.to_str().unwrap()],
-        )
-    }
-
-    /// SIGTERM and wait; returns how long the exit took.
-    fn terminate(mut self) -> Duration {
-        let started = Instant::now();
-        kill(self.pid(), Signal::SIGTERM).unwrap();
-        self.wait();
-        started.elapsed()
-    }
 }
 
 fn subreaper() {
@@ -476,7 +379,7 @@ async fn sigterm_mid_run_tears_everything_down_within_the_bound() {
     let status = d.status();
     assert_eq!(status["limits"]["liveChildren"], 2, "{status}");
     // fast: cancel_grace + eof_grace + term_grace = 0.9 s; the bound adds a 2 s margin.
-    let took = d.terminate();
+    let (_, took) = d.terminate();
     assert!(
         took < Duration::from_secs(3) + Duration::from_secs(2),
         "shutdown took {took:?}"

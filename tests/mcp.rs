@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::daemon::Daemon;
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -640,66 +641,7 @@ fn descendants(pid: i32) -> Vec<i32> {
     out
 }
 
-/// `acpd serve` on a socket of its own, stopped with SIGTERM when dropped.
-struct Daemon {
-    child: std::process::Child,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-        if !eventually(Duration::from_secs(20), || {
-            self.child.try_wait().is_ok_and(|s| s.is_some())
-        }) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Daemon {
-    fn start(env: &Env) -> Daemon {
-        let socket = env.path().join("run/acpd.sock");
-        let log = env.path().join("daemon.log");
-        let child = env
-            .acpd()
-            .args(["serve", "--socket"])
-            .arg(&socket)
-            .env("ACPD_LOG", "info")
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let d = Daemon { child, socket, log };
-        assert!(
-            eventually(Duration::from_secs(10), || {
-                std::os::unix::net::UnixStream::connect(&d.socket).is_ok()
-            }),
-            "the daemon did not listen: {}",
-            std::fs::read_to_string(&d.log).unwrap_or_default()
-        );
-        d
-    }
-
-    fn query(&self, env: &Env, what: &str) -> Value {
-        let out = env
-            .acpd()
-            .args([what, "--json", "--socket"])
-            .arg(&self.socket)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-}
-
-fn socket_arg(d: &Daemon) -> [&str; 2] {
+fn socket_arg<E: std::borrow::Borrow<Env>>(d: &Daemon<E>) -> [&str; 2] {
     ["--socket", d.socket.to_str().unwrap()]
 }
 
@@ -732,9 +674,9 @@ async fn through_a_running_daemon_the_runs_show_in_status() {
 
     // Three parallel runs, visible to the operator while they run.
     parallel_and_follow_up(&mcp, |ids| {
-        let status = daemon.query(&env, "status");
+        let status = daemon.cli_json(&["status"]);
         assert_eq!(status["runs"], 3, "{status}");
-        let runs = daemon.query(&env, "runs");
+        let runs = daemon.cli_json(&["runs"]);
         let listed: Vec<&str> = runs["runs"]
             .as_array()
             .unwrap()
@@ -786,7 +728,7 @@ async fn through_a_running_daemon_the_runs_show_in_status() {
     let mut pid = None;
     assert!(
         eventually(Duration::from_secs(10), || {
-            let runs = daemon.query(&env, "runs");
+            let runs = daemon.cli_json(&["runs"]);
             pid = runs["runs"]
                 .as_array()
                 .unwrap()
@@ -801,7 +743,7 @@ async fn through_a_running_daemon_the_runs_show_in_status() {
     handle.cancel(None).await.unwrap();
     assert!(all_gone(&[pid]), "the cancelled run's child {pid} survived");
     assert!(eventually(Duration::from_secs(10), || {
-        daemon.query(&env, "status")["runs"] == 0
+        daemon.cli_json(&["status"])["runs"] == 0
     }));
 
     every_error(&mcp).await;
@@ -814,12 +756,12 @@ async fn through_a_running_daemon_the_runs_show_in_status() {
         )
         .await;
     assert!(!is_error(&r));
-    let runs = daemon.query(&env, "runs");
+    let runs = daemon.cli_json(&["runs"]);
     let left = runs["runs"][0]["pid"].as_i64().unwrap() as i32;
     mcp.close().await;
     assert!(all_gone(&[left]), "a run left by a gone client survived");
     assert!(eventually(Duration::from_secs(10), || {
-        daemon.query(&env, "status")["runs"] == 0
+        daemon.cli_json(&["status"])["runs"] == 0
     }));
 }
 
@@ -854,7 +796,7 @@ async fn a_daemon_that_goes_away_is_reported_then_found_again() {
     let r = mcp.call("delegate", json!({"prompt": "two"})).await;
     assert_eq!(text(&r), "two", "{r:?}");
     // acpd mcp's one connection, and the query's own.
-    assert_eq!(daemon.query(&env, "status")["connections"], 2);
+    assert_eq!(daemon.cli_json(&["status"])["connections"], 2);
     mcp.close().await;
 }
 

@@ -6,71 +6,22 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
+use common::daemon::Daemon;
 use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-struct Daemon {
-    env: Env,
-    socket: PathBuf,
-    child: Child,
+/// What this file asks of its daemon beyond the shared fixture.
+trait Reload {
+    fn providers(&self) -> Vec<String>;
+    fn write_config(&self, toml: &str);
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
-        if !eventually(Duration::from_secs(20), || {
-            self.child.try_wait().is_ok_and(|s| s.is_some())
-        }) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Daemon {
-    fn start(env: Env) -> Daemon {
-        let socket = env.path().join("run/acpd.sock");
-        let child = env
-            .acpd()
-            .args(["serve", "--socket"])
-            .arg(&socket)
-            .env("ACPD_LOG", "info")
-            .stdin(Stdio::null())
-            .stderr(std::fs::File::create(env.path().join("daemon.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let d = Daemon { env, socket, child };
-        assert!(
-            eventually(Duration::from_secs(10), || UnixStream::connect(&d.socket)
-                .is_ok()),
-            "daemon did not listen: {}",
-            d.log()
-        );
-        d
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.env.path().join("daemon.log")).unwrap_or_default()
-    }
-
-    fn cli(&self, args: &[&str]) -> Output {
-        self.env
-            .acpd()
-            .args(args)
-            .arg("--socket")
-            .arg(&self.socket)
-            .output()
-            .unwrap()
-    }
-
+impl Reload for Daemon {
     fn providers(&self) -> Vec<String> {
         let out = self.cli(&["status", "--json"]);
         assert!(out.status.success(), "{}", text(&out.stderr));
@@ -196,7 +147,7 @@ fn sighup_still_reloads() {
         echo_provider("first"),
         echo_provider("hup")
     ));
-    kill(Pid::from_raw(d.child.id() as i32), Signal::SIGHUP).unwrap();
+    kill(d.pid(), Signal::SIGHUP).unwrap();
     assert!(
         eventually(Duration::from_secs(10), || d.providers().len() == 3),
         "{}",
@@ -283,7 +234,7 @@ fn a_fifo_config_and_a_flood_of_sighups_leave_the_daemon_serving() {
     );
     std::fs::write(&env.config, &first).unwrap();
     let d = Daemon::start(env);
-    let pid = d.child.id();
+    let pid = d.pid().as_raw() as u32;
     std::fs::remove_file(&d.env.config).unwrap();
     nix::unistd::mkfifo(
         &d.env.config,
@@ -353,7 +304,7 @@ fn reloads_race_a_run_and_each_other() {
             "prompt": [{"type": "text", "text": ":sleep 1500\nfinished on first"}]}),
     );
     d.write_config(&echo_provider("second"));
-    let pid = Pid::from_raw(d.child.id() as i32);
+    let pid = d.pid();
     std::thread::scope(|s| {
         let callers: Vec<_> = (0..16).map(|_| s.spawn(|| d.cli(&["reload"]))).collect();
         for _ in 0..16 {
