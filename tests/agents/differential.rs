@@ -25,6 +25,8 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+use crate::node::{self, interop_dir};
+
 const BIN: &str = env!("CARGO_BIN_EXE_acpd");
 
 /// The packages agents.mjs runs, as pinned in package.json.
@@ -149,10 +151,6 @@ const KNOWN: &[Known] = &[
     },
 ];
 
-fn interop_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop")
-}
-
 fn read_json(p: PathBuf) -> Option<Value> {
     serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()
 }
@@ -185,22 +183,13 @@ fn not_ready() -> Option<&'static str> {
         if stale().is_empty() {
             return None;
         }
-        let dir = interop_dir();
-        let out = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund"])
-            .current_dir(&dir)
-            .output();
-        match out {
-            Ok(o) if o.status.success() && stale().is_empty() => None,
-            Ok(o) => Some(format!(
-                "the pinned agents are not installed and `npm ci` in {} failed: {}",
-                dir.display(),
-                String::from_utf8_lossy(&o.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or("")
+        match node::install() {
+            Ok(()) if stale().is_empty() => None,
+            Ok(()) => Some(format!(
+                "the pinned agents are not installed after `npm ci` in {}",
+                interop_dir().display()
             )),
-            Err(e) => Some(format!("npm could not run: {e}")),
+            Err(why) => Some(format!("the pinned agents are not installed and {why}")),
         }
     })
     .as_deref()

@@ -5,17 +5,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 use crate::common;
+use crate::node::{self, interop_dir};
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
 use common::*;
 use serde_json::Value;
-
-fn interop_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop")
-}
 
 /// `true` when node and the SDK are ready; `false` (with the reason printed) when node is
 /// missing. A node without the installable SDK is a failure, not a skip.
@@ -30,12 +26,7 @@ fn ready() -> bool {
         }
         let dir = interop_dir();
         if !dir.join("node_modules/@agentclientprotocol/sdk").exists() {
-            let status = Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund"])
-                .current_dir(&dir)
-                .status()
-                .expect("npm runs where node does");
-            assert!(status.success(), "npm ci failed in {}", dir.display());
+            node::install().unwrap_or_else(|why| panic!("{why}"));
         }
         true
     })

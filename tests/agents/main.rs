@@ -10,6 +10,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod node;
 
 mod differential;
 mod interop;

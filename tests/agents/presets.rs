@@ -9,9 +9,10 @@
 //! Skipped, printing why, only when node is missing; an install that fails is a failure.
 
 use crate::common;
+use crate::node::{self, interop_dir};
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -23,10 +24,6 @@ const PROMPT: &str = "hello preset";
 const REPLY: &str = "REPLY hello preset";
 const KEY: &str = "sk-ant-mock-presets";
 
-fn interop_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop")
-}
-
 /// One data directory with claude installed, shared by the tests (None when node is missing).
 fn installed() -> Option<&'static Path> {
     static DATA: OnceLock<Option<tempfile::TempDir>> = OnceLock::new();
@@ -35,6 +32,8 @@ fn installed() -> Option<&'static Path> {
             eprintln!("SKIPPED: node is not installed, so the preset end-to-end test cannot run");
             return None;
         }
+        // The interop packages first: that warms npm's cache for the install below.
+        let _ = node::install();
         let root = tempfile::tempdir().unwrap();
         let started = Instant::now();
         let out = Command::new(BIN)

@@ -13,6 +13,7 @@
 //! `ACPD_REAL_AGENT_DIRECT_ONLY=1` runs (a) alone (and skips (b), saying so).
 
 use crate::common;
+use crate::node::{self, interop_dir};
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -37,10 +38,6 @@ const TURN: [&str; 5] = [
     "usage_update",
 ];
 const DIRECT_ONLY: &str = "ACPD_REAL_AGENT_DIRECT_ONLY";
-
-fn interop_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop")
-}
 
 /// The version `package.json` pins for `package`, and the one installed, if any.
 fn pinned_and_installed(package: &str) -> (String, Option<String>) {
@@ -78,13 +75,7 @@ fn ready() -> bool {
             installed.as_deref() != Some(pinned.as_str())
         });
         if stale {
-            let dir = interop_dir();
-            let status = Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund"])
-                .current_dir(&dir)
-                .status()
-                .expect("npm runs where node does");
-            assert!(status.success(), "npm ci failed in {}", dir.display());
+            node::install().unwrap_or_else(|why| panic!("{why}"));
         }
         true
     })

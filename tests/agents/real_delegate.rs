@@ -18,6 +18,7 @@
 //! Skipped, printing why, only when node is missing; an `npm ci` that fails is a failure.
 
 use crate::common;
+use crate::node::{self, interop_dir};
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -27,10 +28,6 @@ use std::time::Duration;
 use common::client::AcpClient;
 use common::*;
 use serde_json::{Value, json};
-
-fn interop_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop")
-}
 
 /// `true` when node and the pinned packages are ready (installed with `npm ci` when missing or
 /// stale); `false`, with the reason printed, when node is missing.
@@ -55,12 +52,7 @@ fn ready() -> bool {
                 installed.as_ref().map(|v| &v["version"]) != Some(version)
             });
         if stale {
-            let status = Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund"])
-                .current_dir(&dir)
-                .status()
-                .expect("npm runs where node does");
-            assert!(status.success(), "npm ci failed in {}", dir.display());
+            node::install().unwrap_or_else(|why| panic!("{why}"));
         }
         true
     })
