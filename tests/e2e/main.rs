@@ -1,7 +1,6 @@
-//! End-to-end tests of the real `acpd` binary against the echo agent, one module per concern: `acpd
-//! run` and its teardown ladder, `acpd stdio` and the transparent bridge, persisted sessions,
-//! nested delegation, registry providers, traces, config errors, and the registry's library API in-
-//! process.
+//! End-to-end tests of the real `acpd` binary against the echo agent, one module per concern:
+//! `acpd run` and its teardown ladder, `acpd stdio` and the transparent bridge, persisted
+//! sessions, nested delegation, registry providers, traces and config errors.
 //!
 //! One test binary (each binary links the whole crate, so fewer binaries build and link
 //! faster); filter a module with `cargo test --test e2e <module>::`. Modules run in parallel
@@ -19,7 +18,6 @@ mod catalog;
 mod config_errors;
 mod echo_sessions;
 mod nested;
-mod registry;
 mod run;
 mod stdio;
 mod teardown;
