@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod client;
+pub mod daemon;
 pub mod raw;
 
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@
 // Prints one JSON object on stdout: every side's normalized answers (`sides`), the comparison
 // (`table`: method → {stdio, serve} each "same" | "differs" | "not offered" | "not run", with
 // a short diff in `diffs`), the same table as text (`text`), and with `--bench N` the warm-start
-// figures (`bench`). tests/differential.rs runs it per agent and asserts on `table`.
+// figures (`bench`). tests/agents/differential.rs runs it per agent and asserts on `table`.
 //
 // The sequence, each step only where the agent advertises what it needs (else "not offered"):
 //   initialize → authenticate (an advertised method) → session/new A → prompt A →

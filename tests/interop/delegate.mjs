@@ -3,7 +3,7 @@
 // `DELEGATE <json>` makes the mock answer with a tool_use of `mcp__acpd__delegate`, Claude Code
 // calls the tool, acpd runs the echo agent, and the tool result goes back to the mock, which
 // answers `RESULT <the tool result>`. Prints one JSON object saying what the client and the mock
-// saw; tests/real_delegate.rs asserts on it.
+// saw; tests/agents/real_delegate.rs asserts on it.
 //
 //   node delegate.mjs --work DIR --acpd BIN --via direct|stdio [--input JSON] [--max-depth N]
 //                     [--kill agent|mcp|stdin | --cancel 1] [--permission allow|reject]

@@ -1,7 +1,7 @@
 // A differential test of acpd's transparency against a real agent, claude-agent-acp (pinned in
 // package.json), run offline against mock-model.mjs. The official TypeScript SDK's client runs
 // one sequence (a) directly against the agent and (b) through `acpd stdio`, and prints one JSON
-// object saying what each side answered; tests/real_agent.rs asserts on it.
+// object saying what each side answered; tests/agents/real_agent.rs asserts on it.
 //
 //   node differential.mjs --work DIR [--acpd BIN]
 //

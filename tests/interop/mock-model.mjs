@@ -21,7 +21,7 @@
 // - Anything else: 404 with an Anthropic-shaped error body.
 // Usage numbers are fixed, so the agent's `usage_update`s are too.
 //
-// A scripted tool call (delegate.mjs, tests/real_delegate.rs): a turn whose user text is
+// A scripted tool call (delegate.mjs, tests/agents/real_delegate.rs): a turn whose user text is
 // `DELEGATE <json>` is answered with a `tool_use` of the tool whose name ends in `__delegate`
 // (Claude Code names MCP tools `mcp__<server>__<tool>`), with the JSON as its input, streamed as
 // `content_block_start` (tool_use, empty input), two `input_json_delta`s and `stop_reason:

@@ -1,0 +1,24 @@
+//! End-to-end tests of the real `acpd` binary against the echo agent, one module per concern:
+//! `acpd run` and its teardown ladder, `acpd stdio` and the transparent bridge, persisted
+//! sessions, nested delegation, registry providers, traces and config errors.
+//!
+//! One test binary (each binary links the whole crate, so fewer binaries build and link
+//! faster); filter a module with `cargo test --test e2e <module>::`. Modules run in parallel
+//! threads of this one process: a process-wide setting (the subreaper flag) or a fixed path
+//! in one of them is shared with all of them.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod auth_failures;
+mod bridge_sessions;
+mod bridge_transparent;
+mod catalog;
+mod config_errors;
+mod echo_sessions;
+mod nested;
+mod run;
+mod stdio;
+mod teardown;
+mod trace;
