@@ -955,8 +955,11 @@ fn two_loads_of_one_session_at_once_open_it_once() {
     finish(raw);
 }
 
+/// Issue 19: a load or resume of a session open on this very connection is the agent's to
+/// answer, as directly: the load replays the history under the acpd id before its answer, the
+/// resume re-binds, and the session stays open and works.
 #[test]
-fn reopening_a_session_open_here_is_refused_naming_this_connection() {
+fn reopening_a_session_open_here_replays_and_rebinds() {
     let env = env_with(|dir| {
         let sessions = dir.join("echo-sessions");
         vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
@@ -964,16 +967,34 @@ fn reopening_a_session_open_here_is_refused_naming_this_connection() {
     let cwd = env.path().to_path_buf();
     let (mut raw, _) = connect(&env, json!({}));
     let s = new_in(&mut raw, &cwd, "main");
-    for method in ["session/load", "session/resume"] {
-        let e = error_of(&mut raw, method, load_params(&s, &cwd));
-        assert_eq!(e["code"], -32600, "{method}: {e}");
-        let message = e["message"].as_str().unwrap();
-        assert!(
-            message.contains("already open on this connection"),
-            "{method}: the session is open on this very connection: {e}"
-        );
-    }
-    // It is still open, and works.
+    assert_eq!(say(&mut raw, &s, "one"), "one");
+    let (before, answer) = call_seen(&mut raw, "session/load", load_params(&s, &cwd));
+    assert_eq!(answer["result"], json!({}), "session/load: {answer}");
+    assert_eq!(
+        replay(&before, &s),
+        pairs(&[
+            ("user_message_chunk", "one"),
+            ("agent_message_chunk", "one")
+        ]),
+        "the history is replayed under the acpd id, before the answer"
+    );
+    let (before, answer) = call_seen(&mut raw, "session/resume", load_params(&s, &cwd));
+    assert_eq!(answer["result"], json!({}), "session/resume: {answer}");
+    assert!(replay(&before, &s).is_empty(), "a resume replays nothing");
+    // Still open here, on the same child, and works.
     assert_eq!(say(&mut raw, &s, "still"), "still");
+    assert_eq!(
+        live_children_become(&mut raw, 1),
+        1,
+        "one child for the session"
+    );
+    // A bad cwd is refused by acpd, and the session stays.
+    let e = error_of(
+        &mut raw,
+        "session/load",
+        json!({"sessionId": s, "cwd": "relative", "mcpServers": []}),
+    );
+    assert_eq!(e["code"], -32602, "{e}");
+    assert_eq!(say(&mut raw, &s, "after"), "after");
     finish(raw);
 }

@@ -144,7 +144,7 @@ impl Registry {
             });
         }
         let Ready { child, slot } = ready;
-        let depth = self.inner.depth.depth.saturating_add(1);
+        let depth = self.bridge_depth();
         let mut open = req.open;
         if let Open::Create { params, .. } = &mut open {
             self.offer_in(params, &provider, depth);
@@ -160,6 +160,11 @@ impl Registry {
             depth,
             max_depth: self.max_depth(None),
         })
+    }
+
+    /// The depth of a bridge session's child (one below this acpd).
+    pub fn bridge_depth(&self) -> u32 {
+        self.inner.depth.depth.saturating_add(1)
     }
 
     /// What the provider's agent says about itself: what a live child or an earlier probe
