@@ -559,18 +559,22 @@ fn fork_close_delete_and_unknown_ids() {
     // The fork is untouched.
     assert_eq!(say(&mut raw, &f, "five"), "five");
 
-    // Ids acpd never gave.
+    // Ids acpd never gave: -32002, but a delete answers as the agent does for an id it does
+    // not have (the echo's, like claude-agent-acp's and codex-acp's, is idempotent).
     let ghost = "acpd-00000000-0000-4000-8000-000000000000";
     for method in [
         "session/load",
         "session/resume",
         "session/fork",
         "session/close",
-        "session/delete",
     ] {
         let e = error_of(&mut raw, method, load_params(ghost, &cwd));
         assert_eq!(e["code"], -32002, "{method}: {e}");
     }
+    assert_eq!(
+        raw.ok("session/delete", json!({"sessionId": ghost})),
+        json!({})
+    );
     assert_eq!(
         code_of(
             &mut raw,
@@ -996,5 +1000,65 @@ fn reopening_a_session_open_here_replays_and_rebinds() {
     );
     assert_eq!(e["code"], -32602, "{e}");
     assert_eq!(say(&mut raw, &s, "after"), "after");
+    finish(raw);
+}
+
+/// Issue 19: `session/delete` of an id acpd never gave is answered as the agent answers a
+/// delete of a session it does not have (`{}`: deleting is idempotent), and the id is never
+/// passed on — here the agent's own id of a session (which an editor could learn or guess)
+/// deletes nothing. A provider whose agent has no delete answers -32601, as it would.
+#[test]
+fn deleting_an_unknown_id_answers_as_the_agent_and_passes_nothing_on() {
+    let env = env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        vec![
+            echo("main", &["--sessions", &dir_arg(&sessions)]),
+            echo("plain", &[]),
+        ]
+    });
+    let cwd = env.path().to_path_buf();
+    let (mut raw, _) = connect(&env, json!({}));
+    let s = new_in(&mut raw, &cwd, "main");
+    assert_eq!(say(&mut raw, &s, "kept"), "kept");
+    let files: Vec<PathBuf> = std::fs::read_dir(env.path().join("echo-sessions"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let own = files[0].file_stem().unwrap().to_str().unwrap().to_string();
+    assert_ne!(own, s, "the agent's id is not the one the editor knows");
+
+    let (mut other, _) = connect(&env, json!({}));
+    for ghost in [own.as_str(), "acpd-00000000-0000-4000-8000-000000000000"] {
+        assert_eq!(
+            other.ok("session/delete", json!({"sessionId": ghost})),
+            json!({}),
+            "{ghost}"
+        );
+    }
+    let e = error_of(
+        &mut other,
+        "session/delete",
+        json!({"sessionId": own, "_meta": {"acpd": {"provider": "plain"}}}),
+    );
+    assert_eq!(e["code"], -32601, "{e}");
+    assert!(files[0].exists(), "the agent's session was deleted");
+    finish(other);
+
+    // The session is untouched: it works, and loads with its history elsewhere.
+    assert_eq!(say(&mut raw, &s, "after"), "after");
+    // Loaded right after its close (no wait for the child to go), as an editor does.
+    assert_eq!(raw.ok("session/close", json!({"sessionId": s})), json!({}));
+    let (before, answer) = call_seen(&mut raw, "session/load", load_params(&s, &cwd));
+    assert_eq!(answer["result"], json!({}), "{answer}");
+    assert_eq!(
+        replay(&before, &s),
+        pairs(&[
+            ("user_message_chunk", "kept"),
+            ("agent_message_chunk", "kept"),
+            ("user_message_chunk", "after"),
+            ("agent_message_chunk", "after"),
+        ])
+    );
     finish(raw);
 }
