@@ -1062,3 +1062,50 @@ fn deleting_an_unknown_id_answers_as_the_agent_and_passes_nothing_on() {
     );
     finish(raw);
 }
+
+/// Issue 19: `acpd stdio` with `warm = 1` makes its spare's session ahead for the editor's
+/// likeliest first `session/new` (the cwd it started acpd in, no MCP servers), so even the
+/// first session is handed a session the agent made before the editor asked.
+#[test]
+fn acpd_stdio_makes_the_first_session_ahead_in_its_cwd() {
+    let env = env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
+    });
+    let mut config = std::fs::read_to_string(&env.config).unwrap();
+    config.push_str("warm = 1\n");
+    std::fs::write(&env.config, config).unwrap();
+    let cwd = env.path().canonicalize().unwrap();
+    let (mut raw, _) = connect(&env, json!({}));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while raw.ok("_acpd/status", json!({}))["spares"]["main"].as_u64() != Some(1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no spare; log: {}",
+            raw.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let files = |env: &Env| -> Vec<(String, Value)> {
+        std::fs::read_dir(env.path().join("echo-sessions"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| {
+                let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+                (p.file_stem().unwrap().to_str().unwrap().to_string(), v)
+            })
+            .collect()
+    };
+    let ahead = files(&env);
+    assert_eq!(ahead.len(), 1, "{ahead:?}");
+    assert_eq!(ahead[0].1["cwd"], json!(cwd), "{ahead:?}");
+    let s = new_in(&mut raw, &cwd, "main");
+    assert_eq!(say(&mut raw, &s, "first"), "first");
+    let used: Vec<String> = files(&env)
+        .into_iter()
+        .filter(|(_, v)| v["history"].to_string().contains("first"))
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(used, [ahead[0].0.clone()], "not the session made ahead");
+    finish(raw);
+}

@@ -252,6 +252,25 @@ impl Registry {
         })
     }
 
+    /// Before any session (`acpd stdio`, whose editor started it in its project): spares make
+    /// one ahead for the likeliest first `session/new` — in `cwd`, with no MCP servers of the
+    /// editor's own. A guess that misses costs a cold start, and the pool follows the miss.
+    pub fn expect_session(&self, cwd: &Path) {
+        let config = self.config();
+        let depth = self.bridge_depth();
+        let mut pool = lock(&self.inner.pool);
+        for provider in config.providers.values().filter(|p| p.warm > 0) {
+            let mut params = serde_json::json!({ "cwd": cwd, "mcpServers": [] });
+            self.offer_in(&mut params, provider, depth);
+            let spares = pool.providers.entry(provider.name.clone()).or_default();
+            spares.target.get_or_insert_with(|| Target {
+                cwd: cwd.to_path_buf(),
+                key: session_key(&params),
+                params,
+            });
+        }
+    }
+
     /// The pool of `provider` stops making sessions ahead (an editor that authenticated:
     /// a session made before its `authenticate` is not one it may have).
     pub(super) fn plain_spares(&self, provider: &str) {
@@ -344,6 +363,10 @@ impl Registry {
                         Ok(spare) => Some(spare),
                         Err(e @ super::RegistryError::Capacity { .. }) => {
                             tracing::debug!(provider = %provider.name, "no room for a warm spare: {e}");
+                            None
+                        }
+                        Err(e) if stop.is_cancelled() => {
+                            tracing::debug!(provider = %provider.name, "a warm spare's start was stopped: {e}");
                             None
                         }
                         Err(e) => {

@@ -68,6 +68,9 @@ pub async fn serve_stdio(ctx: ServerContext, shutdown: Shutdown) {
     let registry = ctx.registry.clone();
     let cancel_all = ctx.shutdown.clone();
     let warm = cancel_all.child_token();
+    if let Some(cwd) = ctx.caller_cwd.as_deref().filter(|c| c.is_absolute()) {
+        registry.expect_session(cwd);
+    }
     registry.keep_warm(warm.clone());
     let (reader, writer) = stdio();
     let nest = super::nest::NestSocket::open(&ctx);
