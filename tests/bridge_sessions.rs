@@ -1065,7 +1065,8 @@ fn deleting_an_unknown_id_answers_as_the_agent_and_passes_nothing_on() {
 
 /// Issue 19: `acpd stdio` with `warm = 1` makes its spare's session ahead for the editor's
 /// likeliest first `session/new` (the cwd it started acpd in, no MCP servers), so even the
-/// first session is handed a session the agent made before the editor asked.
+/// first session is handed a session the agent made before the editor asked — acpd's own MCP
+/// server (`offer_delegation`) among the params as in the editor's session.
 #[test]
 fn acpd_stdio_makes_the_first_session_ahead_in_its_cwd() {
     let env = env_with(|dir| {
@@ -1073,7 +1074,7 @@ fn acpd_stdio_makes_the_first_session_ahead_in_its_cwd() {
         vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
     });
     let mut config = std::fs::read_to_string(&env.config).unwrap();
-    config.push_str("warm = 1\n");
+    config.push_str("warm = 1\noffer_delegation = true\n");
     std::fs::write(&env.config, config).unwrap();
     let cwd = env.path().canonicalize().unwrap();
     let (mut raw, _) = connect(&env, json!({}));
