@@ -137,6 +137,7 @@ async fn bench() {
         "scale": if opts.runs("scale") { scale::scale(&opts).await } else { none.clone() },
         "teardown": if opts.runs("teardown") { scale::teardown(&opts).await } else { none.clone() },
         "warm": if opts.runs("warm") { warm::run(&opts).await } else { none.clone() },
+        "warmAgents": if opts.runs("warm") { warm::agents(&opts).await } else { none.clone() },
         "containment": if opts.runs("containment") { containment::run(&opts).await } else { none },
     });
     if opts.only.is_some() {

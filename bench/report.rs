@@ -130,6 +130,19 @@ pub fn markdown(r: &Value) -> String {
             f(&w["ratio"], 3)
         );
     }
+    for a in r["warmAgents"]["agents"].as_array().into_iter().flatten() {
+        if a["ratio"].is_null() {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "- {} (offline, mock model): `session/new` through `acpd stdio` with `warm = 1` {} ms vs its own cold start {} ms: **{}×**.",
+            a["agent"].as_str().unwrap_or("?"),
+            f(&a["warmMs"], 0),
+            f(&a["coldMs"], 0),
+            f(&a["ratio"], 3)
+        );
+    }
     let c = &r["containment"];
     if !c.is_null() {
         let _ = writeln!(

@@ -60,3 +60,100 @@ async fn wait_for_spare(ctl: &Ctl) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The real agents of the differential harness (issue 19), by name: where each one's entry
+/// point lies under `tests/interop/node_modules` once `npm ci` has run there.
+const AGENTS: [(&str, &str); 4] = [
+    (
+        "claude",
+        "@agentclientprotocol/claude-agent-acp/dist/index.js",
+    ),
+    ("codex", "@agentclientprotocol/codex-acp/dist/index.js"),
+    ("gemini", "@google/gemini-cli/bundle/gemini.js"),
+    ("opencode", "opencode-ai/bin/opencode.exe"),
+];
+
+/// How long one agent's measurement may take (its cold starts, then acpd's).
+const AGENT_RUN: Duration = Duration::from_secs(400);
+
+/// (6b) Warm start for every real agent: `session/new` through `acpd stdio` with `warm = 1`
+/// once the spare is ready, against the agent's own cold start (spawn + initialize +
+/// session/new, directly), both offline against the harness's mock model. Measured by
+/// `tests/interop/agents.mjs --bench N` (the harness knows how each agent runs offline);
+/// skipped, saying why, when node, the harness or an agent is not installed.
+pub async fn agents(opts: &Opts) -> Value {
+    let interop = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/interop");
+    let harness = interop.join("agents.mjs");
+    let node = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let why = if !node {
+        Some("node is not on PATH".to_string())
+    } else if !harness.exists() {
+        Some(format!("{} is missing", harness.display()))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        println!("\n(6b) warm start with the real agents: skipped ({why})");
+        return json!({ "skipped": why });
+    }
+    let n = if opts.quick { 3 } else { 7 };
+    println!(
+        "\n(6b) warm start with the real agents (median of {n}, offline against the mock model; target <= 0.15):"
+    );
+    let mut rows = Vec::new();
+    for (agent, entry) in AGENTS {
+        if !interop.join("node_modules").join(entry).exists() {
+            let why = format!("not installed (run `npm ci` in {})", interop.display());
+            println!("  {agent:<9} skipped: {why}");
+            rows.push(json!({ "agent": agent, "skipped": why }));
+            continue;
+        }
+        let work = tempfile::tempdir().unwrap();
+        let run = tokio::process::Command::new("node")
+            .arg(&harness)
+            .args(["--agent", agent, "--work"])
+            .arg(work.path())
+            .args(["--acpd", ACPD, "--sides", "", "--bench", &n.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let report: Value = match tokio::time::timeout(AGENT_RUN, run).await {
+            Ok(Ok(out)) => serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+            Ok(Err(e)) => json!({ "error": e.to_string() }),
+            Err(_) => json!({ "error": format!("no report within {AGENT_RUN:?}") }),
+        };
+        let bench = &report["bench"];
+        match (bench["coldMs"].as_f64(), bench["warmMs"].as_f64()) {
+            (Some(c), Some(w)) => println!(
+                "  {agent:<9} cold spawn+initialize+session/new {c:.0} ms (its session/new {} ms), session/new through acpd stdio {w:.0} ms: ratio {:.3}",
+                bench["coldSessionNewMs"],
+                w / c
+            ),
+            _ => println!(
+                "  {agent:<9} failed: {}",
+                [
+                    &bench["error"],
+                    &report["error"],
+                    &bench["raw"]["warmError"],
+                    &bench["raw"]["coldError"]
+                ]
+                .into_iter()
+                .find(|e| !e.is_null())
+                .map_or("no figures".to_string(), |e| e.to_string())
+            ),
+        }
+        rows.push(json!({
+            "agent": agent,
+            "coldMs": bench["coldMs"],
+            "coldSessionNewMs": bench["coldSessionNewMs"],
+            "warmMs": bench["warmMs"],
+            "ratio": bench["ratio"],
+            "warmRunsMs": bench["raw"]["warm"],
+        }));
+    }
+    json!({ "n": n, "agents": rows })
+}

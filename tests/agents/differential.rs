@@ -60,31 +60,6 @@ const BOTH: &[&str] = &["stdio", "serve"];
 /// The differences acpd has today (measured on main, 2026-12-01). Remove an entry with the fix
 /// that makes the row `same`.
 const KNOWN: &[Known] = &[
-    // server/bridge.rs `load`: an id open on this connection is refused before the agent is
-    // asked. The agents accept both (load replays the history, resume re-binds).
-    Known {
-        agents: &["claude", "codex", "opencode", "echo"],
-        row: "session/load (open)",
-        sides: BOTH,
-        why: "-32600 'already open on this connection' (server/bridge.rs load)",
-        racy: false,
-    },
-    Known {
-        agents: &["claude", "codex", "opencode", "echo"],
-        row: "session/resume (open)",
-        sides: BOTH,
-        why: "-32600 'already open on this connection' (server/bridge.rs load)",
-        racy: false,
-    },
-    // gemini answers load of its open session with its own error (-32603 "No previous
-    // sessions found"); acpd refuses first, with -32600.
-    Known {
-        agents: &["gemini"],
-        row: "session/load (open)",
-        sides: BOTH,
-        why: "-32600 from acpd instead of the agent's own -32603 (server/bridge.rs load)",
-        racy: false,
-    },
     // acpd serve's children are the daemon's, shared by every connection: their stderr goes to
     // its log (`child_stderr = "log"`, serve's default) or to the daemon's own stderr, never to
     // `acpd connect`'s, which is what the editor reads. Carrying it over the socket would take

@@ -583,18 +583,22 @@ fn fork_close_delete_and_unknown_ids() {
     // The fork is untouched.
     assert_eq!(say(&mut raw, &f, "five"), "five");
 
-    // Ids acpd never gave.
+    // Ids acpd never gave: -32002, but a delete answers as the agent does for an id it does
+    // not have (the echo's, like claude-agent-acp's and codex-acp's, is idempotent).
     let ghost = "acpd-00000000-0000-4000-8000-000000000000";
     for method in [
         "session/load",
         "session/resume",
         "session/fork",
         "session/close",
-        "session/delete",
     ] {
         let e = error_of(&mut raw, method, load_params(ghost, &cwd));
         assert_eq!(e["code"], -32002, "{method}: {e}");
     }
+    assert_eq!(
+        raw.ok("session/delete", json!({"sessionId": ghost})),
+        json!({})
+    );
     assert_eq!(
         code_of(
             &mut raw,
@@ -985,8 +989,11 @@ fn two_loads_of_one_session_at_once_open_it_once() {
     finish(raw);
 }
 
+/// Issue 19: a load or resume of a session open on this very connection is the agent's to
+/// answer, as directly: the load replays the history under the acpd id before its answer, the
+/// resume re-binds, and the session stays open and works.
 #[test]
-fn reopening_a_session_open_here_is_refused_naming_this_connection() {
+fn reopening_a_session_open_here_replays_and_rebinds() {
     let env = env_with(|dir| {
         let sessions = dir.join("echo-sessions");
         vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
@@ -994,16 +1001,142 @@ fn reopening_a_session_open_here_is_refused_naming_this_connection() {
     let cwd = env.path().to_path_buf();
     let (mut raw, _) = connect(&env, json!({}));
     let s = new_in(&mut raw, &cwd, "main");
-    for method in ["session/load", "session/resume"] {
-        let e = error_of(&mut raw, method, load_params(&s, &cwd));
-        assert_eq!(e["code"], -32600, "{method}: {e}");
-        let message = e["message"].as_str().unwrap();
-        assert!(
-            message.contains("already open on this connection"),
-            "{method}: the session is open on this very connection: {e}"
+    assert_eq!(say(&mut raw, &s, "one"), "one");
+    let (before, answer) = call_seen(&mut raw, "session/load", load_params(&s, &cwd));
+    assert_eq!(answer["result"], json!({}), "session/load: {answer}");
+    assert_eq!(
+        replay(&before, &s),
+        pairs(&[
+            ("user_message_chunk", "one"),
+            ("agent_message_chunk", "one")
+        ]),
+        "the history is replayed under the acpd id, before the answer"
+    );
+    let (before, answer) = call_seen(&mut raw, "session/resume", load_params(&s, &cwd));
+    assert_eq!(answer["result"], json!({}), "session/resume: {answer}");
+    assert!(replay(&before, &s).is_empty(), "a resume replays nothing");
+    // Still open here, on the same child, and works.
+    assert_eq!(say(&mut raw, &s, "still"), "still");
+    assert_eq!(
+        live_children_become(&mut raw, 1),
+        1,
+        "one child for the session"
+    );
+    // A bad cwd is refused by acpd, and the session stays.
+    let e = error_of(
+        &mut raw,
+        "session/load",
+        json!({"sessionId": s, "cwd": "relative", "mcpServers": []}),
+    );
+    assert_eq!(e["code"], -32602, "{e}");
+    assert_eq!(say(&mut raw, &s, "after"), "after");
+    finish(raw);
+}
+
+/// Issue 19: `session/delete` of an id acpd never gave is answered as the agent answers a
+/// delete of a session it does not have (`{}`: deleting is idempotent), and the id is never
+/// passed on — here the agent's own id of a session (which an editor could learn or guess)
+/// deletes nothing. A provider whose agent has no delete answers -32601, as it would.
+#[test]
+fn deleting_an_unknown_id_answers_as_the_agent_and_passes_nothing_on() {
+    let env = env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        vec![
+            echo("main", &["--sessions", &dir_arg(&sessions)]),
+            echo("plain", &[]),
+        ]
+    });
+    let cwd = env.path().to_path_buf();
+    let (mut raw, _) = connect(&env, json!({}));
+    let s = new_in(&mut raw, &cwd, "main");
+    assert_eq!(say(&mut raw, &s, "kept"), "kept");
+    let files: Vec<PathBuf> = std::fs::read_dir(env.path().join("echo-sessions"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let own = files[0].file_stem().unwrap().to_str().unwrap().to_string();
+    assert_ne!(own, s, "the agent's id is not the one the editor knows");
+
+    let (mut other, _) = connect(&env, json!({}));
+    for ghost in [own.as_str(), "acpd-00000000-0000-4000-8000-000000000000"] {
+        assert_eq!(
+            other.ok("session/delete", json!({"sessionId": ghost})),
+            json!({}),
+            "{ghost}"
         );
     }
-    // It is still open, and works.
-    assert_eq!(say(&mut raw, &s, "still"), "still");
+    let e = error_of(
+        &mut other,
+        "session/delete",
+        json!({"sessionId": own, "_meta": {"acpd": {"provider": "plain"}}}),
+    );
+    assert_eq!(e["code"], -32601, "{e}");
+    assert!(files[0].exists(), "the agent's session was deleted");
+    finish(other);
+
+    // The session is untouched: it works, and loads with its history elsewhere.
+    assert_eq!(say(&mut raw, &s, "after"), "after");
+    // Loaded right after its close (no wait for the child to go), as an editor does.
+    assert_eq!(raw.ok("session/close", json!({"sessionId": s})), json!({}));
+    let (before, answer) = call_seen(&mut raw, "session/load", load_params(&s, &cwd));
+    assert_eq!(answer["result"], json!({}), "{answer}");
+    assert_eq!(
+        replay(&before, &s),
+        pairs(&[
+            ("user_message_chunk", "kept"),
+            ("agent_message_chunk", "kept"),
+            ("user_message_chunk", "after"),
+            ("agent_message_chunk", "after"),
+        ])
+    );
+    finish(raw);
+}
+
+/// Issue 19: `acpd stdio` with `warm = 1` makes its spare's session ahead for the editor's
+/// likeliest first `session/new` (the cwd it started acpd in, no MCP servers), so even the
+/// first session is handed a session the agent made before the editor asked — acpd's own MCP
+/// server (`offer_delegation`) among the params as in the editor's session.
+#[test]
+fn acpd_stdio_makes_the_first_session_ahead_in_its_cwd() {
+    let env = env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
+    });
+    let mut config = std::fs::read_to_string(&env.config).unwrap();
+    config.push_str("warm = 1\noffer_delegation = true\n");
+    std::fs::write(&env.config, config).unwrap();
+    let cwd = env.path().canonicalize().unwrap();
+    let (mut raw, _) = connect(&env, json!({}));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while raw.ok("_acpd/status", json!({}))["spares"]["main"].as_u64() != Some(1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no spare; log: {}",
+            raw.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let files = |env: &Env| -> Vec<(String, Value)> {
+        std::fs::read_dir(env.path().join("echo-sessions"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| {
+                let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+                (p.file_stem().unwrap().to_str().unwrap().to_string(), v)
+            })
+            .collect()
+    };
+    let ahead = files(&env);
+    assert_eq!(ahead.len(), 1, "{ahead:?}");
+    assert_eq!(ahead[0].1["cwd"], json!(cwd), "{ahead:?}");
+    let s = new_in(&mut raw, &cwd, "main");
+    assert_eq!(say(&mut raw, &s, "first"), "first");
+    let used: Vec<String> = files(&env)
+        .into_iter()
+        .filter(|(_, v)| v["history"].to_string().contains("first"))
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(used, [ahead[0].0.clone()], "not the session made ahead");
     finish(raw);
 }

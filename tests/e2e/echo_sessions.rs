@@ -271,7 +271,12 @@ fn sessions_outlive_the_process_that_made_them() {
     assert_eq!(code, -32002);
     assert_eq!(error["message"], "Session not found");
     assert_eq!(error["data"], json!({"sessionId": sid}));
-    let (code, _) = third.error_code("session/delete", json!({"sessionId": sid}));
+    // Deleting is idempotent (as in claude-agent-acp and codex-acp); a close is not.
+    assert_eq!(
+        third.ok("session/delete", json!({"sessionId": sid})),
+        json!({})
+    );
+    let (code, _) = third.error_code("session/close", json!({"sessionId": sid}));
     assert_eq!(code, -32002);
     let (code, _) = third.error_code(
         "session/resume",

@@ -731,23 +731,165 @@ fn spares_follow_the_capabilities_of_the_last_taker() {
     );
 }
 
-/// Loading a session open on this very connection is refused, and says where it is open.
+/// Issue 19: loading a session open on this very connection is the agent's to answer, as
+/// directly: it replays the history (under the acpd id) and the session stays open.
 #[test]
-fn loading_a_session_open_on_this_connection_says_so() {
-    let d = daemon(&Setup::default());
+fn loading_a_session_open_on_this_connection_replays_it() {
+    let d = daemon(&Setup {
+        sessions: true,
+        ..Setup::default()
+    });
     let mut a = d.connect();
     let sid = a.new_session(d.cwd(), "p");
+    assert_eq!(prompt(&mut a, &sid, "said once"), "said once");
+    a.seen.clear();
     let answer = a.call("session/load", load_params(&sid, d.cwd()));
-    let e = &answer["error"];
-    assert_eq!(e["code"].as_i64(), Some(-32600), "{answer}");
+    assert_eq!(answer["result"], json!({}), "{answer}");
+    let replayed: Vec<&Value> = a
+        .seen
+        .iter()
+        .filter(|l| l.method() == "session/update")
+        .map(|l| &l.value["params"])
+        .collect();
+    assert_eq!(replayed.len(), 2, "{replayed:?}");
     assert!(
-        e["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("this connection") && !m.contains("another")),
-        "the refusal names the wrong connection: {answer}"
+        replayed.iter().all(|p| p["sessionId"] == sid),
+        "{replayed:?}"
     );
     let text = prompt(&mut a, &sid, "still open");
     assert_eq!(text, "still open");
+}
+
+/// The echo's session files (`--sessions`): child id → the file's JSON.
+fn echo_sessions(d: &Daemon) -> std::collections::BTreeMap<String, Value> {
+    std::fs::read_dir(d.env.path().join("echo-sessions"))
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            let value: Value = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+            Some((path.file_stem()?.to_str()?.to_string(), value))
+        })
+        .collect()
+}
+
+/// The child id of the session whose history holds `said`.
+fn echo_session_with(d: &Daemon, said: &str) -> String {
+    let all = echo_sessions(d);
+    let found = all
+        .iter()
+        .find(|(_, v)| v["history"].to_string().contains(said));
+    found
+        .map(|(id, _)| id.clone())
+        .unwrap_or_else(|| panic!("no session said {said:?}: {all:?}"))
+}
+
+/// Spare sessions made ahead: the files with no history yet, by cwd.
+fn made_ahead(d: &Daemon) -> Vec<(String, String)> {
+    echo_sessions(d)
+        .into_iter()
+        .filter(|(_, v)| v["history"].as_array().is_none_or(|h| h.is_empty()))
+        .map(|(id, v)| (id, v["cwd"].as_str().unwrap_or("").to_string()))
+        .collect()
+}
+
+fn process_cwd(pid: i32) -> PathBuf {
+    std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap()
+}
+
+/// Issue 19 (warm means warm): once a session was opened in a cwd, the replacement spare is
+/// started in that cwd and makes its `session/new` there ahead; the next session for that cwd
+/// and params is handed that very session (the agent minted it before the editor asked), on
+/// the spare's process. A session for another cwd does not take it: it starts cold, the spare
+/// and its session are recycled (deleted at the agent), and the pool follows the new cwd.
+#[test]
+fn a_spare_holds_a_session_for_the_last_cwd_and_hands_it_over() {
+    subreaper();
+    let d = daemon(&Setup {
+        provider: "warm = 1",
+        sessions: true,
+        ..Setup::default()
+    });
+    let (a_dir, b_dir) = (d.cwd().join("a"), d.cwd().join("b"));
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::create_dir_all(&b_dir).unwrap();
+    let a_dir = a_dir.canonicalize().unwrap();
+    let b_dir = b_dir.canonicalize().unwrap();
+    let first = d.only_spare();
+    let mut e = d.connect();
+    let s1 = e.new_session(&a_dir, "p");
+    let pid1 = pid_after(&prompt(&mut e, &s1, "one\n:pid"), "pid ");
+    assert_eq!(
+        pid1, first,
+        "the first session did not take the (plain) spare"
+    );
+
+    // The replacement: in a/, holding a session made there.
+    let spare = d.only_spare_beside(&[pid1]);
+    assert_eq!(process_cwd(spare), a_dir, "the spare was not started in a/");
+    let ahead = made_ahead(&d);
+    assert_eq!(ahead.len(), 1, "{ahead:?}");
+    assert_eq!(Path::new(&ahead[0].1), a_dir, "{ahead:?}");
+    let s2 = e.new_session(&a_dir, "p");
+    let pid2 = pid_after(&prompt(&mut e, &s2, "two\n:pid"), "pid ");
+    assert_eq!(pid2, spare, "the session for a/ did not take the spare");
+    assert_eq!(
+        echo_session_with(&d, "two"),
+        ahead[0].0,
+        "the session is not the one the spare made ahead"
+    );
+
+    // Another cwd: cold, the spare made for a/ recycled with its session.
+    let spare2 = d.only_spare_beside(&[pid1, pid2]);
+    let ahead2 = made_ahead(&d);
+    assert_eq!(ahead2.len(), 1, "{ahead2:?}");
+    let s3 = e.new_session(&b_dir, "p");
+    let pid3 = pid_after(&prompt(&mut e, &s3, "three\n:pid"), "pid ");
+    assert_ne!(pid3, spare2, "a session for b/ took the spare made for a/");
+    assert_ne!(echo_session_with(&d, "three"), ahead2[0].0);
+    assert!(gone_within(spare2, LADDER), "the spare for a/ lives on");
+    let deleted = eventually(SETTLE, || !echo_sessions(&d).contains_key(&ahead2[0].0));
+    assert!(deleted, "the recycled spare's session was not deleted");
+
+    // The pool follows b/.
+    let spare3 = d.only_spare_beside(&[pid1, pid2, pid3]);
+    assert_eq!(process_cwd(spare3), b_dir);
+    let ahead3 = made_ahead(&d);
+    assert_eq!(ahead3.len(), 1, "{ahead3:?}");
+    assert_eq!(Path::new(&ahead3[0].1), b_dir, "{ahead3:?}");
+    let s4 = e.new_session(&b_dir, "p");
+    let pid4 = pid_after(&prompt(&mut e, &s4, "four\n:pid"), "pid ");
+    assert_eq!(pid4, spare3);
+    assert_eq!(echo_session_with(&d, "four"), ahead3[0].0);
+}
+
+/// Other params (here an MCP server list) for the same cwd are another session: the spare's
+/// is not handed over.
+#[test]
+fn a_spare_session_is_not_handed_to_other_params() {
+    subreaper();
+    let d = daemon(&Setup {
+        provider: "warm = 1",
+        sessions: true,
+        ..Setup::default()
+    });
+    let first = d.only_spare();
+    let mut e = d.connect();
+    let s1 = e.new_session(d.cwd(), "p");
+    let pid1 = pid_after(&prompt(&mut e, &s1, ":pid"), "pid ");
+    assert_eq!(pid1, first);
+    let spare = d.only_spare_beside(&[pid1]);
+    let ahead = made_ahead(&d);
+    assert_eq!(ahead.len(), 1, "{ahead:?}");
+    let other = json!({"cwd": d.cwd(), "mcpServers": [{
+        "name": "x", "command": "/bin/true", "args": [], "env": []
+    }]});
+    let s2 = e.ok("session/new", other)["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pid2 = pid_after(&prompt(&mut e, &s2, "other\n:pid"), "pid ");
+    assert_ne!(pid2, spare, "a session with other params took the spare");
+    assert_ne!(echo_session_with(&d, "other"), ahead[0].0);
 }
 
 /// A client that goes away while its session streams (acpd's writes to it fail): the session

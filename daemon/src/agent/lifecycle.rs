@@ -319,7 +319,8 @@ fn list(agent: &Agent, store: &Store, params: Option<&RawValue>) -> Reply {
 }
 
 /// `session/close` forgets the live session (its turn cancelled); `session/delete` also
-/// removes its file. Either is -32002 for a session neither live nor stored.
+/// removes its file. A close of a session neither live nor stored is -32002; a delete of one
+/// succeeds, as claude-agent-acp's and codex-acp's do (deleting is idempotent).
 fn close(agent: &Agent, store: &Store, params: Option<&RawValue>, delete: bool) -> Reply {
     let params: SessionParams = parse_params(params)?;
     let live = lock(&agent.sessions).remove(&params.session_id);
@@ -336,7 +337,7 @@ fn close(agent: &Agent, store: &Store, params: Option<&RawValue>, delete: bool) 
             .map_err(RpcError::internal)?
             .is_some()
     };
-    if live.is_none() && !stored {
+    if live.is_none() && !stored && !delete {
         return Err(not_found(&params.session_id));
     }
     Ok(json!({}))

@@ -141,7 +141,8 @@ SESSIONS, AUTH AND EXTENSIONS
   session/list {cwd?, cursor?} pages newest first (--list-page; --null-cursor ends the last
   page with \"nextCursor\": null, as codex-acp does); session/close forgets the live session
   (its turn is cancelled); session/delete removes the file too; session/fork copies the
-  history into a new session. An unknown id is -32002. Without --sessions these
+  history into a new session. An unknown id is -32002 (a delete of one succeeds: deleting is
+  idempotent, as in claude-agent-acp and codex-acp). Without --sessions these
   methods are -32601.
   With --auth ID, session/new|load|resume|list answer -32000 until authenticate succeeds
   with an advertised id (another id is -32602).

@@ -119,6 +119,13 @@ pub enum Open {
     /// A session the agent already has: the relay's first call (`session/load` or
     /// `session/resume`, the parent's own) makes it live, so a replay reaches the parent.
     Existing { child_session_id: String },
+    /// A session this child made earlier with [`Initialized::create`] (a warm spare's, made
+    /// for the cwd and params the editor now asks for): nothing is sent, its answer is the
+    /// editor's.
+    Made {
+        session_id: String,
+        reply: Box<RawValue>,
+    },
 }
 
 /// A spawned child that answered `initialize` and has no session yet: a warm spare, a child
@@ -228,6 +235,29 @@ impl Initialized {
         }
     }
 
+    /// Makes a session ahead (`session/new` on a warm spare) without starting the driver:
+    /// [`Open::Made`] hands it over later. Failures as in [`Initialized::call`].
+    pub async fn create(
+        &mut self,
+        method: &str,
+        params: &serde_json::Value,
+        cancel: &CancellationToken,
+    ) -> Result<(String, Box<RawValue>), StartFailure> {
+        let deadline = crate::config::durations::deadline(self.h.spec.provider.handshake_timeout);
+        match self
+            .h
+            .create_session(method, params, deadline, cancel)
+            .await
+        {
+            Ok(made) => Ok(made),
+            Err(e @ StartFailure::Refused { .. }) => Err(e.with_advertised(&self.agent)),
+            Err(e) => {
+                self.h.teardown().await;
+                Err(e)
+            }
+        }
+    }
+
     /// Runs the teardown ladder.
     pub async fn close(mut self) {
         self.guard.armed = None;
@@ -257,6 +287,7 @@ impl Initialized {
             Open::Existing { child_session_id } => {
                 (child_session_id, envelope::to_raw(&serde_json::json!({})))
             }
+            Open::Made { session_id, reply } => (session_id, reply),
         };
         let h = self.h;
         let (tx, rx) = mpsc::channel(CMD_DEPTH);

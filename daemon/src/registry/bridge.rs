@@ -122,8 +122,48 @@ impl Registry {
         Ok(ready)
     }
 
-    /// Opens a child for a bridge session, the editor's capabilities passed on.
+    /// Opens a child for a bridge session, the editor's capabilities passed on: a
+    /// `session/new` is handed a warm spare's session made for this cwd and params when one is
+    /// ready (see [`super::warm`]).
     pub async fn open_bridge(&self, req: BridgeRequest<'_>) -> Result<Launched, RegistryError> {
+        let config = self.config();
+        let chosen = self.provider(&config, req.provider)?;
+        let depth = self.bridge_depth();
+        let mut open = req.open;
+        if let Open::Create { params, .. } = &mut open {
+            self.offer_in(params, &chosen, depth);
+        }
+        if let Open::Create {
+            method: "session/new",
+            params,
+        } = &open
+            && chosen.warm > 0
+        {
+            if req.auth.is_some() {
+                self.plain_spares(&chosen.name);
+            } else if let Some(h) = self
+                .take_made(&chosen, &req.client_capabilities, req.cwd, params)
+                .await
+            {
+                let provider = h.ready.child.provider().clone();
+                let Ready { child, slot } = h.ready;
+                let made = Open::Made {
+                    session_id: h.session_id,
+                    reply: h.reply,
+                };
+                let child = child
+                    .open(made, req.cancel)
+                    .await
+                    .map_err(|e| start_failed(&provider, e))?;
+                return Ok(Launched {
+                    child,
+                    slot,
+                    provider,
+                    depth,
+                    max_depth: self.max_depth(None),
+                });
+            }
+        }
         let ready = self
             .ready(
                 req.provider,
@@ -144,11 +184,6 @@ impl Registry {
             });
         }
         let Ready { child, slot } = ready;
-        let depth = self.inner.depth.depth.saturating_add(1);
-        let mut open = req.open;
-        if let Open::Create { params, .. } = &mut open {
-            self.offer_in(params, &provider, depth);
-        }
         let child = child
             .open(open, req.cancel)
             .await
@@ -160,6 +195,11 @@ impl Registry {
             depth,
             max_depth: self.max_depth(None),
         })
+    }
+
+    /// The depth of a bridge session's child (one below this acpd).
+    pub fn bridge_depth(&self) -> u32 {
+        self.inner.depth.depth.saturating_add(1)
     }
 
     /// What the provider's agent says about itself: what a live child or an earlier probe

@@ -1,25 +1,40 @@
 //! Warm spares (`warm = N` on a provider): children spawned and initialized ahead, so a
-//! bridge session's start pays only the agent's own `session/new`. A spare is initialized
-//! with the client capabilities of the last session that took one of that provider (an agent
-//! may behave differently without `fs` or `terminal`), so a session whose editor advertises
-//! something else starts cold, and the pool follows it. Spares hold their claim on the limits,
-//! are replaced in the background when taken, and recycled when they die or pass
-//! `warm_max_age`.
+//! bridge session's start pays nothing of the agent's own start. A spare is initialized with
+//! the client capabilities of the last session that took one of that provider (an agent may
+//! behave differently without `fs` or `terminal`), so a session whose editor advertises
+//! something else starts cold, and the pool follows it.
+//!
+//! Once an editor has opened a session, spares go further: each is started in that
+//! session's cwd and holds a `session/new` made with the same params (what the editor sent,
+//! as the agent got it), because for some agents `session/new` is most of the start
+//! (claude-agent-acp's takes about 0.9 s) and some set up per directory at start (opencode
+//! readies a project instance for its process's cwd, so a spare started elsewhere did that
+//! work for nothing and then again for the session's cwd: slower than cold). The next
+//! `session/new` for that cwd and params is handed the spare's session; one for anything
+//! else recycles the spares (their sessions deleted where the agent deletes) and the pool
+//! follows it. Trace context in `_meta` (`traceparent`, `tracestate`, `baggage`) does not
+//! count as a difference. Spares hold their claim on the limits, are replaced in the
+//! background when taken, and recycled when they die or pass `warm_max_age`.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use acpd_protocol::acp::ClientCapabilities;
+use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use super::Ready;
-use super::{Registry, lock};
+use super::{Registry, advertises, lock};
 use crate::config::ProviderConfig;
 
 /// How often the pool looks for dead and old spares at most (and at least).
 const CHECK_MIN: Duration = Duration::from_secs(1);
 const CHECK_MAX: Duration = Duration::from_secs(60);
+
+/// How long a recycled spare's agent may take to delete the session it made ahead.
+const DISCARD_DELETE: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 pub(super) struct Pool {
@@ -28,15 +43,93 @@ pub(super) struct Pool {
 
 #[derive(Default)]
 struct Spares {
-    ready: Vec<Ready>,
+    ready: Vec<Spare>,
     /// Spares being started now.
     starting: usize,
     /// The capabilities spares are initialized with (JSON).
     caps: Option<String>,
+    /// The session spares make ahead: the last bridge `session/new`'s.
+    target: Option<Target>,
+}
+
+/// Where and how the last bridge `session/new` of a provider opened its session.
+#[derive(Clone)]
+struct Target {
+    cwd: PathBuf,
+    /// The params as the agent got them, trace context left out (see [`session_key`]).
+    key: serde_json::Value,
+    params: serde_json::Value,
+}
+
+/// An initialized child, and the session it made ahead, if any.
+pub(super) struct Spare {
+    ready: Ready,
+    made: Option<Made>,
+}
+
+struct Made {
+    key: serde_json::Value,
+    session_id: String,
+    reply: Box<RawValue>,
+}
+
+/// A spare's session handed to a bridge `session/new`.
+pub struct Handover {
+    pub ready: Ready,
+    pub session_id: String,
+    pub reply: Box<RawValue>,
 }
 
 fn caps_key(caps: &ClientCapabilities) -> String {
     serde_json::to_string(caps).unwrap_or_default()
+}
+
+/// What two `session/new` params must share for a session made with one to serve the other:
+/// everything but W3C trace context, which names a request, not the session.
+fn session_key(params: &serde_json::Value) -> serde_json::Value {
+    let mut key = params.clone();
+    if let Some(meta) = key.get_mut("_meta").and_then(|m| m.as_object_mut()) {
+        for k in ["traceparent", "tracestate", "baggage"] {
+            meta.remove(k);
+        }
+        if meta.is_empty() {
+            key.as_object_mut().map(|o| o.remove("_meta"));
+        }
+    }
+    key
+}
+
+impl Spare {
+    fn fresh(&self, max_age: Duration) -> bool {
+        self.ready.child.alive() && self.ready.child.ready_at.elapsed() < max_age
+    }
+
+    /// Reaps the spare; the session it made ahead is deleted first where the agent deletes
+    /// sessions, so an agent that keeps every session it made (opencode) is not left one no
+    /// editor asked for.
+    async fn discard(self) {
+        let Spare { mut ready, made } = self;
+        if let Some(made) = made
+            && ready.child.alive()
+            && advertises(ready.child.agent(), "/sessionCapabilities/delete")
+        {
+            let params = acpd_protocol::envelope::to_raw(
+                &serde_json::json!({ "sessionId": made.session_id }),
+            );
+            let cancel = CancellationToken::new();
+            let deleted = ready.call("session/delete", &params, &cancel);
+            match tokio::time::timeout(DISCARD_DELETE, deleted).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(provider = %ready.child.provider().name, "a warm spare's session was not deleted: {e}");
+                }
+                Err(_) => {
+                    tracing::debug!(provider = %ready.child.provider().name, "a warm spare's session was not deleted in time");
+                }
+            }
+        }
+        ready.close().await;
+    }
 }
 
 impl Registry {
@@ -72,8 +165,20 @@ impl Registry {
         });
     }
 
-    /// Takes a ready spare of `provider` initialized with `caps`, if there is one, and
-    /// starts its replacement.
+    /// The pool of `provider` for takers with `caps`: when they differ from the pool's, it
+    /// follows them and its spares go (returned, to be discarded).
+    fn follow_caps(spares: &mut Spares, caps: &ClientCapabilities) -> Vec<Spare> {
+        let key = caps_key(caps);
+        if spares.caps.as_deref() == Some(&key) {
+            return Vec::new();
+        }
+        spares.caps = Some(key);
+        std::mem::take(&mut spares.ready)
+    }
+
+    /// Takes a ready spare of `provider` initialized with `caps` and holding no session, if
+    /// there is one, and starts its replacement (for a child asked one question, or a session
+    /// the spares' sessions do not fit).
     pub(super) async fn take_spare(
         &self,
         provider: &Arc<ProviderConfig>,
@@ -82,30 +187,97 @@ impl Registry {
         if provider.warm == 0 {
             return None;
         }
-        let key = caps_key(caps);
         let (taken, stale) = {
             let mut pool = lock(&self.inner.pool);
             let spares = pool.providers.entry(provider.name.clone()).or_default();
-            if spares.caps.as_deref() != Some(&key) {
-                // The pool follows the last taker's capabilities.
-                spares.caps = Some(key);
-                (None, std::mem::take(&mut spares.ready))
-            } else {
-                let fresh = |r: &Ready| {
-                    r.child.alive() && r.child.ready_at.elapsed() < provider.warm_max_age
-                };
-                let (keep, stale): (Vec<Ready>, Vec<Ready>) = std::mem::take(&mut spares.ready)
-                    .into_iter()
-                    .partition(fresh);
-                spares.ready = keep;
-                (spares.ready.pop(), stale)
-            }
+            let mut stale = Self::follow_caps(spares, caps);
+            let (keep, old): (Vec<Spare>, Vec<Spare>) = std::mem::take(&mut spares.ready)
+                .into_iter()
+                .partition(|s| s.fresh(provider.warm_max_age));
+            spares.ready = keep;
+            stale.extend(old);
+            let plain = spares.ready.iter().rposition(|s| s.made.is_none());
+            (plain.map(|i| spares.ready.remove(i).ready), stale)
         };
         for s in stale {
-            s.close().await;
+            s.discard().await;
         }
         self.fill(provider.clone());
         taken
+    }
+
+    /// For a bridge `session/new` in `cwd` with `params` (as the agent will get them): a
+    /// spare's session made for exactly that, if one is ready. Either way the pool follows
+    /// this session: spares holding another's are recycled, and the next ones make this one.
+    pub(super) async fn take_made(
+        &self,
+        provider: &Arc<ProviderConfig>,
+        caps: &ClientCapabilities,
+        cwd: &Path,
+        params: &serde_json::Value,
+    ) -> Option<Handover> {
+        if provider.warm == 0 {
+            return None;
+        }
+        let key = session_key(params);
+        let (taken, stale) = {
+            let mut pool = lock(&self.inner.pool);
+            let spares = pool.providers.entry(provider.name.clone()).or_default();
+            let mut stale = Self::follow_caps(spares, caps);
+            let max_age = provider.warm_max_age;
+            let (keep, old): (Vec<Spare>, Vec<Spare>) = std::mem::take(&mut spares.ready)
+                .into_iter()
+                .partition(|s| s.fresh(max_age) && s.made.as_ref().is_none_or(|m| m.key == key));
+            spares.ready = keep;
+            stale.extend(old);
+            spares.target = Some(Target {
+                cwd: cwd.to_path_buf(),
+                key: key.clone(),
+                params: params.clone(),
+            });
+            let made = spares.ready.iter().rposition(|s| s.made.is_some());
+            (made.map(|i| spares.ready.remove(i)), stale)
+        };
+        for s in stale {
+            s.discard().await;
+        }
+        self.fill(provider.clone());
+        let Spare { ready, made } = taken?;
+        let made = made?;
+        tracing::debug!(provider = %provider.name, "session/new: a warm spare's session handed over");
+        Some(Handover {
+            ready,
+            session_id: made.session_id,
+            reply: made.reply,
+        })
+    }
+
+    /// Before any session (`acpd stdio`, whose editor started it in its project): spares make
+    /// one ahead for the likeliest first `session/new` — in `cwd`, with no MCP servers of the
+    /// editor's own. A guess that misses costs a cold start, and the pool follows the miss.
+    pub fn expect_session(&self, cwd: &Path) {
+        let config = self.config();
+        let depth = self.bridge_depth();
+        let mut pool = lock(&self.inner.pool);
+        for provider in config.providers.values().filter(|p| p.warm > 0) {
+            let mut params = serde_json::json!({ "cwd": cwd, "mcpServers": [] });
+            self.offer_in(&mut params, provider, depth);
+            let spares = pool.providers.entry(provider.name.clone()).or_default();
+            spares.target.get_or_insert_with(|| Target {
+                cwd: cwd.to_path_buf(),
+                key: session_key(&params),
+                params,
+            });
+        }
+    }
+
+    /// The pool of `provider` stops making sessions ahead (an editor that authenticated:
+    /// a session made before its `authenticate` is not one it may have).
+    pub(super) fn plain_spares(&self, provider: &str) {
+        let mut pool = lock(&self.inner.pool);
+        if let Some(spares) = pool.providers.get_mut(provider) {
+            spares.target = None;
+        }
     }
 
     /// Spares per provider, for `acpd status`.
@@ -126,9 +298,9 @@ impl Registry {
                 let mut pool = lock(&self.inner.pool);
                 let spares = pool.providers.entry(provider.name.clone()).or_default();
                 let max_age = provider.warm_max_age;
-                let (keep, old): (Vec<Ready>, Vec<Ready>) = std::mem::take(&mut spares.ready)
+                let (keep, old): (Vec<Spare>, Vec<Spare>) = std::mem::take(&mut spares.ready)
                     .into_iter()
-                    .partition(|r| r.child.alive() && r.child.ready_at.elapsed() < max_age);
+                    .partition(|s| s.fresh(max_age));
                 spares.ready = keep;
                 stale.extend(old);
             }
@@ -137,7 +309,7 @@ impl Registry {
             }
         }
         for s in stale {
-            s.close().await;
+            s.discard().await;
         }
     }
 
@@ -147,13 +319,13 @@ impl Registry {
             Some(stop) if !stop.is_cancelled() => stop,
             _ => return,
         };
-        let (missing, caps) = {
+        let (missing, caps, target) = {
             let mut pool = lock(&self.inner.pool);
             let spares = pool.providers.entry(provider.name.clone()).or_default();
             let have = spares.ready.len() + spares.starting;
             let missing = provider.warm.saturating_sub(have);
             spares.starting += missing;
-            (missing, spares.caps.clone())
+            (missing, spares.caps.clone(), spares.target.clone())
         };
         let caps: ClientCapabilities = caps
             .and_then(|c| serde_json::from_str(&c).ok())
@@ -163,49 +335,108 @@ impl Registry {
             let provider = provider.clone();
             let caps = caps.clone();
             let stop = stop.clone();
+            let target = target.clone();
             tokio::spawn(async move {
                 let started = registry
-                    .ready_cold(Some(&provider.name), None, caps.clone(), None, &stop)
+                    .start_spare(&provider, &caps, target.as_ref(), &stop)
                     .await;
                 let key = caps_key(&caps);
                 let spare = {
                     let mut pool = lock(&registry.inner.pool);
                     let spares = pool.providers.entry(provider.name.clone()).or_default();
                     spares.starting = spares.starting.saturating_sub(1);
+                    let same_target = |made: &Option<Made>| match (made, &spares.target) {
+                        (None, _) => true,
+                        (Some(m), Some(t)) => m.key == t.key,
+                        (Some(_), None) => false,
+                    };
                     match started {
-                        Ok(ready)
+                        Ok(spare)
                             if spares.caps.as_deref().unwrap_or(&key) == key
+                                && same_target(&spare.made)
                                 && !stop.is_cancelled() =>
                         {
                             spares.caps.get_or_insert(key);
-                            spares.ready.push(ready);
+                            spares.ready.push(spare);
                             None
                         }
-                        Ok(ready) => Some(ready),
+                        Ok(spare) => Some(spare),
                         Err(e @ super::RegistryError::Capacity { .. }) => {
                             tracing::debug!(provider = %provider.name, "no room for a warm spare: {e}");
                             None
                         }
+                        Err(e) if stop.is_cancelled() => {
+                            tracing::debug!(provider = %provider.name, "a warm spare's start was stopped: {e}");
+                            None
+                        }
                         Err(e) => {
                             tracing::warn!(provider = %provider.name, "a warm spare failed to start: {e}");
+                            // Not in that directory again (it may be gone): plain spares.
+                            if let (Some(t), Some(now)) = (&target, &spares.target)
+                                && t.key == now.key
+                                && t.cwd == now.cwd
+                            {
+                                spares.target = None;
+                            }
                             None
                         }
                     }
                 };
                 if let Some(unwanted) = spare {
-                    unwanted.close().await;
+                    unwanted.discard().await;
                 }
             });
         }
     }
 
+    /// One spare: started in `target`'s cwd and holding its session when there is a target
+    /// (a spare whose agent refuses that session stays, plain), else in the provider's cwd
+    /// or home.
+    async fn start_spare(
+        &self,
+        provider: &Arc<ProviderConfig>,
+        caps: &ClientCapabilities,
+        target: Option<&Target>,
+        stop: &CancellationToken,
+    ) -> Result<Spare, super::RegistryError> {
+        let cwd = target.map(|t| t.cwd.as_path());
+        let mut ready = self
+            .ready_cold(Some(&provider.name), cwd, caps.clone(), None, stop)
+            .await?;
+        let Some(target) = target else {
+            return Ok(Spare { ready, made: None });
+        };
+        match ready
+            .child
+            .create("session/new", &target.params, stop)
+            .await
+        {
+            Ok((session_id, reply)) => Ok(Spare {
+                ready,
+                made: Some(Made {
+                    key: target.key.clone(),
+                    session_id,
+                    reply,
+                }),
+            }),
+            Err(e)
+                if ready.child.alive()
+                    && matches!(e, crate::child::StartFailure::Refused { .. }) =>
+            {
+                tracing::debug!(provider = %provider.name, "a warm spare's session/new was refused; the spare stays plain: {e}");
+                Ok(Spare { ready, made: None })
+            }
+            Err(e) => Err(super::gate::start_failed(provider, e)),
+        }
+    }
+
     /// Reaps every spare (acpd is stopping; call after cancelling `keep_warm`'s token).
     pub async fn drain_spares(&self) {
-        let all: Vec<Ready> = lock(&self.inner.pool)
+        let all: Vec<Spare> = lock(&self.inner.pool)
             .providers
             .values_mut()
             .flat_map(|s| std::mem::take(&mut s.ready))
             .collect();
-        futures::future::join_all(all.into_iter().map(|r| r.close())).await;
+        futures::future::join_all(all.into_iter().map(|s| s.discard())).await;
     }
 }

@@ -68,9 +68,13 @@ pub async fn serve_stdio(ctx: ServerContext, shutdown: Shutdown) {
     let registry = ctx.registry.clone();
     let cancel_all = ctx.shutdown.clone();
     let warm = cancel_all.child_token();
-    registry.keep_warm(warm.clone());
     let (reader, writer) = stdio();
+    // Before the spares: the socket is what offers delegation in a session's MCP servers.
     let nest = super::nest::NestSocket::open(&ctx);
+    if let Some(cwd) = ctx.caller_cwd.as_deref().filter(|c| c.is_absolute()) {
+        registry.expect_session(cwd);
+    }
+    registry.keep_warm(warm.clone());
     let sessions = ctx.sessions.clone();
     let serving = async {
         server::serve(reader, writer, ctx).await;

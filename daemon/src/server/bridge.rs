@@ -242,10 +242,12 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
         let e = RpcError::invalid_params(format!("{method} needs a sessionId"));
         return conn.reply_err(&id, &e).await;
     };
-    if lock(&conn.sessions).contains_key(&sid) {
-        let e =
-            RpcError::invalid_request(format!("session {sid} is already open on this connection"));
-        return conn.reply_err(&id, &e).await;
+    let open_here = match lock(&conn.sessions).get(&sid) {
+        Some(SessionRef::Bridge(b)) => Some(b.clone()),
+        _ => None,
+    };
+    if let Some(b) = open_here {
+        return again(&conn, b, id, method, params.as_deref()).await;
     }
     let sessions = conn.ctx.sessions.clone();
     let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
@@ -324,6 +326,51 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
     let params = Some(raw(&params));
     let first = First::Open { id, method, params };
     attach(conn, row.acpd_id, child, first, seat).await;
+}
+
+/// `session/load` or `session/resume` of a session open on this very connection: asked of
+/// its own child, as the agent would be asked directly (claude-agent-acp and codex-acp both
+/// take it: a load replays the history — the replay reaches the editor under the acpd id, then
+/// the answer — and a resume re-binds). The session stays open whatever the agent answers.
+async fn again(
+    conn: &Arc<Conn>,
+    b: BridgeHandle,
+    id: Id,
+    method: String,
+    params: Option<&RawValue>,
+) {
+    let child = b.child();
+    let needs = if method == "session/load" {
+        "/loadSession"
+    } else {
+        "/sessionCapabilities/resume"
+    };
+    if !advertises(child.agent(), needs) {
+        let e = crate::registry::RegistryError::UnsupportedCapability {
+            provider: child.provider().name.clone(),
+            capability: needs.trim_start_matches('/'),
+        };
+        return conn.reply_err(&id, &bridge_error(&e)).await;
+    }
+    if let Some(cwd) = params
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
+        .and_then(|v| v.get("cwd").cloned())
+        && !cwd
+            .as_str()
+            .is_some_and(|c| std::path::Path::new(c).is_absolute())
+    {
+        let e = RpcError::invalid_params("cwd must be an absolute path");
+        return conn.reply_err(&id, &e).await;
+    }
+    // What the first open sent the agent: the editor's params without `_meta.acpd`, with
+    // acpd's MCP server when it is offered.
+    let mut forwarded = forwarded_params(params);
+    let registry = &conn.ctx.registry;
+    registry.offer_in(&mut forwarded, child.provider(), registry.bridge_depth());
+    if let Err(refused) = b.forward(id, method, Some(raw(&forwarded))) {
+        let (id, e) = *refused;
+        conn.reply_err(&id, &e).await;
+    }
 }
 
 /// A detached live session attached to this connection: no reload, its pending permission

@@ -39,7 +39,8 @@ pub struct Sessions {
     /// load of the same id waits its turn instead of opening it twice (and another user's
     /// load learns nothing of it).
     opening: Mutex<HashMap<String, Option<u32>>>,
-    /// Woken when a connection releases its sessions (see [`RELEASE_WAIT`]).
+    /// Woken when a connection releases its sessions or a live session ends (see
+    /// [`RELEASE_WAIT`]).
     pub released: tokio::sync::Notify,
     /// How long a session outlives its connection (`acpd serve`'s `detach_timeout`); `None`
     /// ends it with the connection (stdio, or `detach_timeout = "0s"`).
@@ -135,6 +136,8 @@ impl Sessions {
                 tracing::warn!(session = %id, "cannot release the session's lease: {e}");
             }
             lock(&me.live).remove(&id);
+            // A load waiting for it (a close then a load, as an editor does) goes on now.
+            me.released.notify_waiters();
             let nested = crate::registry::Parent::Session(id.clone());
             tokio::join!(child.shut(), registry.dispose_nested(&nested));
             drop(slot);
@@ -537,11 +540,20 @@ pub async fn close_elsewhere(conn: Arc<Conn>, id: Id, params: Option<Box<RawValu
     }
 }
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteParams {
+    session_id: String,
+    #[serde(default, rename = "_meta")]
+    meta: Option<serde_json::Value>,
+}
+
 /// `session/delete`: the agent deletes its session (when it can), acpd forgets the id. Only
 /// the owner's, only when no other acpd holds it live, and nothing ends before the agent is
-/// known to delete sessions at all: a refused delete changes nothing.
+/// known to delete sessions at all: a refused delete changes nothing. An id this caller has
+/// no session under is answered by [`delete_unknown`].
 pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
-    let req: SessionOnly = match acpd_protocol::methods::parse_params(params.as_deref()) {
+    let req: DeleteParams = match acpd_protocol::methods::parse_params(params.as_deref()) {
         Ok(r) => r,
         Err(e) => return conn.reply_err(&id, &RpcError::invalid_params(e)).await,
     };
@@ -550,7 +562,14 @@ pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     let holder = &conn.ctx.sessions.holder;
     let row = match store.get_owned(&sid, conn.caller()).await {
         Ok(Some(row)) => row,
-        Ok(None) => return conn.reply_err(&id, &session_not_found(&sid)).await,
+        Ok(None) => {
+            let provider = req
+                .meta
+                .as_ref()
+                .and_then(|m| m.pointer("/acpd/provider"))
+                .and_then(|p| p.as_str());
+            return delete_unknown(&conn, id, &sid, provider).await;
+        }
         Err(e) => {
             return conn
                 .reply_err(&id, &RpcError::internal(e.to_string()))
@@ -624,6 +643,67 @@ pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
                 tracing::warn!(session = %sid, "cannot release the session's lease: {e}");
             }
             conn.reply_err(&id, &bridge_error(&e)).await
+        }
+    }
+}
+
+/// `session/delete` of an id this caller has no session under (one acpd never saw, or
+/// another user's): answered as the agent of `provider` (the default when `None`) answers a
+/// delete of a session it does not have — the real agents treat delete as idempotent and
+/// answer `{}`, others -32002 — by asking it to delete a fresh random id. The editor's id is
+/// never passed on: it could be the agent's own id of another user's session (the agent runs
+/// as acpd's user for everyone), which a delete through acpd must not reach. Nothing changes
+/// in acpd's map; the answer names the editor's id, so another user's session and an unknown
+/// id are answered alike.
+async fn delete_unknown(conn: &Arc<Conn>, id: Id, sid: &str, provider: Option<&str>) {
+    let provider = provider.map(str::to_string);
+    let auth = conn.auth_for(
+        provider
+            .as_deref()
+            .unwrap_or(&conn.ctx.registry.config().default_provider),
+    );
+    let ready = conn
+        .ctx
+        .registry
+        .ready(
+            provider.as_deref(),
+            None,
+            ClientCapabilities::default(),
+            auth.as_deref(),
+            &conn.closing,
+        )
+        .await;
+    let mut ready = match ready {
+        Ok(r) => r,
+        Err(e) => return conn.reply_err(&id, &bridge_error(&e)).await,
+    };
+    if !advertises(ready.child.agent(), "/sessionCapabilities/delete") {
+        ready.close().await;
+        return conn
+            .reply_err(&id, &RpcError::method_not_found("session/delete"))
+            .await;
+    }
+    let stand_in = format!("acpd-unknown-{}", uuid::Uuid::new_v4());
+    let params = raw(&json!({ "sessionId": stand_in }));
+    let answer = ready.call("session/delete", &params, &conn.closing).await;
+    ready.close().await;
+    match answer {
+        Ok(result) => {
+            let _ = conn.peer.respond(&id, Ok(&result)).await;
+        }
+        Err(e) => {
+            let mut e = bridge_error(&e);
+            e.message = e.message.replace(&stand_in, sid);
+            if let Some(data) = e.data.take() {
+                // The editor's id as it stands inside a JSON string.
+                let escaped = serde_json::to_string(sid).unwrap_or_default();
+                let inner = escaped
+                    .get(1..escaped.len().saturating_sub(1))
+                    .unwrap_or("");
+                let text = data.to_string().replace(&stand_in, inner);
+                e.data = Some(serde_json::from_str(&text).unwrap_or(data));
+            }
+            conn.reply_err(&id, &e).await
         }
     }
 }

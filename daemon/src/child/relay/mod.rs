@@ -391,6 +391,7 @@ impl Relay {
 
     fn supports(&self, method: &str) -> bool {
         let present = |v: Option<&serde_json::Value>| v.is_some_and(|v| !v.is_null());
+        let on = |v: Option<&serde_json::Value>| present(v) && v != Some(&json!(false));
         match method {
             "session/prompt" => true,
             "session/close" => present(self.caps.pointer("/sessionCapabilities/close")),
@@ -398,6 +399,9 @@ impl Relay {
             "session/set_mode" => present(self.reply.get("modes")),
             "session/set_config_option" => present(self.reply.get("configOptions")),
             "session/set_model" => present(self.reply.get("models")),
+            // Of the session open here (the router checked the capability).
+            "session/load" => on(self.caps.pointer("/loadSession")),
+            "session/resume" => on(self.caps.pointer("/sessionCapabilities/resume")),
             // Every other method passes: the agent answers what it does not know (-32601).
             m => strict::forwardable_request(m),
         }
