@@ -620,3 +620,81 @@ fn a_title_the_agent_refuses_is_not_written() {
     assert_eq!(answer["error"]["code"], -32002, "{answer}");
     assert_eq!(row_of(&env, &sid).unwrap().0.as_deref(), Some("accepted"));
 }
+
+/// An agent whose listing already holds the session its next `session/new` hands out
+/// (`own-1`), as an agent listing its sessions from disk does while acpd is still filing the
+/// new one; its first listing lists `own-1` first, later ones last, after ten sessions with an
+/// `updatedAt` far in the future. Listing calls are counted in the file named by argv[1].
+const RACY_LISTER: &str = r#"import json, os, sys
+count = sys.argv[1]
+def out(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m or "method" not in m:
+        continue
+    i, meth = m["id"], m["method"]
+    if meth == "initialize":
+        out({"jsonrpc": "2.0", "id": i, "result": {"protocolVersion": 1, "authMethods": [],
+             "agentCapabilities": {"loadSession": True, "sessionCapabilities": {"list": {}}}}})
+    elif meth == "session/new":
+        out({"jsonrpc": "2.0", "id": i, "result": {"sessionId": "own-1"}})
+    elif meth == "session/list":
+        n = int(open(count).read()) if os.path.exists(count) else 0
+        open(count, "w").write(str(n + 1))
+        own = {"sessionId": "own-1", "cwd": "/tmp", "updatedAt": "2026-01-01T00:00:00Z"}
+        future = [{"sessionId": "f%d" % k, "cwd": "/tmp", "updatedAt": "2999-01-01T00:00:00Z"}
+                  for k in range(10)]
+        sessions = [own] + future if n == 0 else future + [own]
+        out({"jsonrpc": "2.0", "id": i, "result": {"sessions": sessions, "nextCursor": None}})
+    else:
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+"#;
+
+/// Hostile review of issue 18, two holes: (1) a `session/list` refresh that filed the child's
+/// session before the `session/new` that made it had its row in took its one acpd id, and the
+/// opener's own id was never kept (not listed, not loadable); (2) the bound on what an agent
+/// lists (`max_listed_sessions`) and the listing cut at it forgot rows of any owner, so an
+/// agent listing sessions with a future `updatedAt` pushed out the rows users opened. The
+/// opener's id wins and stays listed whatever the agent lists past the bound.
+#[test]
+fn an_opened_session_keeps_its_id_against_the_agents_listing() {
+    let env = Env::raw("");
+    let script = env.path().join("racy.py");
+    std::fs::write(&script, RACY_LISTER).unwrap();
+    std::fs::write(
+        &env.config,
+        format!(
+            "default_provider = \"racy\"\nmax_listed_sessions = 5\n\
+             [providers.racy]\ncommand = [\"python3\", \"{}\", \"{}\"]\n",
+            script.display(),
+            env.path().join("list-count").display()
+        ),
+    )
+    .unwrap();
+    let cwd = work(&env);
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({}));
+    // The agent's listing files own-1 first, under an id of acpd's own.
+    let before = ids(&list_all(&mut raw, 1 << 20));
+    assert_eq!(before.len(), 5, "{before:?}");
+    let sid = raw.new_session(&cwd, "racy");
+    assert!(!before.contains(&sid));
+    for round in 0..2 {
+        let listed = list_all(&mut raw, 1 << 20);
+        let mine: Vec<&Value> = listed.iter().filter(|s| s["sessionId"] == sid).collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "round {round}: the opened session {sid} is not listed: {listed:?}; log: {}",
+            raw.log()
+        );
+        assert!(
+            listed.len() <= 6,
+            "{} listed past the bound of 5 (+ the opened one)",
+            listed.len()
+        );
+    }
+    assert_eq!(row_of(&env, &sid).map(|r| r.0), Some(None));
+}

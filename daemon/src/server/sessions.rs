@@ -407,31 +407,51 @@ async fn refresh(
         )
         .await
         .map_err(|e| bridge_error(&e))?;
+    // Rows written after this (a `session/new` racing the listing) are not the agent's to
+    // forget: its listing may predate them.
+    let since = crate::store::now();
     let listing = list_all(&mut ready, conn, provider, cwd).await;
     ready.close().await;
-    let (listed, complete, null_cursor) = listing?;
-    // What the agent no longer lists, it deleted (only a whole, unfiltered listing says so;
-    // one cut at max_listed_sessions is all acpd keeps, so what is past it goes too).
-    if complete && cwd.is_none() {
+    let (listed, whole, null_cursor) = listing?;
+    // What the agent no longer lists, it deleted; only an unfiltered listing says so. A whole
+    // one forgets any row it lacks (see `forget_unlisted`); one cut at max_listed_sessions is
+    // all acpd keeps of the agent's own sessions, so listed-only rows past it go, but never a
+    // row someone opened: the bound is about what an agent brings in, not about them.
+    let whole_since = match whole {
+        Whole::Yes => Some(since.as_str()),
+        Whole::Cut => None,
+        Whole::No => return Ok(null_cursor),
+    };
+    if cwd.is_none() {
         conn.ctx
             .sessions
             .store
-            .forget_unlisted(provider, &listed)
+            .forget_unlisted(provider, &listed, whole_since)
             .await
             .map_err(|e| internal(e.to_string()))?;
     }
     Ok(null_cursor)
 }
 
+/// How much of an agent's listing [`list_all`] saw.
+enum Whole {
+    /// Every page.
+    Yes,
+    /// Cut at `max_listed_sessions`: all acpd keeps of it, not all there is.
+    Cut,
+    /// Cut at [`MAX_CHILD_PAGES`].
+    No,
+}
+
 /// Every page of the agent's listing, each session filed, up to `max_listed_sessions`; the
-/// child ids, whether the listing was whole (or cut at that bound: what acpd keeps of it) and
-/// whether its last page said `"nextCursor": null`.
+/// child ids, whether the listing was whole and whether its last page said
+/// `"nextCursor": null`.
 async fn list_all(
     ready: &mut crate::registry::Ready,
     conn: &Arc<Conn>,
     provider: &str,
     cwd: Option<&std::path::Path>,
-) -> Result<(Vec<String>, bool, bool), RpcError> {
+) -> Result<(Vec<String>, Whole, bool), RpcError> {
     let internal = |e: String| RpcError::internal(e);
     let store = &conn.ctx.sessions.store;
     let max = conn.ctx.registry.config().max_listed_sessions;
@@ -474,13 +494,13 @@ async fn list_all(
         cursor = page.next_cursor.flatten();
         if cut || (cursor.is_some() && listed.len() >= max) {
             tracing::warn!(%provider, max, "the agent lists more sessions than max_listed_sessions; the rest are not kept");
-            return Ok((listed, true, false));
+            return Ok((listed, Whole::Cut, false));
         }
         if cursor.is_none() {
-            return Ok((listed, true, null_cursor));
+            return Ok((listed, Whole::Yes, null_cursor));
         }
     }
-    Ok((listed, false, false))
+    Ok((listed, Whole::No, false))
 }
 
 /// The longest child session id and cwd the map keeps from an agent's listing: an id is a
