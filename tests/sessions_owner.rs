@@ -12,7 +12,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -697,4 +697,78 @@ fn an_opened_session_keeps_its_id_against_the_agents_listing() {
         );
     }
     assert_eq!(row_of(&env, &sid).map(|r| r.0), Some(None));
+}
+
+/// An agent that loads and deletes sessions; its `session/delete` writes the file argv[1] and
+/// answers only once the file argv[2] exists.
+const SLOW_DELETER: &str = r#"import json, os, sys, time, uuid
+started, gate = sys.argv[1], sys.argv[2]
+def out(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m or "method" not in m:
+        continue
+    i, meth = m["id"], m["method"]
+    if meth == "initialize":
+        out({"jsonrpc": "2.0", "id": i, "result": {"protocolVersion": 1, "authMethods": [],
+             "agentCapabilities": {"loadSession": True, "sessionCapabilities": {"delete": {}}}}})
+    elif meth == "session/new":
+        out({"jsonrpc": "2.0", "id": i, "result": {"sessionId": str(uuid.uuid4())}})
+    elif meth == "session/delete":
+        open(started, "w").write("x")
+        while not os.path.exists(gate):
+            time.sleep(0.02)
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+    else:
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+"#;
+
+/// Hostile review of issue 18: `session/delete` of a session open on the caller's connection
+/// ended that session first, and its ending released the lease the delete had just taken, so
+/// another acpd sharing the map loaded the session while the agent was deleting it. The lease
+/// is kept until the delete is answered: the other acpd is told which acpd holds it.
+#[test]
+fn a_session_being_deleted_is_not_loaded_in_another_acpd() {
+    let env = Env::raw("");
+    let script = env.path().join("deleter.py");
+    std::fs::write(&script, SLOW_DELETER).unwrap();
+    let (started, gate) = (env.path().join("started"), env.path().join("gate"));
+    std::fs::write(
+        &env.config,
+        format!(
+            "default_provider = \"d\"\n[providers.d]\n\
+             command = [\"python3\", \"{}\", \"{}\", \"{}\"]\n",
+            script.display(),
+            started.display(),
+            gate.display()
+        ),
+    )
+    .unwrap();
+    let cwd = work(&env);
+    let mut a = Raw::stdio(&env);
+    a.initialize(json!({}));
+    let sid = a.new_session(&cwd, "d");
+    let delete = a.send("session/delete", json!({ "sessionId": sid }));
+    assert!(
+        eventually(SETTLE, || started.exists()),
+        "the agent never got the delete; log: {}",
+        a.log()
+    );
+    let mut b = Raw::stdio_with(&env, &[], Stdio::null());
+    b.initialize(json!({}));
+    let load = b.call(
+        "session/load",
+        json!({"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+    );
+    let message = load["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("live in another acpd") && message.contains(&format!("pid {}", a.pid())),
+        "a load in another acpd during the delete: {load}"
+    );
+    std::fs::write(&gate, "go").unwrap();
+    let answer = a.answer(&json!(delete));
+    assert!(answer.value.get("result").is_some(), "{}", answer.text());
+    assert_eq!(row_of(&env, &sid), None, "the deleted session is still in the map");
 }

@@ -39,6 +39,10 @@ pub struct Sessions {
     /// load of the same id waits its turn instead of opening it twice (and another user's
     /// load learns nothing of it).
     opening: Mutex<HashMap<String, Option<u32>>>,
+    /// Ids a `session/delete` is deleting right now and by which uid: the lease the delete took
+    /// is kept until the agent answered it (the session it ends on the way does not release
+    /// it), and no load here opens it meanwhile.
+    deleting: Mutex<HashMap<String, Option<u32>>>,
     /// Woken when a connection releases its sessions (see [`RELEASE_WAIT`]).
     pub released: tokio::sync::Notify,
     /// How long a session outlives its connection (`acpd serve`'s `detach_timeout`); `None`
@@ -84,6 +88,20 @@ impl Drop for Reservation {
     }
 }
 
+/// An id being deleted (see [`Sessions::begin_delete`]): its lease stays taken until this
+/// drops.
+pub struct Deleting {
+    sessions: Arc<Sessions>,
+    id: String,
+}
+
+impl Drop for Deleting {
+    fn drop(&mut self) {
+        lock(&self.sessions.deleting).remove(&self.id);
+        self.sessions.released.notify_waiters();
+    }
+}
+
 /// What `acpd status` shows of bridge sessions.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct SessionCounts {
@@ -98,6 +116,7 @@ impl Sessions {
             holder: Holder::me(),
             live: Mutex::new(HashMap::new()),
             opening: Mutex::default(),
+            deleting: Mutex::default(),
             released: tokio::sync::Notify::new(),
             detach,
             tasks: TaskTracker::new(),
@@ -130,8 +149,12 @@ impl Sessions {
             tracing::info!(provider = %child.provider().name, session = %id, ?end, "bridge session ended");
             // No longer live here: another acpd may load it now. Released before the entry
             // goes, so a load of it in this process (which waits for the entry) claims after
-            // this release, never before it.
-            if let Err(e) = me.store.release(&id, &me.holder).await {
+            // this release, never before it. Not while a delete of it runs: the delete took
+            // the lease for its whole call to the agent and gives it up itself.
+            let deleting = lock(&me.deleting).contains_key(&id);
+            if deleting {
+                tracing::debug!(session = %id, "session ended by its delete: the lease stays with the delete");
+            } else if let Err(e) = me.store.release(&id, &me.holder).await {
                 tracing::warn!(session = %id, "cannot release the session's lease: {e}");
             }
             lock(&me.live).remove(&id);
@@ -161,6 +184,14 @@ impl Sessions {
     /// or an error when the session is open on another connection or being opened.
     pub fn take_for_load(self: &Arc<Self>, id: &str, uid: Option<u32>) -> Result<Taken, RpcError> {
         let mut live = lock(&self.live);
+        if let Some(deleter) = lock(&self.deleting).get(id) {
+            if *deleter != uid {
+                return Ok(Taken::Foreign);
+            }
+            return Err(RpcError::invalid_request(format!(
+                "session {id} is being deleted by another request"
+            )));
+        }
         if let Some(opener) = lock(&self.opening).get(id) {
             if *opener != uid {
                 return Ok(Taken::Foreign);
@@ -184,6 +215,22 @@ impl Sessions {
         }
         entry.attached = true;
         Ok(Taken::Detached(entry.child.clone()))
+    }
+
+    /// Marks `id` as being deleted by `uid` until the guard drops (see [`Sessions::deleting`]);
+    /// an error when another delete of it runs.
+    pub fn begin_delete(self: &Arc<Self>, id: &str, uid: Option<u32>) -> Result<Deleting, RpcError> {
+        let mut deleting = lock(&self.deleting);
+        if deleting.contains_key(id) {
+            return Err(RpcError::invalid_request(format!(
+                "session {id} is being deleted by another request; retry when it answers"
+            )));
+        }
+        deleting.insert(id.to_string(), uid);
+        Ok(Deleting {
+            sessions: self.clone(),
+            id: id.to_string(),
+        })
     }
 
     /// Ends a detached session of `uid`; false when there is none.
@@ -602,7 +649,15 @@ pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
             .reply_err(&id, &RpcError::method_not_found("session/delete"))
             .await;
     }
-    // Taken for the delete: no other acpd loads it meanwhile.
+    // Taken for the delete, until the agent answered it: no other acpd loads it meanwhile,
+    // and the session ended below does not give the lease up on its way out.
+    let deleting = match conn.ctx.sessions.begin_delete(&sid, conn.ctx.peer_uid) {
+        Ok(d) => d,
+        Err(e) => {
+            ready.close().await;
+            return conn.reply_err(&id, &e).await;
+        }
+    };
     match store.claim(&sid, conn.caller(), holder).await {
         Ok(Claim::Held) => {}
         Ok(Claim::Elsewhere(h)) => {
@@ -637,12 +692,14 @@ pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
             if let Err(e) = store.remove(&sid).await {
                 tracing::warn!(session = %sid, "cannot forget a deleted session: {e}");
             }
+            drop(deleting);
             let _ = conn.peer.respond(&id, Ok(&result)).await;
         }
         Err(e) => {
             if let Err(e) = store.release(&sid, holder).await {
                 tracing::warn!(session = %sid, "cannot release the session's lease: {e}");
             }
+            drop(deleting);
             conn.reply_err(&id, &bridge_error(&e)).await
         }
     }
