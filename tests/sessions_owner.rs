@@ -772,3 +772,77 @@ fn a_session_being_deleted_is_not_loaded_in_another_acpd() {
     assert!(answer.value.get("result").is_some(), "{}", answer.text());
     assert_eq!(row_of(&env, &sid), None, "the deleted session is still in the map");
 }
+
+/// An agent that takes titles, answering `session/set_title` only once the file argv[2] exists
+/// (having written argv[1] when it got it).
+const SLOW_TITLES: &str = r#"import json, os, sys, time
+started, gate = sys.argv[1], sys.argv[2]
+def out(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m or "method" not in m:
+        continue
+    i, meth = m["id"], m["method"]
+    if meth == "initialize":
+        out({"jsonrpc": "2.0", "id": i, "result": {"protocolVersion": 1, "authMethods": [],
+             "agentCapabilities": {"loadSession": True, "sessionCapabilities": {"title": {}}}}})
+    elif meth == "session/new":
+        out({"jsonrpc": "2.0", "id": i, "result": {"sessionId": "slow-titles"}})
+    elif meth == "session/set_title":
+        open(started, "w").write("x")
+        while not os.path.exists(gate):
+            time.sleep(0.02)
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+    else:
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+"#;
+
+/// Hostile review of issue 18: a title the agent took after its editor went away (the session
+/// detached in `acpd serve` while the agent answered `session/set_title`) was never written to
+/// the session map: the answer was dropped with the call. The agent took it, so it is
+/// recorded.
+#[test]
+fn a_title_taken_while_detached_is_recorded() {
+    let env = Env::raw("");
+    let script = env.path().join("titles.py");
+    std::fs::write(&script, SLOW_TITLES).unwrap();
+    let (started, gate) = (env.path().join("started"), env.path().join("gate"));
+    std::fs::write(
+        &env.config,
+        format!(
+            "default_provider = \"t\"\ndetach_timeout = \"10m\"\n[providers.t]\n\
+             command = [\"python3\", \"{}\", \"{}\", \"{}\"]\n",
+            script.display(),
+            started.display(),
+            gate.display()
+        ),
+    )
+    .unwrap();
+    let cwd = work(&env);
+    let serve = Serve::start(&env);
+    let mut editor = serve.connect();
+    editor.initialize(json!({}));
+    let sid = editor.new_session(&cwd, "t");
+    editor.send(
+        "session/set_title",
+        json!({"sessionId": sid, "title": "named while away"}),
+    );
+    assert!(
+        eventually(SETTLE, || started.exists()),
+        "the agent never got the title"
+    );
+    drop(editor);
+    assert!(
+        eventually(SETTLE, || live(&serve) == (0, 1)),
+        "the session never detached"
+    );
+    std::fs::write(&gate, "go").unwrap();
+    assert!(
+        eventually(SETTLE, || row_of(&env, &sid)
+            .is_some_and(|r| r.0.as_deref() == Some("named while away"))),
+        "the title the agent took is not in the map: {:?}",
+        row_of(&env, &sid)
+    );
+}
