@@ -653,11 +653,18 @@ fn an_agents_control_characters_reach_the_log_escaped() {
         .lines()
         .find(|l| l.contains("boom"))
         .unwrap_or_else(|| panic!("no warning with the agent's message: {log:?}"));
-    for forged in ["\\rFORGED-CR", "\\u{b}FORGED-VT", "\\u{0}NUL", "\\u{9b}2JCSI", "\\nFORGED-LINE"] {
+    for forged in [
+        "\\rFORGED-CR",
+        "\\u{b}FORGED-VT",
+        "\\u{0}NUL",
+        "\\u{9b}2JCSI",
+        "\\nFORGED-LINE",
+    ] {
         assert!(line.contains(forged), "{forged} not escaped in {line:?}");
     }
     assert!(
-        !log.chars().any(|c| c.is_control() && c != '\n' && c != '\t'),
+        !log.chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t'),
         "a raw control character in acpd's log: {log:?}"
     );
 }

@@ -945,7 +945,10 @@ fn every_unusable_line_gets_an_error_with_its_id() {
         assert_eq!(v["id"], format!("a{n}"), "{v}");
         assert_eq!(v["error"]["code"], -32602, "arguments {args}: {v}");
         assert!(
-            v["error"]["message"].as_str().unwrap().contains("tools/call"),
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("tools/call"),
             "{v}"
         );
     }

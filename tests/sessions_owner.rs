@@ -770,7 +770,11 @@ fn a_session_being_deleted_is_not_loaded_in_another_acpd() {
     std::fs::write(&gate, "go").unwrap();
     let answer = a.answer(&json!(delete));
     assert!(answer.value.get("result").is_some(), "{}", answer.text());
-    assert_eq!(row_of(&env, &sid), None, "the deleted session is still in the map");
+    assert_eq!(
+        row_of(&env, &sid),
+        None,
+        "the deleted session is still in the map"
+    );
 }
 
 /// An agent that takes titles, answering `session/set_title` only once the file argv[2] exists

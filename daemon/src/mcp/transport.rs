@@ -303,7 +303,10 @@ fn misread_as_custom(message: &RxJsonRpcMessage<RoleServer>) -> Option<String> {
         "tools/call" => custom
             .params_as::<rmcp::model::CallToolRequestParams>()
             .err()
-            .map_or_else(|| "they do not fit its schema".to_string(), |e| e.to_string()),
+            .map_or_else(
+                || "they do not fit its schema".to_string(),
+                |e| e.to_string(),
+            ),
         _ => "they do not fit its schema".to_string(),
     };
     Some(format!("Invalid params for {method}: {reason}"))

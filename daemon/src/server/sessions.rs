@@ -219,7 +219,11 @@ impl Sessions {
 
     /// Marks `id` as being deleted by `uid` until the guard drops (see [`Sessions::deleting`]);
     /// an error when another delete of it runs.
-    pub fn begin_delete(self: &Arc<Self>, id: &str, uid: Option<u32>) -> Result<Deleting, RpcError> {
+    pub fn begin_delete(
+        self: &Arc<Self>,
+        id: &str,
+        uid: Option<u32>,
+    ) -> Result<Deleting, RpcError> {
         let mut deleting = lock(&self.deleting);
         if deleting.contains_key(id) {
             return Err(RpcError::invalid_request(format!(

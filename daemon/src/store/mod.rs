@@ -736,10 +736,8 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     if found < 3 {
         // Rows from before are taken as opened by someone (0): no listing's bound cuts them;
         // rows an agent lists from now on are marked when they come in.
-        tx.execute_batch(
-            "ALTER TABLE sessions ADD COLUMN listed_only INTEGER NOT NULL DEFAULT 0;",
-        )
-        .map_err(query)?;
+        tx.execute_batch("ALTER TABLE sessions ADD COLUMN listed_only INTEGER NOT NULL DEFAULT 0;")
+            .map_err(query)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA)
         .map_err(query)?;

@@ -264,14 +264,8 @@ async fn forget_unlisted_removes_only_that_providers_missing_rows() {
             .unwrap(),
         0
     );
-    assert_eq!(
-        store.forget_unlisted("nobody", &[], None).await.unwrap(),
-        0
-    );
-    assert_eq!(
-        store.forget_unlisted("claude", &[], None).await.unwrap(),
-        1
-    );
+    assert_eq!(store.forget_unlisted("nobody", &[], None).await.unwrap(), 0);
+    assert_eq!(store.forget_unlisted("claude", &[], None).await.unwrap(), 1);
 }
 
 #[tokio::test]
@@ -711,7 +705,11 @@ async fn a_listed_row_gives_way_to_the_session_its_opener_files() {
         .expect("the opener's insert failed on the listed row");
     let got = store.get_owned("acpd-mine", opener).await.unwrap().unwrap();
     assert_eq!(got.child_session_id, "c1");
-    assert_eq!(store.get(&listed).await.unwrap(), None, "two ids for one child session");
+    assert_eq!(
+        store.get(&listed).await.unwrap(),
+        None,
+        "two ids for one child session"
+    );
     // The next listing files the child session under the opener's id, still theirs.
     let again = store
         .adopt("echo", "c1", Path::new("/w"), Some("t".into()), None)
@@ -721,7 +719,13 @@ async fn a_listed_row_gives_way_to_the_session_its_opener_files() {
     assert_eq!(store.get("acpd-mine").await.unwrap().unwrap().owner, opener);
     // A row someone opened never gives way to another opener's claim on its child session.
     let err = store
-        .insert(row("acpd-thief", "echo", "c1", "/w", "2026-12-01T10:00:00Z"))
+        .insert(row(
+            "acpd-thief",
+            "echo",
+            "c1",
+            "/w",
+            "2026-12-01T10:00:00Z",
+        ))
         .await;
     assert!(err.is_err());
     assert_eq!(store.get("acpd-mine").await.unwrap().unwrap().owner, opener);
@@ -738,17 +742,35 @@ async fn the_bound_never_forgets_a_row_someone_opened() {
     store
         .insert(SessionRow {
             owner: other,
-            ..row("acpd-theirs", "flood", "t", "/w", "2026-01-01T00:00:00.000Z")
+            ..row(
+                "acpd-theirs",
+                "flood",
+                "t",
+                "/w",
+                "2026-01-01T00:00:00.000Z",
+            )
         })
         .await
         .unwrap();
     store
-        .insert(row("acpd-mine", "flood", "m", "/w", "2026-01-01T00:00:00.000Z"))
+        .insert(row(
+            "acpd-mine",
+            "flood",
+            "m",
+            "/w",
+            "2026-01-01T00:00:00.000Z",
+        ))
         .await
         .unwrap();
     // A listed row loaded by its owner is theirs now: out of the bound too.
     let loaded = store
-        .adopt("flood", "l", Path::new("/w"), None, Some("2026-01-01T00:00:00Z".into()))
+        .adopt(
+            "flood",
+            "l",
+            Path::new("/w"),
+            None,
+            Some("2026-01-01T00:00:00Z".into()),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -771,7 +793,10 @@ async fn the_bound_never_forgets_a_row_someone_opened() {
         assert!(store.get(id).await.unwrap().is_some(), "{id} was forgotten");
     }
     let listed_rows = store.list(None, me()).await.unwrap().len() - 2;
-    assert!(listed_rows <= 5, "{listed_rows} listed rows kept past the bound of 5");
+    assert!(
+        listed_rows <= 5,
+        "{listed_rows} listed rows kept past the bound of 5"
+    );
 }
 
 /// Opened rows follow "ids the agent stops listing are forgotten" only on a whole listing, and
@@ -781,7 +806,13 @@ async fn the_bound_never_forgets_a_row_someone_opened() {
 async fn a_whole_listing_forgets_an_opened_row_only_when_older_and_not_held() {
     let store = Store::in_memory();
     store
-        .insert(row("acpd-old", "p", "old", "/w", "2026-01-01T00:00:00.000Z"))
+        .insert(row(
+            "acpd-old",
+            "p",
+            "old",
+            "/w",
+            "2026-01-01T00:00:00.000Z",
+        ))
         .await
         .unwrap();
     store
@@ -792,7 +823,13 @@ async fn a_whole_listing_forgets_an_opened_row_only_when_older_and_not_held() {
         .await
         .unwrap();
     store
-        .insert(row("acpd-new", "p", "new", "/w", "2026-06-01T00:00:00.000Z"))
+        .insert(row(
+            "acpd-new",
+            "p",
+            "new",
+            "/w",
+            "2026-06-01T00:00:00.000Z",
+        ))
         .await
         .unwrap();
     let since = "2026-03-01T00:00:00.000Z";
@@ -801,7 +838,10 @@ async fn a_whole_listing_forgets_an_opened_row_only_when_older_and_not_held() {
         0,
         "a cut listing forgot an opened row"
     );
-    assert_eq!(store.forget_unlisted("p", &[], Some(since)).await.unwrap(), 1);
+    assert_eq!(
+        store.forget_unlisted("p", &[], Some(since)).await.unwrap(),
+        1
+    );
     assert_eq!(store.get("acpd-old").await.unwrap(), None);
     assert!(store.get("acpd-live").await.unwrap().is_some());
     assert!(store.get("acpd-new").await.unwrap().is_some());
