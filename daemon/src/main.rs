@@ -87,9 +87,49 @@ fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(filter())
         .log_internal_errors(false)
-        .with_writer(std::io::stderr)
+        .with_writer(|| EscapedStderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
+
+/// stderr for plain-text log lines, each control character a child or an editor could have put
+/// in one (an agent's error message, its stderr tail, a method name) escaped: the formatter
+/// escapes only ESC, BEL, BS, FF, DEL and C1 in what it is given, so a CR from an agent would
+/// return the terminal's cursor and let the agent overwrite the line. Left as they are: the
+/// event's final newline, tab, and ESC (the formatter's own colours on a terminal; it escapes
+/// an ESC in the text itself). The formatter writes one event per `write`.
+struct EscapedStderr;
+
+impl std::io::Write for EscapedStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let (body, end) = match buf.strip_suffix(b"\n") {
+            Some(body) => (body, &b"\n"[..]),
+            None => (buf, &b""[..]),
+        };
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        let mut bytes = body.iter().copied().peekable();
+        while let Some(b) = bytes.next() {
+            match b {
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b'\t' | 0x1b => out.push(b),
+                0x00..=0x1f | 0x7f => out.extend_from_slice(format!("\\u{{{b:x}}}").as_bytes()),
+                // U+0080..U+009F (C1) in UTF-8.
+                0xc2 if bytes.peek().is_some_and(|n| (0x80..=0x9f).contains(n)) => {
+                    let n = bytes.next().unwrap_or_default();
+                    out.extend_from_slice(format!("\\u{{{n:x}}}").as_bytes());
+                }
+                b => out.push(b),
+            }
+        }
+        out.extend_from_slice(end);
+        std::io::Write::write_all(&mut std::io::stderr().lock(), &out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::Write::flush(&mut std::io::stderr())
+    }
 }
 
 /// systemd's "automatic protocol upgrade": `JOURNAL_STREAM` names stderr's device and inode.

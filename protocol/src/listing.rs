@@ -23,9 +23,7 @@ pub fn page<T>(
 ) -> Result<(Vec<T>, Option<String>), String> {
     let start = match cursor {
         None => 0,
-        Some(c) => offset(c).ok_or_else(|| {
-            format!("unknown cursor {c:?}: pass a nextCursor from an earlier answer")
-        })?,
+        Some(c) => offset(c).ok_or_else(|| unknown_cursor(c))?,
     };
     let size = size.max(1);
     let total = items.len();
@@ -53,9 +51,7 @@ pub fn page_within<T>(
 ) -> Result<(Vec<T>, Option<String>, usize), String> {
     let start = match cursor {
         None => 0,
-        Some(c) => offset(c).ok_or_else(|| {
-            format!("unknown cursor {c:?}: pass a nextCursor from an earlier answer")
-        })?,
+        Some(c) => offset(c).ok_or_else(|| unknown_cursor(c))?,
     };
     let size = size.max(1);
     let total = items.len();
@@ -79,6 +75,25 @@ pub fn page_within<T>(
     }
     let next = (end < total).then(|| format!("{PREFIX}{end}"));
     Ok((page, next, skipped))
+}
+
+/// The longest part of a refused cursor quoted back, in bytes: the error names what was sent
+/// without echoing a megabyte of it (the answer line must stay within the peer's `max_line`).
+const QUOTED_CURSOR: usize = 64;
+
+/// The error for a cursor that is not one of ours, quoting at most [`QUOTED_CURSOR`] bytes of
+/// it (cut on a character boundary; the full length said when cut).
+fn unknown_cursor(c: &str) -> String {
+    let mut end = c.len().min(QUOTED_CURSOR);
+    while !c.is_char_boundary(end) {
+        end -= 1;
+    }
+    let shown = if end < c.len() {
+        format!("{:?}… ({} bytes)", &c[..end], c.len())
+    } else {
+        format!("{c:?}")
+    };
+    format!("unknown cursor {shown}: pass a nextCursor from an earlier answer")
 }
 
 /// The offset in one of our cursors: digits only, written as we write them (no sign, no
@@ -179,5 +194,22 @@ mod tests {
         ] {
             assert!(page(vec![1, 2, 3], Some(c), 1).is_err(), "{c:?}");
         }
+    }
+
+    /// Hostile review of issue 18: a refused cursor was quoted whole (escaped, so longer
+    /// still), and a 1 MiB cursor made a 1 MiB error line past any `max_line`.
+    #[test]
+    fn a_refused_cursor_is_quoted_at_most_64_bytes() {
+        for c in ["\u{1}".repeat(1 << 20), "é".repeat(1 << 19), "x".repeat(65)] {
+            for e in [
+                page(vec![1], Some(&c), 1).unwrap_err(),
+                page_within(vec![1], Some(&c), 1, 10, |_| 1).unwrap_err(),
+            ] {
+                assert!(e.len() < 64 * 6 + 120, "{} bytes: {e:.200}", e.len());
+                assert!(e.contains(&format!("({} bytes)", c.len())), "{e:.200}");
+            }
+        }
+        let e = page(vec![1], Some("short"), 1).unwrap_err();
+        assert!(e.contains("\"short\":"), "{e}");
     }
 }

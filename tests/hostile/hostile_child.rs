@@ -607,3 +607,64 @@ fn doubled_routing_keys_from_a_child_never_enter_a_run() {
         );
     assert_eq!(output_text(&value), "ok", "{value}\n{stderr}");
 }
+
+/// An agent that lists sessions, but answers `session/list` with an error whose message holds
+/// a CR, a vertical tab, a NUL, a C1 CSI and a newline, each followed by forged text.
+const CONTROL_ERRORS: &str = r#"import json, sys
+def out(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m or "method" not in m:
+        continue
+    i, meth = m["id"], m["method"]
+    if meth == "initialize":
+        out({"jsonrpc": "2.0", "id": i, "result": {"protocolVersion": 1, "authMethods": [],
+             "agentCapabilities": {"sessionCapabilities": {"list": {}}}}})
+    else:
+        out({"jsonrpc": "2.0", "id": i, "error": {"code": -32603,
+             "message": "boom\rFORGED-CR\u000bFORGED-VT\u0000NUL\u009b2JCSI\nFORGED-LINE"}})
+"#;
+
+/// Hostile review of issue 18: acpd's own log printed an agent's error message raw, so a CR
+/// in it returned the terminal's cursor and the agent overwrote the log line (and a newline
+/// forged a line of its own). Every control character but ESC and tab reaches the log escaped.
+#[test]
+fn an_agents_control_characters_reach_the_log_escaped() {
+    let env = Env::raw("");
+    let script = env.path().join("controls.py");
+    std::fs::write(&script, CONTROL_ERRORS).unwrap();
+    std::fs::write(
+        &env.config,
+        format!(
+            "default_provider = \"c\"\n[providers.c]\ncommand = [\"python3\", \"{}\"]\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({}));
+    let listed = raw.ok("session/list", json!({}));
+    assert_eq!(listed["sessions"], json!([]), "{listed}");
+    // The warning was written before the answer went out.
+    let log = raw.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("boom"))
+        .unwrap_or_else(|| panic!("no warning with the agent's message: {log:?}"));
+    for forged in [
+        "\\rFORGED-CR",
+        "\\u{b}FORGED-VT",
+        "\\u{0}NUL",
+        "\\u{9b}2JCSI",
+        "\\nFORGED-LINE",
+    ] {
+        assert!(line.contains(forged), "{forged} not escaped in {line:?}");
+    }
+    assert!(
+        !log.chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t'),
+        "a raw control character in acpd's log: {log:?}"
+    );
+}

@@ -12,7 +12,7 @@ use crate::common;
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -629,4 +629,234 @@ fn a_title_the_agent_refuses_is_not_written() {
     let answer = raw.call("session/close", json!({"sessionId": UNKNOWN}));
     assert_eq!(answer["error"]["code"], -32002, "{answer}");
     assert_eq!(row_of(&env, &sid).unwrap().0.as_deref(), Some("accepted"));
+}
+
+/// An agent whose listing already holds the session its next `session/new` hands out
+/// (`own-1`), as an agent listing its sessions from disk does while acpd is still filing the
+/// new one; its first listing lists `own-1` first, later ones last, after ten sessions with an
+/// `updatedAt` far in the future. Listing calls are counted in the file named by argv[1].
+const RACY_LISTER: &str = r#"import json, os, sys
+count = sys.argv[1]
+def out(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m or "method" not in m:
+        continue
+    i, meth = m["id"], m["method"]
+    if meth == "initialize":
+        out({"jsonrpc": "2.0", "id": i, "result": {"protocolVersion": 1, "authMethods": [],
+             "agentCapabilities": {"loadSession": True, "sessionCapabilities": {"list": {}}}}})
+    elif meth == "session/new":
+        out({"jsonrpc": "2.0", "id": i, "result": {"sessionId": "own-1"}})
+    elif meth == "session/list":
+        n = int(open(count).read()) if os.path.exists(count) else 0
+        open(count, "w").write(str(n + 1))
+        own = {"sessionId": "own-1", "cwd": "/tmp", "updatedAt": "2026-01-01T00:00:00Z"}
+        future = [{"sessionId": "f%d" % k, "cwd": "/tmp", "updatedAt": "2999-01-01T00:00:00Z"}
+                  for k in range(10)]
+        sessions = [own] + future if n == 0 else future + [own]
+        out({"jsonrpc": "2.0", "id": i, "result": {"sessions": sessions, "nextCursor": None}})
+    else:
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+"#;
+
+/// Hostile review of issue 18, two holes: (1) a `session/list` refresh that filed the child's
+/// session before the `session/new` that made it had its row in took its one acpd id, and the
+/// opener's own id was never kept (not listed, not loadable); (2) the bound on what an agent
+/// lists (`max_listed_sessions`) and the listing cut at it forgot rows of any owner, so an
+/// agent listing sessions with a future `updatedAt` pushed out the rows users opened. The
+/// opener's id wins and stays listed whatever the agent lists past the bound.
+#[test]
+fn an_opened_session_keeps_its_id_against_the_agents_listing() {
+    let env = Env::raw("");
+    let script = env.path().join("racy.py");
+    std::fs::write(&script, RACY_LISTER).unwrap();
+    std::fs::write(
+        &env.config,
+        format!(
+            "default_provider = \"racy\"\nmax_listed_sessions = 5\n\
+             [providers.racy]\ncommand = [\"python3\", \"{}\", \"{}\"]\n",
+            script.display(),
+            env.path().join("list-count").display()
+        ),
+    )
+    .unwrap();
+    let cwd = work(&env);
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({}));
+    // The agent's listing files own-1 first, under an id of acpd's own.
+    let before = ids(&list_all(&mut raw, 1 << 20));
+    assert_eq!(before.len(), 5, "{before:?}");
+    let sid = raw.new_session(&cwd, "racy");
+    assert!(!before.contains(&sid));
+    for round in 0..2 {
+        let listed = list_all(&mut raw, 1 << 20);
+        let mine: Vec<&Value> = listed.iter().filter(|s| s["sessionId"] == sid).collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "round {round}: the opened session {sid} is not listed: {listed:?}; log: {}",
+            raw.log()
+        );
+        assert!(
+            listed.len() <= 6,
+            "{} listed past the bound of 5 (+ the opened one)",
+            listed.len()
+        );
+    }
+    assert_eq!(row_of(&env, &sid).map(|r| r.0), Some(None));
+}
+
+/// An agent that loads and deletes sessions; its `session/delete` writes the file argv[1] and
+/// answers only once the file argv[2] exists.
+const SLOW_DELETER: &str = r#"import json, os, sys, time, uuid
+started, gate = sys.argv[1], sys.argv[2]
+def out(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m or "method" not in m:
+        continue
+    i, meth = m["id"], m["method"]
+    if meth == "initialize":
+        out({"jsonrpc": "2.0", "id": i, "result": {"protocolVersion": 1, "authMethods": [],
+             "agentCapabilities": {"loadSession": True, "sessionCapabilities": {"delete": {}}}}})
+    elif meth == "session/new":
+        out({"jsonrpc": "2.0", "id": i, "result": {"sessionId": str(uuid.uuid4())}})
+    elif meth == "session/delete":
+        open(started, "w").write("x")
+        while not os.path.exists(gate):
+            time.sleep(0.02)
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+    else:
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+"#;
+
+/// Hostile review of issue 18: `session/delete` of a session open on the caller's connection
+/// ended that session first, and its ending released the lease the delete had just taken, so
+/// another acpd sharing the map loaded the session while the agent was deleting it. The lease
+/// is kept until the delete is answered: the other acpd is told which acpd holds it.
+#[test]
+fn a_session_being_deleted_is_not_loaded_in_another_acpd() {
+    let env = Env::raw("");
+    let script = env.path().join("deleter.py");
+    std::fs::write(&script, SLOW_DELETER).unwrap();
+    let (started, gate) = (env.path().join("started"), env.path().join("gate"));
+    std::fs::write(
+        &env.config,
+        format!(
+            "default_provider = \"d\"\n[providers.d]\n\
+             command = [\"python3\", \"{}\", \"{}\", \"{}\"]\n",
+            script.display(),
+            started.display(),
+            gate.display()
+        ),
+    )
+    .unwrap();
+    let cwd = work(&env);
+    let mut a = Raw::stdio(&env);
+    a.initialize(json!({}));
+    let sid = a.new_session(&cwd, "d");
+    let delete = a.send("session/delete", json!({ "sessionId": sid }));
+    assert!(
+        eventually(SETTLE, || started.exists()),
+        "the agent never got the delete; log: {}",
+        a.log()
+    );
+    let mut b = Raw::stdio_with(&env, &[], Stdio::null());
+    b.initialize(json!({}));
+    let load = b.call(
+        "session/load",
+        json!({"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+    );
+    let message = load["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("live in another acpd") && message.contains(&format!("pid {}", a.pid())),
+        "a load in another acpd during the delete: {load}"
+    );
+    std::fs::write(&gate, "go").unwrap();
+    let answer = a.answer(&json!(delete));
+    assert!(answer.value.get("result").is_some(), "{}", answer.text());
+    assert_eq!(
+        row_of(&env, &sid),
+        None,
+        "the deleted session is still in the map"
+    );
+}
+
+/// An agent that takes titles, answering `session/set_title` only once the file argv[2] exists
+/// (having written argv[1] when it got it).
+const SLOW_TITLES: &str = r#"import json, os, sys, time
+started, gate = sys.argv[1], sys.argv[2]
+def out(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    if "id" not in m or "method" not in m:
+        continue
+    i, meth = m["id"], m["method"]
+    if meth == "initialize":
+        out({"jsonrpc": "2.0", "id": i, "result": {"protocolVersion": 1, "authMethods": [],
+             "agentCapabilities": {"loadSession": True, "sessionCapabilities": {"title": {}}}}})
+    elif meth == "session/new":
+        out({"jsonrpc": "2.0", "id": i, "result": {"sessionId": "slow-titles"}})
+    elif meth == "session/set_title":
+        open(started, "w").write("x")
+        while not os.path.exists(gate):
+            time.sleep(0.02)
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+    else:
+        out({"jsonrpc": "2.0", "id": i, "result": {}})
+"#;
+
+/// Hostile review of issue 18: a title the agent took after its editor went away (the session
+/// detached in `acpd serve` while the agent answered `session/set_title`) was never written to
+/// the session map: the answer was dropped with the call. The agent took it, so it is
+/// recorded.
+#[test]
+fn a_title_taken_while_detached_is_recorded() {
+    let env = Env::raw("");
+    let script = env.path().join("titles.py");
+    std::fs::write(&script, SLOW_TITLES).unwrap();
+    let (started, gate) = (env.path().join("started"), env.path().join("gate"));
+    std::fs::write(
+        &env.config,
+        format!(
+            "default_provider = \"t\"\ndetach_timeout = \"10m\"\n[providers.t]\n\
+             command = [\"python3\", \"{}\", \"{}\", \"{}\"]\n",
+            script.display(),
+            started.display(),
+            gate.display()
+        ),
+    )
+    .unwrap();
+    let cwd = work(&env);
+    let serve = Serve::start(&env);
+    let mut editor = serve.connect();
+    editor.initialize(json!({}));
+    let sid = editor.new_session(&cwd, "t");
+    editor.send(
+        "session/set_title",
+        json!({"sessionId": sid, "title": "named while away"}),
+    );
+    assert!(
+        eventually(SETTLE, || started.exists()),
+        "the agent never got the title"
+    );
+    drop(editor);
+    assert!(
+        eventually(SETTLE, || live(&serve) == (0, 1)),
+        "the session never detached"
+    );
+    std::fs::write(&gate, "go").unwrap();
+    assert!(
+        eventually(SETTLE, || row_of(&env, &sid)
+            .is_some_and(|r| r.0.as_deref() == Some("named while away"))),
+        "the title the agent took is not in the map: {:?}",
+        row_of(&env, &sid)
+    );
 }

@@ -877,6 +877,24 @@ fn every_unusable_line_gets_an_error_with_its_id() {
     assert_eq!(v["id"], "eight", "{v}");
     assert!(v["error"]["code"].is_i64(), "{v}");
 
+    // Hostile review of issue 18: arguments that are not an object were answered -32601
+    // (method not found), for a method the server has.
+    for (n, args) in ["5", "\"x\"", "[1]", "true"].iter().enumerate() {
+        send(&format!(
+            r#"{{"jsonrpc":"2.0","id":"a{n}","method":"tools/call","params":{{"name":"subagent_list","arguments":{args}}}}}"#
+        ));
+        let v = next();
+        assert_eq!(v["id"], format!("a{n}"), "{v}");
+        assert_eq!(v["error"]["code"], -32602, "arguments {args}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("tools/call"),
+            "{v}"
+        );
+    }
+
     send(r#"{"foo":"bar"}"#);
     let v = next();
     assert!(

@@ -235,7 +235,10 @@ fn screen(line: &[u8]) -> Screened {
         .cloned();
     let method = object.get("method").and_then(Value::as_str);
     match serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(line) {
-        Ok(message) => Screened::Message(Box::new(message)),
+        Ok(message) => match (misread_as_custom(&message), id) {
+            (Some(why), Some(id)) => Screened::Answer(error(id, INVALID_PARAMS, why)),
+            _ => Screened::Message(Box::new(message)),
+        },
         Err(e) => match (method, id) {
             (Some(method), Some(id)) => Screened::Answer(error(
                 id,
@@ -254,6 +257,59 @@ fn screen(line: &[u8]) -> Screened {
             )),
         },
     }
+}
+
+/// The MCP requests rmcp reads into a typed request: one of these that reaches rmcp as a
+/// custom request had params that did not fit (rmcp falls back to its catch-all variant, then
+/// answers "method not found", −32601, for a method it does know).
+const TYPED_REQUESTS: &[&str] = &[
+    "initialize",
+    "ping",
+    "server/discover",
+    "completion/complete",
+    "logging/setLevel",
+    "prompts/get",
+    "prompts/list",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "resources/directory/read",
+    "subscriptions/listen",
+    "tools/call",
+    "tools/list",
+    "tasks/get",
+    "tasks/update",
+    "tasks/cancel",
+    "skills/list",
+    "skills/get",
+];
+
+/// Why a request of a known method was read as a custom one (its params do not fit its
+/// method: −32602), with serde's reason for `tools/call`; None for any other message.
+fn misread_as_custom(message: &RxJsonRpcMessage<RoleServer>) -> Option<String> {
+    let rmcp::model::JsonRpcMessage::Request(request) = message else {
+        return None;
+    };
+    let rmcp::model::ClientRequest::CustomRequest(custom) = &request.request else {
+        return None;
+    };
+    let method = custom.method.as_str();
+    if !TYPED_REQUESTS.contains(&method) {
+        return None;
+    }
+    let reason = match method {
+        "tools/call" => custom
+            .params_as::<rmcp::model::CallToolRequestParams>()
+            .err()
+            .map_or_else(
+                || "they do not fit its schema".to_string(),
+                |e| e.to_string(),
+            ),
+        _ => "they do not fit its schema".to_string(),
+    };
+    Some(format!("Invalid params for {method}: {reason}"))
 }
 
 /// What a line that does not parse still tells: how deep it nests, and the top-level `id`

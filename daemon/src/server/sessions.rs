@@ -39,6 +39,10 @@ pub struct Sessions {
     /// load of the same id waits its turn instead of opening it twice (and another user's
     /// load learns nothing of it).
     opening: Mutex<HashMap<String, Option<u32>>>,
+    /// Ids a `session/delete` is deleting right now and by which uid: the lease the delete took
+    /// is kept until the agent answered it (the session it ends on the way does not release
+    /// it), and no load here opens it meanwhile.
+    deleting: Mutex<HashMap<String, Option<u32>>>,
     /// Woken when a connection releases its sessions or a live session ends (see
     /// [`RELEASE_WAIT`]).
     pub released: tokio::sync::Notify,
@@ -85,6 +89,20 @@ impl Drop for Reservation {
     }
 }
 
+/// An id being deleted (see [`Sessions::begin_delete`]): its lease stays taken until this
+/// drops.
+pub struct Deleting {
+    sessions: Arc<Sessions>,
+    id: String,
+}
+
+impl Drop for Deleting {
+    fn drop(&mut self) {
+        lock(&self.sessions.deleting).remove(&self.id);
+        self.sessions.released.notify_waiters();
+    }
+}
+
 /// What `acpd status` shows of bridge sessions.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct SessionCounts {
@@ -99,6 +117,7 @@ impl Sessions {
             holder: Holder::me(),
             live: Mutex::new(HashMap::new()),
             opening: Mutex::default(),
+            deleting: Mutex::default(),
             released: tokio::sync::Notify::new(),
             detach,
             tasks: TaskTracker::new(),
@@ -131,8 +150,12 @@ impl Sessions {
             tracing::info!(provider = %child.provider().name, session = %id, ?end, "bridge session ended");
             // No longer live here: another acpd may load it now. Released before the entry
             // goes, so a load of it in this process (which waits for the entry) claims after
-            // this release, never before it.
-            if let Err(e) = me.store.release(&id, &me.holder).await {
+            // this release, never before it. Not while a delete of it runs: the delete took
+            // the lease for its whole call to the agent and gives it up itself.
+            let deleting = lock(&me.deleting).contains_key(&id);
+            if deleting {
+                tracing::debug!(session = %id, "session ended by its delete: the lease stays with the delete");
+            } else if let Err(e) = me.store.release(&id, &me.holder).await {
                 tracing::warn!(session = %id, "cannot release the session's lease: {e}");
             }
             lock(&me.live).remove(&id);
@@ -164,6 +187,14 @@ impl Sessions {
     /// or an error when the session is open on another connection or being opened.
     pub fn take_for_load(self: &Arc<Self>, id: &str, uid: Option<u32>) -> Result<Taken, RpcError> {
         let mut live = lock(&self.live);
+        if let Some(deleter) = lock(&self.deleting).get(id) {
+            if *deleter != uid {
+                return Ok(Taken::Foreign);
+            }
+            return Err(RpcError::invalid_request(format!(
+                "session {id} is being deleted by another request"
+            )));
+        }
         if let Some(opener) = lock(&self.opening).get(id) {
             if *opener != uid {
                 return Ok(Taken::Foreign);
@@ -187,6 +218,26 @@ impl Sessions {
         }
         entry.attached = true;
         Ok(Taken::Detached(entry.child.clone()))
+    }
+
+    /// Marks `id` as being deleted by `uid` until the guard drops (see [`Sessions::deleting`]);
+    /// an error when another delete of it runs.
+    pub fn begin_delete(
+        self: &Arc<Self>,
+        id: &str,
+        uid: Option<u32>,
+    ) -> Result<Deleting, RpcError> {
+        let mut deleting = lock(&self.deleting);
+        if deleting.contains_key(id) {
+            return Err(RpcError::invalid_request(format!(
+                "session {id} is being deleted by another request; retry when it answers"
+            )));
+        }
+        deleting.insert(id.to_string(), uid);
+        Ok(Deleting {
+            sessions: self.clone(),
+            id: id.to_string(),
+        })
     }
 
     /// Ends a detached session of `uid`; false when there is none.
@@ -410,31 +461,51 @@ async fn refresh(
         )
         .await
         .map_err(|e| bridge_error(&e))?;
+    // Rows written after this (a `session/new` racing the listing) are not the agent's to
+    // forget: its listing may predate them.
+    let since = crate::store::now();
     let listing = list_all(&mut ready, conn, provider, cwd).await;
     ready.close().await;
-    let (listed, complete, null_cursor) = listing?;
-    // What the agent no longer lists, it deleted (only a whole, unfiltered listing says so;
-    // one cut at max_listed_sessions is all acpd keeps, so what is past it goes too).
-    if complete && cwd.is_none() {
+    let (listed, whole, null_cursor) = listing?;
+    // What the agent no longer lists, it deleted; only an unfiltered listing says so. A whole
+    // one forgets any row it lacks (see `forget_unlisted`); one cut at max_listed_sessions is
+    // all acpd keeps of the agent's own sessions, so listed-only rows past it go, but never a
+    // row someone opened: the bound is about what an agent brings in, not about them.
+    let whole_since = match whole {
+        Whole::Yes => Some(since.as_str()),
+        Whole::Cut => None,
+        Whole::No => return Ok(null_cursor),
+    };
+    if cwd.is_none() {
         conn.ctx
             .sessions
             .store
-            .forget_unlisted(provider, &listed)
+            .forget_unlisted(provider, &listed, whole_since)
             .await
             .map_err(|e| internal(e.to_string()))?;
     }
     Ok(null_cursor)
 }
 
+/// How much of an agent's listing [`list_all`] saw.
+enum Whole {
+    /// Every page.
+    Yes,
+    /// Cut at `max_listed_sessions`: all acpd keeps of it, not all there is.
+    Cut,
+    /// Cut at [`MAX_CHILD_PAGES`].
+    No,
+}
+
 /// Every page of the agent's listing, each session filed, up to `max_listed_sessions`; the
-/// child ids, whether the listing was whole (or cut at that bound: what acpd keeps of it) and
-/// whether its last page said `"nextCursor": null`.
+/// child ids, whether the listing was whole and whether its last page said
+/// `"nextCursor": null`.
 async fn list_all(
     ready: &mut crate::registry::Ready,
     conn: &Arc<Conn>,
     provider: &str,
     cwd: Option<&std::path::Path>,
-) -> Result<(Vec<String>, bool, bool), RpcError> {
+) -> Result<(Vec<String>, Whole, bool), RpcError> {
     let internal = |e: String| RpcError::internal(e);
     let store = &conn.ctx.sessions.store;
     let max = conn.ctx.registry.config().max_listed_sessions;
@@ -477,13 +548,13 @@ async fn list_all(
         cursor = page.next_cursor.flatten();
         if cut || (cursor.is_some() && listed.len() >= max) {
             tracing::warn!(%provider, max, "the agent lists more sessions than max_listed_sessions; the rest are not kept");
-            return Ok((listed, true, false));
+            return Ok((listed, Whole::Cut, false));
         }
         if cursor.is_none() {
-            return Ok((listed, true, null_cursor));
+            return Ok((listed, Whole::Yes, null_cursor));
         }
     }
-    Ok((listed, false, false))
+    Ok((listed, Whole::No, false))
 }
 
 /// The longest child session id and cwd the map keeps from an agent's listing: an id is a
@@ -601,7 +672,15 @@ pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
             .reply_err(&id, &RpcError::method_not_found("session/delete"))
             .await;
     }
-    // Taken for the delete: no other acpd loads it meanwhile.
+    // Taken for the delete, until the agent answered it: no other acpd loads it meanwhile,
+    // and the session ended below does not give the lease up on its way out.
+    let deleting = match conn.ctx.sessions.begin_delete(&sid, conn.ctx.peer_uid) {
+        Ok(d) => d,
+        Err(e) => {
+            ready.close().await;
+            return conn.reply_err(&id, &e).await;
+        }
+    };
     match store.claim(&sid, conn.caller(), holder).await {
         Ok(Claim::Held) => {}
         Ok(Claim::Elsewhere(h)) => {
@@ -636,12 +715,14 @@ pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
             if let Err(e) = store.remove(&sid).await {
                 tracing::warn!(session = %sid, "cannot forget a deleted session: {e}");
             }
+            drop(deleting);
             let _ = conn.peer.respond(&id, Ok(&result)).await;
         }
         Err(e) => {
             if let Err(e) = store.release(&sid, holder).await {
                 tracing::warn!(session = %sid, "cannot release the session's lease: {e}");
             }
+            drop(deleting);
             conn.reply_err(&id, &bridge_error(&e)).await
         }
     }

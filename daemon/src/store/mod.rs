@@ -20,7 +20,7 @@ use rusqlite::{Connection, OptionalExtension as _, TransactionBehavior, params};
 mod tests;
 
 /// Bumped with every schema change; [`migrate`] brings older files up to it.
-const SCHEMA: i64 = 2;
+const SCHEMA: i64 = 3;
 /// How long a writer waits for another process's write before giving up.
 const BUSY: Duration = Duration::from_secs(5);
 const FILE_NAME: &str = "sessions.sqlite3";
@@ -247,21 +247,31 @@ impl Store {
         }
     }
 
-    /// Adds `row`, or replaces the row with its `acpd_id`. A child session already mapped to
-    /// another acpd id is an error: one child session has one acpd id.
+    /// Adds `row` (a session someone opened: `session/new`, `session/fork`), or replaces the row
+    /// with its `acpd_id`. The row it takes the place of, when an agent's listing filed the same
+    /// child session first (a `session/list` racing the `session/new` that made it), is only
+    /// listed, so it gives way: the opener's id wins. A child session already mapped to another
+    /// acpd id that someone opened is an error: one child session has one acpd id.
     pub async fn insert(&self, row: SessionRow) -> Result<(), StoreError> {
         let title = row.title.map(cap_title);
         let lease = row.lease;
         self.run(move |conn| {
-            conn.execute(
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "DELETE FROM sessions WHERE provider = ?1 AND child_session_id = ?2
+                   AND listed_only = 1 AND acpd_id != ?3",
+                params![row.provider, row.child_session_id, row.acpd_id],
+            )?;
+            tx.execute(
                 "INSERT INTO sessions (acpd_id, provider, child_session_id, cwd, title, updated_at,
-                   owner_uid, lease_pid, lease_start, lease_boot)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                   owner_uid, lease_pid, lease_start, lease_boot, listed_only)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0)
                  ON CONFLICT (acpd_id) DO UPDATE SET provider = excluded.provider,
                    child_session_id = excluded.child_session_id, cwd = excluded.cwd,
                    title = excluded.title, updated_at = excluded.updated_at,
                    owner_uid = excluded.owner_uid, lease_pid = excluded.lease_pid,
-                   lease_start = excluded.lease_start, lease_boot = excluded.lease_boot",
+                   lease_start = excluded.lease_start, lease_boot = excluded.lease_boot,
+                   listed_only = 0",
                 params![
                     row.acpd_id,
                     row.provider,
@@ -274,8 +284,8 @@ impl Store {
                     lease.as_ref().map(|h| h.start.to_string()),
                     lease.as_ref().map(|h| h.boot.clone()),
                 ],
-            )
-            .map(drop)
+            )?;
+            tx.commit()
         })
         .await
     }
@@ -290,7 +300,8 @@ impl Store {
     }
 
     /// Makes `me` the holder of `owner`'s session `acpd_id`, unless another live acpd holds it.
-    /// A dead holder's lease (its process gone, or from another boot) is taken over.
+    /// A dead holder's lease (its process gone, or from another boot) is taken over. A row only
+    /// an agent's listing brought in is now one its owner opened: no listing bounds it any more.
     pub async fn claim(&self, acpd_id: &str, owner: u32, me: &Holder) -> Result<Claim, StoreError> {
         let (acpd_id, me) = (acpd_id.to_owned(), me.clone());
         self.run(move |conn| {
@@ -309,7 +320,8 @@ impl Store {
                 Some((_, Some(h))) if h != me && h.alive() => Claim::Elsewhere(h),
                 Some(_) => {
                     tx.execute(
-                        "UPDATE sessions SET lease_pid = ?2, lease_start = ?3, lease_boot = ?4
+                        "UPDATE sessions SET lease_pid = ?2, lease_start = ?3, lease_boot = ?4,
+                           listed_only = 0
                          WHERE acpd_id = ?1",
                         params![acpd_id, me.pid, me.start.to_string(), me.boot],
                     )?;
@@ -411,8 +423,11 @@ impl Store {
     }
 
     /// Adopts every session of one page of `provider`'s listing (see [`Store::adopt`]) in one
-    /// transaction, then keeps only the provider's `max` newest rows: an agent that lists
-    /// fresh ids without end cannot grow the map past `max` rows. Returns the acpd ids.
+    /// transaction, then keeps only the provider's `max` newest listed-only rows: an agent that
+    /// lists fresh ids without end cannot grow the map past `max` rows. The bound counts and
+    /// cuts only rows the listing brought in and nobody opened (`listed_only`, acpd's uid): a
+    /// row someone's `session/new`, `fork` or `load` made is never pushed out by an agent
+    /// listing many sessions (or ones with `updatedAt` in the future). Returns the acpd ids.
     pub async fn adopt_listing(
         &self,
         provider: &str,
@@ -427,8 +442,8 @@ impl Store {
             {
                 let mut adopt = tx.prepare_cached(
                     "INSERT INTO sessions (acpd_id, provider, child_session_id, cwd, title,
-                       updated_at, owner_uid)
-                     VALUES (?1, ?2, ?3, ?4, ?5, COALESCE(?6, ?7), ?8)
+                       updated_at, owner_uid, listed_only)
+                     VALUES (?1, ?2, ?3, ?4, ?5, COALESCE(?6, ?7), ?8, 1)
                      ON CONFLICT (provider, child_session_id) DO UPDATE SET cwd = excluded.cwd,
                        title = COALESCE(excluded.title, title),
                        updated_at = COALESCE(?6, updated_at)
@@ -453,8 +468,9 @@ impl Store {
             }
             if max < usize::MAX {
                 tx.execute(
-                    "DELETE FROM sessions WHERE provider = ?1 AND acpd_id NOT IN (
-                       SELECT acpd_id FROM sessions WHERE provider = ?1
+                    "DELETE FROM sessions WHERE provider = ?1 AND listed_only = 1
+                     AND acpd_id NOT IN (
+                       SELECT acpd_id FROM sessions WHERE provider = ?1 AND listed_only = 1
                        ORDER BY updated_at DESC, acpd_id ASC LIMIT ?2)",
                     params![provider, i64::try_from(max).unwrap_or(i64::MAX)],
                 )?;
@@ -485,22 +501,49 @@ impl Store {
     }
 
     /// Rows of `provider` not in `listed` go (the agent deleted them); returns how many.
-    /// `listed` must be the agent's whole listing, every page of it.
+    /// `listed` is all acpd keeps of the agent's listing (every page, or the first
+    /// `max_listed_sessions`): listed-only rows not in it go. A row someone opened goes only
+    /// when `whole_since` is the time the listing began and the listing was whole (not cut at
+    /// the bound, so the bound never forgets one), the row was last written before it (so a
+    /// `session/new` racing the listing keeps its row) and no live acpd holds it.
     pub async fn forget_unlisted(
         &self,
         provider: &str,
         listed: &[String],
+        whole_since: Option<&str>,
     ) -> Result<usize, StoreError> {
         let provider = provider.to_owned();
+        let whole_since = whole_since.map(str::to_owned);
         let listed: std::collections::HashSet<String> = listed.iter().cloned().collect();
         self.run(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let gone: Vec<String> = {
-                let mut stmt =
-                    tx.prepare("SELECT child_session_id FROM sessions WHERE provider = ?1")?;
-                stmt.query_map([&provider], |r| r.get::<_, String>(0))?
-                    .filter(|id| !matches!(id, Ok(id) if listed.contains(id)))
-                    .collect::<Result<_, _>>()?
+                let mut stmt = tx.prepare(
+                    "SELECT child_session_id, listed_only, updated_at, lease_pid, lease_start,
+                       lease_boot FROM sessions WHERE provider = ?1",
+                )?;
+                let rows = stmt.query_map([&provider], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, bool>(1)?,
+                        r.get::<_, String>(2)?,
+                        lease_of(r, 3)?,
+                    ))
+                })?;
+                let mut gone = Vec::new();
+                for row in rows {
+                    let (id, listed_only, updated_at, lease) = row?;
+                    if listed.contains(&id) {
+                        continue;
+                    }
+                    let opened_may_go = whole_since.as_ref().is_some_and(|since| {
+                        updated_at < *since && !lease.as_ref().is_some_and(Holder::alive)
+                    });
+                    if listed_only || opened_may_go {
+                        gone.push(id);
+                    }
+                }
+                gone
             };
             {
                 let mut delete = tx.prepare(
@@ -689,6 +732,12 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
              CREATE INDEX sessions_by_provider ON sessions (provider, updated_at DESC, acpd_id);"
         ))
         .map_err(query)?;
+    }
+    if found < 3 {
+        // Rows from before are taken as opened by someone (0): no listing's bound cuts them;
+        // rows an agent lists from now on are marked when they come in.
+        tx.execute_batch("ALTER TABLE sessions ADD COLUMN listed_only INTEGER NOT NULL DEFAULT 0;")
+            .map_err(query)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA)
         .map_err(query)?;

@@ -241,7 +241,7 @@ async fn forget_unlisted_removes_only_that_providers_missing_rows() {
             .unwrap();
     }
     let gone = store
-        .forget_unlisted("codex", &["b".into(), "zzz".into()])
+        .forget_unlisted("codex", &["b".into(), "zzz".into()], None)
         .await
         .unwrap();
     assert_eq!(gone, 2);
@@ -258,11 +258,14 @@ async fn forget_unlisted_removes_only_that_providers_missing_rows() {
         [("claude".into(), "a".into()), ("codex".into(), "b".into())]
     );
     assert_eq!(
-        store.forget_unlisted("codex", &["b".into()]).await.unwrap(),
+        store
+            .forget_unlisted("codex", &["b".into()], None)
+            .await
+            .unwrap(),
         0
     );
-    assert_eq!(store.forget_unlisted("nobody", &[]).await.unwrap(), 0);
-    assert_eq!(store.forget_unlisted("claude", &[]).await.unwrap(), 1);
+    assert_eq!(store.forget_unlisted("nobody", &[], None).await.unwrap(), 0);
+    assert_eq!(store.forget_unlisted("claude", &[], None).await.unwrap(), 1);
 }
 
 #[tokio::test]
@@ -678,4 +681,168 @@ fn schema_one_rows_become_the_file_users() {
         .unwrap()
         .unwrap();
     assert_eq!((got.owner, got.lease), (me(), None));
+}
+
+/// Hostile review of issue 18: a `session/list` refresh that filed a child session before the
+/// `session/new` that made it inserted its row (the agent lists it already) took the child
+/// session's one acpd id, and the opener's insert failed on the unique key: they lost their
+/// own id. The opener's insert wins over a row only a listing brought in, and takes it over.
+#[tokio::test]
+async fn a_listed_row_gives_way_to_the_session_its_opener_files() {
+    let store = Store::in_memory();
+    let listed = store
+        .adopt("echo", "c1", Path::new("/w"), None, None)
+        .await
+        .unwrap();
+    let opener = me().wrapping_add(1);
+    store
+        .insert(SessionRow {
+            owner: opener,
+            lease: Some(Holder::me()),
+            ..row("acpd-mine", "echo", "c1", "/w", "2026-12-01T10:00:00Z")
+        })
+        .await
+        .expect("the opener's insert failed on the listed row");
+    let got = store.get_owned("acpd-mine", opener).await.unwrap().unwrap();
+    assert_eq!(got.child_session_id, "c1");
+    assert_eq!(
+        store.get(&listed).await.unwrap(),
+        None,
+        "two ids for one child session"
+    );
+    // The next listing files the child session under the opener's id, still theirs.
+    let again = store
+        .adopt("echo", "c1", Path::new("/w"), Some("t".into()), None)
+        .await
+        .unwrap();
+    assert_eq!(again, "acpd-mine");
+    assert_eq!(store.get("acpd-mine").await.unwrap().unwrap().owner, opener);
+    // A row someone opened never gives way to another opener's claim on its child session.
+    let err = store
+        .insert(row(
+            "acpd-thief",
+            "echo",
+            "c1",
+            "/w",
+            "2026-12-01T10:00:00Z",
+        ))
+        .await;
+    assert!(err.is_err());
+    assert_eq!(store.get("acpd-mine").await.unwrap().unwrap().owner, opener);
+}
+
+/// Hostile review of issue 18: the bound on what an agent lists (`max_listed_sessions`) cut the
+/// provider's rows of every owner, newest first, so an agent listing many sessions with a
+/// future `updatedAt` pushed out the rows users had opened. The bound counts and cuts only
+/// rows the listing brought in; a cut listing forgets none that someone opened.
+#[tokio::test]
+async fn the_bound_never_forgets_a_row_someone_opened() {
+    let store = Store::in_memory();
+    let other = me().wrapping_add(1);
+    store
+        .insert(SessionRow {
+            owner: other,
+            ..row(
+                "acpd-theirs",
+                "flood",
+                "t",
+                "/w",
+                "2026-01-01T00:00:00.000Z",
+            )
+        })
+        .await
+        .unwrap();
+    store
+        .insert(row(
+            "acpd-mine",
+            "flood",
+            "m",
+            "/w",
+            "2026-01-01T00:00:00.000Z",
+        ))
+        .await
+        .unwrap();
+    // A listed row loaded by its owner is theirs now: out of the bound too.
+    let loaded = store
+        .adopt(
+            "flood",
+            "l",
+            Path::new("/w"),
+            None,
+            Some("2026-01-01T00:00:00Z".into()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim(&loaded, me(), &Holder::me()).await.unwrap(),
+        Claim::Held
+    );
+    store.release(&loaded, &Holder::me()).await.unwrap();
+    let future: Vec<Listed> = (0..20)
+        .map(|i| Listed {
+            child_session_id: format!("f{i}"),
+            cwd: "/w".into(),
+            title: None,
+            updated_at: Some("2999-01-01T00:00:00Z".into()),
+        })
+        .collect();
+    store.adopt_listing("flood", future, 5).await.unwrap();
+    let listed: Vec<String> = (0..5).map(|i| format!("f{i}")).collect();
+    store.forget_unlisted("flood", &listed, None).await.unwrap();
+    for id in ["acpd-theirs", "acpd-mine", loaded.as_str()] {
+        assert!(store.get(id).await.unwrap().is_some(), "{id} was forgotten");
+    }
+    let listed_rows = store.list(None, me()).await.unwrap().len() - 2;
+    assert!(
+        listed_rows <= 5,
+        "{listed_rows} listed rows kept past the bound of 5"
+    );
+}
+
+/// Opened rows follow "ids the agent stops listing are forgotten" only on a whole listing, and
+/// only when written before the listing began and not live in any acpd: a `session/new`
+/// racing the listing keeps its row.
+#[tokio::test]
+async fn a_whole_listing_forgets_an_opened_row_only_when_older_and_not_held() {
+    let store = Store::in_memory();
+    store
+        .insert(row(
+            "acpd-old",
+            "p",
+            "old",
+            "/w",
+            "2026-01-01T00:00:00.000Z",
+        ))
+        .await
+        .unwrap();
+    store
+        .insert(SessionRow {
+            lease: Some(Holder::me()),
+            ..row("acpd-live", "p", "live", "/w", "2026-01-01T00:00:00.000Z")
+        })
+        .await
+        .unwrap();
+    store
+        .insert(row(
+            "acpd-new",
+            "p",
+            "new",
+            "/w",
+            "2026-06-01T00:00:00.000Z",
+        ))
+        .await
+        .unwrap();
+    let since = "2026-03-01T00:00:00.000Z";
+    assert_eq!(
+        store.forget_unlisted("p", &[], None).await.unwrap(),
+        0,
+        "a cut listing forgot an opened row"
+    );
+    assert_eq!(
+        store.forget_unlisted("p", &[], Some(since)).await.unwrap(),
+        1
+    );
+    assert_eq!(store.get("acpd-old").await.unwrap(), None);
+    assert!(store.get("acpd-live").await.unwrap().is_some());
+    assert!(store.get("acpd-new").await.unwrap().is_some());
 }

@@ -96,10 +96,12 @@ pub enum DirError {
          (chmod 0700 it)"
     )]
     Writable { mode: u32 },
+    #[error("it is readable by others (mode {0:04o}) and cannot be made 0700: {1}")]
+    Private(u32, std::io::Error),
 }
 
 /// Opens `dir` (created 0700 when missing) when it is fit to hold traces: a directory owned by
-/// acpd's effective uid, writable by no one else. A link at `dir` is followed only when acpd's
+/// acpd's effective uid, writable by no one else; one others can read is made 0700. A link at `dir` is followed only when acpd's
 /// uid made it; the directory it reaches is then checked like any other.
 pub fn open_dir(dir: &Path) -> Result<OwnedFd, DirError> {
     let own = nix::unistd::geteuid().as_raw();
@@ -134,6 +136,14 @@ pub fn open_dir(dir: &Path) -> Result<OwnedFd, DirError> {
     let mode = st.st_mode as u32 & 0o7777;
     if mode & 0o022 != 0 {
         return Err(DirError::Writable { mode });
+    }
+    // Readable or searchable by others (an existing 0755 dir): they would list the file names,
+    // which are session and run ids. acpd's uid owns it, so it is made 0700 like the state
+    // dir, through the descriptor (never a path someone could swap).
+    if mode & 0o077 != 0 {
+        nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(0o700))
+            .map_err(|e| DirError::Private(mode, e.into()))?;
+        tracing::info!(trace_dir = %dir.display(), "trace directory was mode {mode:04o}: made 0700");
     }
     Ok(fd)
 }
@@ -594,7 +604,7 @@ mod tests {
         std::fs::set_permissions(&traces, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert!(
             Trace::start(&traces, "run-1").is_some(),
-            "read-only for others is fine"
+            "read-only for others is used (made private)"
         );
         // A link of acpd's own uid to a fit directory is followed.
         let link = tmp.path().join("link");
@@ -608,6 +618,24 @@ mod tests {
             assert!(Trace::start(&link, "run-3").is_none());
         } else {
             eprintln!("SKIPPED: the other-owner case needs root to chown");
+        }
+    }
+
+    /// Hostile review of issue 18: an existing trace dir of acpd's uid that others can read
+    /// (0755, 0750, 0701) let them list the file names, which are session and run ids; it is
+    /// made 0700 when acpd opens it.
+    #[test]
+    fn a_trace_dir_others_can_read_is_made_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let traces = tmp.path().join("traces");
+        std::fs::create_dir(&traces).unwrap();
+        for mode in [0o755, 0o750, 0o701, 0o705] {
+            std::fs::set_permissions(&traces, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert!(Trace::start(&traces, "run-1").is_some(), "{mode:o}");
+            let now = std::fs::metadata(&traces).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(now, 0o700, "a {mode:o} trace dir was left {now:o}");
+            std::fs::remove_file(traces.join("run-1.ndjson")).unwrap();
         }
     }
 

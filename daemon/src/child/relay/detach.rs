@@ -60,6 +60,12 @@ impl Relay {
                             let _ = d.wire.respond(&id, Err(&e)).await;
                         }
                     }
+                    // The answer to a call of the connection that left: a title the agent
+                    // took is recorded all the same.
+                    Some(Ok(Message::Response { id: Some(id), outcome })) => {
+                        self.record_if_taken(&id, &outcome).await;
+                        dropped += 1;
+                    }
                     Some(Ok(_)) => dropped += 1,
                 },
                 cmd = d.cmds.recv() => match cmd {

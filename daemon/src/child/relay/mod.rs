@@ -331,7 +331,12 @@ impl Relay {
         outcome: Result<Box<RawValue>, RpcError>,
     ) -> Option<RelayEnd> {
         let id = id?;
-        let (pid, method) = self.open.remove(&id)?;
+        let Some((pid, method)) = self.open.remove(&id) else {
+            // A call of a connection that has gone (the session detached, maybe attached again
+            // since): its answer reaches nobody, but what it records still is.
+            self.record_if_taken(&id, &outcome).await;
+            return None;
+        };
         let after_ok = self.after_ok.remove(&id);
         if method == "session/prompt"
             && let Ok(r) = &outcome
@@ -387,6 +392,22 @@ impl Relay {
             }
         }
         (method == "session/close" && outcome.is_ok()).then_some(RelayEnd::Closed)
+    }
+
+    /// Runs what `id`'s call records once the agent took it (a title), when it answered with
+    /// a result that names no session twice: also for a call whose connection is gone, since the
+    /// agent took it all the same.
+    pub(super) async fn record_if_taken(
+        &mut self,
+        id: &Id,
+        outcome: &Result<Box<RawValue>, RpcError>,
+    ) {
+        let Some(record) = self.after_ok.remove(id) else {
+            return;
+        };
+        if matches!(outcome, Ok(r) if strict::doubled(r).is_none()) {
+            record().await;
+        }
     }
 
     fn supports(&self, method: &str) -> bool {
