@@ -367,7 +367,7 @@ async fn again(
     let mut forwarded = forwarded_params(params);
     let registry = &conn.ctx.registry;
     registry.offer_in(&mut forwarded, child.provider(), registry.bridge_depth());
-    if let Err(refused) = b.forward(id, method, Some(raw(&forwarded))) {
+    if let Err(refused) = b.forward(id, method, Some(raw(&forwarded)), None) {
         let (id, e) = *refused;
         conn.reply_err(&id, &e).await;
     }
