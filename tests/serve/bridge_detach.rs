@@ -792,7 +792,7 @@ fn made_ahead(d: &Daemon) -> Vec<(String, String)> {
         .collect()
 }
 
-fn process_cwd(pid: i32) -> PathBuf {
+fn process_cwd(pid: i32) -> std::path::PathBuf {
     std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap()
 }
 
