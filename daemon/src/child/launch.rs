@@ -134,8 +134,9 @@ pub enum Open {
 pub struct Initialized {
     h: Handshake,
     agent: AgentInfo,
-    /// When `initialize` was answered (a spare's age).
-    pub ready_at: std::time::Instant,
+    /// When `initialize` was answered (a spare's age). tokio's clock, so the pool's
+    /// `warm_max_age` can be tested on paused time; the same instant as `std`'s otherwise.
+    pub ready_at: Instant,
     /// Tears the child down if this is dropped unused (an owner that returned early).
     guard: DropGuard,
 }
@@ -186,7 +187,7 @@ impl Initialized {
                 Ok(Initialized {
                     h,
                     agent,
-                    ready_at: std::time::Instant::now(),
+                    ready_at: Instant::now(),
                     guard,
                 })
             }
@@ -385,6 +386,24 @@ pub(super) async fn start_over(
     output: super::driver::ChildOutput,
     input: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
 ) -> Result<Child, StartFailure> {
+    let open = Open::Create {
+        method: "session/new",
+        params: spec.session.new_session_params(&spec.cwd),
+    };
+    initialize_over(spec, spawned, output, input)
+        .await?
+        .open(open, &CancellationToken::new())
+        .await
+}
+
+/// As [`start_over`], stopping after `initialize`: a warm spare, for the pool's tests.
+#[cfg(test)]
+pub(super) async fn initialize_over(
+    spec: ChildSpec,
+    spawned: supervise::Spawned,
+    output: super::driver::ChildOutput,
+    input: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
+) -> Result<Initialized, StartFailure> {
     let stderr = StderrTail::drain(spawned.stderr, spec.run_id.clone(), None);
     let wire = ChildWire::new(
         LineReader::new(output, spec.limits),
@@ -397,16 +416,8 @@ pub(super) async fn start_over(
         stderr,
         early: Vec::new(),
     };
-    let cancel = CancellationToken::new();
-    let open = Open::Create {
-        method: "session/new",
-        params: h.spec.session.new_session_params(&h.spec.cwd),
-    };
     let caps = collect_capabilities(ClientCapabilities::default());
-    Initialized::handshake(h, caps, Auth::Configured, &cancel)
-        .await?
-        .open(open, &cancel)
-        .await
+    Initialized::handshake(h, caps, Auth::Configured, &CancellationToken::new()).await
 }
 
 /// Something that stopped us waiting for a handshake reply.

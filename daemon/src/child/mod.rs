@@ -16,7 +16,7 @@ mod output;
 mod relay;
 mod strict;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::path::PathBuf;
 use std::sync::Arc;

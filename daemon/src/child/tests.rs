@@ -19,22 +19,22 @@ use crate::config::ProviderConfig;
 use crate::supervise::{self, SpawnSpec};
 use crate::wire::{self, LineReader, WireLimits};
 
-/// The agent's end of the child's wire.
-struct Fake {
-    reader: LineReader<DuplexStream>,
-    writer: DuplexStream,
-    session: String,
+/// The agent's end of the child's wire (shared with the registry's paused-time tests).
+pub(crate) struct Fake {
+    pub(crate) reader: LineReader<DuplexStream>,
+    pub(crate) writer: DuplexStream,
+    pub(crate) session: String,
 }
 
 impl Fake {
-    async fn next(&mut self) -> Message {
+    pub(crate) async fn next(&mut self) -> Message {
         match self.reader.next().await {
             Some(Ok(m)) => m,
             other => panic!("the agent expected a message, got {other:?}"),
         }
     }
 
-    async fn request(&mut self, want: &str) -> (Id, serde_json::Value) {
+    pub(crate) async fn request(&mut self, want: &str) -> (Id, serde_json::Value) {
         match self.next().await {
             Message::Request { id, method, params } if method == want => {
                 let params = params.map(|p| serde_json::from_str(p.get()).unwrap());
@@ -44,24 +44,24 @@ impl Fake {
         }
     }
 
-    async fn notification(&mut self, want: &str) {
+    pub(crate) async fn notification(&mut self, want: &str) {
         match self.next().await {
             Message::Notification { method, .. } if method == want => {}
             other => panic!("the agent expected {want}, got {other:?}"),
         }
     }
 
-    async fn send(&mut self, lines: &[String]) {
+    pub(crate) async fn send(&mut self, lines: &[String]) {
         let mut text = lines.join("\n");
         text.push('\n');
         self.writer.write_all(text.as_bytes()).await.unwrap();
     }
 
-    fn answer(id: &Id, result: serde_json::Value) -> String {
+    pub(crate) fn answer(id: &Id, result: serde_json::Value) -> String {
         json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string()
     }
 
-    fn chunk(&self, text: &str) -> String {
+    pub(crate) fn chunk(&self, text: &str) -> String {
         self.update(&self.session.clone(), text)
     }
 
@@ -74,7 +74,7 @@ impl Fake {
     }
 }
 
-fn provider(tweak: impl FnOnce(&mut ProviderConfig)) -> ProviderConfig {
+pub(crate) fn provider(tweak: impl FnOnce(&mut ProviderConfig)) -> ProviderConfig {
     let mut p = ProviderConfig::with_defaults("fake", vec!["sleep".into(), "3600".into()]);
     p.idle_timeout = Some(Duration::from_secs(10));
     p.cancel_grace = Duration::from_secs(2);
@@ -85,14 +85,14 @@ fn provider(tweak: impl FnOnce(&mut ProviderConfig)) -> ProviderConfig {
 }
 
 /// A started child whose agent is `Fake`; time is paused once the stand-in process runs.
-async fn start(p: ProviderConfig, relay: bool) -> (Child, Fake) {
+pub(crate) async fn start(p: ProviderConfig, relay: bool) -> (Child, Fake) {
     let (child, fake, _) = start_with(p, relay, json!({ "protocolVersion": 1 })).await;
     (child.unwrap(), fake)
 }
 
 /// What the fake agent saw during the handshake.
 #[derive(Debug, Default)]
-struct Handshook {
+pub(crate) struct Handshook {
     initialize: serde_json::Value,
     /// The `methodId` of each `authenticate`, in order.
     authenticated: Vec<String>,
@@ -106,6 +106,42 @@ async fn start_with(
     relay: bool,
     init: serde_json::Value,
 ) -> (Result<Child, super::StartFailure>, Fake, Handshook) {
+    let (spec, spawned, driver_out, driver_in, agent) = wire_up(p, relay, init).await;
+    let child = super::launch::start_over(spec, spawned, Box::new(driver_out), driver_in).await;
+    let (fake, seen) = agent.await.unwrap();
+    (child, fake, seen)
+}
+
+/// A warm spare: a child initialized with no session, whose agent is `Fake`. The handle
+/// resolves when acpd closes the spare's wire (the agent saw EOF), with what it saw.
+pub(crate) async fn spare(
+    p: ProviderConfig,
+) -> (
+    super::Initialized,
+    tokio::task::JoinHandle<(Fake, Handshook)>,
+) {
+    let (spec, spawned, driver_out, driver_in, agent) =
+        wire_up(p, true, json!({ "protocolVersion": 1 })).await;
+    let ready = super::launch::initialize_over(spec, spawned, Box::new(driver_out), driver_in)
+        .await
+        .unwrap();
+    (ready, agent)
+}
+
+/// The stand-in process spawned, time paused, and the agent answering the handshake on its
+/// own task until `session/new` or until acpd closes the wire; the spec and acpd's ends of
+/// the pipes.
+async fn wire_up(
+    p: ProviderConfig,
+    relay: bool,
+    init: serde_json::Value,
+) -> (
+    ChildSpec,
+    supervise::Spawned,
+    DuplexStream,
+    DuplexStream,
+    tokio::task::JoinHandle<(Fake, Handshook)>,
+) {
     supervise::init();
     let spawned = supervise::spawn(SpawnSpec {
         argv: p.command.clone(),
@@ -157,12 +193,10 @@ async fn start_with(
         }
         (fake, seen)
     });
-    let child = super::launch::start_over(spec, spawned, Box::new(driver_out), driver_in).await;
-    let (fake, seen) = agent.await.unwrap();
-    (child, fake, seen)
+    (spec, spawned, driver_out, driver_in, agent)
 }
 
-fn control() -> TurnControl {
+pub(crate) fn control() -> TurnControl {
     TurnControl {
         cancel: CancellationToken::new(),
         run_timeout: None,
@@ -187,7 +221,7 @@ fn text(report: &TurnReport) -> String {
 
 /// `since.elapsed()` is `d`, to the timer's 1 ms granularity (time is paused: no noise).
 #[track_caller]
-fn at(since: Instant, d: Duration, what: &str) {
+pub(crate) fn at(since: Instant, d: Duration, what: &str) {
     let e = since.elapsed();
     assert!(
         e >= d && e <= d + Duration::from_millis(5),
@@ -195,7 +229,7 @@ fn at(since: Instant, d: Duration, what: &str) {
     );
 }
 
-fn prompt() -> Vec<ContentBlock> {
+pub(crate) fn prompt() -> Vec<ContentBlock> {
     vec![ContentBlock::from("go".to_string())]
 }
 
@@ -799,5 +833,66 @@ async fn a_long_tool_call_is_not_hung_and_the_idle_clock_restarts_when_it_ends()
     );
     let report = turn.await.unwrap();
     assert!(matches!(report.end, TurnEnd::Idle), "{report:?}");
+    child.shut().await;
+}
+
+/// A relay toward a parent connection over duplex pipes; the parent's end is returned so the
+/// pipe stays open.
+fn relay_to(child: &Child, detach: Option<Duration>) -> LineReader<DuplexStream> {
+    let (parent_side, acpd_side) = tokio::io::duplex(1 << 20);
+    let (acpd_read, acpd_write) = tokio::io::split(acpd_side);
+    let conn = wire::connect(acpd_read, acpd_write, 1 << 20);
+    child.relay(RelayTarget {
+        parent: conn.peer.clone(),
+        session_id: "minted".into(),
+        serves: ParentServes::default(),
+        first: super::First::Nothing,
+        detach,
+    });
+    LineReader::new(parent_side, WireLimits::default())
+}
+
+#[tokio::test]
+async fn a_detached_session_ends_after_detach_timeout() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let _parent = relay_to(&child, Some(Duration::from_secs(30)));
+    let t0 = Instant::now();
+    child.detach();
+    let end = tokio::time::timeout(Duration::from_secs(3600), child.ended())
+        .await
+        .expect("the detached session ends");
+    at(t0, Duration::from_secs(30), "expired at detach_timeout");
+    assert!(matches!(end, Some(super::RelayEnd::Expired)), "{end:?}");
+    child.shut().await;
+    assert!(
+        fake.reader.next().await.is_none(),
+        "the agent sees its input close"
+    );
+}
+
+#[tokio::test]
+async fn a_session_attached_again_within_detach_timeout_lives_on() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let _first = relay_to(&child, Some(Duration::from_secs(30)));
+    child.detach();
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    let mut second = relay_to(&child, Some(Duration::from_secs(30)));
+    // Well past the first detach's deadline: still attached, still relaying.
+    let ended = tokio::time::timeout(Duration::from_secs(120), child.ended()).await;
+    assert!(ended.is_err(), "ended while attached: {ended:?}");
+    let params = serde_json::value::RawValue::from_string(
+        json!({ "sessionId": "minted", "prompt": [] }).to_string(),
+    )
+    .unwrap();
+    child
+        .call(Id::Num(5), "session/prompt".into(), Some(params), None)
+        .unwrap();
+    let (id, _) = fake.request("session/prompt").await;
+    fake.send(&[Fake::answer(&id, json!({ "stopReason": "end_turn" }))])
+        .await;
+    let Some(Ok(Message::Response { id, .. })) = second.next().await else {
+        panic!("the second connection gets the answer")
+    };
+    assert_eq!(id, Some(Id::Num(5)));
     child.shut().await;
 }

@@ -10,6 +10,8 @@ mod limits;
 mod nest;
 mod run;
 mod schema;
+#[cfg(test)]
+mod tests;
 mod warm;
 
 use std::collections::HashMap;

@@ -440,3 +440,94 @@ impl Registry {
         futures::future::join_all(all.into_iter().map(|s| s.discard())).await;
     }
 }
+
+/// `warm_max_age` on paused time: a spare whose agent is the driver tests' `Fake`, filed in
+/// the pool the way `fill` files one.
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use acpd_protocol::acp::ClientCapabilities;
+    use tokio_util::sync::CancellationToken;
+
+    use super::caps_key;
+    use crate::child::tests::{provider, spare};
+    use crate::config::{Config, ProviderConfig};
+    use crate::registry::{DepthContext, Ready, Registry, lock};
+
+    /// A registry with `p` (warm = 1, warm_max_age = 60 s) and one ready spare of it; the
+    /// handle resolves when the spare's wire is closed.
+    async fn pooled() -> (
+        Registry,
+        Arc<ProviderConfig>,
+        tokio::task::JoinHandle<impl Sized>,
+    ) {
+        let p = provider(|p| {
+            p.warm = 1;
+            p.warm_max_age = Duration::from_secs(60);
+        });
+        let (child, agent) = spare(p.clone()).await;
+        let p = Arc::new(p);
+        let mut config = Config::builtin(vec!["true".into()]);
+        config.providers.insert(p.name.clone(), p.clone());
+        let registry = Registry::new(config, DepthContext::default());
+        let slot = registry
+            .claim(&registry.config(), &p, &CancellationToken::new())
+            .await
+            .unwrap();
+        {
+            let mut pool = lock(&registry.inner.pool);
+            let spares = pool.providers.entry(p.name.clone()).or_default();
+            spares.caps = Some(caps_key(&ClientCapabilities::default()));
+            spares.ready.push(Ready { child, slot });
+        }
+        (registry, p, agent)
+    }
+
+    #[tokio::test]
+    async fn the_pool_recycles_a_spare_once_it_reaches_warm_max_age() {
+        let (registry, _, agent) = pooled().await;
+        // No `keep_warm` token: tending recycles but starts no replacement.
+        let stop = CancellationToken::new();
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        registry.tend(&stop).await;
+        assert_eq!(registry.spare_counts().get("fake"), Some(&1), "young: kept");
+        assert_eq!(registry.live_children(), 1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        registry.tend(&stop).await;
+        assert_eq!(
+            registry.spare_counts().get("fake"),
+            Some(&0),
+            "old: recycled"
+        );
+        assert_eq!(registry.live_children(), 0, "its slot is released");
+        tokio::time::timeout(Duration::from_secs(3600), agent)
+            .await
+            .expect("the spare's agent sees its input close")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_session_is_never_handed_a_spare_past_warm_max_age() {
+        let (registry, p, agent) = pooled().await;
+        let caps = ClientCapabilities::default();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(registry.take_spare(&p, &caps).await.is_none(), "too old");
+        assert_eq!(registry.live_children(), 0, "recycled, its slot released");
+        tokio::time::timeout(Duration::from_secs(3600), agent)
+            .await
+            .expect("the spare's agent sees its input close")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_spare_younger_than_warm_max_age_is_handed_out() {
+        let (registry, p, _agent) = pooled().await;
+        let caps = ClientCapabilities::default();
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        let taken = registry.take_spare(&p, &caps).await.expect("young enough");
+        assert!(taken.child.alive());
+        taken.close().await;
+    }
+}
