@@ -12,7 +12,6 @@
 //! ([`Setup`]), never in argv (which `ps` shows to every user) and never through a shell.
 
 mod diagnose;
-mod far;
 mod quote;
 mod setup;
 
@@ -21,8 +20,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use diagnose::{FarFailure, classify};
-pub use far::{SuperviseArgs, supervise};
+pub use diagnose::{FarFailure, SUPERVISE_MARK, classify};
 pub use quote::quote;
 pub use setup::{MAX_SETUP_LINE, Setup};
 

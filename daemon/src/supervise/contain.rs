@@ -287,6 +287,33 @@ pub(super) enum Placement {
     Token(String),
     /// Neither cgroup nor token: [`contain`] never ran (in-process tests).
     Group,
+    /// `acpd supervise`'s one command: its tree is every descendant of this process (a
+    /// subreaper), and where we can create one, its own cgroup beside ours, which it enters
+    /// before exec or not at all (not fatal: it is still our descendant).
+    Standalone(Option<(Cgroup, std::os::fd::OwnedFd)>),
+}
+
+/// The standalone command's cgroup: `acpd-<pid>-<start>` beside ours (the name acpd's sweep
+/// knows), with its `cgroup.procs` open for the child to enter before exec; `None` where we
+/// cannot create one (no cgroup2, no permission, no `cgroup.kill`). Sweeps the groups of dead
+/// supervisors and acpds in the same parent first, so a SIGKILLed supervise's tree ends at
+/// the next start.
+pub(super) fn place_standalone() -> Placement {
+    let own_group = || {
+        let own = cgroup::own_dir().ok()?;
+        let me = std::process::id() as i32;
+        let start = procfs::stat(me)?.start;
+        let group = Cgroup::create(&own, &cgroup::base_name(me, start)).ok()?;
+        let usable = group.path().join("cgroup.kill").exists();
+        let procs = group.procs_fd().ok().filter(|_| usable);
+        let Some(procs) = procs else {
+            let _ = group.remove();
+            return None;
+        };
+        cgroup::sweep(&own, Some(group.path()));
+        Some((group, procs))
+    };
+    Placement::Standalone(own_group())
 }
 
 /// Creates the next child's group (with its limits) or its token.

@@ -10,6 +10,10 @@
 //! group's removal, so a descendant that left the process group dies as well. In the
 //! fallback, the rungs are the process group's, and the ladder ends by killing every adopted
 //! escapee that still carries the run's tree token.
+//!
+//! Under `acpd supervise` (a subreaper running one command), "the tree" is every descendant of
+//! the process, read from its cgroup while that is populated and then from `/proc`: each rung
+//! signals them all and waits for them all.
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::ExitStatus;
@@ -34,6 +38,8 @@ pub(super) enum Contained {
     Cgroup(Cgroup),
     /// A tree token in every descendant's environment.
     Token(String),
+    /// Every descendant of this process (`acpd supervise`), and its cgroup where it has one.
+    Descendants(Option<Cgroup>),
 }
 
 /// A resource limit the tree ran into (cgroup `memory.events` `oom_kill`, `pids.events` `max`).
@@ -178,8 +184,8 @@ impl ProcessTree {
     /// SIGKILL for every escapee carrying the tree token.
     async fn end_escapees(&self) {
         match &self.inner.contained {
-            Contained::Group => {}
-            Contained::Cgroup(group) => {
+            Contained::Group | Contained::Descendants(None) => {}
+            Contained::Cgroup(group) | Contained::Descendants(Some(group)) => {
                 self.note_limit_hit();
                 if let Err(e) = group.kill_and_remove(KILL_WAIT).await {
                     tracing::warn!(pgid = self.pid(), "cannot remove the child's cgroup: {e}");
@@ -244,7 +250,7 @@ impl ProcessTree {
     /// The child's own cgroup, in cgroup mode.
     pub fn cgroup(&self) -> Option<&Cgroup> {
         match &self.inner.contained {
-            Contained::Cgroup(group) => Some(group),
+            Contained::Cgroup(group) | Contained::Descendants(Some(group)) => Some(group),
             _ => None,
         }
     }
@@ -273,6 +279,27 @@ impl ProcessTree {
                     let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
                 }
             }
+            Contained::Descendants(group) => {
+                if sig == Signal::SIGKILL
+                    && let Some(g) = group
+                {
+                    let _ = g.kill();
+                }
+                for pid in self.descendants_left() {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+                }
+            }
+        }
+    }
+
+    /// What is left of a [`Contained::Descendants`] tree: with a cgroup, nothing once it is
+    /// empty (everything the command started was born in it, and reading `cgroup.events`
+    /// spares a `/proc` scan at every poll), else every descendant, zombies included.
+    fn descendants_left(&self) -> Vec<i32> {
+        match &self.inner.contained {
+            Contained::Descendants(Some(g)) if !g.populated() => Vec::new(),
+            Contained::Descendants(_) => super::procfs::descendants(),
+            _ => Vec::new(),
         }
     }
 
@@ -286,12 +313,26 @@ impl ProcessTree {
             return false;
         }
         let pgid = Pid::from_raw(self.inner.pid);
-        super::poll_until(deadline, || {
+        let standalone = matches!(self.inner.contained, Contained::Descendants(_));
+        let gone = super::poll_until(deadline, || {
             reap_group(pgid);
+            if standalone {
+                // The leader is reaped: every other exited child is a stray of ours.
+                reaper::reap_strays();
+            }
             let cgroup_empty = self.cgroup().is_none_or(|g| !g.populated());
-            killpg(pgid, None).is_err() && cgroup_empty
+            killpg(pgid, None).is_err() && cgroup_empty && self.descendants_left().is_empty()
         })
-        .await
+        .await;
+        // A cgroup empties before its last processes are zombies we can reap: wait for those.
+        if gone && standalone && self.cgroup().is_some() {
+            super::poll_until(deadline, || {
+                reaper::reap_strays();
+                super::procfs::descendants().is_empty()
+            })
+            .await;
+        }
+        gone
     }
 }
 
