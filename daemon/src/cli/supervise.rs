@@ -39,10 +39,10 @@ pub struct SuperviseArgs {
     #[arg(long)]
     pub setup_stdin: bool,
     /// How long CMD may take to exit after its stdin closes (a setup line overrides it).
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = crate::config::durations::parse_flag)]
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = crate::durations::parse_flag)]
     pub eof_grace: Duration,
     /// How long CMD's group may take to exit after SIGTERM, before SIGKILL.
-    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = crate::config::durations::parse_flag)]
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = crate::durations::parse_flag)]
     pub term_grace: Duration,
     /// The command and its arguments, after `--`; run directly, never through a shell.
     #[arg(last = true, required = true, value_name = "CMD")]

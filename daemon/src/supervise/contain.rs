@@ -389,20 +389,8 @@ fn scan_environ(matches: impl Fn(&[u8]) -> bool, since: u64, skip: i32) -> Vec<i
         .collect()
 }
 
-/// [`contain`] with the config's `containment` and limits; warns (once, at start) for each
-/// provider whose `memory_max` / `pids_max` cannot take effect here.
-pub fn contain_config(
-    config: &crate::config::Config,
-) -> Result<&'static Containment, ContainError> {
-    let containment = contain(config.containment, config.wants_limits())?;
-    for line in limit_warnings(config) {
-        tracing::warn!("{line}");
-    }
-    Ok(containment)
-}
-
-/// One line per provider whose limits this acpd cannot apply, saying why.
-pub fn limit_warnings(config: &crate::config::Config) -> Vec<String> {
+/// One line per provider (name, limits) whose limits this acpd cannot apply, saying why.
+pub fn limit_warnings(providers: &[(&str, ChildLimits)]) -> Vec<String> {
     let why = match current() {
         Some(c) if c.mode == Mode::Cgroup => {
             "the controller is not available to acpd's cgroup v2 group"
@@ -410,15 +398,13 @@ pub fn limit_warnings(config: &crate::config::Config) -> Vec<String> {
         Some(_) => "containment is by process groups",
         None => "containment is not set up",
     };
-    config
-        .providers
-        .values()
-        .filter_map(|p| {
-            let missing = p.child_limits().missing_controllers();
+    providers
+        .iter()
+        .filter_map(|(name, limits)| {
+            let missing = limits.missing_controllers();
             (!missing.is_empty()).then(|| {
                 format!(
-                    "provider {}: {} not applied ({why}); its children run without that limit",
-                    p.name,
+                    "provider {name}: {} not applied ({why}); its children run without that limit",
                     missing
                         .iter()
                         .map(|c| if *c == "memory" {

@@ -16,8 +16,7 @@ mod tree;
 
 pub use contain::{
     ChildLimits, ContainError, Containment, ContainmentSetting, Mode as ContainmentMode, TREE_VAR,
-    contain, contain_config, current as containment, in_child_group, limit_warnings,
-    status as containment_status,
+    contain, current as containment, in_child_group, limit_warnings, status as containment_status,
 };
 pub use sentinel::{pid as sentinel_pid, run_sentinel};
 

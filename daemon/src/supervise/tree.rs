@@ -151,14 +151,14 @@ impl ProcessTree {
         let started = Instant::now();
         close_stdin();
         let outcome = if self
-            .wait_tree(crate::config::durations::deadline_from(started, graces.eof))
+            .wait_tree(crate::durations::deadline_from(started, graces.eof))
             .await
         {
             TeardownOutcome::Exited
         } else {
             self.signal(Signal::SIGTERM);
             if self
-                .wait_tree(crate::config::durations::deadline(graces.term))
+                .wait_tree(crate::durations::deadline(graces.term))
                 .await
             {
                 TeardownOutcome::Terminated
