@@ -11,9 +11,10 @@
 //! fallback, the rungs are the process group's, and the ladder ends by killing every adopted
 //! escapee that still carries the run's tree token.
 //!
-//! Under `acpd supervise` (a subreaper running one command), "the tree" is every descendant of
-//! the process, read from its cgroup while that is populated and then from `/proc`: each rung
-//! signals them all and waits for them all.
+//! Under `acpd supervise` (a subreaper running one command), the rungs are the process
+//! group's, and the ladder ends with the rest of the tree — every other descendant of the
+//! process, found through its cgroup or `/proc` — given SIGTERM, the term grace, then SIGKILL
+//! (and `cgroup.kill`), and the cgroup removed.
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::ExitStatus;
@@ -173,19 +174,21 @@ impl ProcessTree {
                 TeardownOutcome::Killed
             }
         };
-        self.end_escapees().await;
+        self.end_escapees(graces.term).await;
         super::records::remove(self.pid(), self.inner.start);
         reaper::churned();
         tracing::debug!(pgid = self.pid(), ?outcome, elapsed = ?started.elapsed(), "child tree torn down");
         outcome
     }
 
-    /// The last rung, whatever the outcome: `cgroup.kill` and removal of the child's cgroup, or
-    /// SIGKILL for every escapee carrying the tree token.
-    async fn end_escapees(&self) {
+    /// The last rung, whatever the outcome: `cgroup.kill` and removal of the child's cgroup,
+    /// SIGKILL for every escapee carrying the tree token, or SIGTERM → `term` → SIGKILL for
+    /// every other descendant of `acpd supervise`.
+    async fn end_escapees(&self, term: Duration) {
         match &self.inner.contained {
-            Contained::Group | Contained::Descendants(None) => {}
-            Contained::Cgroup(group) | Contained::Descendants(Some(group)) => {
+            Contained::Group => {}
+            Contained::Descendants(group) => self.end_descendants(term, group.as_ref()).await,
+            Contained::Cgroup(group) => {
                 self.note_limit_hit();
                 if let Err(e) = group.kill_and_remove(KILL_WAIT).await {
                     tracing::warn!(pgid = self.pid(), "cannot remove the child's cgroup: {e}");
@@ -247,10 +250,40 @@ impl ProcessTree {
         }
     }
 
+    /// Ends whatever of an `acpd supervise` tree outlived its process group — every
+    /// descendant that left it, and everything in its cgroup — with SIGTERM, then after
+    /// `term` SIGKILL (and `cgroup.kill`), reaping as it goes, and removes the cgroup.
+    async fn end_descendants(&self, term: Duration, group: Option<&Cgroup>) {
+        let pgid = Pid::from_raw(self.inner.pid);
+        reaper::reap_strays();
+        let left = descendants_left(group);
+        if !left.is_empty() || group.is_some_and(Cgroup::populated) {
+            let _ = killpg(pgid, Signal::SIGTERM);
+            signal_each(&left, Signal::SIGTERM);
+            if !descendants_gone_by(crate::durations::deadline(term), group).await {
+                if let Some(g) = group {
+                    let _ = g.kill();
+                }
+                let _ = killpg(pgid, Signal::SIGKILL);
+                signal_each(&descendants_left(group), Signal::SIGKILL);
+                if !descendants_gone_by(Instant::now() + KILL_WAIT, group).await {
+                    tracing::warn!(left = ?super::procfs::descendants(), "processes left after SIGKILL");
+                }
+            }
+            // A cgroup empties before its last processes are zombies we can reap: wait for those.
+            if group.is_some() {
+                descendants_gone_by(Instant::now() + KILL_WAIT, None).await;
+            }
+        }
+        if let Some(Err(e)) = group.map(Cgroup::remove) {
+            tracing::warn!("cannot remove the command's cgroup: {e}");
+        }
+    }
+
     /// The child's own cgroup, in cgroup mode.
     pub fn cgroup(&self) -> Option<&Cgroup> {
         match &self.inner.contained {
-            Contained::Cgroup(group) | Contained::Descendants(Some(group)) => Some(group),
+            Contained::Cgroup(group) => Some(group),
             _ => None,
         }
     }
@@ -279,27 +312,8 @@ impl ProcessTree {
                     let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
                 }
             }
-            Contained::Descendants(group) => {
-                if sig == Signal::SIGKILL
-                    && let Some(g) = group
-                {
-                    let _ = g.kill();
-                }
-                for pid in self.descendants_left() {
-                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
-                }
-            }
-        }
-    }
-
-    /// What is left of a [`Contained::Descendants`] tree: with a cgroup, nothing once it is
-    /// empty (everything the command started was born in it, and reading `cgroup.events`
-    /// spares a `/proc` scan at every poll), else every descendant, zombies included.
-    fn descendants_left(&self) -> Vec<i32> {
-        match &self.inner.contained {
-            Contained::Descendants(Some(g)) if !g.populated() => Vec::new(),
-            Contained::Descendants(_) => super::procfs::descendants(),
-            _ => Vec::new(),
+            // The rungs are the process group's; the rest comes in `end_descendants`.
+            Contained::Descendants(_) => {}
         }
     }
 
@@ -313,26 +327,12 @@ impl ProcessTree {
             return false;
         }
         let pgid = Pid::from_raw(self.inner.pid);
-        let standalone = matches!(self.inner.contained, Contained::Descendants(_));
-        let gone = super::poll_until(deadline, || {
+        super::poll_until(deadline, || {
             reap_group(pgid);
-            if standalone {
-                // The leader is reaped: every other exited child is a stray of ours.
-                reaper::reap_strays();
-            }
             let cgroup_empty = self.cgroup().is_none_or(|g| !g.populated());
-            killpg(pgid, None).is_err() && cgroup_empty && self.descendants_left().is_empty()
+            killpg(pgid, None).is_err() && cgroup_empty
         })
-        .await;
-        // A cgroup empties before its last processes are zombies we can reap: wait for those.
-        if gone && standalone && self.cgroup().is_some() {
-            super::poll_until(deadline, || {
-                reaper::reap_strays();
-                super::procfs::descendants().is_empty()
-            })
-            .await;
-        }
-        gone
+        .await
     }
 }
 
@@ -343,6 +343,32 @@ fn reap_group(pgid: Pid) {
             break;
         }
     }
+}
+
+fn signal_each(pids: &[i32], sig: Signal) {
+    for &pid in pids {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+    }
+}
+
+/// What is left of an `acpd supervise` tree: with a cgroup, nothing once it is empty
+/// (everything the command started was born in it; reading `cgroup.events` spares a `/proc`
+/// scan at every poll), else every descendant, zombies included.
+fn descendants_left(group: Option<&Cgroup>) -> Vec<i32> {
+    match group {
+        Some(g) if !g.populated() => Vec::new(),
+        _ => super::procfs::descendants(),
+    }
+}
+
+/// Reaps until no descendant is left (and `group` is empty) or `deadline` passes; true when
+/// none is left. The leader is reaped already: every exited child is a stray of ours.
+async fn descendants_gone_by(deadline: Instant, group: Option<&Cgroup>) -> bool {
+    super::poll_until(deadline, || {
+        reaper::reap_strays();
+        descendants_left(group).is_empty() && !group.is_some_and(Cgroup::populated)
+    })
+    .await
 }
 
 /// `SIGKILL`-style name of the signal that ended `status`, if one did.
