@@ -23,6 +23,7 @@ pub mod catalog;
 pub(crate) mod child;
 pub mod cli;
 pub mod config;
+pub mod durations;
 pub mod mcp;
 pub mod private_fs;
 pub mod registry;

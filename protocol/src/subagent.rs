@@ -7,6 +7,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::acp::ContentBlock;
 
+/// The environment variable that tells a child how deep it runs below the top acpd (0 at the
+/// top): every acpd sets it for its children, and a nested acpd refuses a run past the limit.
+pub const DEPTH_VAR: &str = "ACPD_DEPTH";
+/// The depth limit an outer acpd imposes on every acpd below it.
+pub const MAX_DEPTH_VAR: &str = "ACPD_MAX_DEPTH";
+
 /// Start-time features a provider can enforce. A request that sets a field whose flag is false
 /// is refused before anything is spawned (never accepted-then-ignored).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

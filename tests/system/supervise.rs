@@ -115,6 +115,37 @@ fn closing_stdin_ends_a_term_deaf_tree_and_its_escapee() {
     assert_eq!(status.code(), Some(137));
 }
 
+/// CMD exits by itself, leaving a TERM-deaf `setsid` escapee and a grandchild in its group:
+/// supervise exits with CMD's status once the rest of the tree is ended too.
+#[test]
+fn a_command_that_exits_by_itself_takes_what_it_left_with_it() {
+    let mut child = supervise(
+        &["--eof-grace", "200ms", "--term-grace", "200ms"],
+        &[
+            "sh",
+            "-c",
+            "setsid sh -c 'trap \"\" TERM; sleep 600 & echo esc $!; echo deaf $$; wait' & \
+             sleep 601 & echo gc $!; exit 3",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    // Held open: the command ends by itself, not because stdin closed.
+    let _stdin = child.stdin.take();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut text = String::new();
+    for _ in 0..3 {
+        out.read_line(&mut text).unwrap();
+    }
+    let pids = [
+        pid_after(&text, "esc "),
+        pid_after(&text, "deaf "),
+        pid_after(&text, "gc "),
+    ];
+    let status = gone(&mut child, &pids);
+    assert_eq!(status.code(), Some(3));
+}
+
 #[test]
 fn sigterm_and_sighup_end_the_tree() {
     for sig in [Signal::SIGTERM, Signal::SIGHUP] {

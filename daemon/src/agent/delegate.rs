@@ -80,8 +80,8 @@ async fn call(server: &serde_json::Value, prompt: &str) -> Result<String, String
         }
     }
     if server.get("hideDepth").is_some() {
-        cmd.env_remove(crate::supervise::DEPTH_VAR)
-            .env_remove(crate::supervise::MAX_DEPTH_VAR);
+        cmd.env_remove(acpd_protocol::subagent::DEPTH_VAR)
+            .env_remove(acpd_protocol::subagent::MAX_DEPTH_VAR);
     }
     cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

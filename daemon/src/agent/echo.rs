@@ -142,9 +142,13 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Serves one ACP connection on stdin/stdout; returns the exit code for stdin EOF.
-pub(super) async fn serve(args: EchoArgs) -> i32 {
-    let (stdin, stdout) = crate::runtime::stdio();
+/// Serves one ACP connection on `stdin`/`stdout` (the process's own, from the caller);
+/// returns the exit code for stdin EOF.
+pub(super) async fn serve<R, W>(args: EchoArgs, stdin: R, stdout: W) -> i32
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let deaf = Arc::new(AtomicBool::new(false));
     let stdin = Deaf {
         inner: stdin,

@@ -229,8 +229,13 @@ pub struct EchoArgs {
 /// Directives such as `:crash` and flags such as `--fail-at` end the process themselves with
 /// `std::process::exit`, so this only returns on stdin EOF. Callers should exit the process
 /// with the returned code without waiting for the runtime to drain: a write to a stdout nobody
-/// reads could otherwise hold the runtime's shutdown forever.
-pub async fn run_echo(args: EchoArgs) -> i32 {
+/// reads could otherwise hold the runtime's shutdown forever. `stdin` and `stdout` are the
+/// process's own (the caller chooses how they are driven).
+pub async fn run_echo<R, W>(args: EchoArgs, stdin: R, stdout: W) -> i32
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     if let Some(text) = &args.stderr {
         eprintln!("{text}");
     }
@@ -241,7 +246,7 @@ pub async fn run_echo(args: EchoArgs) -> i32 {
     } else {
         SigHandler::SigDfl
     });
-    echo::serve(args).await
+    echo::serve(args, stdin, stdout).await
 }
 
 /// Hidden helper used by the `:grandchild` directive: sleeps forever with SIGTERM ignored.

@@ -15,12 +15,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use acpd_protocol::diagnostic;
-use acpd_protocol::subagent::{Category, Failure, Stage};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProviderConfig};
-use crate::registry::RegistryError;
 
 pub use document::{Agent, BinaryTarget, Choice, Distribution, Document, Package, platform};
 pub use fetch::{Loaded, Origin, TTL, cache_path, load};
@@ -63,6 +60,20 @@ pub enum CatalogError {
     NoDataDir,
     #[error("registry resolution stopped: {0}")]
     Task(String),
+}
+
+/// Why [`resolve_provider`] gave no provider: the registry turns it into START_CANCELLED or
+/// START_FAILED (`From<ResolveError> for RegistryError`).
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("the start of a \"{provider}\" run was cancelled while its registry agent resolved")]
+    Cancelled { provider: String },
+    #[error("provider \"{provider}\": {source}")]
+    Failed {
+        provider: String,
+        #[source]
+        source: CatalogError,
+    },
 }
 
 /// Where the document cache and installed binaries live.
@@ -181,12 +192,12 @@ pub fn on_path(name: &str) -> bool {
 
 /// The spawn hook: a provider naming a registry agent (and no command of its own) gets the
 /// agent's command and environment; any other provider is returned as it is, at no cost.
-/// A failure is a START_FAILED whose diagnostic says what failed and at which URL.
+/// A failure says what failed and at which URL.
 pub async fn resolve_provider(
     config: &Config,
     provider: Arc<ProviderConfig>,
     cancel: &CancellationToken,
-) -> Result<Arc<ProviderConfig>, RegistryError> {
+) -> Result<Arc<ProviderConfig>, ResolveError> {
     let Some(id) = provider
         .registry
         .clone()
@@ -201,7 +212,7 @@ pub async fn resolve_provider(
         joined = task => joined.unwrap_or_else(|e| Err(CatalogError::Task(e.to_string()))),
         // The blocking work finishes on its own (an install completes for the next start).
         _ = cancel.cancelled() => {
-            return Err(RegistryError::StartCancelled { provider: provider.name.clone() });
+            return Err(ResolveError::Cancelled { provider: provider.name.clone() });
         }
     };
     match result {
@@ -217,30 +228,11 @@ pub async fn resolve_provider(
         }
         Err(e) => {
             tracing::warn!(provider = %provider.name, "{e}");
-            Err(start_failed(&provider.name, &e))
+            Err(ResolveError::Failed {
+                provider: provider.name.clone(),
+                source: e,
+            })
         }
-    }
-}
-
-/// A START_FAILED at the spawn stage: the fixed facts, then what failed.
-pub fn start_failed(provider: &str, e: &CatalogError) -> RegistryError {
-    let failure = Failure {
-        stage: Stage::Spawn,
-        category: Category::Spawn,
-        code: None,
-        exit_code: None,
-        signal: None,
-    };
-    let facts = diagnostic::build(&diagnostic::Facts {
-        provider,
-        failure: Some(&failure),
-        ..Default::default()
-    });
-    RegistryError::StartFailed {
-        provider: provider.to_owned(),
-        failure: Box::new(failure),
-        diagnostic: diagnostic::limit(format!("{facts}: {e}")),
-        agent_error: None,
     }
 }
 

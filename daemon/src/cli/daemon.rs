@@ -96,13 +96,26 @@ pub async fn serve(
 
 /// Sets up containment (cgroups or process groups, and the sentinel) before any child starts;
 /// exit code 1 with the reason when `containment = "cgroup"` cannot be honoured.
+/// Warns (once, at start) for each provider whose `memory_max` / `pids_max` cannot take
+/// effect here.
 pub(crate) fn contain(config: &crate::config::Config) -> Result<(), u8> {
-    crate::supervise::contain_config(config)
-        .map(|_| ())
-        .map_err(|e| {
-            errln!("acpd: {e}");
-            1
-        })
+    crate::supervise::contain(config.containment, config.wants_limits()).map_err(|e| {
+        errln!("acpd: {e}");
+        1u8
+    })?;
+    for line in crate::supervise::limit_warnings(&provider_limits(config)) {
+        tracing::warn!("{line}");
+    }
+    Ok(())
+}
+
+/// Each provider's name and `memory_max` / `pids_max`: what containment needs of the config.
+fn provider_limits(config: &crate::config::Config) -> Vec<(&str, crate::supervise::ChildLimits)> {
+    config
+        .providers
+        .values()
+        .map(|p| (p.name.as_str(), p.child_limits()))
+        .collect()
 }
 
 /// Bridges stdin/stdout to the daemon byte for byte: no ACP parsing, so the daemon sees the
@@ -526,7 +539,7 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
     if let Err(e) = outln!("{line}") {
         return super::stdout_failed(&e);
     }
-    for warning in crate::supervise::limit_warnings(&config) {
+    for warning in crate::supervise::limit_warnings(&provider_limits(&config)) {
         if let Err(e) = outln!("warning: {warning}") {
             return super::stdout_failed(&e);
         }

@@ -18,7 +18,6 @@ macro_rules! errln {
 
 mod client;
 mod daemon;
-pub(crate) use daemon::contain;
 mod install;
 mod registry;
 mod reload;
@@ -218,7 +217,15 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         Command::Stdio(args) => stdio(cli.config.as_deref(), args.provider.as_deref()).await,
         Command::Serve(socket) => daemon::serve(cli.config.as_deref(), socket, activated).await,
         Command::Connect(args) => daemon::connect(cli.config.as_deref(), args).await,
-        Command::Mcp(args) => crate::mcp::run(cli.config.as_deref(), args).await,
+        Command::Mcp(args) => {
+            // Only for runs in this process (no daemon answering).
+            let local_config = || {
+                let config = config_or_usage(cli.config.as_deref())?;
+                daemon::contain(&config)?;
+                Ok(config)
+            };
+            crate::mcp::run(args, local_config).await
+        }
         Command::Status(args) => daemon::status(args).await,
         Command::Runs(args) => daemon::runs(args).await,
         Command::Reload(args) => reload::reload(args).await,
@@ -226,7 +233,10 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         Command::Registry(command) => registry::registry(cli.config.as_deref(), command).await,
         Command::Supervise(args) => supervise::supervise(args).await,
         Command::Agent(AgentCommand::Echo(args)) => {
-            crate::agent::run_echo(args).await.clamp(0, 255) as u8
+            let (stdin, stdout) = crate::runtime::stdio();
+            crate::agent::run_echo(args, stdin, stdout)
+                .await
+                .clamp(0, 255) as u8
         }
         Command::Agent(AgentCommand::Sleeper { exit_after }) => {
             crate::agent::run_sleeper(exit_after)

@@ -17,8 +17,9 @@ use std::{
 use serde::Deserialize;
 use toml::Spanned;
 
-pub mod durations;
+pub use crate::durations;
 mod hosts;
+pub use hosts::{Remote, SshHost, Via};
 pub mod presets;
 
 use presets::PresetContext;
@@ -71,7 +72,7 @@ pub struct ProviderConfig {
     pub offer_delegation: bool,
     /// Where the command runs when not on this host (`host` / `launcher`, `ssh_options`,
     /// `remote_acpd`): behind ssh or a launcher, under `acpd supervise` on the far side.
-    pub remote: Option<crate::remote::Remote>,
+    pub remote: Option<Remote>,
     /// `memory_max` in bytes: the child's cgroup `memory.max` (cgroup containment with the
     /// memory controller enabled; otherwise a warning at start).
     pub memory_max: Option<u64>,

@@ -639,7 +639,7 @@ fn an_unknown_preset_names_the_valid_ones() {
 
 #[test]
 fn remote_keys_parse_into_a_remote_and_reject_what_cannot_work() {
-    use crate::remote::{Remote, SshHost, Via};
+    use crate::config::{Remote, SshHost, Via};
     let c = parse(&codex(
         "host = \"ssh://dev@box:2222\"\nssh_options = [\"-F\", \"/etc/acpd/ssh_config\"]\n\
          remote_acpd = \"/opt/acpd/bin/acpd\"",

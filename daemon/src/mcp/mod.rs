@@ -15,13 +15,15 @@ mod server;
 mod tools;
 mod transport;
 
-use std::path::{Path, PathBuf};
+use std::io::Write as _;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use rmcp::ServiceExt;
 use tokio::signal::unix::SignalKind;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Config;
 use backend::{Backend, Daemon, Local};
 
 #[derive(Debug, clap::Args)]
@@ -36,8 +38,10 @@ pub struct McpArgs {
 }
 
 /// Serves MCP on stdin/stdout until the client disconnects or a signal asks to stop; every
-/// run is disposed first. 0, or 2 for a config error (in-process), 1 when serving failed.
-pub async fn run(config_path: Option<&Path>, args: McpArgs) -> u8 {
+/// run is disposed first. 0, `local_config`'s code when runs would live in this process and it
+/// fails (it loads the config and sets up containment, and says what failed on stderr), 1
+/// when serving failed.
+pub async fn run(args: McpArgs, local_config: impl FnOnce() -> Result<Config, u8>) -> u8 {
     let shutdown = match crate::runtime::Shutdown::on_signals(&[
         SignalKind::terminate(),
         SignalKind::interrupt(),
@@ -45,11 +49,14 @@ pub async fn run(config_path: Option<&Path>, args: McpArgs) -> u8 {
     ]) {
         Ok(s) => s,
         Err(e) => {
-            crate::cli::write_stderr(format_args!("acpd: cannot set up signal handling: {e}\n"));
+            let _ = writeln!(
+                std::io::stderr(),
+                "acpd: cannot set up signal handling: {e}"
+            );
             return 1;
         }
     };
-    let backend = match choose(config_path, &args).await {
+    let backend = match choose(&args, local_config).await {
         Ok(b) => Arc::new(b),
         Err(code) => return code,
     };
@@ -76,7 +83,10 @@ async fn kill_all(why: &str, close: &mut (impl std::future::Future<Output = ()> 
 }
 
 /// The daemon, when one answers; else a registry of this process.
-async fn choose(config_path: Option<&Path>, args: &McpArgs) -> Result<Backend, u8> {
+async fn choose(
+    args: &McpArgs,
+    local_config: impl FnOnce() -> Result<Config, u8>,
+) -> Result<Backend, u8> {
     if !args.in_process {
         let path = match &args.socket {
             Some(p) => Some(p.clone()),
@@ -93,11 +103,7 @@ async fn choose(config_path: Option<&Path>, args: &McpArgs) -> Result<Backend, u
             }
         }
     }
-    let config = crate::cli::load_config(config_path).map_err(|e| {
-        crate::cli::write_stderr(format_args!("acpd: {e}\n"));
-        crate::cli::EXIT_USAGE
-    })?;
-    crate::cli::contain(&config)?;
+    let config = local_config()?;
     crate::supervise::init();
     crate::supervise::keep_records();
     Ok(Backend::Local(Local::new(config)))

@@ -87,3 +87,36 @@ impl RegistryError {
         data
     }
 }
+
+/// A registry agent that did not resolve: cancelled, or a START_FAILED at the spawn stage
+/// whose diagnostic gives the fixed facts, then what failed (and at which URL).
+impl From<crate::catalog::ResolveError> for RegistryError {
+    fn from(e: crate::catalog::ResolveError) -> Self {
+        use acpd_protocol::diagnostic;
+        use acpd_protocol::subagent::{Category, Stage};
+        let (provider, e) = match e {
+            crate::catalog::ResolveError::Cancelled { provider } => {
+                return RegistryError::StartCancelled { provider };
+            }
+            crate::catalog::ResolveError::Failed { provider, source } => (provider, source),
+        };
+        let failure = Failure {
+            stage: Stage::Spawn,
+            category: Category::Spawn,
+            code: None,
+            exit_code: None,
+            signal: None,
+        };
+        let facts = diagnostic::build(&diagnostic::Facts {
+            provider: &provider,
+            failure: Some(&failure),
+            ..Default::default()
+        });
+        RegistryError::StartFailed {
+            diagnostic: diagnostic::limit(format!("{facts}: {e}")),
+            provider,
+            failure: Box::new(failure),
+            agent_error: None,
+        }
+    }
+}

@@ -347,7 +347,9 @@ impl Registry {
         let (depth, max_depth) = self.check_depth(&config, None)?;
         let home = bridge::home();
         let cwd = resolve_cwd(&provider, None, Some(cwd.unwrap_or(&home)))?;
-        let provider = crate::catalog::resolve_provider(&config, provider, cancel).await?;
+        let provider = crate::catalog::resolve_provider(&config, provider, cancel)
+            .await
+            .map_err(RegistryError::from)?;
         let _slot = self.claim(&config, &provider, cancel).await?;
         let spec = ChildSpec {
             limits: config.wire_limits(),

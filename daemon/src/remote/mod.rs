@@ -12,7 +12,6 @@
 //! ([`Setup`]), never in argv (which `ps` shows to every user) and never through a shell.
 
 mod diagnose;
-mod far;
 mod quote;
 mod setup;
 
@@ -21,39 +20,15 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use diagnose::{FarFailure, classify};
-pub use far::{SuperviseArgs, supervise};
+pub use diagnose::{FarFailure, SUPERVISE_MARK, classify};
 pub use quote::quote;
 pub use setup::{MAX_SETUP_LINE, Setup};
 
 use acpd_protocol::subagent::{Failure, Stage};
 
 use crate::config::ProviderConfig;
+pub use crate::config::{Remote, SshHost, Via};
 use crate::supervise::{DEPTH_VAR, MAX_DEPTH_VAR, SpawnSpec, child_env};
-
-/// How a provider's command reaches its host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Remote {
-    pub via: Via,
-    /// The far side's acpd (`remote_acpd`, default `acpd` on the far side's PATH).
-    pub remote_acpd: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Via {
-    /// `host = "ssh://…"`, with `ssh_options` inserted before the destination.
-    Ssh { host: SshHost, options: Vec<String> },
-    /// `launcher = [argv…]`: the far command is appended as argv, no shell in between.
-    Launcher(Vec<String>),
-}
-
-/// `ssh://[user@]host[:port]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SshHost {
-    pub user: Option<String>,
-    pub host: String,
-    pub port: Option<u16>,
-}
 
 /// Variables the local `ssh` or launcher process gets besides acpd's usual allowlist: what
 /// those tools need to find their own credentials and contexts. None of them reaches the far
@@ -68,114 +43,8 @@ const LAUNCHER_PASSTHROUGH: &[&str] = &[
     "DOCKER_TLS_VERIFY",
 ];
 
-impl SshHost {
-    /// Parses `ssh://[user@]host[:port][/]` (IPv6 literals in brackets), strictly: every
-    /// character of the text is accounted for, so nothing is silently dropped. The
-    /// destination becomes one ssh argument, so nothing in it may look like an option or carry
-    /// shell syntax. No percent-escapes, paths, queries or fragments.
-    pub fn parse(url: &str) -> Result<SshHost, String> {
-        let rest = url
-            .strip_prefix("ssh://")
-            .ok_or("must look like \"ssh://[user@]host[:port]\"")?;
-        let rest = rest.strip_suffix('/').unwrap_or(rest);
-        let (user, hostport) = match rest.split_once('@') {
-            Some((user, hp)) => (Some(user), hp),
-            None => (None, rest),
-        };
-        if let Some(user) = user
-            && (user.is_empty()
-                || user.len() > 64
-                || user.starts_with('-')
-                || !user
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
-        {
-            return Err(format!("bad user name {user:?}"));
-        }
-        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-            let (addr, after) = v6.split_once(']').ok_or("unclosed '[' in the host")?;
-            if addr.parse::<std::net::Ipv6Addr>().is_err() {
-                return Err(format!("bad IPv6 address {addr:?}"));
-            }
-            let port = match after {
-                "" => None,
-                _ => Some(after.strip_prefix(':').ok_or_else(|| {
-                    format!("unexpected {after:?} after the IPv6 address (only \":PORT\")")
-                })?),
-            };
-            (addr.to_string(), port)
-        } else {
-            let (host, port) = match hostport.split_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (hostport, None),
-            };
-            // DNS labels or an IPv4 address: [A-Za-z0-9_-] labels, none empty, none led by
-            // '-' (so the whole never reads as an option), one trailing dot allowed.
-            let labels = host.strip_suffix('.').unwrap_or(host);
-            let host_ok = !labels.is_empty()
-                && host.len() <= 253
-                && labels.split('.').all(|l| {
-                    !l.is_empty()
-                        && l.len() <= 63
-                        && !l.starts_with('-')
-                        && l.chars()
-                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
-                });
-            if !host_ok {
-                return Err(format!("bad host name {host:?}"));
-            }
-            (host.to_string(), port)
-        };
-        let port = match port {
-            None => None,
-            Some(p) => Some(
-                Some(p)
-                    .filter(|p| {
-                        !p.is_empty()
-                            && p.len() <= 5
-                            && !p.starts_with('0')
-                            && p.bytes().all(|b| b.is_ascii_digit())
-                    })
-                    .and_then(|p| p.parse::<u16>().ok())
-                    .filter(|p| *p > 0)
-                    .ok_or_else(|| format!("bad port {p:?} (1 to 65535)"))?,
-            ),
-        };
-        Ok(SshHost {
-            user: user.map(str::to_string),
-            host,
-            port,
-        })
-    }
-
-    /// `[user@]host[:port]`, as the diagnostic and logs name it.
-    pub fn display(&self) -> String {
-        let mut s = String::new();
-        if let Some(u) = &self.user {
-            s.push_str(u);
-            s.push('@');
-        }
-        if self.host.contains(':') {
-            s.push_str(&format!("[{}]", self.host));
-        } else {
-            s.push_str(&self.host);
-        }
-        if let Some(p) = self.port {
-            s.push_str(&format!(":{p}"));
-        }
-        s
-    }
-}
-
+/// The argv and setup line of a [`Remote`] (parsed by config from `host` / `launcher`).
 impl Remote {
-    /// What errors call the far side: the ssh destination, or the launcher's program.
-    pub fn target(&self) -> String {
-        match &self.via {
-            Via::Ssh { host, .. } => host.display(),
-            Via::Launcher(argv) => argv.first().cloned().unwrap_or_default(),
-        }
-    }
-
     /// The far side's argv: `<remote_acpd> supervise --setup-stdin -- <command…>`.
     fn far_argv(&self, command: &[String]) -> Vec<String> {
         let mut argv = vec![

@@ -68,11 +68,11 @@ impl Setup {
         let setup: Setup = serde_json::from_slice(line)
             .map_err(|e| format!("bad setup line ({})", json_error_kind(&e)))?;
         if let Some(g) = &setup.graces {
-            let ceiling = crate::config::durations::CEILING.as_millis();
+            let ceiling = crate::durations::CEILING.as_millis();
             if u128::from(g.eof_ms.max(g.term_ms)) > ceiling {
                 return Err(format!(
                     "the setup line's graces exceed the ceiling of {}",
-                    crate::config::durations::CEILING_TEXT
+                    crate::durations::CEILING_TEXT
                 ));
             }
         }

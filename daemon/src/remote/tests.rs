@@ -231,7 +231,7 @@ fn setup_lines_are_checked_and_errors_do_not_echo_them() {
         assert!(err.contains("bad setup line"), "{err}");
     }
     let g = Setup::parse(br#"{"graces": {"eofMs": 2592000000, "termMs": 1}}"#).unwrap();
-    assert_eq!(g.graces().unwrap().0, crate::config::durations::CEILING);
+    assert_eq!(g.graces().unwrap().0, crate::durations::CEILING);
     let err =
         Setup::parse(br#"{"graces": {"eofMs": 18446744073709551615, "termMs": 1}}"#).unwrap_err();
     assert!(err.contains("ceiling of 30days"), "{err}");

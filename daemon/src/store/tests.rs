@@ -845,4 +845,58 @@ async fn a_whole_listing_forgets_an_opened_row_only_when_older_and_not_held() {
     assert_eq!(store.get("acpd-old").await.unwrap(), None);
     assert!(store.get("acpd-live").await.unwrap().is_some());
     assert!(store.get("acpd-new").await.unwrap().is_some());
+
+/// The session map: a 0755 state dir and a 0644 `sessions.sqlite3` from before are
+/// tightened; a symlink planted at the file or at the dir is refused with an error naming
+/// it, and its target is neither written nor chmodded.
+#[test]
+fn the_session_store_is_private_and_never_opened_through_a_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    let db = dir.join("sessions.sqlite3");
+    drop(Store::open(&db).unwrap());
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    drop(Store::open(&db).unwrap());
+    assert_eq!((mode(&dir), mode(&db)), (0o700, 0o600));
+
+    let victim = tmp.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let dir2 = tmp.path().join("state2");
+    crate::private_fs::private_dir(&dir2).unwrap();
+    let planted = dir2.join("sessions.sqlite3");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let e = Store::open(&planted).unwrap_err().to_string();
+    assert!(
+        e.contains(&planted.display().to_string()) && e.contains("symlink"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert_eq!(mode(&victim), 0o644);
+
+    // A link planted at the WAL is refused too (SQLite would open it by name).
+    let dir3 = tmp.path().join("state3");
+    crate::private_fs::private_dir(&dir3).unwrap();
+    std::os::unix::fs::symlink(&victim, dir3.join("sessions.sqlite3-wal")).unwrap();
+    let e = Store::open(&dir3.join("sessions.sqlite3"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sessions.sqlite3-wal"), "{e}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let link = tmp.path().join("linked-state");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    let e = Store::open(&link.join("sessions.sqlite3"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&link.display().to_string()) && e.contains("symlink"),
+        "{e}"
+    );
+    assert!(std::fs::read_dir(&elsewhere).unwrap().next().is_none());
+    assert_eq!(mode(&elsewhere), 0o755);
 }

@@ -124,7 +124,7 @@ impl Cgroup {
 
     /// The same wait, blocking the calling thread (for the sentinel, which has no runtime).
     pub fn wait_empty_blocking(&self, timeout: Duration) -> bool {
-        let deadline = crate::config::durations::deadline_std(timeout);
+        let deadline = crate::durations::deadline_std(timeout);
         let mut delay = Duration::from_millis(1);
         while self.populated() {
             if std::time::Instant::now() >= deadline {
@@ -177,10 +177,7 @@ impl Cgroup {
     pub async fn kill_and_remove(&self, timeout: Duration) -> Result<(), CgroupError> {
         if self.path.exists() {
             self.kill()?;
-            if !self
-                .wait_empty(crate::config::durations::deadline(timeout))
-                .await
-            {
+            if !self.wait_empty(crate::durations::deadline(timeout)).await {
                 tracing::warn!(cgroup = %self.path.display(), "cgroup still populated after cgroup.kill");
             }
         }

@@ -287,6 +287,33 @@ pub(super) enum Placement {
     Token(String),
     /// Neither cgroup nor token: [`contain`] never ran (in-process tests).
     Group,
+    /// `acpd supervise`'s one command: its tree is every descendant of this process (a
+    /// subreaper), and where we can create one, its own cgroup beside ours, which it enters
+    /// before exec or not at all (not fatal: it is still our descendant).
+    Standalone(Option<(Cgroup, std::os::fd::OwnedFd)>),
+}
+
+/// The standalone command's cgroup: `acpd-<pid>-<start>` beside ours (the name acpd's sweep
+/// knows), with its `cgroup.procs` open for the child to enter before exec; `None` where we
+/// cannot create one (no cgroup2, no permission, no `cgroup.kill`). Sweeps the groups of dead
+/// supervisors and acpds in the same parent first, so a SIGKILLed supervise's tree ends at
+/// the next start.
+pub(super) fn place_standalone() -> Placement {
+    let own_group = || {
+        let own = cgroup::own_dir().ok()?;
+        let me = std::process::id() as i32;
+        let start = procfs::stat(me)?.start;
+        let group = Cgroup::create(&own, &cgroup::base_name(me, start)).ok()?;
+        let usable = group.path().join("cgroup.kill").exists();
+        let procs = group.procs_fd().ok().filter(|_| usable);
+        let Some(procs) = procs else {
+            let _ = group.remove();
+            return None;
+        };
+        cgroup::sweep(&own, Some(group.path()));
+        Some((group, procs))
+    };
+    Placement::Standalone(own_group())
 }
 
 /// Creates the next child's group (with its limits) or its token.
@@ -362,20 +389,8 @@ fn scan_environ(matches: impl Fn(&[u8]) -> bool, since: u64, skip: i32) -> Vec<i
         .collect()
 }
 
-/// [`contain`] with the config's `containment` and limits; warns (once, at start) for each
-/// provider whose `memory_max` / `pids_max` cannot take effect here.
-pub fn contain_config(
-    config: &crate::config::Config,
-) -> Result<&'static Containment, ContainError> {
-    let containment = contain(config.containment, config.wants_limits())?;
-    for line in limit_warnings(config) {
-        tracing::warn!("{line}");
-    }
-    Ok(containment)
-}
-
-/// One line per provider whose limits this acpd cannot apply, saying why.
-pub fn limit_warnings(config: &crate::config::Config) -> Vec<String> {
+/// One line per provider (name, limits) whose limits this acpd cannot apply, saying why.
+pub fn limit_warnings(providers: &[(&str, ChildLimits)]) -> Vec<String> {
     let why = match current() {
         Some(c) if c.mode == Mode::Cgroup => {
             "the controller is not available to acpd's cgroup v2 group"
@@ -383,15 +398,13 @@ pub fn limit_warnings(config: &crate::config::Config) -> Vec<String> {
         Some(_) => "containment is by process groups",
         None => "containment is not set up",
     };
-    config
-        .providers
-        .values()
-        .filter_map(|p| {
-            let missing = p.child_limits().missing_controllers();
+    providers
+        .iter()
+        .filter_map(|(name, limits)| {
+            let missing = limits.missing_controllers();
             (!missing.is_empty()).then(|| {
                 format!(
-                    "provider {}: {} not applied ({why}); its children run without that limit",
-                    p.name,
+                    "provider {name}: {} not applied ({why}); its children run without that limit",
                     missing
                         .iter()
                         .map(|c| if *c == "memory" {

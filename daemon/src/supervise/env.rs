@@ -30,8 +30,7 @@ const ALLOWED: &[&str] = &[
     "NO_PROXY",
 ];
 
-pub const DEPTH_VAR: &str = "ACPD_DEPTH";
-pub const MAX_DEPTH_VAR: &str = "ACPD_MAX_DEPTH";
+pub use acpd_protocol::subagent::{DEPTH_VAR, MAX_DEPTH_VAR};
 
 fn allowed(name: &str) -> bool {
     name.starts_with("LC_")

@@ -16,8 +16,7 @@ mod tree;
 
 pub use contain::{
     ChildLimits, ContainError, Containment, ContainmentSetting, Mode as ContainmentMode, TREE_VAR,
-    contain, contain_config, current as containment, in_child_group, limit_warnings,
-    status as containment_status,
+    contain, current as containment, in_child_group, limit_warnings, status as containment_status,
 };
 pub use sentinel::{pid as sentinel_pid, run_sentinel};
 
@@ -27,7 +26,7 @@ pub use reaper::{init, tune_allocator};
 pub(crate) use records::default_state_dir;
 pub use records::{enable_default as keep_records, forget as forget_records, kill_all};
 pub use records::{is_own_child, start_time};
-pub use spawn::{SpawnError, SpawnSpec, Spawned, spawn, spawn_limited};
+pub use spawn::{SpawnError, SpawnSpec, Spawned, spawn, spawn_limited, spawn_standalone};
 pub use stderr::{ChildStderrMode, StderrTail, flush_child_stderr, forward_child_stderr};
 pub use tree::{Graces, LimitHit, ProcessTree, TeardownOutcome, signal_name};
 

@@ -41,6 +41,35 @@ pub fn pids() -> impl Iterator<Item = i32> {
         .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
 }
 
+/// Every live or zombie process below this one, found through `/proc` parent links (one read
+/// of each `stat`: `acpd supervise` scans at every teardown, on hosts with many processes).
+/// As a subreaper, everything our children started is still below us however it detached.
+pub fn descendants() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut children: std::collections::BTreeMap<i32, Vec<i32>> = Default::default();
+    let mut buf = [0u8; 1024];
+    for pid in pids() {
+        let Ok(mut file) = std::fs::File::open(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Ok(n) = std::io::Read::read(&mut file, &mut buf) else {
+            continue;
+        };
+        if let Some(stat) = std::str::from_utf8(&buf[..n]).ok().and_then(parse) {
+            children.entry(stat.ppid).or_default().push(pid);
+        }
+    }
+    let mut found = Vec::new();
+    let mut queue = std::collections::VecDeque::from([me]);
+    while let Some(pid) = queue.pop_front() {
+        for &kid in children.get(&pid).into_iter().flatten() {
+            found.push(kid);
+            queue.push_back(kid);
+        }
+    }
+    found
+}
+
 /// A process's ancestors as read from `/proc`.
 #[derive(Debug, Clone, Default)]
 pub struct Ancestry {

@@ -82,18 +82,42 @@ pub async fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
 /// [`spawn`] with a provider's `memory_max` / `pids_max` on the child's cgroup (ignored where
 /// the controllers are not enabled; acpd warned at start).
 pub async fn spawn_limited(spec: SpawnSpec, limits: ChildLimits) -> Result<Spawned, SpawnError> {
+    if spec.argv.is_empty() {
+        return Err(SpawnError::EmptyCommand);
+    }
+    spawn_placed(spec, contain::place(&limits)?).await
+}
+
+/// Spawns the one command of `acpd supervise`, whose tree is every descendant of this process
+/// ([`init`](super::init) makes it a subreaper), in its own cgroup beside ours where it can be
+/// created. Its ladder is [`ProcessTree::teardown`], as for acpd's children.
+pub async fn spawn_standalone(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
+    if spec.argv.is_empty() {
+        return Err(SpawnError::EmptyCommand);
+    }
+    spawn_placed(spec, contain::place_standalone()).await
+}
+
+async fn spawn_placed(spec: SpawnSpec, placement: Placement) -> Result<Spawned, SpawnError> {
     let (program, args) = spec.argv.split_first().ok_or(SpawnError::EmptyCommand)?;
     let program = program.clone();
     let args = args.to_vec();
     let jobs = JOBS.get().ok_or(SpawnError::NoSpawner)?;
     let mut env = spec.env;
-    let (contained, procs) = match contain::place(&limits)? {
+    // Whether the child must enter its cgroup (else the spawn fails).
+    let mut must_enter = true;
+    let (contained, procs) = match placement {
         Placement::Cgroup { group, procs } => (Contained::Cgroup(group), Some(procs)),
         Placement::Token(token) => {
             env.push((contain::TREE_VAR.into(), token.clone().into()));
             (Contained::Token(token), None)
         }
         Placement::Group => (Contained::Group, None),
+        Placement::Standalone(placed) => {
+            must_enter = false;
+            let (group, procs) = placed.unzip();
+            (Contained::Descendants(group), procs)
+        }
     };
     let (tx, rx) = oneshot::channel();
     let job_program = program.clone();
@@ -103,7 +127,14 @@ pub async fn spawn_limited(spec: SpawnSpec, limits: ChildLimits) -> Result<Spawn
         let _entered = runtime.enter();
         // `procs` stays open until the fork is done; it is close-on-exec.
         let procs_fd = procs.as_ref().map(cgroup::raw);
-        let _ = tx.send(spawn_here(&job_program, &args, spec.cwd, env, procs_fd));
+        let _ = tx.send(spawn_here(
+            &job_program,
+            &args,
+            spec.cwd,
+            env,
+            procs_fd,
+            must_enter,
+        ));
         drop(procs);
     });
     jobs.send(job).map_err(|_| SpawnError::NoSpawner)?;
@@ -117,11 +148,25 @@ pub async fn spawn_limited(spec: SpawnSpec, limits: ChildLimits) -> Result<Spawn
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            if let Contained::Cgroup(group) = &contained {
+            if let Contained::Cgroup(group) | Contained::Descendants(Some(group)) = &contained {
                 let _ = group.remove();
             }
             return Err(e);
         }
+    };
+    let contained = match contained {
+        // A group the child never entered stays empty, and an empty group must not be read
+        // as "nothing of the tree is left".
+        Contained::Descendants(Some(group))
+            if !child
+                .id()
+                .is_some_and(|pid| group.members().contains(&(pid as i32))) =>
+        {
+            tracing::warn!("the command did not enter its cgroup; process groups only");
+            let _ = group.remove();
+            Contained::Descendants(None)
+        }
+        contained => contained,
     };
     if let Some(pid) = child.id() {
         super::records::add(pid as i32);
@@ -154,6 +199,7 @@ fn spawn_here(
     cwd: PathBuf,
     env: Vec<(OsString, OsString)>,
     cgroup_procs: Option<std::os::fd::RawFd>,
+    must_enter: bool,
 ) -> std::io::Result<Child> {
     let parent = nix::unistd::getpid();
     let nofile = reaper::original_nofile();
@@ -172,7 +218,11 @@ fn spawn_here(
         cmd.pre_exec(move || {
             // First: nothing the child does, not even a failed exec, happens outside its group.
             if let Some(fd) = cgroup_procs {
-                cgroup::enter_in_child(fd)?;
+                match cgroup::enter_in_child(fd) {
+                    Err(e) if must_enter => return Err(e),
+                    // Without its group it is still in our tree and its process group.
+                    _ => {}
+                }
             }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             if nix::unistd::getppid() != parent {

@@ -10,6 +10,11 @@
 //! group's removal, so a descendant that left the process group dies as well. In the
 //! fallback, the rungs are the process group's, and the ladder ends by killing every adopted
 //! escapee that still carries the run's tree token.
+//!
+//! Under `acpd supervise` (a subreaper running one command), the rungs are the process
+//! group's, and the ladder ends with the rest of the tree — every other descendant of the
+//! process, found through its cgroup or `/proc` — given SIGTERM, the term grace, then SIGKILL
+//! (and `cgroup.kill`), and the cgroup removed.
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::ExitStatus;
@@ -34,6 +39,8 @@ pub(super) enum Contained {
     Cgroup(Cgroup),
     /// A tree token in every descendant's environment.
     Token(String),
+    /// Every descendant of this process (`acpd supervise`), and its cgroup where it has one.
+    Descendants(Option<Cgroup>),
 }
 
 /// A resource limit the tree ran into (cgroup `memory.events` `oom_kill`, `pids.events` `max`).
@@ -145,14 +152,14 @@ impl ProcessTree {
         let started = Instant::now();
         close_stdin();
         let outcome = if self
-            .wait_tree(crate::config::durations::deadline_from(started, graces.eof))
+            .wait_tree(crate::durations::deadline_from(started, graces.eof))
             .await
         {
             TeardownOutcome::Exited
         } else {
             self.signal(Signal::SIGTERM);
             if self
-                .wait_tree(crate::config::durations::deadline(graces.term))
+                .wait_tree(crate::durations::deadline(graces.term))
                 .await
             {
                 TeardownOutcome::Terminated
@@ -167,18 +174,20 @@ impl ProcessTree {
                 TeardownOutcome::Killed
             }
         };
-        self.end_escapees().await;
+        self.end_escapees(graces.term).await;
         super::records::remove(self.pid(), self.inner.start);
         reaper::churned();
         tracing::debug!(pgid = self.pid(), ?outcome, elapsed = ?started.elapsed(), "child tree torn down");
         outcome
     }
 
-    /// The last rung, whatever the outcome: `cgroup.kill` and removal of the child's cgroup, or
-    /// SIGKILL for every escapee carrying the tree token.
-    async fn end_escapees(&self) {
+    /// The last rung, whatever the outcome: `cgroup.kill` and removal of the child's cgroup,
+    /// SIGKILL for every escapee carrying the tree token, or SIGTERM → `term` → SIGKILL for
+    /// every other descendant of `acpd supervise`.
+    async fn end_escapees(&self, term: Duration) {
         match &self.inner.contained {
             Contained::Group => {}
+            Contained::Descendants(group) => self.end_descendants(term, group.as_ref()).await,
             Contained::Cgroup(group) => {
                 self.note_limit_hit();
                 if let Err(e) = group.kill_and_remove(KILL_WAIT).await {
@@ -241,6 +250,36 @@ impl ProcessTree {
         }
     }
 
+    /// Ends whatever of an `acpd supervise` tree outlived its process group — every
+    /// descendant that left it, and everything in its cgroup — with SIGTERM, then after
+    /// `term` SIGKILL (and `cgroup.kill`), reaping as it goes, and removes the cgroup.
+    async fn end_descendants(&self, term: Duration, group: Option<&Cgroup>) {
+        let pgid = Pid::from_raw(self.inner.pid);
+        reaper::reap_strays();
+        let left = descendants_left(group);
+        if !left.is_empty() || group.is_some_and(Cgroup::populated) {
+            let _ = killpg(pgid, Signal::SIGTERM);
+            signal_each(&left, Signal::SIGTERM);
+            if !descendants_gone_by(crate::durations::deadline(term), group).await {
+                if let Some(g) = group {
+                    let _ = g.kill();
+                }
+                let _ = killpg(pgid, Signal::SIGKILL);
+                signal_each(&descendants_left(group), Signal::SIGKILL);
+                if !descendants_gone_by(Instant::now() + KILL_WAIT, group).await {
+                    tracing::warn!(left = ?super::procfs::descendants(), "processes left after SIGKILL");
+                }
+            }
+            // A cgroup empties before its last processes are zombies we can reap: wait for those.
+            if group.is_some() {
+                descendants_gone_by(Instant::now() + KILL_WAIT, None).await;
+            }
+        }
+        if let Some(Err(e)) = group.map(Cgroup::remove) {
+            tracing::warn!("cannot remove the command's cgroup: {e}");
+        }
+    }
+
     /// The child's own cgroup, in cgroup mode.
     pub fn cgroup(&self) -> Option<&Cgroup> {
         match &self.inner.contained {
@@ -273,6 +312,8 @@ impl ProcessTree {
                     let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
                 }
             }
+            // The rungs are the process group's; the rest comes in `end_descendants`.
+            Contained::Descendants(_) => {}
         }
     }
 
@@ -302,6 +343,32 @@ fn reap_group(pgid: Pid) {
             break;
         }
     }
+}
+
+fn signal_each(pids: &[i32], sig: Signal) {
+    for &pid in pids {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
+    }
+}
+
+/// What is left of an `acpd supervise` tree: with a cgroup, nothing once it is empty
+/// (everything the command started was born in it; reading `cgroup.events` spares a `/proc`
+/// scan at every poll), else every descendant, zombies included.
+fn descendants_left(group: Option<&Cgroup>) -> Vec<i32> {
+    match group {
+        Some(g) if !g.populated() => Vec::new(),
+        _ => super::procfs::descendants(),
+    }
+}
+
+/// Reaps until no descendant is left (and `group` is empty) or `deadline` passes; true when
+/// none is left. The leader is reaped already: every exited child is a stray of ours.
+async fn descendants_gone_by(deadline: Instant, group: Option<&Cgroup>) -> bool {
+    super::poll_until(deadline, || {
+        reaper::reap_strays();
+        descendants_left(group).is_empty() && !group.is_some_and(Cgroup::populated)
+    })
+    .await
 }
 
 /// `SIGKILL`-style name of the signal that ended `status`, if one did.

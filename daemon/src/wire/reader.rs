@@ -80,7 +80,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             }
             let stall = self
                 .partial_since
-                .map(|t| crate::config::durations::deadline_from(t, self.limits.line_timeout));
+                .map(|t| crate::durations::deadline_from(t, self.limits.line_timeout));
             self.buf.reserve(READ_CHUNK);
             tokio::select! {
                 // Bytes that are already there always win over the deadline: the owner may
