@@ -845,6 +845,7 @@ async fn a_whole_listing_forgets_an_opened_row_only_when_older_and_not_held() {
     assert_eq!(store.get("acpd-old").await.unwrap(), None);
     assert!(store.get("acpd-live").await.unwrap().is_some());
     assert!(store.get("acpd-new").await.unwrap().is_some());
+}
 
 /// The session map: a 0755 state dir and a 0644 `sessions.sqlite3` from before are
 /// tightened; a symlink planted at the file or at the dir is refused with an error naming
