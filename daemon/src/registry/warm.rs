@@ -480,7 +480,7 @@ mod tests {
             let mut pool = lock(&registry.inner.pool);
             let spares = pool.providers.entry(p.name.clone()).or_default();
             spares.caps = Some(caps_key(&ClientCapabilities::default()));
-            spares.ready.push(Spare {
+            spares.ready.push(super::Spare {
                 ready: Ready { child, slot },
                 made: None,
             });
