@@ -1,0 +1,88 @@
+//! The JSON-RPC error object and the error codes of JSON-RPC 2.0 and ACP.
+
+use serde::{Deserialize, Serialize};
+
+/// A JSON-RPC error object; `data` is kept raw.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+}
+
+impl RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    pub fn with_data(mut self, data: serde_json::Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+
+    pub fn parse_error(detail: impl std::fmt::Display) -> Self {
+        Self::new(PARSE_ERROR, format!("Parse error: {detail}"))
+    }
+
+    pub fn invalid_request(detail: impl std::fmt::Display) -> Self {
+        Self::new(INVALID_REQUEST, format!("Invalid request: {detail}"))
+    }
+
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(METHOD_NOT_FOUND, format!("Method not found: {method}"))
+    }
+
+    pub fn invalid_params(detail: impl std::fmt::Display) -> Self {
+        Self::new(INVALID_PARAMS, format!("Invalid params: {detail}"))
+    }
+
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        Self::new(INTERNAL_ERROR, format!("Internal error: {detail}"))
+    }
+
+    /// A named limit is reached: −33013 with `data: {"code":"LIMIT","limit":limit,"value":value}`
+    /// (`max_connections`, `max_sessions_per_connection`, `max_pending_requests`).
+    pub fn limit(limit: &str, value: u64) -> Self {
+        let name = crate::errors::ErrorName::Limit;
+        Self::new(name.code(), format!("Limit reached: {limit} is {value}"))
+            .with_data(serde_json::json!({ "code": name.as_str(), "limit": limit, "value": value }))
+    }
+
+    /// A partial line older than `line_timeout` was dropped: −32700 with
+    /// `data: {"limit":"line_timeout"}`.
+    pub fn line_timeout() -> Self {
+        Self::parse_error("an unfinished line was dropped after line_timeout")
+            .with_data(serde_json::json!({ "limit": "line_timeout" }))
+    }
+
+    /// The answer to a line the codec refused: −32700, and for an oversized line
+    /// `data: {"limit":"max_line","value":N}`.
+    pub fn from_frame(error: &crate::codec::FrameError) -> Self {
+        match error {
+            crate::codec::FrameError::Oversized { limit } => Self::parse_error(error)
+                .with_data(serde_json::json!({ "limit": "max_line", "value": limit })),
+            crate::codec::FrameError::NotUtf8 => Self::parse_error(error),
+        }
+    }
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (code {})", self.message, self.code)
+    }
+}
+
+pub const PARSE_ERROR: i64 = -32700;
+pub const INVALID_REQUEST: i64 = -32600;
+pub const METHOD_NOT_FOUND: i64 = -32601;
+pub const INVALID_PARAMS: i64 = -32602;
+pub const INTERNAL_ERROR: i64 = -32603;
+/// ACP: authentication required.
+pub const AUTH_REQUIRED: i64 = -32000;
+/// ACP: resource (or, with `data.sessionId`, session) not found.
+pub const RESOURCE_NOT_FOUND: i64 = -32002;
