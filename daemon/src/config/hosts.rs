@@ -4,7 +4,8 @@
 
 use toml::Spanned;
 
-use super::{At, ConfigError, ProviderConfig};
+use super::validate::At;
+use super::{ConfigError, ProviderConfig};
 
 /// `host` or `launcher` (never both), `ssh_options` only with `host`, `remote_acpd` only
 /// with one of them, and neither for a `registry` agent (installed on this host).

@@ -1,6 +1,10 @@
 //! Config parsing, validation and discovery.
+use super::defaults::{ECHO_DESCRIPTION, ETC_CONFIG};
+use super::validate::parse_size;
 use super::*;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 const FILE: &str = "/tmp/x/config.toml";
 const CODEX: &str = "[providers.codex]\ncommand = [\"codex-acp\"]\n";

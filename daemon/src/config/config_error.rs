@@ -1,0 +1,138 @@
+//! [`ConfigError`], and how an error is pointed at its dotted key and 1-based line.
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+};
+
+use super::validate::only;
+
+/// Everything that can go wrong finding, reading or validating the config.
+///
+/// Each variant carries the file path so the operator knows which file to fix
+/// even when several candidate locations exist.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file was named explicitly (flag or `ACPD_CONFIG`) but is absent;
+    /// silently falling back to defaults would hide a typo.
+    #[error("{}: config file named by {origin} does not exist", path.display())]
+    Missing { path: PathBuf, origin: &'static str },
+    #[error("{}: cannot read config file: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    /// `line` is 1-based; `None` only if TOML reported no position at all.
+    #[error("{}:{}: {key}: {message}", path.display(), line.map_or_else(|| "?".to_owned(), |l| l.to_string()))]
+    Invalid {
+        path: PathBuf,
+        line: Option<usize>,
+        key: String,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// The config file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            ConfigError::Missing { path, .. }
+            | ConfigError::Read { path, .. }
+            | ConfigError::Invalid { path, .. } => path,
+        }
+    }
+}
+
+/// Renders one key of a dotted path, quoting it when TOML would need quotes.
+pub(super) fn key_segment(key: &str) -> String {
+    let bare = only(key, "_-");
+    if bare {
+        key.to_owned()
+    } else {
+        format!("{key:?}")
+    }
+}
+
+/// 1-based line number of a byte offset.
+pub(super) fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+/// Converts a TOML syntax or deserialization error, recovering the dotted key.
+///
+/// `toml` keeps the key path private but prints it as "in `a.b`" when no input
+/// is attached, so it is read back from that rendering. Unknown-field errors
+/// name the offending field only in the message. Syntax errors carry no path,
+/// so the key is reconstructed from the source line as a best effort.
+pub(super) fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> ConfigError {
+    let mut bare = err.clone();
+    bare.set_input(None);
+    let shown = bare.to_string();
+    let table = shown
+        .strip_prefix(err.message())
+        .and_then(|rest| rest.trim().strip_prefix("in `"))
+        .and_then(|rest| rest.strip_suffix('`'))
+        .map(str::to_owned);
+    let unknown = err
+        .message()
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next());
+    let offset = err.span().map(|s| s.start);
+    let key = match (table, unknown) {
+        (Some(table), Some(field)) => format!("{table}.{field}"),
+        (Some(table), None) => table,
+        (None, Some(field)) => field.to_owned(),
+        (None, None) => offset.map_or_else(|| "(document)".to_owned(), |o| key_near(text, o)),
+    };
+    ConfigError::Invalid {
+        path: path.to_path_buf(),
+        line: offset.map(|o| line_of(text, o)),
+        key,
+        message: err.message().replace('\n', " "),
+    }
+}
+
+/// Best-effort dotted key for a syntax error at `offset`: a table header on
+/// that line, else the key left of `=` inside the enclosing table.
+fn key_near(text: &str, offset: usize) -> String {
+    let line_index = line_of(text, offset) - 1;
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(line) = lines.get(line_index) else {
+        return "(document)".to_owned();
+    };
+    if let Some(header) = table_header(line) {
+        return header.to_owned();
+    }
+    let enclosing = lines[..line_index]
+        .iter()
+        .rev()
+        .find_map(|l| table_header(l));
+    let local = line
+        .split('=')
+        .next()
+        .map(str::trim)
+        .filter(|k| looks_like_key(k));
+    match (enclosing, local) {
+        (Some(table), Some(k)) => format!("{table}.{k}"),
+        (None, Some(k)) => k.to_owned(),
+        (Some(table), None) => table.to_owned(),
+        (None, None) => "(document)".to_owned(),
+    }
+}
+
+fn table_header(line: &str) -> Option<&str> {
+    let line = line.split('#').next()?.trim();
+    let inner = line.strip_prefix('[')?.strip_suffix(']')?;
+    let inner = inner
+        .strip_prefix('[')
+        .and_then(|i| i.strip_suffix(']'))
+        .unwrap_or(inner);
+    let inner = inner.trim();
+    looks_like_key(inner).then_some(inner)
+}
+
+fn looks_like_key(key: &str) -> bool {
+    only(key, "_-.\"' ")
+}
