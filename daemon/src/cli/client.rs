@@ -13,8 +13,6 @@ use tokio::time::Instant;
 
 use crate::wire::{self, CallError, Incoming};
 
-/// The longest `--timeout` accepted: past it the deadline arithmetic is meaningless.
-const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
 /// How often a connect refused for a full backlog is retried before the deadline.
 const BACKLOG_RETRY: Duration = Duration::from_millis(50);
 
@@ -38,12 +36,7 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
     if within.is_zero() {
         return Err("the timeout must be above zero".into());
     }
-    if within > MAX_TIMEOUT {
-        return Err(format!(
-            "{text:?} is above the 30-day ceiling; write a shorter timeout"
-        ));
-    }
-    Ok(within)
+    crate::durations::check(within, text)
 }
 
 /// Why a question to the daemon got no usable answer.

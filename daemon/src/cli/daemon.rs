@@ -382,16 +382,7 @@ fn print_status(v: &Value) -> std::io::Result<()> {
 /// (ESC, CR, BEL, … C1 too) and the bidi overrides that reorder what is shown are printed as
 /// escapes (`\u{1b}`, `\r`), never acted on.
 fn shown(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        let bidi = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() || bidi {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::trace::escape_controls(text).into_owned()
 }
 
 /// `containment: cgroup (why) at PATH` from `_acpd/status`'s `containment` object.
