@@ -66,6 +66,13 @@ const UNKNOWN_ID = "sess-unknown-0000-differential";
  * sequences leave them out.
  */
 const UNORDERED = new Set(["available_commands_update", "session_info_update", "config_option_update", "current_mode_update", "usage_update"]);
+/**
+ * The marker Claude Code appends to its transcript when a turn is interrupted. It lands there on
+ * Claude Code's own schedule, after the cancelled prompt has been answered, so whether a load
+ * right after replays it is timing (CI once saw the second one in the direct replay and in
+ * neither replay through acpd). Replays leave it out; the cancel rows still compare the turns.
+ */
+const INTERRUPTED = "[Request interrupted by user]";
 
 function args() {
   const out = { sides: "direct,stdio,serve" };
@@ -471,6 +478,7 @@ function turnOf(norm, updates) {
   for (const u of updates) {
     const kind = u.update?.sessionUpdate;
     if (UNORDERED.has(kind)) continue;
+    if (kind === "user_message_chunk" && u.update?.content?.text === INTERRUPTED) continue;
     sessions.add(norm.id(u.sessionId));
     kinds.push(kind);
     if (u.update?.content?.type === "text") texts[kind] = (texts[kind] ?? "") + u.update.content.text;
