@@ -22,7 +22,7 @@ pub const ACPD: &str = env!("CARGO_BIN_EXE_acpd");
 pub struct Opts {
     pub quick: bool,
     pub json: Option<PathBuf>,
-    /// Rewrite README.md's results table from this run.
+    /// Rewrite the results table in docs/src/benchmarks.md from this run.
     pub readme: bool,
     /// `--only SECTION` (hotpath, streaming, start, scale, teardown, warm,
     /// containment): run just that one.
@@ -144,9 +144,9 @@ async fn bench() {
         return;
     }
     if opts.readme {
-        let readme = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+        let readme = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/src/benchmarks.md");
         report::update_readme(&readme, &report::markdown(&report)).unwrap();
-        println!("README.md results table regenerated");
+        println!("docs/src/benchmarks.md results table regenerated");
     }
     if let Some(path) = &opts.json {
         std::fs::write(path, serde_json::to_string_pretty(&report).unwrap()).unwrap();

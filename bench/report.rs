@@ -1,4 +1,5 @@
-//! The results table in README.md, regenerated from a run (`--readme`), so the published
+//! The results table in docs/src/benchmarks.md (the book's Benchmarks chapter), regenerated
+//! from a run (`--readme`, named when the table was in README.md), so the published
 //! numbers are always what the command printed.
 
 use std::fmt::Write as _;
@@ -165,7 +166,10 @@ pub fn markdown(r: &Value) -> String {
 pub fn update_readme(readme: &Path, table: &str) -> std::io::Result<()> {
     let text = std::fs::read_to_string(readme)?;
     let (Some(a), Some(b)) = (text.find(BEGIN), text.find(END)) else {
-        return Err(std::io::Error::other("README.md has no bench markers"));
+        return Err(std::io::Error::other(format!(
+            "{} has no bench markers",
+            readme.display()
+        )));
     };
     let updated = format!("{}{BEGIN}\n{table}{}", &text[..a], &text[b..]);
     std::fs::write(readme, updated)

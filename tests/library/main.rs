@@ -10,4 +10,5 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod docs;
 mod registry;
