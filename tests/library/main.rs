@@ -5,6 +5,7 @@
 //! that is not one of its own leaders, the test harness's `std::process::Child`ren included
 //! (another test's `wait()` then fails with ECHILD), and it raises RLIMIT_NOFILE and tunes the
 //! allocator process-wide. Tests that spawn processes themselves belong in the other binaries.
+//! `docs` (README.md and the book's links) spawns nothing, so it lives here, where it is cheap.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 #[path = "../common/mod.rs"]
