@@ -55,7 +55,7 @@ impl<'a> Admission<'a> {
     }
 }
 
-/// A child that passed the gate and started — a [`Child`] with its session, an initialized
+/// A child that passed the gate and started — a `Child` with its session, an initialized
 /// child, what a probe learned — with its claim on the limits (released when the slot drops).
 pub struct Launched<C = Child> {
     pub child: C,

@@ -41,8 +41,8 @@ pub struct StartOptions {
     pub cancel: CancellationToken,
     /// A run id minted by the caller, so it can file the run before its first event.
     pub run_id: Option<String>,
-    /// The run or bridge session whose child asked for this run (see [`nest`]): the run is
-    /// one level deeper than that child, and goes with it.
+    /// The run or bridge session whose child asked for this run (see [`super::lineage`]): the
+    /// run is one level deeper than that child, and goes with it.
     pub nest: Option<Nest>,
     /// The uid of the user asking (see [`Run::uid`]); a nested run takes its parent run's.
     pub uid: Option<u32>,
