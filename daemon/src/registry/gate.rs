@@ -1,38 +1,151 @@
-//! The start-time gate: everything decided before a child is spawned — the capabilities a
-//! provider can enforce, the depth limits, the working directory — and the typed error for a
-//! child that failed before publication.
+//! The start gate every child passes — a delegated run's, a bridge session's, a warm
+//! spare's, a probe's — in one order: the depth, the working directory, the registry agent
+//! resolved, a slot claimed, the spec built, then the caller's handshake; a child that failed
+//! before publication becomes one typed error ([`start_failed`]). Also the checks a run's
+//! request gets before the gate (the capabilities a provider can enforce).
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use acpd_protocol::diagnostic;
 use acpd_protocol::subagent::{Capabilities, Category, StartRequest};
+use tokio_util::sync::CancellationToken;
 
-use super::RegistryError;
-use crate::child::{AgentInfo, StartFailure};
-use crate::config::{ProviderConfig, presets};
-use crate::supervise;
+use super::{Registry, RegistryError, Slot};
+use crate::child::{AgentInfo, Child, ChildSpec, SessionParams, StartFailure};
+use crate::config::{Config, ProviderConfig, presets};
 
-/// Where this acpd sits in a delegation chain, read from its own environment.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DepthContext {
-    /// `ACPD_DEPTH` of this process (0 at the top).
-    pub depth: u32,
-    /// `ACPD_MAX_DEPTH` an outer acpd imposed, if any.
-    pub inherited_max: Option<u32>,
+/// What a start asks of the gate besides the provider: where its child runs, how deep, under
+/// which name, and what its spec carries beyond the provider's own.
+pub(super) struct Admission<'a> {
+    /// Names the child in logs and its trace: a run id, `bridge-…`, `probe-…`.
+    pub log_id: String,
+    /// Whether the child's traffic is traced (`trace_dir`); a probe's is not.
+    pub traced: bool,
+    /// The depth limit the request asks for (a run's `maxDepth`).
+    pub max_depth: Option<u32>,
+    /// The depth and depth limit of the child that asked for this one, when nested.
+    pub nested_in: Option<(u32, u32)>,
+    /// The cwd asked for; it wins over the provider's `cwd`, which wins over `fallback_cwd`.
+    pub cwd: Option<&'a Path>,
+    pub fallback_cwd: Option<&'a Path>,
+    /// A run's session, made at start: acpd is offered to it when its child may delegate.
+    pub session: Option<SessionParams>,
+    /// A bridge session's child: its output waits in the pipe for the relay.
+    pub relay: bool,
+    /// Abandons the start (the registry agent's resolution, the wait for a slot, the handshake).
+    pub cancel: &'a CancellationToken,
 }
 
-impl DepthContext {
-    pub fn from_env() -> Self {
-        let read = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse::<u32>().ok())
-        };
-        DepthContext {
-            depth: read(supervise::DEPTH_VAR).unwrap_or(0),
-            inherited_max: read(supervise::MAX_DEPTH_VAR),
+impl<'a> Admission<'a> {
+    /// A traced child at this acpd's depth, in the provider's cwd, with no session of its own.
+    pub(super) fn new(log_id: String, cancel: &'a CancellationToken) -> Self {
+        Admission {
+            log_id,
+            traced: true,
+            max_depth: None,
+            nested_in: None,
+            cwd: None,
+            fallback_cwd: None,
+            session: None,
+            relay: false,
+            cancel,
         }
     }
+}
+
+/// A child that passed the gate and started — a `Child` with its session, an initialized
+/// child, what a probe learned — with its claim on the limits (released when the slot drops).
+pub struct Launched<C = Child> {
+    pub child: C,
+    pub slot: Slot,
+    /// The provider as started (a registry agent resolved to its command).
+    pub provider: Arc<ProviderConfig>,
+    pub depth: u32,
+    pub max_depth: u32,
+}
+
+/// Why a start gave no child: the gate refused it, or the agent did not start (with the
+/// spawn's own detail, which `acpd doctor` prints as it is).
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error(transparent)]
+    Refused(#[from] RegistryError),
+    #[error("{failure}")]
+    Start {
+        provider: Arc<ProviderConfig>,
+        failure: StartFailure,
+    },
+}
+
+impl From<GateError> for RegistryError {
+    fn from(e: GateError) -> Self {
+        match e {
+            GateError::Refused(e) => e,
+            GateError::Start { provider, failure } => start_failed(&provider, failure),
+        }
+    }
+}
+
+impl Registry {
+    /// Passes a child of `provider` through the gate — depth, cwd, the registry agent
+    /// resolved, a slot claimed (waiting up to `queue_timeout`), the spec — and `start`s it:
+    /// `Child::start`, `child::initialize` or `child::probe`, whatever the caller needs.
+    pub(super) async fn gate<C, F>(
+        &self,
+        config: &Config,
+        provider: Arc<ProviderConfig>,
+        a: Admission<'_>,
+        start: impl FnOnce(ChildSpec) -> F,
+    ) -> Result<Launched<C>, GateError>
+    where
+        F: Future<Output = Result<C, StartFailure>>,
+    {
+        let (depth, max_depth) = self.check_depth(config, a.max_depth, a.nested_in)?;
+        let cwd = resolve_cwd(&provider, a.cwd, a.fallback_cwd)?;
+        let provider = crate::catalog::resolve_provider(config, provider, a.cancel)
+            .await
+            .map_err(RegistryError::from)?;
+        let slot = self.claim(config, &provider, a.cancel).await?;
+        let mut spec = ChildSpec {
+            relay: a.relay,
+            limits: config.wire_limits(),
+            trace: a.traced.then(|| trace_for(config, &a.log_id)).flatten(),
+            ..ChildSpec::new(provider.clone(), a.log_id, cwd, depth, max_depth)
+        };
+        if let Some(mut session) = a.session {
+            if let Some(entry) = self.offered_server(&provider, depth, max_depth) {
+                session.mcp_servers =
+                    Some(acpd_protocol::envelope::to_raw(&serde_json::json!([entry])));
+            }
+            spec.session = session;
+        }
+        match start(spec).await {
+            Ok(child) => Ok(Launched {
+                child,
+                slot,
+                provider,
+                depth,
+                max_depth,
+            }),
+            Err(failure) => Err(GateError::Start { provider, failure }),
+        }
+    }
+}
+
+/// A trace for the child of run or session `id`, when acpd traces (`trace_dir`).
+fn trace_for(config: &Config, id: &str) -> Option<Arc<crate::trace::Trace>> {
+    crate::trace::Trace::start(config.trace_dir.as_deref()?, id)
+}
+
+/// Where a child asked no question about a directory starts (a spare, a probe, a listing):
+/// the user's home, else `/`.
+pub(super) fn home() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute() && h.is_dir())
+        .unwrap_or_else(|| "/".into())
 }
 
 /// What acpd can enforce for an ACP child: depth (through `ACPD_DEPTH`), an output schema

@@ -6,8 +6,32 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{DepthContext, Inner, Registry, RegistryError, lock};
+use super::{Inner, Registry, RegistryError, lock};
 use crate::config::{Config, ProviderConfig};
+use crate::supervise;
+
+/// Where this acpd sits in a delegation chain, read from its own environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DepthContext {
+    /// `ACPD_DEPTH` of this process (0 at the top).
+    pub depth: u32,
+    /// `ACPD_MAX_DEPTH` an outer acpd imposed, if any.
+    pub inherited_max: Option<u32>,
+}
+
+impl DepthContext {
+    pub fn from_env() -> Self {
+        let read = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        };
+        DepthContext {
+            depth: read(supervise::DEPTH_VAR).unwrap_or(0),
+            inherited_max: read(supervise::MAX_DEPTH_VAR),
+        }
+    }
+}
 
 /// A start counted as waiting for a slot while it lives.
 pub(super) struct Queued<'a>(&'a std::sync::atomic::AtomicUsize);
@@ -52,17 +76,9 @@ fn max_depth_of(config: &Config, outer: &DepthContext, requested: Option<u32>) -
 }
 
 impl Registry {
-    pub(super) fn check_depth(
-        &self,
-        config: &Config,
-        requested: Option<u32>,
-    ) -> Result<(u32, u32), RegistryError> {
-        self.check_depth_from(config, requested, None)
-    }
-
     /// The depth of a new child one level below `nested_in` (a child of this acpd that asked
     /// for it), else below this acpd, and the limit that applies to it.
-    pub(super) fn check_depth_from(
+    pub(super) fn check_depth(
         &self,
         config: &Config,
         requested: Option<u32>,
@@ -80,6 +96,11 @@ impl Registry {
     /// The depth limit in force (the config's, an outer acpd's, the request's: the least).
     pub(super) fn max_depth(&self, requested: Option<u32>) -> u32 {
         max_depth_of(&self.config(), &self.inner.depth, requested)
+    }
+
+    /// The depth of a bridge session's child (one below this acpd).
+    pub fn bridge_depth(&self) -> u32 {
+        self.inner.depth.depth.saturating_add(1)
     }
 
     /// Claims a slot, waiting up to `queue_timeout` for one to free up when configured.
@@ -135,5 +156,24 @@ impl Registry {
             inner: self.inner.clone(),
             provider: provider.name.clone(),
         })
+    }
+
+    /// Live children of one provider.
+    pub fn live_children_of(&self, provider: &str) -> usize {
+        lock(&self.inner.table)
+            .live_by_provider
+            .get(provider)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Starts waiting for a free slot (`queue_timeout`).
+    pub fn queued(&self) -> usize {
+        self.inner.queued.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Live children across all providers.
+    pub fn live_children(&self) -> usize {
+        lock(&self.inner.table).live_total
     }
 }

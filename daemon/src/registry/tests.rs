@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::run::{Run, RunInit};
+use super::run_lifecycle::{Run, RunInit};
 use super::{DepthContext, Registry, RegistryError, lock};
 use crate::child::tests::{Fake, at, prompt, provider, start};
 use crate::config::{Config, ProviderConfig};

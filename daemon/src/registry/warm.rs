@@ -400,8 +400,11 @@ impl Registry {
         stop: &CancellationToken,
     ) -> Result<Spare, super::RegistryError> {
         let cwd = target.map(|t| t.cwd.as_path());
+        // By name in the config of now: a provider a reload removed gets no more spares.
+        let config = self.config();
+        let current = self.provider(&config, Some(&provider.name))?;
         let mut ready = self
-            .ready_cold(Some(&provider.name), cwd, caps.clone(), None, stop)
+            .ready_cold(&config, current, cwd, caps.clone(), None, stop)
             .await?;
         let Some(target) = target else {
             return Ok(Spare { ready, made: None });

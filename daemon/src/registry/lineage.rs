@@ -1,17 +1,13 @@
-//! Nested delegation: a child that delegates in turn. acpd offers itself to a provider's
-//! sessions as the MCP server `acpd` (`offer_delegation`); the `acpd mcp` the agent starts
-//! connects back to this acpd, and every run started over such a connection is nested under
-//! the run or bridge session whose child it came from. Who that is is never taken from what
-//! the child says: the connecting process's ancestry (from the kernel) must lead to a live
-//! child of this acpd, so a child cannot escape `max_depth` or adopt a stranger's run.
+//! Nested delegation's lineage: a child that delegates in turn connects back to this acpd
+//! (through the `acpd mcp` [`super::offer`] offered it), and every run started over such a
+//! connection is nested under the run or bridge session whose child it came from. Who that is
+//! is never taken from what the child says: the connecting process's ancestry (from the
+//! kernel) must lead to a live child of this acpd, so a child cannot escape `max_depth` or
+//! adopt a stranger's run. The runs nested under a parent are cancelled and disposed with it.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::json;
-
 use super::{Registry, Run, lock};
-use crate::config::ProviderConfig;
 
 /// Whose child started a nested run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,72 +90,10 @@ impl Origin {
     }
 }
 
-/// The MCP server entry's name, as agents show it (`mcp__acpd__delegate` in Claude Code).
-pub const SERVER_NAME: &str = "acpd";
-
 /// How far up a connecting process's ancestry acpd looks for one of its children.
 const MAX_ANCESTRY: usize = 64;
 
 impl Registry {
-    /// Where the `acpd mcp` offered to children connects: this acpd's socket.
-    pub fn offer_socket(&self, path: &Path) {
-        *self
-            .inner
-            .offer_socket
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some(path.to_path_buf());
-    }
-
-    /// The `mcpServers` entry offering acpd to a child of `provider` at `depth` under the limit
-    /// `max_depth`, when the provider offers delegation, runs on this host, this acpd has a
-    /// socket to offer, and a run started by that child would not be refused for its depth.
-    pub fn offered_server(
-        &self,
-        provider: &ProviderConfig,
-        depth: u32,
-        max_depth: u32,
-    ) -> Option<serde_json::Value> {
-        // A far agent could reach neither this binary nor this socket.
-        if !provider.offer_delegation || provider.remote.is_some() || depth >= max_depth {
-            return None;
-        }
-        let socket: PathBuf = self
-            .inner
-            .offer_socket
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()?;
-        let socket = socket.to_str()?.to_string();
-        // This very binary for as long as acpd (the agent's ancestor) lives, even after an
-        // upgrade replaced the file it was started from.
-        let exe = format!("/proc/{}/exe", std::process::id());
-        Some(json!({
-            "name": SERVER_NAME,
-            "command": exe,
-            "args": ["mcp", "--socket", socket],
-            "env": [],
-        }))
-    }
-
-    /// `mcpServers` with acpd's own entry added when it is offered (an entry the parent
-    /// already named `acpd` is left alone).
-    pub fn offer_in(&self, params: &mut serde_json::Value, provider: &ProviderConfig, depth: u32) {
-        let Some(entry) = self.offered_server(provider, depth, self.max_depth(None)) else {
-            return;
-        };
-        let Some(obj) = params.as_object_mut() else {
-            return;
-        };
-        let servers = obj.entry("mcpServers").or_insert_with(|| json!([]));
-        if let Some(list) = servers.as_array_mut()
-            && !list
-                .iter()
-                .any(|s| s.get("name").and_then(|n| n.as_str()) == Some(SERVER_NAME))
-        {
-            list.push(entry);
-        }
-    }
-
     /// The run whose live child is `pid`.
     pub fn run_by_pid(&self, pid: i32) -> Option<Arc<Run>> {
         lock(&self.inner.table)

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::RunEvent;
-use super::schema::OutputSchema;
+use super::output_schema::OutputSchema;
 use super::{Owner, RegistryError, Slot};
 use crate::child::{Child, ChildEvent, TurnControl, TurnReport};
 use crate::config::ProviderConfig;

@@ -1,0 +1,213 @@
+//! The child a bridge session gets: opened the way the editor asked (a new session, a fork,
+//! or an existing session to load or resume), or asked one question before any session
+//! (`authenticate`, `session/list`, `session/delete`). A warm spare when one fits
+//! ([`super::warm`]), else a new child through the start gate ([`super::gate`]).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use acpd_protocol::acp::ClientCapabilities;
+use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
+
+use super::gate::{Admission, home, start_failed};
+use super::{Launched, Registry, RegistryError, Slot};
+use crate::child::{self, AgentInfo, Initialized, Open};
+use crate::config::{Config, ProviderConfig};
+
+/// What a bridge session asks for.
+pub struct BridgeRequest<'a> {
+    pub provider: Option<&'a str>,
+    pub cwd: &'a Path,
+    pub open: Open,
+    /// The agent capability the open needs (a JSON pointer into `agentCapabilities`, e.g.
+    /// `/loadSession`); checked after `initialize`, before anything is asked of the agent.
+    pub needs: Option<&'static str>,
+    pub client_capabilities: ClientCapabilities,
+    /// The `authenticate` params the editor's connection used with this provider.
+    pub auth: Option<&'a RawValue>,
+    pub cancel: &'a CancellationToken,
+}
+
+/// An initialized child with no session, holding its claim on the limits.
+pub struct Ready {
+    pub child: Initialized,
+    pub slot: Slot,
+}
+
+impl Ready {
+    /// One request before any session, answered by the child (or the reason it was not).
+    pub async fn call(
+        &mut self,
+        method: &str,
+        params: &RawValue,
+        cancel: &CancellationToken,
+    ) -> Result<Box<RawValue>, RegistryError> {
+        let provider = self.child.provider().clone();
+        self.child
+            .call(method, params, cancel)
+            .await
+            .map_err(|e| start_failed(&provider, e))
+    }
+
+    pub async fn close(self) {
+        self.child.close().await;
+    }
+}
+
+/// Whether the agent advertised the capability at `pointer` (present and not `false`/`null`).
+pub fn advertises(agent: &AgentInfo, pointer: &str) -> bool {
+    agent
+        .capabilities
+        .pointer(pointer)
+        .is_some_and(|v| !v.is_null() && v != &serde_json::Value::Bool(false))
+}
+
+impl Registry {
+    /// An initialized child of `provider` (the default when `None`), authenticated with
+    /// `auth` when given: a warm spare when one is ready, else a new one.
+    pub async fn ready(
+        &self,
+        provider: Option<&str>,
+        cwd: Option<&Path>,
+        client_capabilities: ClientCapabilities,
+        auth: Option<&RawValue>,
+        cancel: &CancellationToken,
+    ) -> Result<Ready, RegistryError> {
+        let config = self.config();
+        let provider = self.provider(&config, provider)?;
+        self.ready_for(&config, provider, cwd, client_capabilities, auth, cancel)
+            .await
+    }
+
+    /// [`Registry::ready`] for a provider already looked up.
+    async fn ready_for(
+        &self,
+        config: &Config,
+        provider: Arc<ProviderConfig>,
+        cwd: Option<&Path>,
+        client_capabilities: ClientCapabilities,
+        auth: Option<&RawValue>,
+        cancel: &CancellationToken,
+    ) -> Result<Ready, RegistryError> {
+        let Some(mut spare) = self.take_spare(&provider, &client_capabilities).await else {
+            return self
+                .ready_cold(config, provider, cwd, client_capabilities, auth, cancel)
+                .await;
+        };
+        if let Some(auth) = auth {
+            spare.call("authenticate", auth, cancel).await?;
+        }
+        Ok(spare)
+    }
+
+    /// A new initialized child through the start gate, its output held for a relay. Without
+    /// a cwd it starts in the provider's, else the user's home.
+    pub(super) async fn ready_cold(
+        &self,
+        config: &Config,
+        provider: Arc<ProviderConfig>,
+        cwd: Option<&Path>,
+        client_capabilities: ClientCapabilities,
+        auth: Option<&RawValue>,
+        cancel: &CancellationToken,
+    ) -> Result<Ready, RegistryError> {
+        let home = home();
+        let admission = Admission {
+            cwd,
+            fallback_cwd: Some(&home),
+            relay: true,
+            ..Admission::new(format!("bridge-{}", uuid::Uuid::new_v4()), cancel)
+        };
+        let launched = self
+            .gate(config, provider, admission, |spec| {
+                child::initialize(spec, client_capabilities, cancel)
+            })
+            .await?;
+        self.learned(&launched.provider, launched.child.agent());
+        let mut ready = Ready {
+            child: launched.child,
+            slot: launched.slot,
+        };
+        if let Some(auth) = auth {
+            ready.call("authenticate", auth, cancel).await?;
+        }
+        Ok(ready)
+    }
+
+    /// Opens a child for a bridge session, the editor's capabilities passed on: a
+    /// `session/new` is handed a warm spare's session made for this cwd and params when one is
+    /// ready (see [`super::warm`]).
+    pub async fn open_bridge(&self, req: BridgeRequest<'_>) -> Result<Launched, RegistryError> {
+        let config = self.config();
+        let chosen = self.provider(&config, req.provider)?;
+        let depth = self.bridge_depth();
+        let mut open = req.open;
+        if let Open::Create { params, .. } = &mut open {
+            self.offer_in(params, &chosen, depth);
+        }
+        if let Open::Create {
+            method: "session/new",
+            params,
+        } = &open
+            && chosen.warm > 0
+        {
+            if req.auth.is_some() {
+                self.plain_spares(&chosen.name);
+            } else if let Some(h) = self
+                .take_made(&chosen, &req.client_capabilities, req.cwd, params)
+                .await
+            {
+                let provider = h.ready.child.provider().clone();
+                let Ready { child, slot } = h.ready;
+                let made = Open::Made {
+                    session_id: h.session_id,
+                    reply: h.reply,
+                };
+                let child = child
+                    .open(made, req.cancel)
+                    .await
+                    .map_err(|e| start_failed(&provider, e))?;
+                return Ok(Launched {
+                    child,
+                    slot,
+                    provider,
+                    depth,
+                    max_depth: self.max_depth(None),
+                });
+            }
+        }
+        let ready = self
+            .ready_for(
+                &config,
+                chosen,
+                Some(req.cwd),
+                req.client_capabilities,
+                req.auth,
+                req.cancel,
+            )
+            .await?;
+        let provider = ready.child.provider().clone();
+        if let Some(needs) = req.needs
+            && !advertises(ready.child.agent(), needs)
+        {
+            ready.close().await;
+            return Err(RegistryError::UnsupportedCapability {
+                provider: provider.name.clone(),
+                capability: needs.trim_start_matches('/'),
+            });
+        }
+        let Ready { child, slot } = ready;
+        let child = child
+            .open(open, req.cancel)
+            .await
+            .map_err(|e| start_failed(&provider, e))?;
+        Ok(Launched {
+            child,
+            slot,
+            provider,
+            depth,
+            max_depth: self.max_depth(None),
+        })
+    }
+}

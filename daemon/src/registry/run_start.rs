@@ -1,0 +1,159 @@
+//! A delegated run's start: the request's own checks (capabilities, a persona the agent
+//! takes, the `outputSchema`), its child through the start gate ([`super::gate`]), then
+//! publication — filed in the run table and its first turn begun, or torn down if the start
+//! was cancelled meanwhile.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use acpd_protocol::acp::ClientCapabilities;
+use acpd_protocol::subagent::{StartRequest, Started};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::gate::{Admission, check_capabilities, resolve_cwd};
+use super::output_schema::OutputSchema;
+use super::run_lifecycle::RunInit;
+use super::{Launched, Nest, Owner, Parent, Registry, RegistryError, Run, RunEvent, lock};
+use crate::child::{Child, SessionParams};
+
+/// Everything a start needs besides the request itself.
+#[derive(Default)]
+pub struct StartOptions {
+    pub request: StartRequest,
+    /// The caller's working directory (`acpd run`, `acpd stdio`); `None` over a socket.
+    pub caller_cwd: Option<PathBuf>,
+    /// Overrides the provider's `run_timeout`.
+    pub run_timeout: Option<Duration>,
+    pub client_capabilities: ClientCapabilities,
+    pub owner: Owner,
+    /// Receives the `started`/`ended` pair of every turn without loss, and the traffic the
+    /// flags below ask for, in order.
+    pub events: Option<mpsc::Sender<RunEvent>>,
+    /// Send the child's raw `session/update`s on `events`.
+    pub forward_updates: bool,
+    /// Send permission requests on `events` (policy `forward`); else nobody can answer them.
+    pub forward_permissions: bool,
+    /// Receives output text as it streams.
+    pub sink: Option<mpsc::Sender<String>>,
+    /// Abandons the start before publication.
+    pub cancel: CancellationToken,
+    /// A run id minted by the caller, so it can file the run before its first event.
+    pub run_id: Option<String>,
+    /// The run or bridge session whose child asked for this run (see [`super::lineage`]): the
+    /// run is one level deeper than that child, and goes with it.
+    pub nest: Option<Nest>,
+    /// The uid of the user asking (see [`Run::uid`]); a nested run takes its parent run's.
+    pub uid: Option<u32>,
+}
+
+/// A run that passed the publication boundary.
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub run_id: String,
+    pub session_id: String,
+}
+
+impl Registry {
+    /// Validates, spawns, handshakes and publishes a run; its first turn starts at once.
+    pub async fn start(&self, opts: StartOptions) -> Result<Published, RegistryError> {
+        let config = self.config();
+        let req = &opts.request;
+        let provider = self.provider(&config, req.provider.as_deref())?;
+        check_capabilities(&provider, req)?;
+        if req.persona.is_some() {
+            let cwd = resolve_cwd(&provider, req.cwd.as_deref(), opts.caller_cwd.as_deref())?;
+            if !self
+                .probe_persona(&config, &provider, &cwd, &opts.cancel)
+                .await
+            {
+                return Err(RegistryError::UnsupportedCapability {
+                    provider: provider.name.clone(),
+                    capability: "persona",
+                });
+            }
+        }
+        let schema = match &req.output_schema {
+            Some(s) => Some(Arc::new(OutputSchema::compile(s)?)),
+            None => None,
+        };
+        let run_id = opts
+            .run_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let admission = Admission {
+            max_depth: req.max_depth,
+            nested_in: opts.nest.as_ref().map(|n| (n.depth, n.max_depth)),
+            cwd: req.cwd.as_deref(),
+            fallback_cwd: opts.caller_cwd.as_deref(),
+            session: Some(SessionParams {
+                mcp_servers: None,
+                system_prompt: req.persona.clone(),
+            }),
+            ..Admission::new(run_id.clone(), &opts.cancel)
+        };
+        let Launched {
+            child,
+            slot,
+            provider,
+            depth,
+            max_depth,
+        } = self
+            .gate(&config, provider, admission, |spec| {
+                Child::start(spec, opts.client_capabilities.clone(), &opts.cancel)
+            })
+            .await?;
+
+        let session_id = format!("sub-{}", uuid::Uuid::new_v4());
+        let run = Run::new(RunInit {
+            run_id: run_id.clone(),
+            owner: opts.owner,
+            provider,
+            label: req.label.clone(),
+            session_id: session_id.clone(),
+            depth,
+            max_depth,
+            run_timeout: opts.run_timeout,
+            max_output: config.max_output,
+            events: opts.events,
+            forward_updates: opts.forward_updates,
+            forward_permissions: opts.forward_permissions,
+            sink: opts.sink,
+            schema,
+            uid: match opts.nest.as_ref().map(|n| &n.parent) {
+                Some(Parent::Run(parent)) => lock(&self.inner.table)
+                    .runs
+                    .get(parent)
+                    .map_or(opts.uid, |p| p.uid),
+                _ => opts.uid,
+            },
+            parent: opts.nest.map(|n| n.parent),
+        });
+        {
+            // Checked under the table lock: an owner that is going away cancels first and
+            // then collects its runs under this lock, so a run is either seen or never filed.
+            let mut table = lock(&self.inner.table);
+            if opts.cancel.is_cancelled() {
+                drop(table);
+                child.teardown().await;
+                return Err(RegistryError::StartCancelled {
+                    provider: run.provider.name.clone(),
+                });
+            }
+            table.runs.insert(run_id.clone(), run.clone());
+        }
+        if let Some(events) = &run.events {
+            let started = Started {
+                run_id: run_id.clone(),
+                provider: run.provider.name.clone(),
+                turn: 1,
+                session_id: session_id.clone(),
+                label: run.label.clone(),
+            };
+            let _ = events.send(RunEvent::Started(started)).await;
+        }
+        run.begin_turn(child, slot, opts.request.prompt);
+        Ok(Published { run_id, session_id })
+    }
+}
