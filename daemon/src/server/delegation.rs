@@ -15,6 +15,7 @@ use super::events::{NestedUnder, RunMeta};
 use super::{Conn, lock, typed_error};
 use crate::registry::{Nest, Parent, RegistryError, Run, RunState, StartOptions};
 
+/// `_acpd/providers`: what this acpd can delegate to.
 pub(super) async fn providers(conn: &Conn, id: Id) {
     let reply = ProvidersReply {
         providers: conn.ctx.registry.providers(),
@@ -22,6 +23,7 @@ pub(super) async fn providers(conn: &Conn, id: Id) {
     let _ = conn.peer.respond_ok(&id, &reply).await;
 }
 
+/// `_acpd/subagent/wait`: the run's result once its turn settled, in its own task.
 pub(super) fn wait(conn: &Arc<Conn>, id: Id, req: RunRef) {
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
@@ -36,6 +38,7 @@ pub(super) fn wait(conn: &Arc<Conn>, id: Id, req: RunRef) {
     });
 }
 
+/// `_acpd/subagent/cancel`: the run's turn is cancelled; answered at once.
 pub(super) async fn cancel(conn: &Conn, id: Id, req: RunRef) {
     match conn.ctx.registry.cancel(conn.owner, &req.run_id) {
         Ok(()) => {
@@ -45,6 +48,7 @@ pub(super) async fn cancel(conn: &Conn, id: Id, req: RunRef) {
     }
 }
 
+/// `_acpd/subagent/dispose`: the run ends and its seat is freed, in its own task.
 pub(super) fn dispose(conn: &Arc<Conn>, id: Id, req: RunRef) {
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
@@ -58,6 +62,7 @@ pub(super) fn dispose(conn: &Arc<Conn>, id: Id, req: RunRef) {
     });
 }
 
+/// `_acpd/subagent/send`: another turn of a settled run, in its own task.
 pub(super) fn send(conn: &Arc<Conn>, id: Id, req: SendRequest) {
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
@@ -86,6 +91,7 @@ fn turn_of(state: &RunState) -> Option<u32> {
     }
 }
 
+/// `_acpd/subagent/list`: this connection's live runs.
 pub(super) async fn list(conn: &Conn, id: Id) {
     let runs = live_runs(conn)
         .filter(|r| r.owner == conn.owner)
@@ -114,6 +120,7 @@ pub(super) fn live_runs(conn: &Conn) -> impl Iterator<Item = Arc<Run>> {
         .filter(|r| !matches!(r.state(), RunState::Disposed))
 }
 
+/// `_acpd/subagent/start`: checked and given a seat here, started in its own task.
 pub(super) async fn start(conn: &Arc<Conn>, id: Id, req: StartRequest) {
     if let Some(parent) = &req.parent_session_id
         && !lock(&conn.sessions).contains_key(parent)

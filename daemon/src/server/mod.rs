@@ -52,6 +52,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use acpd_protocol::acp::ClientCapabilities;
 use acpd_protocol::envelope::{self, Id, RpcError};
+use acpd_protocol::methods::name;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
@@ -73,15 +74,15 @@ impl Drop for Seat {
 
 /// Extension methods acpd serves, advertised under `agentCapabilities._meta.acpd`.
 pub const METHODS: &[&str] = &[
-    "_acpd/providers",
-    "_acpd/subagent/start",
-    "_acpd/subagent/wait",
-    "_acpd/subagent/cancel",
-    "_acpd/subagent/dispose",
-    "_acpd/subagent/send",
-    "_acpd/subagent/list",
-    "_acpd/status",
-    "_acpd/runs",
+    name::PROVIDERS,
+    name::START,
+    name::WAIT,
+    name::CANCEL,
+    name::DISPOSE,
+    name::SEND,
+    name::LIST,
+    name::STATUS,
+    name::RUNS,
 ];
 
 /// What every connection shares.
@@ -174,7 +175,7 @@ pub(crate) struct Conn {
     /// Per provider, the `authenticate` params that succeeded on this connection.
     auth: Mutex<HashMap<String, Box<RawValue>>>,
     /// Where this connection's process stands (see [`Conn::lineage`]), once settled.
-    lineage: std::sync::OnceLock<crate::registry::Lineage>,
+    lineage: std::sync::OnceLock<Lineage>,
     /// The provider `acpd connect --provider NAME` made this connection's default
     /// (`_acpd/connect`); `None`: the config's.
     provider: Mutex<Option<String>>,
