@@ -324,7 +324,7 @@ fn reloader(
     registry: Registry,
     load: Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
 ) -> server::Reload {
-    crate::server::reload::Reloader::new(Box::new(move || {
+    crate::server::Reloader::new(Box::new(move || {
         notify::reloading();
         let outcome = match load() {
             Ok(config) => {

@@ -8,7 +8,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use acpd_protocol::acp::ClientCapabilities;
 use acpd_protocol::content::{Fitted, PromptCaps, fit_prompt};
 use acpd_protocol::envelope::{Id, RpcError};
 use acpd_protocol::session_id::with_session_id;
@@ -16,7 +15,7 @@ use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::sessions::{RELEASE_WAIT, Taken, held_elsewhere};
+use super::live_sessions::{RELEASE_WAIT, Taken, held_elsewhere};
 use super::{Conn, Seat, SessionRef, bridge_error, lock, raw, session_not_found};
 use crate::child::{Child, First, Open, ParentServes, RelayTarget};
 use crate::registry::{BridgeRequest, advertises};
@@ -29,8 +28,7 @@ pub struct BridgeHandle {
 }
 
 impl BridgeHandle {
-    /// Forwards a parent's call; on refusal the caller answers the parent. A prompt holding
-    /// content the agent did not advertise is converted where ACP allows or refused.
+    /// Forwards a parent's call; on refusal the caller answers the parent.
     pub fn forward(
         &self,
         id: Id,
@@ -38,8 +36,20 @@ impl BridgeHandle {
         params: Option<Box<RawValue>>,
         after_ok: Option<crate::child::AfterOk>,
     ) -> Result<(), Box<(Id, RpcError)>> {
-        let params = match (method.as_str(), params) {
-            ("session/prompt", Some(p)) => {
+        self.child.call(id, method, params, after_ok)
+    }
+
+    /// Forwards a parent's `session/prompt` like [`BridgeHandle::forward`]; one holding
+    /// content the agent did not advertise is converted where ACP allows, or refused.
+    pub fn prompt(
+        &self,
+        id: Id,
+        method: String,
+        params: Option<Box<RawValue>>,
+        after_ok: Option<crate::child::AfterOk>,
+    ) -> Result<(), Box<(Id, RpcError)>> {
+        let params = match params {
+            Some(p) => {
                 let caps = PromptCaps::from_agent_capabilities(&self.child.agent().capabilities);
                 match fit_prompt(&p, caps) {
                     Ok(Fitted::Unchanged) => Some(p),
@@ -50,9 +60,9 @@ impl BridgeHandle {
                     }
                 }
             }
-            (_, p) => p,
+            None => None,
         };
-        self.child.call(id, method, params, after_ok)
+        self.forward(id, method, params, after_ok)
     }
 
     pub fn cancel(&self) {
@@ -71,6 +81,32 @@ impl BridgeHandle {
 
     pub fn child(&self) -> &Child {
         &self.child
+    }
+}
+
+/// How a session acpd knows is opened again: `session/load` (the agent replays its history) or
+/// `session/resume` (it re-binds without one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reopen {
+    Load,
+    Resume,
+}
+
+impl Reopen {
+    /// The ACP method, as the editor sent it and the agent is asked it.
+    fn method(self) -> &'static str {
+        match self {
+            Reopen::Load => "session/load",
+            Reopen::Resume => "session/resume",
+        }
+    }
+
+    /// What the agent must advertise to take it.
+    fn needs(self) -> &'static str {
+        match self {
+            Reopen::Load => "/loadSession",
+            Reopen::Resume => "/sessionCapabilities/resume",
+        }
     }
 }
 
@@ -234,7 +270,8 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
 }
 
 /// `session/load` and `session/resume` of an acpd id.
-pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<RawValue>>) {
+pub async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option<Box<RawValue>>) {
+    let method = reopen.method();
     let Some(sid) = params
         .as_deref()
         .and_then(acpd_protocol::session_id::session_id)
@@ -247,7 +284,7 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
         _ => None,
     };
     if let Some(b) = open_here {
-        return again(&conn, b, id, method, params.as_deref()).await;
+        return again(&conn, b, id, reopen, params.as_deref()).await;
     }
     let sessions = conn.ctx.sessions.clone();
     let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
@@ -292,11 +329,7 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
                 .await;
         }
     }
-    let needs = if method == "session/load" {
-        "/loadSession"
-    } else {
-        "/sessionCapabilities/resume"
-    };
+    let needs = reopen.needs();
     let cwd = req.cwd.unwrap_or_else(|| row.cwd.clone());
     let open = Open::Existing {
         child_session_id: row.child_session_id.clone(),
@@ -324,7 +357,11 @@ pub async fn load(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<Ra
         .registry
         .offer_in(&mut params, &launched.provider, depth);
     let params = Some(raw(&params));
-    let first = First::Open { id, method, params };
+    let first = First::Open {
+        id,
+        method: method.to_string(),
+        params,
+    };
     attach(conn, row.acpd_id, child, first, seat).await;
 }
 
@@ -336,15 +373,11 @@ async fn again(
     conn: &Arc<Conn>,
     b: BridgeHandle,
     id: Id,
-    method: String,
+    reopen: Reopen,
     params: Option<&RawValue>,
 ) {
     let child = b.child();
-    let needs = if method == "session/load" {
-        "/loadSession"
-    } else {
-        "/sessionCapabilities/resume"
-    };
+    let needs = reopen.needs();
     if !advertises(child.agent(), needs) {
         let e = crate::registry::RegistryError::UnsupportedCapability {
             provider: child.provider().name.clone(),
@@ -367,6 +400,7 @@ async fn again(
     let mut forwarded = forwarded_params(params);
     let registry = &conn.ctx.registry;
     registry.offer_in(&mut forwarded, child.provider(), registry.bridge_depth());
+    let method = reopen.method().to_string();
     if let Err(refused) = b.forward(id, method, Some(raw(&forwarded)), None) {
         let (id, e) = *refused;
         conn.reply_err(&id, &e).await;
@@ -494,11 +528,4 @@ async fn attach(conn: Arc<Conn>, sid: String, child: Child, first: First, seat: 
         }
         drop(seat);
     });
-}
-
-impl Conn {
-    /// The capabilities a bridge child is initialized with: the editor's own.
-    fn child_capabilities(&self) -> ClientCapabilities {
-        serde_json::from_value(self.client().capabilities.clone()).unwrap_or_default()
-    }
 }

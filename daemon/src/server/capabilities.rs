@@ -1,9 +1,10 @@
-//! What the editor learns in `initialize`, and authentication: acpd answers with what the
-//! default provider's agent advertises (prompt, MCP and session capabilities, `loadSession`,
-//! its auth methods), learned from a live child, an earlier probe, the durable probe cache or
-//! a probe now, with acpd's own `_meta.acpd` added; `authenticate` and `logout` are performed
-//! on a child of the provider, and a successful `authenticate` is replayed on every later
-//! child of that provider this connection starts.
+//! What the editor and acpd learn of each other, and authentication. `_acpd/connect` (`acpd
+//! connect --provider NAME`) picks the connection's default provider before `initialize`;
+//! `initialize` is answered with what the default provider's agent advertises (prompt, MCP and
+//! session capabilities, `loadSession`, its auth methods), learned from a live child, an
+//! earlier probe, the durable probe cache or a probe now, with acpd's own `_meta.acpd` added;
+//! `authenticate` and `logout` are performed on a child of the provider, and a successful
+//! `authenticate` is replayed on every later child of that provider this connection starts.
 
 use std::sync::Arc;
 
@@ -12,8 +13,37 @@ use acpd_protocol::envelope::{Id, RpcError};
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::{ClientInfo, Conn, METHODS, bridge_error, lock};
+use super::{CONNECT, ClientInfo, Conn, METHODS, bridge_error, lock};
 use crate::child::AgentInfo;
+
+/// `_acpd/connect {"provider": NAME}`, before `initialize`: NAME is this connection's
+/// default provider (what `initialize` mirrors, what `session/new` without
+/// `_meta.acpd.provider` opens). An unknown name is refused, so `acpd connect` can say so.
+pub(super) fn connect(conn: &Conn, params: Option<&RawValue>) -> Result<(), RpcError> {
+    if lock(&conn.client).is_some() {
+        return Err(RpcError::invalid_request(format!(
+            "{CONNECT} must come before initialize"
+        )));
+    }
+    let name = params
+        .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
+        .and_then(|v| v.get("provider")?.as_str().map(str::to_string))
+        .ok_or_else(|| RpcError::invalid_params(format!("{CONNECT} needs a provider name")))?;
+    let config = conn.ctx.registry.config();
+    if !config.providers.contains_key(&name) {
+        let known: Vec<&str> = config.providers.keys().map(String::as_str).collect();
+        return Err(RpcError::invalid_params(format!(
+            "no provider named {name:?} in {}; configured: {}",
+            config.source.as_deref().map_or_else(
+                || "the built-in config".to_string(),
+                |p| p.display().to_string()
+            ),
+            known.join(", ")
+        )));
+    }
+    *lock(&conn.provider) = Some(name);
+    Ok(())
+}
 
 /// The editor's `initialize`: its capabilities noted at once, so requests it sends right
 /// after are served even before the answer (which may wait for a probe) is out.
@@ -113,10 +143,28 @@ fn answer(agent: Option<&AgentInfo>, providers: &[String]) -> serde_json::Value 
     result
 }
 
+/// What a request asked of a new child does to the connection's login with the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Login {
+    /// `authenticate`: the login is replayed first, and these params replace it once the agent
+    /// accepted them.
+    Take,
+    /// `logout`: the login is forgotten first, so no later child replays it.
+    Drop,
+    /// Anything else: the login is replayed, and kept.
+    Keep,
+}
+
 /// `authenticate`, `logout` and any other request naming no session that acpd has no part in:
 /// asked of a new child of the provider (`_meta.acpd.provider`, else the default), with the
 /// connection's login replayed, whose answer, error included, goes to the editor as it is.
-pub async fn ask_new_child(conn: Arc<Conn>, id: Id, method: String, params: Option<Box<RawValue>>) {
+pub async fn ask_new_child(
+    conn: Arc<Conn>,
+    id: Id,
+    method: String,
+    login: Login,
+    params: Option<Box<RawValue>>,
+) {
     let provider = params
         .as_deref()
         .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
@@ -128,7 +176,7 @@ pub async fn ask_new_child(conn: Arc<Conn>, id: Id, method: String, params: Opti
         .unwrap_or_else(|| conn.default_provider());
     let params = params.unwrap_or_else(|| super::raw(&json!({})));
     // A logout forgets the login first, so no later child replays it.
-    let prior = if method == "logout" {
+    let prior = if login == Login::Drop {
         lock(&conn.auth).remove(&provider);
         None
     } else {
@@ -153,7 +201,7 @@ pub async fn ask_new_child(conn: Arc<Conn>, id: Id, method: String, params: Opti
     ready.close().await;
     match answer {
         Ok(result) => {
-            if method == "authenticate" {
+            if login == Login::Take {
                 lock(&conn.auth).insert(provider, params);
             }
             let _ = conn.peer.respond(&id, Ok(&result)).await;

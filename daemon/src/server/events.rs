@@ -174,7 +174,7 @@ async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<Str
             // Shown only where this run is itself shown, nested or not: a chain of nested
             // runs reaches the editor at the top.
             if let Some((route, _, _)) = subagent_target(conn, &run_id) {
-                dispatch(conn, &route, params).await;
+                deliver(conn, &route, params).await;
             }
         }
         RunEvent::Ended(e) => {
@@ -270,12 +270,12 @@ async fn notify_update(conn: &Conn, route: &Parent, session: &str, update: &RawV
         update.get()
     );
     if let Ok(params) = RawValue::from_string(params) {
-        dispatch(conn, route, params).await;
+        deliver(conn, route, params).await;
     }
 }
 
 /// Sends `session/update` params the way `route` reaches its editor.
-async fn dispatch(conn: &Conn, route: &Parent, params: Box<RawValue>) {
+async fn deliver(conn: &Conn, route: &Parent, params: Box<RawValue>) {
     match route {
         Parent::Own(_) => {
             let _ = conn.peer.notify_raw("session/update", Some(&params)).await;

@@ -3,34 +3,64 @@
 //! opening a child, a prompt, a start, a wait, a dispose — runs in its own task, so
 //! `session/cancel` is always handled at once.
 //!
-//! Three ways in: bridge sessions ([`bridge`]), delegation through `_acpd/*` ([`delegate`]),
+//! Three ways in: bridge sessions ([`bridge`]), delegation through `_acpd/*` ([`delegation`]),
 //! and Subagent Sessions announced on the parent's sessions ([`events`]).
+//!
+//! # Layout
+//!
+//! - This file: [`serve`] (one connection, from its first line to its last task reaped), the
+//!   [`Conn`] type with every one of its methods (the connection's own state: seats, sessions,
+//!   runs, logins, where the connected process stands), and the errors handlers share.
+//! - `dispatch.rs`: every message parsed once into a typed request or notification, the
+//!   connection's gates, and one match handing each to its handler. The only place in
+//!   `server/` that reads a method name.
+//! - The handlers, one file per concern, each a function per method taking the connection:
+//!   - `capabilities.rs`: `_acpd/connect`, `initialize`, `authenticate`/`logout`, and any other
+//!     request asked of a new child;
+//!   - `bridge.rs`: bridge sessions — `session/new`, `session/load`/`resume`, `session/fork`;
+//!   - `forward.rs`: what passes to a session's agent — prompts, settings, a close, extensions,
+//!     `session/cancel` and other notifications;
+//!   - `session_list.rs`: `session/list`;
+//!   - `session_delete.rs`: `session/delete`, and `session/close` of a session not open here;
+//!   - `delegation.rs`: `_acpd/providers` and `_acpd/subagent/*`;
+//!   - `operator.rs`: `_acpd/status`, `_acpd/runs`, `_acpd/reload`.
+//! - `events.rs`: what a connection's runs report, sent to the parent (`_acpd/subagent/started`
+//!   and `ended`, Subagent Sessions, permission asks).
+//! - `live_sessions.rs`: [`Sessions`], every live bridge session of this process (attached or
+//!   detached) and the durable session map.
+//! - `reloader.rs`: [`Reloader`], config reloads coalesced (SIGHUP and `_acpd/reload`).
 
 mod bridge;
 mod capabilities;
-mod delegate;
+mod delegation;
+mod dispatch;
 mod events;
-mod nest;
-pub(crate) mod reload;
-mod sessions;
+mod forward;
+mod live_sessions;
+mod operator;
+mod reloader;
+mod session_delete;
+mod session_list;
 
-pub use sessions::{Sessions, open_store};
+pub use live_sessions::{Sessions, open_store};
+pub use reloader::Reloader;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use acpd_protocol::acp::ClientCapabilities;
 use acpd_protocol::envelope::{self, Id, RpcError};
-use acpd_protocol::session_id::session_id;
+use acpd_protocol::methods::name;
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::registry::{Owner, Registry, RunEvent};
-use crate::wire::{self, Incoming, LineFault, Peer};
+use crate::registry::{Lineage, Owner, Registry, RunEvent};
+use crate::wire::{self, Incoming, Peer};
 
 /// A parent connection's claim on one of its `max_sessions_per_connection` seats (a bridge
 /// session or an undisposed run); released when dropped.
@@ -44,15 +74,15 @@ impl Drop for Seat {
 
 /// Extension methods acpd serves, advertised under `agentCapabilities._meta.acpd`.
 pub const METHODS: &[&str] = &[
-    "_acpd/providers",
-    "_acpd/subagent/start",
-    "_acpd/subagent/wait",
-    "_acpd/subagent/cancel",
-    "_acpd/subagent/dispose",
-    "_acpd/subagent/send",
-    "_acpd/subagent/list",
-    "_acpd/status",
-    "_acpd/runs",
+    name::PROVIDERS,
+    name::START,
+    name::WAIT,
+    name::CANCEL,
+    name::DISPOSE,
+    name::SEND,
+    name::LIST,
+    name::STATUS,
+    name::RUNS,
 ];
 
 /// What every connection shares.
@@ -83,8 +113,8 @@ pub struct DaemonInfo {
 }
 
 /// Re-reads the config from where it was read at start and puts it in force for new runs,
-/// coalesced (at most one read running, one pending): see [`reload::Reloader`].
-pub type Reload = Arc<reload::Reloader>;
+/// coalesced (at most one read running, one pending): see [`Reloader`].
+pub type Reload = Arc<Reloader>;
 
 impl Default for DaemonInfo {
     fn default() -> Self {
@@ -98,7 +128,7 @@ impl Default for DaemonInfo {
 
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
 
-/// What `acpd connect --provider NAME` sends first (see [`Conn::choose_provider`]).
+/// What `acpd connect --provider NAME` sends first (see [`capabilities::connect`]).
 pub const CONNECT: &str = "_acpd/connect";
 
 /// What the parent said about itself in `initialize`.
@@ -145,7 +175,7 @@ pub(crate) struct Conn {
     /// Per provider, the `authenticate` params that succeeded on this connection.
     auth: Mutex<HashMap<String, Box<RawValue>>>,
     /// Where this connection's process stands (see [`Conn::lineage`]), once settled.
-    lineage: std::sync::OnceLock<crate::registry::Lineage>,
+    lineage: std::sync::OnceLock<Lineage>,
     /// The provider `acpd connect --provider NAME` made this connection's default
     /// (`_acpd/connect`); `None`: the config's.
     provider: Mutex<Option<String>>,
@@ -203,12 +233,12 @@ where
         let handled = async {
             match msg {
                 Incoming::Request { id, method, params } => {
-                    conn.on_request(id, method, params).await
+                    dispatch::request(&conn, id, method, params).await
                 }
                 Incoming::Notification { method, params } => {
-                    conn.on_notification(&method, params.as_deref())
+                    dispatch::notification(&conn, &method, params.as_deref())
                 }
-                Incoming::Fault(fault) => conn.on_fault(fault).await,
+                Incoming::Fault(fault) => dispatch::fault(&conn, fault).await,
             }
         };
         tokio::select! {
@@ -230,157 +260,18 @@ where
     conn.peer.flush_and_close_within(SHUTDOWN_FLUSH).await;
 }
 
+/// How long a start from inside a child that is still starting waits for it to be filed.
+const UNFILED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How long a connection's last answers may take to go out once it is over.
 const SHUTDOWN_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Conn {
-    async fn on_request(self: &Arc<Self>, id: Id, method: String, params: Option<Box<RawValue>>) {
-        match self.peer.admit(&id) {
-            wire::Admit::Yes => {}
-            wire::Admit::Full => {
-                let max = self.ctx.registry.config().max_pending_requests;
-                let e = RpcError::limit("max_pending_requests", max as u64);
-                let _ = self.peer.respond_err(Some(&id), &e).await;
-                return;
-            }
-            wire::Admit::DuplicateId => {
-                let e = RpcError::invalid_request(format!(
-                    "id {id} is already used by a request that has not been answered"
-                ));
-                let _ = self
-                    .peer
-                    .send_line(envelope::encode_error(Some(&id), &e))
-                    .await;
-                return;
-            }
-        }
-        // A session id (or another routing key) written twice means one session to a reader
-        // that takes the first and another to one that takes the last: refused, not guessed.
-        if let Some(key) = params
-            .as_deref()
-            .and_then(|p| acpd_protocol::session_id::duplicate_routing_key(p.get()))
-        {
-            let e = RpcError::invalid_request(format!(
-                "{method}: the key \"{key}\" appears twice in the params; send it once"
-            ));
-            return self.reply_err(&id, &e).await;
-        }
-        if method == CONNECT {
-            let e = match self.choose_provider(params.as_deref()) {
-                Ok(()) => {
-                    return self
-                        .peer
-                        .respond_ok(&id, &serde_json::json!({}))
-                        .await
-                        .unwrap_or(());
-                }
-                Err(e) => e,
-            };
-            return self.reply_err(&id, &e).await;
-        }
-        if method == "initialize" {
-            // Spawned: learning what the agent advertises may take a probe.
-            let query = capabilities::note_client(self, params.as_deref());
-            let conn = self.clone();
-            self.tracker
-                .spawn(capabilities::initialize(conn, id, query));
-            return;
-        }
-        if lock(&self.client).is_none() {
-            let e = RpcError::invalid_request(format!("initialize must complete before {method}"));
-            return self.reply_err(&id, &e).await;
-        }
-        if nest::BRIDGE_ONLY.contains(&method.as_str())
-            && !matches!(self.lineage(), crate::registry::Lineage::Outside)
-        {
-            let e = RpcError::invalid_request(format!(
-                "{method}: this connection comes from inside the process tree of a child of \
-                 this acpd, which may delegate (_acpd/subagent/*, depth counted from it) but not \
-                 open or touch bridge sessions"
-            ));
-            return self.reply_err(&id, &e).await;
-        }
-        let conn = self.clone();
-        match method.as_str() {
-            "session/new" => {
-                self.tracker.spawn(bridge::open(conn, id, params));
-            }
-            "session/load" | "session/resume" => {
-                self.tracker.spawn(bridge::load(conn, id, method, params));
-            }
-            "session/fork" => {
-                self.tracker.spawn(bridge::fork(conn, id, params));
-            }
-            "session/list" => {
-                self.tracker.spawn(sessions::list(conn, id, params));
-            }
-            "session/delete" => {
-                self.tracker.spawn(sessions::delete(conn, id, params));
-            }
-            "authenticate" | "logout" => {
-                self.tracker
-                    .spawn(capabilities::ask_new_child(conn, id, method, params));
-            }
-            m if m.starts_with("_acpd/") => delegate::handle(self, id, &method, params).await,
-            "session/close" if !self.has_session(params.as_deref()) => {
-                self.tracker
-                    .spawn(sessions::close_elsewhere(conn, id, params));
-            }
-            "session/prompt"
-            | "session/close"
-            | "session/set_mode"
-            | "session/set_model"
-            | "session/set_config_option"
-            | "session/set_title" => {
-                self.to_session(id, method, params).await;
-            }
-            // Any other method (an extension, an ACP method acpd has no special part in, one
-            // newer than acpd) goes to the session it names, or to a new child if it names none.
-            _ => self.to_session(id, method, params).await,
-        }
-    }
-
-    /// `_acpd/connect {"provider": NAME}`, before `initialize`: NAME is this connection's
-    /// default provider (what `initialize` mirrors, what `session/new` without
-    /// `_meta.acpd.provider` opens). An unknown name is refused, so `acpd connect` can say so.
-    fn choose_provider(&self, params: Option<&RawValue>) -> Result<(), RpcError> {
-        if lock(&self.client).is_some() {
-            return Err(RpcError::invalid_request(format!(
-                "{CONNECT} must come before initialize"
-            )));
-        }
-        let name = params
-            .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
-            .and_then(|v| v.get("provider")?.as_str().map(str::to_string))
-            .ok_or_else(|| RpcError::invalid_params(format!("{CONNECT} needs a provider name")))?;
-        let config = self.ctx.registry.config();
-        if !config.providers.contains_key(&name) {
-            let known: Vec<&str> = config.providers.keys().map(String::as_str).collect();
-            return Err(RpcError::invalid_params(format!(
-                "no provider named {name:?} in {}; configured: {}",
-                config.source.as_deref().map_or_else(
-                    || "the built-in config".to_string(),
-                    |p| p.display().to_string()
-                ),
-                known.join(", ")
-            )));
-        }
-        *lock(&self.provider) = Some(name);
-        Ok(())
-    }
-
     /// This connection's default provider: `acpd connect --provider`'s, else the config's.
     pub(crate) fn default_provider(&self) -> String {
         lock(&self.provider)
             .clone()
             .unwrap_or_else(|| self.ctx.registry.config().default_provider.clone())
-    }
-
-    /// Whether the request names a session open on this connection.
-    fn has_session(&self, params: Option<&RawValue>) -> bool {
-        params
-            .and_then(session_id)
-            .is_some_and(|sid| self.session(&sid).is_some())
     }
 
     /// A session this connection holds: its own, or one of a bridge child's subagent sessions
@@ -405,184 +296,9 @@ impl Conn {
             .unwrap_or_else(|| nix::unistd::Uid::effective().as_raw())
     }
 
-    /// What a prompt or a new title on bridge session `b` will change in the session map once
-    /// acpd has passed it on: `updatedAt` (and the title). Only for a session this connection
-    /// holds under its own id (not a subagent session under it), and a title only for an agent
-    /// that takes titles: what is refused changes nothing.
-    fn activity(
-        &self,
-        method: &str,
-        params: Option<&RawValue>,
-        b: &bridge::BridgeHandle,
-    ) -> Option<(String, Option<String>)> {
-        let sid = params.and_then(session_id)?;
-        if !matches!(lock(&self.sessions).get(&sid), Some(SessionRef::Bridge(_))) {
-            return None;
-        }
-        match method {
-            "session/prompt" => Some((sid, None)),
-            "session/set_title"
-                if crate::registry::advertises(b.child().agent(), "/sessionCapabilities/title") =>
-            {
-                let title = params
-                    .and_then(|p| serde_json::from_str::<serde_json::Value>(p.get()).ok())
-                    .and_then(|v| v.get("title")?.as_str().map(str::to_string))?;
-                Some((sid, Some(title)))
-            }
-            _ => None,
-        }
-    }
-
-    /// Writes what [`Conn::activity`] found, off the router.
-    fn note_activity(&self, (sid, title): (String, Option<String>)) {
-        let store = self.ctx.sessions.store.clone();
-        let owner = self.caller();
-        self.tracker.spawn(async move {
-            if let Err(e) = store.touch(&sid, owner, title).await {
-                tracing::debug!(session = %sid, "cannot note the session's activity: {e}");
-            }
-        });
-    }
-
-    /// Writes `title` (and `updatedAt`) of session `sid` when run: after the agent took it.
-    fn title_once_taken(&self, sid: String, title: String) -> crate::child::AfterOk {
-        let store = self.ctx.sessions.store.clone();
-        let owner = self.caller();
-        Box::new(move || {
-            Box::pin(async move {
-                if let Err(e) = store.touch(&sid, owner, Some(title)).await {
-                    tracing::debug!(session = %sid, "cannot note the session's title: {e}");
-                }
-            })
-        })
-    }
-
     /// The `authenticate` params this connection used with `provider`.
     fn auth_for(&self, provider: &str) -> Option<Box<RawValue>> {
         lock(&self.auth).get(provider).cloned()
-    }
-
-    fn on_notification(self: &Arc<Self>, method: &str, params: Option<&RawValue>) {
-        if method.starts_with("_acpd/") {
-            return;
-        }
-        if let Some(key) =
-            params.and_then(|p| acpd_protocol::session_id::duplicate_routing_key(p.get()))
-        {
-            tracing::warn!(owner = self.owner, %method,
-                "dropping a notification whose params carry \"{key}\" twice");
-            return;
-        }
-        if method == "$/cancel_request" {
-            // Which session's agent got the request is its relay's to know: each looks for the
-            // id among the calls it forwarded, and the one that has it sends the cancel on.
-            if let Some(p) = params {
-                let bridges: Vec<bridge::BridgeHandle> = lock(&self.sessions)
-                    .values()
-                    .filter_map(|s| match s {
-                        SessionRef::Bridge(b) => Some(b.clone()),
-                        SessionRef::Run { .. } => None,
-                    })
-                    .collect();
-                for b in bridges {
-                    b.notify(method.to_string(), p.to_owned());
-                }
-            }
-            return;
-        }
-        let extension = method != "session/cancel";
-        // A notification naming no session has nowhere to go: ignored, as JSON-RPC asks.
-        let Some(sid) = params.and_then(session_id) else {
-            return;
-        };
-        let own = lock(&self.sessions).get(&sid).cloned();
-        let target = own.clone().or_else(|| self.session(&sid));
-        if extension {
-            // Every other notification passes to the session's agent; a run's child is acpd's
-            // to drive.
-            if let (Some(SessionRef::Bridge(b)), Some(p)) = (target, params) {
-                b.notify(method.to_string(), p.to_owned());
-            }
-            return;
-        }
-        match target {
-            // A bridge child's subagent session: its bridge routes the cancel to the child.
-            Some(SessionRef::Bridge(b)) if own.is_none() => {
-                if let Some(p) = params {
-                    b.notify(method.to_string(), p.to_owned());
-                }
-            }
-            Some(SessionRef::Bridge(b)) => {
-                b.cancel();
-                self.cascade(&sid, false);
-                let nested = crate::registry::Parent::Session(sid.clone());
-                self.ctx.registry.cancel_nested(&nested);
-            }
-            Some(SessionRef::Run { run_id }) => {
-                let _ = self.ctx.registry.cancel(self.owner, &run_id);
-            }
-            None => self.cancel_nested_session(&sid),
-        }
-    }
-
-    async fn on_fault(&self, fault: LineFault) {
-        tracing::warn!(owner = self.owner, "parent sent a bad line: {fault}");
-        let (id, error) = fault.to_rpc_error();
-        let _ = self.peer.respond_err(id.as_ref(), &error).await;
-    }
-
-    /// Routes a request that names a session to that session.
-    async fn to_session(self: &Arc<Self>, id: Id, method: String, params: Option<Box<RawValue>>) {
-        let sid = params.as_deref().and_then(session_id);
-        let target = sid.as_ref().and_then(|s| self.session(s));
-        match (target, sid) {
-            (Some(SessionRef::Bridge(b)), _) => {
-                let activity = self.activity(&method, params.as_deref(), &b);
-                // A new title is the agent's to refuse: written once it answered with a
-                // result. A prompt it was given is activity whatever it answers.
-                let (now, after_ok) = match activity {
-                    Some((sid, Some(title))) => (None, Some(self.title_once_taken(sid, title))),
-                    other => (other, None),
-                };
-                match b.forward(id, method, params, after_ok) {
-                    Ok(()) => {
-                        if let Some(activity) = now {
-                            self.note_activity(activity);
-                        }
-                    }
-                    Err(refused) => {
-                        let (id, e) = *refused;
-                        self.reply_err(&id, &e).await;
-                    }
-                }
-            }
-            (Some(SessionRef::Run { .. }), _) => {
-                let e = RpcError::invalid_request(format!(
-                    "{method}: a subagent session can only be cancelled by its parent"
-                ));
-                self.reply_err(&id, &e).await;
-            }
-            (None, Some(sid)) if method.starts_with("session/") => {
-                self.reply_err(&id, &session_not_found(&sid)).await;
-            }
-            (None, None) if method.starts_with("session/") => {
-                let e = RpcError::invalid_params(format!("{method} needs a sessionId"));
-                self.reply_err(&id, &e).await;
-            }
-            // Naming no session, a method acpd has no part in (an extension, an ACP method newer
-            // than acpd) is asked of a new child of the provider, as `authenticate` is: the
-            // editor gets the agent's own answer, its -32601 included, as it would directly. Not
-            // from inside a child's tree, which may not start bridge children.
-            (None, None) if matches!(self.lineage(), crate::registry::Lineage::Outside) => {
-                let conn = self.clone();
-                self.tracker
-                    .spawn(capabilities::ask_new_child(conn, id, method, params));
-            }
-            _ => {
-                self.reply_err(&id, &RpcError::method_not_found(&method))
-                    .await
-            }
-        }
     }
 
     /// Cancels (or, on close, disposes) the runs started under a parent session.
@@ -628,6 +344,49 @@ impl Conn {
 
     fn client(&self) -> ClientInfo {
         lock(&self.client).clone().unwrap_or_default()
+    }
+
+    /// The capabilities a bridge child is initialized with: the editor's own.
+    fn child_capabilities(&self) -> ClientCapabilities {
+        serde_json::from_value(self.client().capabilities.clone()).unwrap_or_default()
+    }
+
+    /// Where the connected process stands: outside this acpd, or in the tree of one of its
+    /// children (whose runs it starts nest there). Settled once known; a child still being
+    /// started is asked again.
+    fn lineage(&self) -> Lineage {
+        if let Some(known) = self.lineage.get() {
+            return known.clone();
+        }
+        let Some(origin) = &self.ctx.origin else {
+            return self.lineage.get_or_init(|| Lineage::Outside).clone();
+        };
+        let sessions = &self.ctx.sessions;
+        match self.ctx.registry.lineage_of(origin, |p| sessions.by_pid(p)) {
+            Lineage::Unfiled => Lineage::Unfiled,
+            settled => self.lineage.get_or_init(|| settled).clone(),
+        }
+    }
+
+    /// The run or bridge session this connection's runs nest under; waits (a little) for a
+    /// child that is still starting to be filed. `Err` when it never is.
+    async fn nest(&self) -> Result<Option<crate::registry::Nest>, RpcError> {
+        let deadline = tokio::time::Instant::now() + UNFILED_WAIT;
+        loop {
+            match self.lineage() {
+                Lineage::Outside => return Ok(None),
+                Lineage::Nested(nest) => return Ok(Some(nest)),
+                Lineage::Unfiled if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Lineage::Unfiled => {
+                    return Err(RpcError::invalid_request(
+                        "this connection comes from inside a child of this acpd that belongs to \
+                         no run or session (yet); try again once it is started",
+                    ));
+                }
+            }
+        }
     }
 
     async fn reply_err(&self, id: &Id, error: &RpcError) {

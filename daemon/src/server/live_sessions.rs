@@ -1,0 +1,353 @@
+//! Sessions that last: the daemon-wide table of live bridge sessions (attached to a
+//! connection or detached, waiting for one) and the durable session map behind it. The
+//! session methods that need no live child of the editor's own are in [`super::session_list`]
+//! and [`super::session_delete`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acpd_protocol::envelope::RpcError;
+use serde_json::json;
+use serde_json::value::RawValue;
+use tokio_util::task::TaskTracker;
+
+use super::{lock, session_not_found};
+use crate::child::Child;
+use crate::registry::Slot;
+use crate::store::{Holder, Store};
+
+/// The session map in the state directory, else one in memory (acpd runs, remembering
+/// nothing past its exit).
+pub fn open_store() -> Store {
+    Store::open_default().unwrap_or_else(Store::in_memory)
+}
+
+/// Every live bridge session of this acpd process.
+pub struct Sessions {
+    pub store: Store,
+    /// This acpd process, as it holds leases on the sessions live in it.
+    pub holder: Holder,
+    live: Mutex<HashMap<String, Live>>,
+    /// Ids being opened right now (a load spawning its child) and by which uid, so a second
+    /// load of the same id waits its turn instead of opening it twice (and another user's
+    /// load learns nothing of it).
+    opening: Mutex<HashMap<String, Option<u32>>>,
+    /// Ids a `session/delete` is deleting right now and by which uid: the lease the delete took
+    /// is kept until the agent answered it (the session it ends on the way does not release
+    /// it), and no load here opens it meanwhile.
+    deleting: Mutex<HashMap<String, Option<u32>>>,
+    /// Woken when a connection releases its sessions or a live session ends (see
+    /// [`RELEASE_WAIT`]).
+    pub released: tokio::sync::Notify,
+    /// How long a session outlives its connection (`acpd serve`'s `detach_timeout`); `None`
+    /// ends it with the connection (stdio, or `detach_timeout = "0s"`).
+    pub detach: Option<Duration>,
+    tasks: TaskTracker,
+}
+
+struct Live {
+    child: Child,
+    /// The uid of the connection that opened it: only that user may attach it again.
+    uid: Option<u32>,
+    attached: bool,
+}
+
+/// What a load found (see [`Sessions::take_for_load`]).
+pub enum Taken {
+    Detached(Child),
+    Reserved(Reservation),
+    /// Open on another connection (which may be closing right now).
+    Attached,
+    /// Being opened by another user's load (of their own session, or of an id they guessed):
+    /// waited for like [`Taken::Attached`], never answered "unknown" meanwhile, so another
+    /// user's load cannot make the owner's fail.
+    Foreign,
+}
+
+/// How long a load waits for the connection holding its session to finish closing: an editor
+/// that reconnects at once can be faster than acpd reading its old connection's end.
+pub const RELEASE_WAIT: Duration = Duration::from_secs(2);
+
+/// An id being opened: no other load may open it until this drops.
+pub struct Reservation {
+    sessions: Arc<Sessions>,
+    id: String,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        lock(&self.sessions.opening).remove(&self.id);
+        // A load waiting behind this one (see [`Taken::Foreign`]) tries again.
+        self.sessions.released.notify_waiters();
+    }
+}
+
+/// An id being deleted (see [`Sessions::begin_delete`]): its lease stays taken until this
+/// drops.
+pub struct Deleting {
+    sessions: Arc<Sessions>,
+    id: String,
+}
+
+impl Drop for Deleting {
+    fn drop(&mut self) {
+        lock(&self.sessions.deleting).remove(&self.id);
+        self.sessions.released.notify_waiters();
+    }
+}
+
+/// What `acpd status` shows of bridge sessions.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct SessionCounts {
+    pub attached: usize,
+    pub detached: usize,
+}
+
+impl Sessions {
+    pub fn new(store: Store, detach: Option<Duration>) -> Arc<Sessions> {
+        Arc::new(Sessions {
+            store,
+            holder: Holder::me(),
+            live: Mutex::new(HashMap::new()),
+            opening: Mutex::default(),
+            deleting: Mutex::default(),
+            released: tokio::sync::Notify::new(),
+            detach,
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    /// Files a live session (attached) and watches it: when its driver ends it is forgotten,
+    /// its tree reaped (the runs its child started with it) and its claim on the limits
+    /// released.
+    pub fn file(
+        self: &Arc<Self>,
+        id: &str,
+        child: Child,
+        slot: Slot,
+        uid: Option<u32>,
+        registry: crate::registry::Registry,
+    ) {
+        lock(&self.live).insert(
+            id.to_string(),
+            Live {
+                child: child.clone(),
+                uid,
+                attached: true,
+            },
+        );
+        let me = self.clone();
+        let id = id.to_string();
+        self.tasks.spawn(async move {
+            let end = child.ended().await;
+            tracing::info!(provider = %child.provider().name, session = %id, ?end, "bridge session ended");
+            // No longer live here: another acpd may load it now. Released before the entry
+            // goes, so a load of it in this process (which waits for the entry) claims after
+            // this release, never before it. Not while a delete of it runs: the delete took
+            // the lease for its whole call to the agent and gives it up itself.
+            let deleting = lock(&me.deleting).contains_key(&id);
+            if deleting {
+                tracing::debug!(session = %id, "session ended by its delete: the lease stays with the delete");
+            } else if let Err(e) = me.store.release(&id, &me.holder).await {
+                tracing::warn!(session = %id, "cannot release the session's lease: {e}");
+            }
+            lock(&me.live).remove(&id);
+            // A load waiting for it (a close then a load, as an editor does) goes on now.
+            me.released.notify_waiters();
+            let nested = crate::registry::Parent::Session(id.clone());
+            tokio::join!(child.shut(), registry.dispose_nested(&nested));
+            drop(slot);
+        });
+    }
+
+    /// The connection holding the session closed: it waits for another (`detach`), or ends.
+    pub async fn release(&self, id: &str, child: &Child, shutting_down: bool) {
+        if self.detach.is_some() && !shutting_down {
+            // Signalled before anyone can take it, so the detach never lands on the next
+            // connection.
+            child.detach();
+            if let Some(live) = lock(&self.live).get_mut(id) {
+                live.attached = false;
+            }
+            self.released.notify_waiters();
+        } else {
+            child.shut().await;
+        }
+    }
+
+    /// What a load of `id` by `uid` finds: a detached session it may attach (taken), nothing
+    /// live (the id is then reserved until the returned guard drops or the session is filed),
+    /// or an error when the session is open on another connection or being opened.
+    pub fn take_for_load(self: &Arc<Self>, id: &str, uid: Option<u32>) -> Result<Taken, RpcError> {
+        let mut live = lock(&self.live);
+        if let Some(deleter) = lock(&self.deleting).get(id) {
+            if *deleter != uid {
+                return Ok(Taken::Foreign);
+            }
+            return Err(RpcError::invalid_request(format!(
+                "session {id} is being deleted by another request"
+            )));
+        }
+        if let Some(opener) = lock(&self.opening).get(id) {
+            if *opener != uid {
+                return Ok(Taken::Foreign);
+            }
+            return Err(RpcError::invalid_request(format!(
+                "session {id} is being opened by another request; retry when it answers"
+            )));
+        }
+        let Some(entry) = live.get_mut(id) else {
+            lock(&self.opening).insert(id.to_string(), uid);
+            return Ok(Taken::Reserved(Reservation {
+                sessions: self.clone(),
+                id: id.to_string(),
+            }));
+        };
+        if entry.uid != uid {
+            return Err(session_not_found(id));
+        }
+        if entry.attached {
+            return Ok(Taken::Attached);
+        }
+        entry.attached = true;
+        Ok(Taken::Detached(entry.child.clone()))
+    }
+
+    /// Marks `id` as being deleted by `uid` until the guard drops (see [`Sessions::deleting`]);
+    /// an error when another delete of it runs.
+    pub fn begin_delete(
+        self: &Arc<Self>,
+        id: &str,
+        uid: Option<u32>,
+    ) -> Result<Deleting, RpcError> {
+        let mut deleting = lock(&self.deleting);
+        if deleting.contains_key(id) {
+            return Err(RpcError::invalid_request(format!(
+                "session {id} is being deleted by another request; retry when it answers"
+            )));
+        }
+        deleting.insert(id.to_string(), uid);
+        Ok(Deleting {
+            sessions: self.clone(),
+            id: id.to_string(),
+        })
+    }
+
+    /// Ends a detached session of `uid`; false when there is none.
+    pub async fn end_detached(&self, id: &str, uid: Option<u32>) -> bool {
+        let child = {
+            let live = lock(&self.live);
+            live.get(id)
+                .filter(|l| !l.attached && l.uid == uid)
+                .map(|l| l.child.clone())
+        };
+        match child {
+            Some(child) => {
+                child.shut().await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The live session whose child is process `pid`.
+    pub fn by_pid(&self, pid: i32) -> Option<String> {
+        lock(&self.live)
+            .iter()
+            .find(|(_, l)| l.child.pid() == pid)
+            .map(|(id, _)| id.clone())
+    }
+
+    /// Sends a `session/update` about a run nested under session `id` to its parent, if the
+    /// session is live (a detached one drops it).
+    pub fn announce(&self, id: &str, params: Box<RawValue>) {
+        if let Some(live) = lock(&self.live).get(id) {
+            live.child.announce(params);
+        }
+    }
+
+    /// The connection of the editor holding live session `id`, when it can be asked about a
+    /// run nested under it (attached, opted in to Subagent Sessions).
+    pub async fn editor_of(&self, id: &str) -> Option<crate::wire::Peer> {
+        let child = lock(&self.live).get(id).map(|l| l.child.clone())?;
+        child.parent_peer().await
+    }
+
+    pub fn counts(&self) -> SessionCounts {
+        let live = lock(&self.live);
+        let attached = live.values().filter(|l| l.attached).count();
+        SessionCounts {
+            attached,
+            detached: live.len() - attached,
+        }
+    }
+
+    /// The live sessions of `uid`, for `acpd runs`.
+    pub fn entries(&self, uid: Option<u32>) -> Vec<acpd_protocol::methods::SessionEntry> {
+        let live = lock(&self.live);
+        let mut entries: Vec<_> = live
+            .iter()
+            .filter(|(_, l)| l.uid == uid)
+            .map(|(id, l)| acpd_protocol::methods::SessionEntry {
+                session_id: id.clone(),
+                provider: l.child.provider().name.clone(),
+                pid: l.child.pid(),
+                state: if l.attached { "attached" } else { "detached" }.to_string(),
+            })
+            .collect();
+        entries.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        entries
+    }
+
+    /// Ends every live session and waits until each tree is reaped (acpd is stopping).
+    pub async fn shut_all(&self) {
+        let children: Vec<Child> = lock(&self.live).values().map(|l| l.child.clone()).collect();
+        futures::future::join_all(children.iter().map(|c| c.shut())).await;
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+/// The answer to a load, resume, fork or delete of a session live in another acpd process.
+pub(super) fn held_elsewhere(sid: &str, h: &Holder) -> RpcError {
+    RpcError::invalid_request(format!(
+        "session {sid} is live in another acpd process (pid {pid}) sharing this session map; \
+         close it there (session/close through that acpd, or end acpd {pid}), then retry",
+        pid = h.pid
+    ))
+    .with_data(json!({ "holderPid": h.pid }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 18 (beyond the list): another user's load of an id (guessed, or learnt from a
+    /// trace file's name) holds the id for a moment; the owner's own load then waits for it
+    /// instead of being told its session is unknown.
+    #[tokio::test]
+    async fn another_users_load_never_makes_the_owners_fail() {
+        let sessions = Sessions::new(Store::in_memory(), None);
+        let theirs = sessions.take_for_load("acpd-x", Some(1001));
+        assert!(matches!(theirs, Ok(Taken::Reserved(_))));
+        assert!(
+            matches!(
+                sessions.take_for_load("acpd-x", Some(0)),
+                Ok(Taken::Foreign)
+            ),
+            "the owner's load was refused while another user's held the id"
+        );
+        let woken = sessions.released.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        drop(theirs);
+        tokio::time::timeout(Duration::from_secs(10), woken)
+            .await
+            .expect("the waiting load is woken when the other one lets go");
+        assert!(matches!(
+            sessions.take_for_load("acpd-x", Some(0)),
+            Ok(Taken::Reserved(_))
+        ));
+    }
+}

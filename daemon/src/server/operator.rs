@@ -1,0 +1,194 @@
+//! The operator's methods: `_acpd/status` (daemon-wide, any connection may ask), `_acpd/runs`
+//! (every live run and bridge session, as far as the caller may see them) and `_acpd/reload`
+//! ("re-read the config, and tell me whether it took").
+//!
+//! Only acpd's own user may reload, and not from inside a child's process tree (agents run as
+//! acpd's user too, but reloading is the operator's). Group members (`allow_group`) cannot
+//! write the config, so a reload is not theirs to trigger, and its answer would show them the
+//! file's path and, in a rejection, the offending key and value of a file they may not be
+//! allowed to read. (Root is not special: it is not admitted to the socket at all unless it is
+//! acpd's user or a group member; `systemctl reload` runs `acpd reload` as the unit's `User=`.)
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use acpd_protocol::envelope::{Id, RpcError};
+use acpd_protocol::errors::ErrorName;
+use acpd_protocol::methods::{
+    ProviderLoad, ReloadReply, RunInfo, RunsReply, StatusLimits, StatusReply,
+};
+
+use super::Conn;
+use super::delegation::live_runs;
+use crate::config::{Config, ConfigError};
+use crate::registry::Parent;
+
+/// `_acpd/status`: daemon-wide, any connection may ask.
+pub(super) async fn status(conn: &Conn, id: Id) {
+    let _ = conn.peer.respond_ok(&id, &status_reply(conn)).await;
+}
+
+/// `_acpd/runs`: the operator's view. acpd's own user (and an in-process caller) sees every
+/// run; any other user (`allow_group`) only the runs it started.
+pub(super) async fn runs(conn: &Conn, id: Id) {
+    let own = nix::unistd::Uid::effective().as_raw();
+    let caller = conn.ctx.peer_uid.filter(|&uid| uid != own);
+    let runs = live_runs(conn)
+        .filter(|r| caller.is_none_or(|uid| r.uid == Some(uid)))
+        .map(|r| RunInfo {
+            run_id: r.run_id.clone(),
+            provider: r.provider.name.clone(),
+            label: r.label.clone(),
+            state: r.state().name().to_string(),
+            age_s: r.started_at.elapsed().as_secs(),
+            pid: r.pid(),
+            depth: r.depth,
+            connection: r.owner,
+            parent: r.parent.as_ref().map(|p| match p {
+                Parent::Run(id) => format!("run:{id}"),
+                Parent::Session(id) => format!("session:{id}"),
+            }),
+        })
+        .collect();
+    let sessions = conn.ctx.sessions.entries(conn.ctx.peer_uid);
+    let _ = conn
+        .peer
+        .respond_ok(&id, &RunsReply { runs, sessions })
+        .await;
+}
+
+/// What `_acpd/status` answers.
+fn status_reply(conn: &Conn) -> StatusReply {
+    let registry = &conn.ctx.registry;
+    let config = registry.config();
+    let providers: BTreeMap<String, ProviderLoad> = config
+        .providers
+        .values()
+        .map(|p| {
+            let load = ProviderLoad {
+                max_concurrent: p.max_concurrent as u64,
+                live: registry.live_children_of(&p.name) as u64,
+            };
+            (p.name.clone(), load)
+        })
+        .collect();
+    StatusReply {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+        uptime_s: conn.ctx.daemon.started.elapsed().as_secs(),
+        connections: conn
+            .ctx
+            .daemon
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed) as u64,
+        runs: live_runs(conn).count() as u64,
+        providers: config.providers.keys().cloned().collect(),
+        limits: StatusLimits {
+            max_children: config.max_children as u64,
+            live_children: registry.live_children() as u64,
+            queued: registry.queued() as u64,
+            queue_timeout_s: config.queue_timeout.map(|d| d.as_secs_f64()),
+            providers,
+        },
+        sessions: {
+            let counts = conn.ctx.sessions.counts();
+            acpd_protocol::methods::SessionLoad {
+                attached: counts.attached as u64,
+                detached: counts.detached as u64,
+            }
+        },
+        spares: registry.spare_counts(),
+        containment: containment(),
+    }
+}
+
+/// The containment in force in this process (process groups when it was never set up).
+fn containment() -> acpd_protocol::methods::StatusContainment {
+    crate::supervise::containment_status()
+}
+
+pub(super) async fn reload(conn: Arc<Conn>, id: Id) {
+    let Some(load) = conn.ctx.daemon.reload.clone() else {
+        let e = RpcError::method_not_found(acpd_protocol::methods::name::RELOAD);
+        return conn.reply_err(&id, &e).await;
+    };
+    let own = nix::unistd::Uid::effective().as_raw();
+    if conn.ctx.peer_uid != Some(own) {
+        tracing::warn!(peer_uid = ?conn.ctx.peer_uid, "refused _acpd/reload from another user");
+        let why = format!("only acpd's own user (uid {own}) may reload it");
+        return conn.reply_err(&id, &not_permitted(why)).await;
+    }
+    if !matches!(conn.lineage(), crate::registry::Lineage::Outside) {
+        tracing::warn!("refused _acpd/reload from inside a child's tree");
+        let why = "a connection from inside the process tree of one of this acpd's children (an \
+                   agent) may not reload it; reloading is the operator's";
+        return conn.reply_err(&id, &not_permitted(why.into())).await;
+    }
+    // Reading and checking the file is blocking work, off this task; the connection keeps
+    // being served.
+    match load.reload().await {
+        Ok(config) => {
+            let _ = conn.peer.respond_ok(&id, &reply(&config)).await;
+        }
+        Err(e) => conn.reply_err(&id, &rejected(&e)).await,
+    }
+}
+
+fn not_permitted(why: String) -> RpcError {
+    RpcError::new(ErrorName::NotPermitted.code(), why)
+        .with_data(serde_json::json!({ "code": ErrorName::NotPermitted.as_str() }))
+}
+
+fn reply(config: &Config) -> ReloadReply {
+    ReloadReply {
+        source: config.source.as_ref().map(|p| p.display().to_string()),
+        providers: config.providers.keys().cloned().collect(),
+        default_provider: config.default_provider.clone(),
+    }
+}
+
+/// CONFIG_REJECTED with the message `acpd serve` logs, and its parts in `data`.
+fn rejected(e: &ConfigError) -> RpcError {
+    let mut data = serde_json::json!({
+        "code": ErrorName::ConfigRejected.as_str(),
+        "file": e.path().display().to_string(),
+    });
+    if let ConfigError::Invalid { line, key, .. } = e {
+        data["line"] = serde_json::json!(line);
+        data["key"] = serde_json::json!(key);
+    }
+    RpcError::new(
+        ErrorName::ConfigRejected.code(),
+        format!("config rejected, the previous one stays in force: {e}"),
+    )
+    .with_data(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rejection_names_file_line_and_key() {
+        let e = ConfigError::Invalid {
+            path: "/etc/acpd/config.toml".into(),
+            line: Some(3),
+            key: "max_children".into(),
+            message: "invalid type".into(),
+        };
+        let r = rejected(&e);
+        assert_eq!(r.code, -33014);
+        assert!(
+            r.message.contains("/etc/acpd/config.toml:3: max_children"),
+            "{}",
+            r.message
+        );
+        assert_eq!(
+            r.data,
+            Some(
+                serde_json::json!({"code": "CONFIG_REJECTED", "file": "/etc/acpd/config.toml",
+                "line": 3, "key": "max_children"})
+            )
+        );
+    }
+}
