@@ -8,6 +8,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::SignalKind;
 use tokio_util::sync::CancellationToken;
 
+use super::output::Col;
 use super::{EXIT_USAGE, config_or_usage, load_config};
 use crate::runtime::{self, ServeOptions};
 
@@ -16,6 +17,14 @@ pub struct SocketArg {
     /// The daemon's socket (default: $XDG_RUNTIME_DIR/acpd/acpd.sock).
     #[arg(long, value_name = "PATH", env = "ACPD_SOCKET")]
     pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    #[command(flatten)]
+    pub setup: super::Setup,
 }
 
 #[derive(Debug, clap::Args)]
@@ -33,6 +42,9 @@ pub struct ConnectArgs {
     /// connect at once (exit 2).
     #[arg(long, value_name = "NAME")]
     pub provider: Option<String>,
+    /// Read by --or-stdio only.
+    #[command(flatten)]
+    pub setup: super::Setup,
 }
 
 #[derive(Debug, clap::Args)]
@@ -336,46 +348,57 @@ pub async fn status(args: QueryArgs) -> u8 {
 fn print_status(v: &Value) -> std::io::Result<()> {
     let limits = &v["limits"];
     outln!(
-        "acpd {} (pid {}), up {}s",
+        "acpd {} (pid {}), up {}",
         shown(v["version"].as_str().unwrap_or("?")),
-        v["pid"],
+        number(&v["pid"]),
         v["uptimeS"]
+            .as_u64()
+            .map_or("?".into(), |s| humantime::format_duration(
+                std::time::Duration::from_secs(s)
+            )
+            .to_string())
     )?;
     outln!(
         "connections: {}   runs: {}   live children: {}/{}",
-        v["connections"],
-        v["runs"],
-        limits["liveChildren"],
-        limits["maxChildren"]
+        number(&v["connections"]),
+        number(&v["runs"]),
+        number(&limits["liveChildren"]),
+        number(&limits["maxChildren"])
     )?;
-    let providers: Vec<String> = limits["providers"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(name, p)| format!("{} ({}/{})", shown(name), p["live"], p["maxConcurrent"]))
-                .collect()
-        })
-        .unwrap_or_default();
-    outln!("providers: {}", providers.join(", "))?;
-    let spares: Vec<String> = v["spares"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(name, n)| format!("{} {n}", shown(name)))
-                .collect()
-        })
-        .unwrap_or_default();
     outln!(
-        "bridge sessions: {} attached, {} detached   warm spares: {}",
-        v["sessions"]["attached"],
-        v["sessions"]["detached"],
-        if spares.is_empty() {
-            "none".to_string()
-        } else {
-            spares.join(", ")
-        }
+        "bridge sessions: {} attached, {} detached",
+        number(&v["sessions"]["attached"]),
+        number(&v["sessions"]["detached"]),
     )?;
-    outln!("{}", containment_line(&v["containment"]))
+    outln!("{}", containment_line(&v["containment"]))?;
+    let providers = limits["providers"].as_object();
+    if providers.is_none_or(|m| m.is_empty()) {
+        return Ok(());
+    }
+    outln!("")?;
+    let mut grid = super::output::Grid::new(&[
+        ("PROVIDER", Col::Whole),
+        ("LIVE", Col::Number),
+        ("MAX", Col::Number),
+        ("WARM SPARES", Col::Number),
+    ]);
+    for (name, p) in providers.into_iter().flatten() {
+        grid.row([
+            name.clone(),
+            number(&p["live"]),
+            number(&p["maxConcurrent"]),
+            number(&v["spares"][name.as_str()]),
+        ]);
+    }
+    grid.print()
+}
+
+/// A number from the daemon's answer as text; anything else (absent, a string) is `-`.
+fn number(v: &Value) -> String {
+    v.as_u64()
+        .map(|n| n.to_string())
+        .or_else(|| v.as_i64().map(|n| n.to_string()))
+        .unwrap_or_else(|| "-".into())
 }
 
 /// Text a child, a parent or a config controls, made safe for a terminal: control characters
@@ -420,53 +443,64 @@ pub async fn runs(args: QueryArgs) -> u8 {
 }
 
 fn print_runs(v: &Value) -> std::io::Result<()> {
-    outln!(
-        "{:<38} {:<12} {:<16} {:<9} {:>6} {:>8} {:>5} {:>5}  PARENT",
-        "RUN",
-        "PROVIDER",
-        "LABEL",
-        "STATE",
-        "AGE",
-        "PID",
-        "DEPTH",
-        "CONN"
-    )?;
+    let mut grid = super::output::Grid::new(&[
+        ("RUN", Col::Whole),
+        ("PROVIDER", Col::Whole),
+        ("LABEL", Col::Text(24)),
+        ("STATE", Col::Whole),
+        ("AGE", Col::Number),
+        ("PID", Col::Number),
+        ("DEPTH", Col::Number),
+        ("CONN", Col::Number),
+        ("PARENT", Col::Whole),
+    ]);
     for r in v["runs"].as_array().into_iter().flatten() {
-        let s = |k: &str| shown(r[k].as_str().unwrap_or("-"));
-        outln!(
-            "{:<38} {:<12} {:<16} {:<9} {:>5}s {:>8} {:>5} {:>5}  {}",
-            s("runId"),
-            s("provider"),
-            s("label"),
-            s("state"),
-            r["ageS"],
-            r["pid"].as_i64().map_or("-".into(), |p| p.to_string()),
-            r["depth"],
-            r["connection"],
-            s("parent")
-        )?;
+        let s = |k: &str| r[k].as_str().unwrap_or("-").to_owned();
+        let state = s("state");
+        let colour = super::output::state_colour(&state);
+        grid.styled_row([
+            (s("runId"), None),
+            (s("provider"), None),
+            (s("label"), None),
+            (state, colour),
+            (age(&r["ageS"]), None),
+            (number(&r["pid"]), None),
+            (number(&r["depth"]), None),
+            (number(&r["connection"]), None),
+            (s("parent"), None),
+        ]);
     }
+    grid.print()?;
     let sessions = v["sessions"].as_array().map_or(&[][..], |s| s.as_slice());
-    if !sessions.is_empty() {
-        outln!(
-            "\n{:<48} {:<12} {:<9} {:>8}",
-            "SESSION",
-            "PROVIDER",
-            "STATE",
-            "PID"
-        )?;
+    if sessions.is_empty() {
+        return Ok(());
     }
+    outln!("")?;
+    let mut grid = super::output::Grid::new(&[
+        ("SESSION", Col::Whole),
+        ("PROVIDER", Col::Whole),
+        ("STATE", Col::Whole),
+        ("PID", Col::Number),
+    ]);
     for s in sessions {
-        let f = |k: &str| shown(s[k].as_str().unwrap_or("-"));
-        outln!(
-            "{:<48} {:<12} {:<9} {:>8}",
-            f("sessionId"),
-            f("provider"),
-            f("state"),
-            s["pid"]
-        )?;
+        let f = |k: &str| s[k].as_str().unwrap_or("-").to_owned();
+        let state = f("state");
+        let colour = super::output::state_colour(&state);
+        grid.styled_row([
+            (f("sessionId"), None),
+            (f("provider"), None),
+            (state, colour),
+            (number(&s["pid"]), None),
+        ]);
     }
-    Ok(())
+    grid.print()
+}
+
+/// A run's age in seconds as `1m 5s`.
+fn age(v: &Value) -> String {
+    v.as_u64().map_or("-".into(), |s| {
+        humantime::format_duration(std::time::Duration::from_secs(s)).to_string()
+    })
 }
 
 /// What `doctor` says about a provider's authentication.
@@ -516,8 +550,11 @@ fn auth_report(
 }
 
 /// For each provider: spawn it, run `initialize`, report what it says (its auth methods and
-/// whether this environment can satisfy them), tear it down.
-pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
+/// whether this environment can satisfy them), tear it down. The providers are checked all at
+/// once (each probe waits on its own agent), a line each as its check finishes, in the order
+/// they finish; a status line on stderr says what is still being checked.
+pub async fn doctor(config_path: Option<&Path>, only: Option<String>, quiet: bool) -> u8 {
+    use futures::StreamExt;
     let config = match config_or_usage(config_path) {
         Ok(c) => c,
         Err(code) => return code,
@@ -531,7 +568,7 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
         return super::stdout_failed(&e);
     }
     for warning in crate::supervise::limit_warnings(&provider_limits(&config)) {
-        if let Err(e) = outln!("warning: {warning}") {
+        if let Err(e) = outln!("{}: {warning}", super::output::verdict("warning")) {
             return super::stdout_failed(&e);
         }
     }
@@ -547,33 +584,75 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
         return EXIT_USAGE;
     }
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let progress = super::progress::Progress::new(!quiet);
+    let mut pending: Vec<String> = providers.iter().map(|p| p.name.clone()).collect();
+    let total = pending.len();
+    let checking = |pending: &[String]| {
+        format!(
+            "checking {} ({} of {total} left)",
+            pending.join(", "),
+            pending.len()
+        )
+    };
+    progress.set(checking(&pending));
+    let mut checks: futures::stream::FuturesUnordered<_> = providers
+        .into_iter()
+        .map(|provider| {
+            let registry = &registry;
+            let cwd = &cwd;
+            async move {
+                let cancel = CancellationToken::new();
+                let probed = registry.probe(&provider.name, Some(cwd), &cancel).await;
+                (provider, probed)
+            }
+        })
+        .collect();
     let mut healthy = true;
-    for provider in providers {
-        let cancel = CancellationToken::new();
-        let line = match registry.probe(&provider.name, Some(&cwd), &cancel).await {
-            Ok(agent) => {
-                let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
-                let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
-                let auth = auth_report(&provider, &agent, |n| {
-                    std::env::var_os(n).is_some_and(|v| !v.is_empty())
-                });
-                healthy &= auth.ok;
-                outln!(
-                    "{}: {} — ACP protocol {}, agent {name} {version}, auth methods: {}",
-                    provider.name,
-                    if auth.ok { "OK" } else { "FAIL" },
-                    agent.protocol_version,
-                    shown(&auth.text)
-                )
-            }
-            Err(e) => {
-                healthy = false;
-                outln!("{}: FAIL — {}", provider.name, shown(&e.to_string()))
-            }
-        };
-        if let Err(e) = line {
+    while let Some((provider, probed)) = checks.next().await {
+        let (ok, report) = checked(&provider, probed);
+        healthy &= ok;
+        pending.retain(|n| *n != provider.name);
+        let printed = progress.above(|| outln!("{report}"));
+        if let Err(e) = printed {
+            progress.done();
             return super::stdout_failed(&e);
         }
+        progress.set(checking(&pending));
     }
+    progress.done();
     if healthy { 0 } else { 1 }
+}
+
+/// One provider's line of the doctor's report, and whether it is healthy.
+fn checked(
+    provider: &crate::config::ProviderConfig,
+    probed: Result<crate::child::AgentInfo, crate::registry::ProbeError>,
+) -> (bool, String) {
+    let verdict = super::output::verdict;
+    match probed {
+        Ok(agent) => {
+            let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
+            let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
+            let auth = auth_report(provider, &agent, |n| {
+                std::env::var_os(n).is_some_and(|v| !v.is_empty())
+            });
+            let line = format!(
+                "{}: {} — ACP protocol {}, agent {name} {version}, auth methods: {}",
+                shown(&provider.name),
+                verdict(if auth.ok { "OK" } else { "FAIL" }),
+                agent.protocol_version,
+                shown(&auth.text)
+            );
+            (auth.ok, line)
+        }
+        Err(e) => (
+            false,
+            format!(
+                "{}: {} — {}",
+                shown(&provider.name),
+                verdict("FAIL"),
+                shown(&e.to_string())
+            ),
+        ),
+    }
 }

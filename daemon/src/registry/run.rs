@@ -434,7 +434,8 @@ impl Run {
         } else {
             Vec::new()
         };
-        let diagnostic = (mapped.stop_reason != StopReason::Completed).then(|| {
+        // A completed turn still says what acpd decided for it (a permission it rejected).
+        let diagnostic = (mapped.stop_reason != StopReason::Completed || !notes.is_empty()).then(|| {
             diagnostic::build(&Facts {
                 provider: &self.provider.name,
                 failure: mapped.failure.as_ref(),
