@@ -78,11 +78,17 @@ impl Tty {
     /// Waits until the terminal shows `what`; the whole screen so far on failure.
     fn wait_for(&self, what: &str) {
         let ok = eventually(STEP, || self.text().contains(what));
-        assert!(ok, "the terminal never showed {what:?}; it shows:\n{:?}", self.text());
+        assert!(
+            ok,
+            "the terminal never showed {what:?}; it shows:\n{:?}",
+            self.text()
+        );
     }
 
     fn type_line(&mut self, line: &str) {
-        self.writer.write_all(format!("{line}\r").as_bytes()).unwrap();
+        self.writer
+            .write_all(format!("{line}\r").as_bytes())
+            .unwrap();
         self.writer.flush().unwrap();
     }
 
@@ -93,7 +99,11 @@ impl Tty {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status.exit_code();
             }
-            assert!(Instant::now() < deadline, "acpd did not exit: {:?}", self.text());
+            assert!(
+                Instant::now() < deadline,
+                "acpd did not exit: {:?}",
+                self.text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -109,7 +119,10 @@ impl Drop for Tty {
 #[test]
 fn run_on_a_terminal_shows_a_status_line_then_the_reply() {
     let env = Env::new("");
-    let mut tty = Tty::spawn(&env, &["run", "--provider", "fast", ":sleep 800\nthe reply"]);
+    let mut tty = Tty::spawn(
+        &env,
+        &["run", "--provider", "fast", ":sleep 800\nthe reply"],
+    );
     tty.wait_for("starting fast");
     tty.wait_for("fast initialized · waiting for its reply");
     tty.wait_for("the reply");
@@ -184,14 +197,16 @@ fn a_rejection_nobody_saw_is_named_in_a_completed_runs_diagnostic() {
         ("reject", "request rejected by policy (permission = reject)"),
         ("forward", "forwarded request rejected (nobody to ask)"),
     ] {
-        let (v, code, _) = run_json(env.acpd().args([
-            "run",
-            "--json",
-            "--provider",
-            provider,
-            ":permission",
-        ]));
-        assert_eq!((code, v["stopReason"].as_str()), (0, Some("completed")), "{v}");
+        let (v, code, _) =
+            run_json(
+                env.acpd()
+                    .args(["run", "--json", "--provider", provider, ":permission"]),
+            );
+        assert_eq!(
+            (code, v["stopReason"].as_str()),
+            (0, Some("completed")),
+            "{v}"
+        );
         let d = v["diagnostic"].as_str().unwrap_or_default();
         assert!(d.contains(why), "{provider}: {v}");
         // And in the text form, on stderr.
@@ -229,10 +244,21 @@ fn every_duration_flag_takes_bare_seconds_and_humantime() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             // Parsed: the command got as far as finding no daemon.
             assert_eq!(code(&out), 1, "{cmd} --timeout {d}: {stderr}");
-            assert!(stderr.contains("no acpd daemon"), "{cmd} --timeout {d}: {stderr}");
+            assert!(
+                stderr.contains("no acpd daemon"),
+                "{cmd} --timeout {d}: {stderr}"
+            );
         }
         let out = base()
-            .args(["supervise", "--eof-grace", d, "--term-grace", d, "--", "true"])
+            .args([
+                "supervise",
+                "--eof-grace",
+                d,
+                "--term-grace",
+                d,
+                "--",
+                "true",
+            ])
             .output()
             .unwrap();
         assert_eq!(code(&out), 0, "supervise graces {d}: {out:?}");
@@ -315,13 +341,22 @@ fn providers_presets_and_registry_list_are_aligned_tables() {
     assert!(widest < long.len() + 40, "{text}");
     assert!(!text.contains('\t'), "{text}");
 
-    let out = env.acpd().args(["providers", "--presets"]).output().unwrap();
+    let out = env
+        .acpd()
+        .args(["providers", "--presets"])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(code(&out), 0, "{text}");
     assert_aligned(
         &text,
         &["PRESET", "DESCRIPTION", "PACKAGE", "STATE"],
-        &[&["claude", "Claude", "@agentclientprotocol/claude-agent-acp@", "not installed"]],
+        &[&[
+            "claude",
+            "Claude",
+            "@agentclientprotocol/claude-agent-acp@",
+            "not installed",
+        ]],
     );
 
     let doc = env.path().join("registry.json");
@@ -339,7 +374,12 @@ fn providers_presets_and_registry_list_are_aligned_tables() {
     let env = Env::raw(&format!("registry_url = \"file://{}\"\n", doc.display()));
     let out = env.acpd().args(["registry", "list"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(code(&out), 0, "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        code(&out),
+        0,
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_aligned(
         &text,
         &["ID", "VERSION", "RUNS AS", "NAME", "DESCRIPTION"],
@@ -360,7 +400,11 @@ fn colour_only_where_allowed() {
             cmd.env(k, v);
         }
         let out = cmd.output().unwrap();
-        String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_owned()
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap()
+            .to_owned()
     };
     // A pipe: none.
     assert!(!header(&[]).contains('\x1b'));
@@ -407,8 +451,16 @@ fn install_of_an_installed_version_says_already_installed() {
     };
     let out = install(&[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(code(&out), 0, "{stdout} {}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.starts_with("already installed @agentclientprotocol/claude-agent-acp@"), "{stdout}");
+    assert_eq!(
+        code(&out),
+        0,
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with("already installed @agentclientprotocol/claude-agent-acp@"),
+        "{stdout}"
+    );
     assert!(bin_dir.join(bin).exists());
     // --force installs again: here that means running npm, which is not on PATH.
     let out = install(&["--force"]);
@@ -424,11 +476,9 @@ fn install_of_an_installed_version_says_already_installed() {
 fn doctor_checks_providers_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let provider = |me: &str, other: &str| {
-        let wait = format!(
-            "import os,sys,time\nopen(sys.argv[1],'w').close()\nend=time.time()+20\n\
-             while not os.path.exists(sys.argv[2]) and time.time()<end: time.sleep(0.02)\n\
-             os.execv(sys.argv[3], sys.argv[3:])"
-        );
+        let wait = "import os,sys,time\nopen(sys.argv[1],'w').close()\nend=time.time()+20\n\
+                    while not os.path.exists(sys.argv[2]) and time.time()<end: time.sleep(0.02)\n\
+                    os.execv(sys.argv[3], sys.argv[3:])";
         let me_path = dir.path().join(me);
         let other_path = dir.path().join(other);
         format!(
@@ -438,11 +488,23 @@ fn doctor_checks_providers_at_once() {
             other_path.to_str().unwrap()
         )
     };
-    let env = Env::raw(&format!("{}{}", provider("left", "right"), provider("right", "left")));
+    let env = Env::raw(&format!(
+        "{}{}",
+        provider("left", "right"),
+        provider("right", "left")
+    ));
     let out = env.acpd().arg("doctor").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(code(&out), 0, "{text}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("left: OK") && text.contains("right: OK"), "{text}");
+    assert_eq!(
+        code(&out),
+        0,
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("left: OK") && text.contains("right: OK"),
+        "{text}"
+    );
     // Not a terminal: no status line.
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }
@@ -480,12 +542,20 @@ fn every_help_has_examples_and_only_the_options_that_apply() {
             Some("run" | "stdio" | "serve" | "connect" | "mcp" | "doctor" | "providers")
         ) || *cmd == ["registry", "list"];
         let top = cmd.is_empty();
-        assert_eq!(help.contains("--config"), reads_config || top, "{cmd:?}: {help}");
+        assert_eq!(
+            help.contains("--config"),
+            reads_config || top,
+            "{cmd:?}: {help}"
+        );
         let starts_agents = matches!(
             cmd.first().copied(),
             Some("run" | "stdio" | "serve" | "connect" | "mcp")
         );
-        assert_eq!(help.contains("--trace <DIR>"), starts_agents || top, "{cmd:?}: {help}");
+        assert_eq!(
+            help.contains("--trace <DIR>"),
+            starts_agents || top,
+            "{cmd:?}: {help}"
+        );
     }
 }
 

@@ -153,7 +153,11 @@ mod tests {
 
     #[test]
     fn columns_line_up_under_their_headers() {
-        let mut g = Grid::new(&[("NAME", Col::Whole), ("N", Col::Number), ("TEXT", Col::Text(10))]);
+        let mut g = Grid::new(&[
+            ("NAME", Col::Whole),
+            ("N", Col::Number),
+            ("TEXT", Col::Text(10)),
+        ]);
         g.row(["a", "7", "short"]);
         g.row(["longer-name", "12345", "x"]);
         let l = lines(&g);
@@ -161,18 +165,29 @@ mod tests {
         let text_at = l[0].find("TEXT").unwrap();
         assert_eq!(l[1].find("short"), Some(text_at), "{l:?}");
         // Numbers end where their column ends.
-        assert_eq!(l[1].find('7').unwrap() + 1, l[2].find("12345").unwrap() + 5, "{l:?}");
+        assert_eq!(
+            l[1].find('7').unwrap() + 1,
+            l[2].find("12345").unwrap() + 5,
+            "{l:?}"
+        );
     }
 
     #[test]
     fn long_text_wraps_inside_its_column_and_controls_are_escaped() {
-        let mut g = Grid::new(&[("ID", Col::Whole), ("LABEL", Col::Text(8)), ("END", Col::Whole)]);
+        let mut g = Grid::new(&[
+            ("ID", Col::Whole),
+            ("LABEL", Col::Text(8)),
+            ("END", Col::Whole),
+        ]);
         g.row(["one", "a label far longer than eight", "z"]);
         g.row(["two", "b\x07", "y"]);
         let l = lines(&g);
         let end_at = l[0].find("END").unwrap();
         assert!(end_at <= "ID".len() + 2 + 8 + 2 + 2, "{l:?}");
-        assert!(l.iter().all(|line| !line.chars().any(char::is_control)), "{l:?}");
+        assert!(
+            l.iter().all(|line| !line.chars().any(char::is_control)),
+            "{l:?}"
+        );
         assert!(l.iter().any(|line| line.contains(r"b\u{7}")), "{l:?}");
         assert!(l.len() > 3, "the long label wrapped: {l:?}");
     }

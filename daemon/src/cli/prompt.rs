@@ -55,13 +55,20 @@ fn choose(
     if n == 0 {
         return None;
     }
-    let title = request.tool_call.fields.title.as_deref().unwrap_or("a tool call");
+    let title = request
+        .tool_call
+        .fields
+        .title
+        .as_deref()
+        .unwrap_or("a tool call");
     let mut question = format!("\nacpd: the agent asks permission for {}:\n", shown(title));
     for (i, o) in request.options.iter().enumerate() {
         question.push_str(&format!("  {}) {}\n", i + 1, shown(&o.name)));
     }
     question.push_str(&format!("choose 1-{n} (Enter rejects): "));
-    let _ = out.write_all(question.as_bytes()).and_then(|()| out.flush());
+    let _ = out
+        .write_all(question.as_bytes())
+        .and_then(|()| out.flush());
     for _ in 0..MAX_TRIES {
         let mut line = Vec::new();
         match input.by_ref().take(MAX_LINE).read_until(b'\n', &mut line) {

@@ -308,8 +308,7 @@ async fn on_events(mut rx: mpsc::Receiver<RunEvent>, progress: Progress) {
                 let answer = tokio::task::spawn_blocking(move || super::prompt::ask_tty(&request))
                     .await
                     .ok();
-                let response = answer
-                    .unwrap_or_else(|| super::prompt::rejected(&ask.request));
+                let response = answer.unwrap_or_else(|| super::prompt::rejected(&ask.request));
                 let _ = ask.reply.send(response);
                 progress.resume();
             }

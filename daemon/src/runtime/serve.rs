@@ -133,9 +133,9 @@ pub async fn serve(
     match &bound_path {
         Some(path) => tracing::info!(socket = %path.display(),
             "acpd serving on {}: editors run `acpd connect`", path.display()),
-        None => tracing::info!(
-            "acpd serving on the socket systemd passed: editors run `acpd connect`"
-        ),
+        None => {
+            tracing::info!("acpd serving on the socket systemd passed: editors run `acpd connect`")
+        }
     }
     let mut status_tick = tokio::time::interval(Duration::from_secs(5));
     let mut backoff = ACCEPT_BACKOFF_MIN;
