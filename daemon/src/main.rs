@@ -125,7 +125,9 @@ impl std::io::Write for EscapedStderr {
             }
         }
         out.extend_from_slice(end);
-        std::io::Write::write_all(&mut std::io::stderr().lock(), &out)?;
+        cli::with_status_line_cleared(|| {
+            std::io::Write::write_all(&mut std::io::stderr().lock(), &out)
+        })?;
         Ok(buf.len())
     }
 

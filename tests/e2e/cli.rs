@@ -137,6 +137,25 @@ fn run_on_a_terminal_shows_a_status_line_then_the_reply() {
     assert!(!screen[reply_at..].contains("waiting"), "{screen:?}");
 }
 
+/// What acpd says on stderr while the status line is up (here: Ctrl-C) is written on a
+/// cleared line, never appended to the status line.
+#[test]
+fn a_message_under_the_status_line_clears_it_first() {
+    let env = Env::new("");
+    let mut tty = Tty::spawn(&env, &["run", "--provider", "fast", ":sleep 20000"]);
+    tty.wait_for("waiting for its reply");
+    tty.writer.write_all(b"\x03").unwrap();
+    tty.writer.flush().unwrap();
+    tty.wait_for("acpd: interrupted");
+    assert_eq!(tty.exit_code(), 130, "{:?}", tty.text());
+    let screen = tty.text();
+    let said = screen.find("acpd: interrupted").unwrap();
+    assert!(
+        screen[..said].ends_with("\r\x1b[2K"),
+        "the message was written into the status line: {screen:?}"
+    );
+}
+
 #[test]
 fn quiet_and_json_runs_on_a_terminal_show_no_status_line() {
     let env = Env::new("");

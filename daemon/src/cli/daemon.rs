@@ -549,6 +549,9 @@ fn auth_report(
     AuthReport { text, ok }
 }
 
+/// How many providers `doctor` checks at once, at most.
+const DOCTOR_AT_ONCE: usize = 8;
+
 /// For each provider: spawn it, run `initialize`, report what it says (its auth methods and
 /// whether this environment can satisfy them), tear it down. The providers are checked all at
 /// once (each probe waits on its own agent), a line each as its check finishes, in the order
@@ -595,8 +598,10 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>, quiet: boo
         )
     };
     progress.set(checking(&pending));
-    let mut checks: futures::stream::FuturesUnordered<_> = providers
-        .into_iter()
+    // At once, but never more than `max_children` (each probe takes a slot, and one over the
+    // limit would be refused, not queued) nor so many agents that the machine thrashes.
+    let at_once = config.max_children.clamp(1, DOCTOR_AT_ONCE);
+    let mut checks = futures::stream::iter(providers)
         .map(|provider| {
             let registry = &registry;
             let cwd = &cwd;
@@ -606,7 +611,7 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>, quiet: boo
                 (provider, probed)
             }
         })
-        .collect();
+        .buffer_unordered(at_once);
     let mut healthy = true;
     while let Some((provider, probed)) = checks.next().await {
         let (ok, report) = checked(&provider, probed);

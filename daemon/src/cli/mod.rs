@@ -48,10 +48,18 @@ pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) -> std::io::Result<()>
     out.flush()
 }
 
-/// Writes to stderr, ignoring failure.
+/// Writes to stderr, ignoring failure (with the status line, if any, out of the way).
 pub(crate) fn write_stderr(args: std::fmt::Arguments<'_>) {
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_fmt(args);
+    progress::cleared_for(|| {
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_fmt(args);
+    });
+}
+
+/// Runs `write` (a log line to stderr) with the command's status line, if one is shown, taken
+/// off the terminal for the moment.
+pub fn with_status_line_cleared<R>(write: impl FnOnce() -> R) -> R {
+    progress::cleared_for(write)
 }
 
 /// The exit code for a command whose output failed: [`EXIT_IO`] with a line on stderr.

@@ -33,6 +33,9 @@ pub(crate) fn verdict(word: &str) -> String {
     paint(word, Style::new().bold().fg_color(Some(colour.into())))
 }
 
+/// The narrowest a free-text column gets on a narrow terminal.
+const MIN_TEXT: u16 = 12;
+
 /// How a column is laid out.
 #[derive(Clone, Copy, PartialEq)]
 pub(crate) enum Col {
@@ -74,7 +77,7 @@ impl Grid {
             })
             .collect();
         table.set_header(header);
-        for (i, (_, col)) in columns.iter().enumerate() {
+        for (i, (name, col)) in columns.iter().enumerate() {
             let Some(column) = table.column_mut(i) else {
                 continue;
             };
@@ -85,9 +88,14 @@ impl Grid {
                     column.set_constraint(ColumnConstraint::ContentWidth);
                 }
                 Col::Text(max) => {
-                    column.set_constraint(ColumnConstraint::UpperBoundary(Width::Fixed(
-                        max.saturating_add(2),
-                    )));
+                    // Never squeezed below its header (or a readable width) on a narrow
+                    // terminal: the line runs long rather than one letter a line.
+                    let header = u16::try_from(name.len()).unwrap_or(u16::MAX);
+                    let lower = header.max(MIN_TEXT).min(*max);
+                    column.set_constraint(ColumnConstraint::Boundaries {
+                        lower: Width::Fixed(lower.saturating_add(2)),
+                        upper: Width::Fixed(max.saturating_add(2)),
+                    });
                 }
                 Col::Number => {
                     column.set_constraint(ColumnConstraint::ContentWidth);

@@ -5,13 +5,31 @@
 
 use std::borrow::Cow;
 use std::io::IsTerminal;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// How often the spinner and the elapsed time are redrawn.
 const TICK: Duration = Duration::from_millis(120);
+
+/// The status line on the terminal now, so every other write to stderr (a log line, an
+/// `acpd:` message) can take it off first ([`cleared_for`]).
+static SHOWN: Mutex<Option<Weak<Mutex<Line>>>> = Mutex::new(None);
+
+/// Runs `write` (to stderr) with the status line taken off the terminal and drawn again after,
+/// so the text never lands in the middle of the line.
+pub(crate) fn cleared_for<R>(write: impl FnOnce() -> R) -> R {
+    let line = SHOWN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(Weak::upgrade);
+    match line.and_then(|line| lock(&line).bar.clone()) {
+        Some(bar) => bar.suspend(write),
+        None => write(),
+    }
+}
 
 /// The status line; cheap to clone (clones share the line).
 #[derive(Clone, Default)]
@@ -48,12 +66,14 @@ impl Progress {
         if !wanted || !std::io::stderr().is_terminal() {
             return Progress(None);
         }
-        Progress(Some(Arc::new(Mutex::new(Line {
+        let line = Arc::new(Mutex::new(Line {
             bar: None,
             message: Cow::Borrowed(""),
             since: Instant::now(),
             done: false,
-        }))))
+        }));
+        *SHOWN.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::downgrade(&line));
+        Progress(Some(line))
     }
 
     /// Whether anything is drawn at all.
