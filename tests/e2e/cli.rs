@@ -121,7 +121,7 @@ fn run_on_a_terminal_shows_a_status_line_then_the_reply() {
     let env = Env::new("");
     let mut tty = Tty::spawn(
         &env,
-        &["run", "--provider", "fast", ":sleep 800\nthe reply"],
+        &["run", "--provider", "fast", ":sleep 2000\nthe reply"],
     );
     tty.wait_for("starting fast");
     tty.wait_for("fast initialized · waiting for its reply");
