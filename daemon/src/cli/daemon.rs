@@ -8,7 +8,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::SignalKind;
 use tokio_util::sync::CancellationToken;
 
-use super::output::Col;
 use super::{EXIT_USAGE, config_or_usage, load_config};
 use crate::runtime::{self, ServeOptions};
 
@@ -342,74 +341,18 @@ pub async fn status(args: QueryArgs) -> u8 {
         Ok(None) => return 0,
         Err(code) => return code,
     };
-    printed(print_status(&v))
-}
-
-fn print_status(v: &Value) -> std::io::Result<()> {
-    let limits = &v["limits"];
-    outln!(
-        "acpd {} (pid {}), up {}",
-        shown(v["version"].as_str().unwrap_or("?")),
-        number(&v["pid"]),
-        v["uptimeS"]
-            .as_u64()
-            .map_or("?".into(), |s| humantime::format_duration(
-                std::time::Duration::from_secs(s)
-            )
-            .to_string())
-    )?;
-    outln!(
-        "connections: {}   runs: {}   live children: {}/{}",
-        number(&v["connections"]),
-        number(&v["runs"]),
-        number(&limits["liveChildren"]),
-        number(&limits["maxChildren"])
-    )?;
-    outln!(
-        "bridge sessions: {} attached, {} detached",
-        number(&v["sessions"]["attached"]),
-        number(&v["sessions"]["detached"]),
-    )?;
-    outln!("{}", containment_line(&v["containment"]))?;
-    let providers = limits["providers"].as_object();
-    if providers.is_none_or(|m| m.is_empty()) {
-        return Ok(());
-    }
-    outln!("")?;
-    let mut grid = super::output::Grid::new(&[
-        ("PROVIDER", Col::Whole),
-        ("LIVE", Col::Number),
-        ("MAX", Col::Number),
-        ("WARM SPARES", Col::Number),
-    ]);
-    for (name, p) in providers.into_iter().flatten() {
-        grid.row([
-            name.clone(),
-            number(&p["live"]),
-            number(&p["maxConcurrent"]),
-            number(&v["spares"][name.as_str()]),
-        ]);
-    }
-    grid.print()
-}
-
-/// A number from the daemon's answer as text; anything else (absent, a string) is `-`.
-fn number(v: &Value) -> String {
-    v.as_u64()
-        .map(|n| n.to_string())
-        .or_else(|| v.as_i64().map(|n| n.to_string()))
-        .unwrap_or_else(|| "-".into())
+    printed(super::report::print_status(&v))
 }
 
 /// Text a child, a parent or a config controls, made safe for a terminal: control characters
 /// (ESC, CR, BEL, … C1 too) and the bidi overrides that reorder what is shown are printed as
 /// escapes (`\u{1b}`, `\r`), never acted on.
-fn shown(text: &str) -> String {
+pub(super) fn shown(text: &str) -> String {
     crate::trace::escape_controls(text).into_owned()
 }
 
 /// `containment: cgroup (why) at PATH` from `_acpd/status`'s `containment` object.
-fn containment_line(c: &Value) -> String {
+pub(super) fn containment_line(c: &Value) -> String {
     let mut line = format!(
         "containment: {} ({})",
         shown(c["mode"].as_str().unwrap_or("unknown")),
@@ -439,68 +382,7 @@ pub async fn runs(args: QueryArgs) -> u8 {
         Ok(None) => return 0,
         Err(code) => return code,
     };
-    printed(print_runs(&v))
-}
-
-fn print_runs(v: &Value) -> std::io::Result<()> {
-    let mut grid = super::output::Grid::new(&[
-        ("RUN", Col::Whole),
-        ("PROVIDER", Col::Whole),
-        ("LABEL", Col::Text(24)),
-        ("STATE", Col::Whole),
-        ("AGE", Col::Number),
-        ("PID", Col::Number),
-        ("DEPTH", Col::Number),
-        ("CONN", Col::Number),
-        ("PARENT", Col::Whole),
-    ]);
-    for r in v["runs"].as_array().into_iter().flatten() {
-        let s = |k: &str| r[k].as_str().unwrap_or("-").to_owned();
-        let state = s("state");
-        let colour = super::output::state_colour(&state);
-        grid.styled_row([
-            (s("runId"), None),
-            (s("provider"), None),
-            (s("label"), None),
-            (state, colour),
-            (age(&r["ageS"]), None),
-            (number(&r["pid"]), None),
-            (number(&r["depth"]), None),
-            (number(&r["connection"]), None),
-            (s("parent"), None),
-        ]);
-    }
-    grid.print()?;
-    let sessions = v["sessions"].as_array().map_or(&[][..], |s| s.as_slice());
-    if sessions.is_empty() {
-        return Ok(());
-    }
-    outln!("")?;
-    let mut grid = super::output::Grid::new(&[
-        ("SESSION", Col::Whole),
-        ("PROVIDER", Col::Whole),
-        ("STATE", Col::Whole),
-        ("PID", Col::Number),
-    ]);
-    for s in sessions {
-        let f = |k: &str| s[k].as_str().unwrap_or("-").to_owned();
-        let state = f("state");
-        let colour = super::output::state_colour(&state);
-        grid.styled_row([
-            (f("sessionId"), None),
-            (f("provider"), None),
-            (state, colour),
-            (number(&s["pid"]), None),
-        ]);
-    }
-    grid.print()
-}
-
-/// A run's age in seconds as `1m 5s`.
-fn age(v: &Value) -> String {
-    v.as_u64().map_or("-".into(), |s| {
-        humantime::format_duration(std::time::Duration::from_secs(s)).to_string()
-    })
+    printed(super::report::print_runs(&v))
 }
 
 /// What `doctor` says about a provider's authentication.

@@ -25,6 +25,7 @@ mod progress;
 mod prompt;
 mod registry;
 mod reload;
+mod report;
 mod run;
 mod supervise;
 
