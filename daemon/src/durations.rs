@@ -26,10 +26,16 @@ pub fn check(d: Duration, shown: &str) -> Result<Duration, String> {
     }
 }
 
-/// A duration flag (`--timeout 30s`): humantime syntax, at most [`CEILING`].
+/// Every duration flag's one parser (`--timeout 30s`): humantime syntax (`500ms`, `1m30s`),
+/// a bare number being seconds (`5`), at most [`CEILING`].
 pub fn parse_flag(text: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(text)
-        .map_err(|e| format!("invalid duration {text:?} (like \"90s\" or \"10m\"): {e}"))?;
+    let text = text.trim();
+    let d = match text.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => humantime::parse_duration(text).map_err(|e| {
+            format!("{text:?} is not a duration ({e}); write e.g. 5 (seconds), 5s, 1m30s or 500ms")
+        })?,
+    };
     check(d, text)
 }
 
@@ -76,5 +82,16 @@ mod tests {
         assert!(e.contains("ceiling of 30days"), "{e}");
         assert!(parse_flag("31days").is_err());
         assert!(parse_flag("soon").is_err());
+    }
+
+    #[test]
+    fn flags_take_bare_seconds_and_humantime_alike() {
+        assert_eq!(parse_flag("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_flag("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_flag(" 1m30s "), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_flag("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_flag("2592001").unwrap_err().contains("ceiling"));
+        let e = parse_flag("5 parsecs").unwrap_err();
+        assert!(e.contains("write e.g. 5 (seconds), 5s"), "{e}");
     }
 }

@@ -64,14 +64,16 @@ fn take_activated() -> Option<std::os::unix::net::UnixListener> {
 
 /// Logs go to stderr only (stdout carries ACP or the run's output): journald-native with
 /// structured fields (PROVIDER, RUN, SESSION…) when stderr is systemd's journal stream, plain
-/// text otherwise. `ACPD_LOG` takes an env-filter directive; the default shows warnings.
+/// text otherwise. `ACPD_LOG` takes an env-filter directive; the default shows warnings, and
+/// the daemon's own few lifecycle lines (where it serves, reloads, shutting down).
 fn init_logging() {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = || {
-        tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+        tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG").unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("warn,acpd::runtime::serve=info")
+        })
     };
     if stderr_is_journal()
         && let Ok(journal) = tracing_journald::layer().map(|l| l.with_field_prefix(None))
@@ -123,7 +125,9 @@ impl std::io::Write for EscapedStderr {
             }
         }
         out.extend_from_slice(end);
-        std::io::Write::write_all(&mut std::io::stderr().lock(), &out)?;
+        cli::with_status_line_cleared(|| {
+            std::io::Write::write_all(&mut std::io::stderr().lock(), &out)
+        })?;
         Ok(buf.len())
     }
 

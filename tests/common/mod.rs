@@ -60,7 +60,9 @@ pub fn base() -> Command {
             "STATE_DIRECTORY",
             std::env::temp_dir().join("acpd-test-state"),
         )
-        .env("ACPD_LOG", "warn");
+        .env("ACPD_LOG", "warn")
+        // Tests read plain text, whatever colour the caller's environment forces.
+        .env_remove("CLICOLOR_FORCE");
     cmd
 }
 

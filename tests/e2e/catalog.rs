@@ -363,7 +363,16 @@ fn registry_list_prints_a_table() {
     let out = s.acpd().args(["registry", "list"]).output().unwrap();
     assert_eq!(code(&out), 0);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("solo\t3.0.0\tnpx\tSolo\talone"), "{text}");
+    let words = |l: &str| l.split_whitespace().collect::<Vec<_>>().join(" ");
+    let lines: Vec<String> = text.lines().map(words).collect();
+    assert!(
+        lines.contains(&"ID VERSION RUNS AS NAME DESCRIPTION".to_string()),
+        "{text}"
+    );
+    assert!(
+        lines.contains(&"solo 3.0.0 npx Solo alone".to_string()),
+        "{text}"
+    );
 }
 
 #[test]
@@ -441,6 +450,9 @@ fn registry_list_escapes_a_hostile_documents_text() {
     for c in ['\u{1b}', '\u{7}', '\r', '\u{9b}', '\u{202e}'] {
         assert!(!text.contains(c), "{c:?} printed raw: {text:?}");
     }
-    assert!(text.contains("ok\t1.0.0\tnpx\tN\\u{1b}]0;PWNED"), "{text}");
+    let row = text.lines().find(|l| l.starts_with("ok ")).unwrap();
+    let words: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&words[..3], ["ok", "1.0.0", "npx"], "{text}");
+    assert!(words[3].starts_with("N\\u{1b}]0;PWNED"), "{text}");
     assert!(text.contains("bad\\u{1b}"), "{text}");
 }

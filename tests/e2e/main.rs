@@ -15,6 +15,7 @@ mod auth_failures;
 mod bridge_sessions;
 mod bridge_transparent;
 mod catalog;
+mod cli;
 mod config_errors;
 mod echo_sessions;
 mod nested;

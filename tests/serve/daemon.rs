@@ -954,3 +954,93 @@ fn a_flood_of_refused_connections_holds_a_bounded_number_of_descriptors() {
         initialize_over(&c).is_some_and(|v| v["result"].is_object())
     }));
 }
+
+/// `acpd runs` and `acpd status` are tables: each value under its header, a long label wrapped
+/// inside its column, never pushing the columns after it.
+#[tokio::test]
+async fn runs_and_status_print_aligned_tables() {
+    let d = Daemon::start(fast_env(""));
+    let client = d.client();
+    client.initialize(json!({})).await;
+    let long = "a label much longer than sixteen characters, and then some";
+    let mut ids = Vec::new();
+    for label in ["short", long] {
+        let run = client
+            .request(
+                "_acpd/subagent/start",
+                json!({"provider": "fast", "prompt": [{"type": "text", "text": ":hang"}],
+                       "cwd": "/tmp", "label": label}),
+            )
+            .await
+            .unwrap();
+        ids.push(run["runId"].as_str().unwrap().to_string());
+    }
+    let out = d.cli(&["runs"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(code(&out), 0, "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    let header = lines[0];
+    let at = |name: &str| {
+        header
+            .find(name)
+            .unwrap_or_else(|| panic!("{name}: {text}"))
+    };
+    assert_eq!(at("RUN"), 0, "{text}");
+    for id in &ids {
+        let line = lines.iter().find(|l| l.starts_with(id.as_str())).unwrap();
+        assert_eq!(&line[at("PROVIDER")..at("PROVIDER") + 4], "fast", "{text}");
+        assert!(line[at("STATE")..].starts_with("running"), "{text}");
+        assert!(line[at("LABEL")..at("STATE")].trim().len() <= 24, "{text}");
+    }
+    // The long label is all there, wrapped onto the lines that follow its row.
+    let label_column: String = lines
+        .iter()
+        .skip(1)
+        .filter_map(|l| l.get(at("LABEL")..at("STATE").min(l.len())))
+        .map(str::trim)
+        .filter(|fragment| !fragment.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    // In either order: the table lists runs as the daemon holds them.
+    assert!(
+        [format!("short {long}"), format!("{long} short")].contains(&label_column),
+        "{label_column:?} in\n{text}"
+    );
+
+    let out = d.cli(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(code(&out), 0, "{text}");
+    let header = text.lines().find(|l| l.starts_with("PROVIDER")).unwrap();
+    let live = header.find("LIVE").unwrap();
+    let row = text.lines().find(|l| l.starts_with("fast ")).unwrap();
+    // Numbers are right-aligned under their header.
+    assert_eq!(row.as_bytes()[live + "LIVE".len() - 1], b'2', "{text}");
+    assert!(text.contains("runs: 2"), "{text}");
+    client.close().await;
+    d.terminate();
+}
+
+/// `acpd serve` says where it serves at the default log level (no ACPD_LOG).
+#[test]
+fn serve_announces_its_socket_at_the_default_level() {
+    let env = Env::new("");
+    let socket = env.path().join("s.sock");
+    let log = env.path().join("serve.log");
+    let mut serve = env
+        .acpd()
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .env_remove("ACPD_LOG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let said = eventually(Duration::from_secs(20), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("acpd serving on"))
+    });
+    stop(&mut serve);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(said, "{text}");
+    assert!(text.contains(&socket.display().to_string()), "{text}");
+    assert!(text.contains("acpd connect"), "{text}");
+}

@@ -37,6 +37,7 @@ const MAX_ASKS: usize = 64;
 const MAX_OPEN_TOOLS: usize = 1024;
 
 const NOTE_NOBODY_TO_ASK: &str = "permission: forwarded request rejected (nobody to ask)";
+const NOTE_POLICY_REJECTED: &str = "permission: request rejected by policy (permission = reject)";
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -388,6 +389,12 @@ async fn on_request(
             return;
         }
         PolicyAnswer::Answer(answer) => {
+            // A rejection the caller never saw is named in the result, not left to guess.
+            if d.shared.provider.permission == permission::Policy::Reject
+                && !t.notes.contains(&NOTE_POLICY_REJECTED)
+            {
+                t.notes.push(NOTE_POLICY_REJECTED);
+            }
             let _ = d.wire.respond_ok(&id, &answer).await;
             return;
         }

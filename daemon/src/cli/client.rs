@@ -24,19 +24,13 @@ pub struct TimeoutArg {
     pub timeout: Duration,
 }
 
-/// `--timeout`: a bare number is seconds, anything else humantime (`1m30s`); above zero and
-/// at most 30 days.
+/// `--timeout`: [`crate::durations::parse_flag`], above zero.
 pub fn parse_timeout(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let within = match text.parse::<u64>() {
-        Ok(secs) => Duration::from_secs(secs),
-        Err(_) => humantime::parse_duration(text)
-            .map_err(|e| format!("{text:?} is not a duration ({e}); write e.g. 10s, 1m or 30"))?,
-    };
+    let within = crate::durations::parse_flag(text)?;
     if within.is_zero() {
         return Err("the timeout must be above zero".into());
     }
-    crate::durations::check(within, text)
+    Ok(within)
 }
 
 /// Why a question to the daemon got no usable answer.

@@ -19,6 +19,14 @@ pub struct SocketArg {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    #[command(flatten)]
+    pub setup: super::Setup,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct ConnectArgs {
     #[command(flatten)]
     pub socket: SocketArg,
@@ -33,6 +41,9 @@ pub struct ConnectArgs {
     /// connect at once (exit 2).
     #[arg(long, value_name = "NAME")]
     pub provider: Option<String>,
+    /// Read by --or-stdio only.
+    #[command(flatten)]
+    pub setup: super::Setup,
 }
 
 #[derive(Debug, clap::Args)]
@@ -330,63 +341,18 @@ pub async fn status(args: QueryArgs) -> u8 {
         Ok(None) => return 0,
         Err(code) => return code,
     };
-    printed(print_status(&v))
-}
-
-fn print_status(v: &Value) -> std::io::Result<()> {
-    let limits = &v["limits"];
-    outln!(
-        "acpd {} (pid {}), up {}s",
-        shown(v["version"].as_str().unwrap_or("?")),
-        v["pid"],
-        v["uptimeS"]
-    )?;
-    outln!(
-        "connections: {}   runs: {}   live children: {}/{}",
-        v["connections"],
-        v["runs"],
-        limits["liveChildren"],
-        limits["maxChildren"]
-    )?;
-    let providers: Vec<String> = limits["providers"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(name, p)| format!("{} ({}/{})", shown(name), p["live"], p["maxConcurrent"]))
-                .collect()
-        })
-        .unwrap_or_default();
-    outln!("providers: {}", providers.join(", "))?;
-    let spares: Vec<String> = v["spares"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(name, n)| format!("{} {n}", shown(name)))
-                .collect()
-        })
-        .unwrap_or_default();
-    outln!(
-        "bridge sessions: {} attached, {} detached   warm spares: {}",
-        v["sessions"]["attached"],
-        v["sessions"]["detached"],
-        if spares.is_empty() {
-            "none".to_string()
-        } else {
-            spares.join(", ")
-        }
-    )?;
-    outln!("{}", containment_line(&v["containment"]))
+    printed(super::report::print_status(&v))
 }
 
 /// Text a child, a parent or a config controls, made safe for a terminal: control characters
 /// (ESC, CR, BEL, … C1 too) and the bidi overrides that reorder what is shown are printed as
 /// escapes (`\u{1b}`, `\r`), never acted on.
-fn shown(text: &str) -> String {
+pub(super) fn shown(text: &str) -> String {
     crate::trace::escape_controls(text).into_owned()
 }
 
 /// `containment: cgroup (why) at PATH` from `_acpd/status`'s `containment` object.
-fn containment_line(c: &Value) -> String {
+pub(super) fn containment_line(c: &Value) -> String {
     let mut line = format!(
         "containment: {} ({})",
         shown(c["mode"].as_str().unwrap_or("unknown")),
@@ -416,57 +382,7 @@ pub async fn runs(args: QueryArgs) -> u8 {
         Ok(None) => return 0,
         Err(code) => return code,
     };
-    printed(print_runs(&v))
-}
-
-fn print_runs(v: &Value) -> std::io::Result<()> {
-    outln!(
-        "{:<38} {:<12} {:<16} {:<9} {:>6} {:>8} {:>5} {:>5}  PARENT",
-        "RUN",
-        "PROVIDER",
-        "LABEL",
-        "STATE",
-        "AGE",
-        "PID",
-        "DEPTH",
-        "CONN"
-    )?;
-    for r in v["runs"].as_array().into_iter().flatten() {
-        let s = |k: &str| shown(r[k].as_str().unwrap_or("-"));
-        outln!(
-            "{:<38} {:<12} {:<16} {:<9} {:>5}s {:>8} {:>5} {:>5}  {}",
-            s("runId"),
-            s("provider"),
-            s("label"),
-            s("state"),
-            r["ageS"],
-            r["pid"].as_i64().map_or("-".into(), |p| p.to_string()),
-            r["depth"],
-            r["connection"],
-            s("parent")
-        )?;
-    }
-    let sessions = v["sessions"].as_array().map_or(&[][..], |s| s.as_slice());
-    if !sessions.is_empty() {
-        outln!(
-            "\n{:<48} {:<12} {:<9} {:>8}",
-            "SESSION",
-            "PROVIDER",
-            "STATE",
-            "PID"
-        )?;
-    }
-    for s in sessions {
-        let f = |k: &str| shown(s[k].as_str().unwrap_or("-"));
-        outln!(
-            "{:<48} {:<12} {:<9} {:>8}",
-            f("sessionId"),
-            f("provider"),
-            f("state"),
-            s["pid"]
-        )?;
-    }
-    Ok(())
+    printed(super::report::print_runs(&v))
 }
 
 /// What `doctor` says about a provider's authentication.
@@ -515,9 +431,15 @@ fn auth_report(
     AuthReport { text, ok }
 }
 
+/// How many providers `doctor` checks at once, at most.
+const DOCTOR_AT_ONCE: usize = 8;
+
 /// For each provider: spawn it, run `initialize`, report what it says (its auth methods and
-/// whether this environment can satisfy them), tear it down.
-pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
+/// whether this environment can satisfy them), tear it down. The providers are checked all at
+/// once (each probe waits on its own agent), a line each as its check finishes, in the order
+/// they finish; a status line on stderr says what is still being checked.
+pub async fn doctor(config_path: Option<&Path>, only: Option<String>, quiet: bool) -> u8 {
+    use futures::StreamExt;
     let config = match config_or_usage(config_path) {
         Ok(c) => c,
         Err(code) => return code,
@@ -531,7 +453,7 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
         return super::stdout_failed(&e);
     }
     for warning in crate::supervise::limit_warnings(&provider_limits(&config)) {
-        if let Err(e) = outln!("warning: {warning}") {
+        if let Err(e) = outln!("{}: {warning}", super::output::verdict("warning")) {
             return super::stdout_failed(&e);
         }
     }
@@ -547,33 +469,77 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
         return EXIT_USAGE;
     }
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let progress = super::progress::Progress::new(!quiet);
+    let mut pending: Vec<String> = providers.iter().map(|p| p.name.clone()).collect();
+    let total = pending.len();
+    let checking = |pending: &[String]| {
+        format!(
+            "checking {} ({} of {total} left)",
+            pending.join(", "),
+            pending.len()
+        )
+    };
+    progress.set(checking(&pending));
+    // At once, but never more than `max_children` (each probe takes a slot, and one over the
+    // limit would be refused, not queued) nor so many agents that the machine thrashes.
+    let at_once = config.max_children.clamp(1, DOCTOR_AT_ONCE);
+    let mut checks = futures::stream::iter(providers)
+        .map(|provider| {
+            let registry = &registry;
+            let cwd = &cwd;
+            async move {
+                let cancel = CancellationToken::new();
+                let probed = registry.probe(&provider.name, Some(cwd), &cancel).await;
+                (provider, probed)
+            }
+        })
+        .buffer_unordered(at_once);
     let mut healthy = true;
-    for provider in providers {
-        let cancel = CancellationToken::new();
-        let line = match registry.probe(&provider.name, Some(&cwd), &cancel).await {
-            Ok(agent) => {
-                let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
-                let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
-                let auth = auth_report(&provider, &agent, |n| {
-                    std::env::var_os(n).is_some_and(|v| !v.is_empty())
-                });
-                healthy &= auth.ok;
-                outln!(
-                    "{}: {} — ACP protocol {}, agent {name} {version}, auth methods: {}",
-                    provider.name,
-                    if auth.ok { "OK" } else { "FAIL" },
-                    agent.protocol_version,
-                    shown(&auth.text)
-                )
-            }
-            Err(e) => {
-                healthy = false;
-                outln!("{}: FAIL — {}", provider.name, shown(&e.to_string()))
-            }
-        };
-        if let Err(e) = line {
+    while let Some((provider, probed)) = checks.next().await {
+        let (ok, report) = checked(&provider, probed);
+        healthy &= ok;
+        pending.retain(|n| *n != provider.name);
+        let printed = progress.above(|| outln!("{report}"));
+        if let Err(e) = printed {
+            progress.done();
             return super::stdout_failed(&e);
         }
+        progress.set(checking(&pending));
     }
+    progress.done();
     if healthy { 0 } else { 1 }
+}
+
+/// One provider's line of the doctor's report, and whether it is healthy.
+fn checked(
+    provider: &crate::config::ProviderConfig,
+    probed: Result<crate::child::AgentInfo, crate::registry::GateError>,
+) -> (bool, String) {
+    let verdict = super::output::verdict;
+    match probed {
+        Ok(agent) => {
+            let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
+            let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
+            let auth = auth_report(provider, &agent, |n| {
+                std::env::var_os(n).is_some_and(|v| !v.is_empty())
+            });
+            let line = format!(
+                "{}: {} — ACP protocol {}, agent {name} {version}, auth methods: {}",
+                shown(&provider.name),
+                verdict(if auth.ok { "OK" } else { "FAIL" }),
+                agent.protocol_version,
+                shown(&auth.text)
+            );
+            (auth.ok, line)
+        }
+        Err(e) => (
+            false,
+            format!(
+                "{}: {} — {}",
+                shown(&provider.name),
+                verdict("FAIL"),
+                shown(&e.to_string())
+            ),
+        ),
+    }
 }

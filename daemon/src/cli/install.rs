@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use super::output::Col;
 use super::{EXIT_USAGE, stdout_failed};
 use crate::config::presets::{self, Preset, Source};
 
@@ -12,6 +13,13 @@ pub struct InstallArgs {
     /// The preset whose pinned package to install (claude, codex, gemini, opencode).
     #[arg(value_name = "PRESET")]
     preset: String,
+    /// Install again even when this version is already installed.
+    #[arg(long)]
+    force: bool,
+    /// No status line on stderr while npm runs (and npm's own output, which the status line
+    /// holds back on a terminal until it fails, goes straight to stderr).
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 /// Why an install failed (each maps to exit code 1 with one line on stderr).
@@ -60,14 +68,27 @@ pub fn install(args: InstallArgs) -> u8 {
         );
         return 1;
     }
-    let result = presets::data_dir()
-        .ok_or(InstallError::NoDataDir)
-        .and_then(|data| install_into(preset, &data));
+    let Some(data) = presets::data_dir() else {
+        errln!("acpd: install {}: {}", preset.name, InstallError::NoDataDir);
+        return 1;
+    };
+    let spec = preset.package_spec().unwrap_or_default();
+    // The install directory is the version's, renamed into place only once npm succeeded:
+    // its executable there means this very version is installed.
+    let (done, result) = match preset.installed_bin(&data) {
+        Some(bin) if !args.force => ("already installed", Ok(bin)),
+        _ => {
+            let progress = super::progress::Progress::new(!args.quiet);
+            progress.set(format!("installing {spec} (npm install)…"));
+            let result = install_into(preset, &data, &progress);
+            progress.done();
+            ("installed", result)
+        }
+    };
     match result {
         Ok(bin) => {
             let printed = outln!(
-                "installed {} as {}\nadd to config.toml:\n\n[providers.{}]\npreset = \"{}\"",
-                preset.package_spec().unwrap_or_default(),
+                "{done} {spec} as {}\nadd to config.toml:\n\n[providers.{}]\npreset = \"{}\"",
                 bin.display(),
                 preset.name,
                 preset.name
@@ -85,8 +106,13 @@ pub fn install(args: InstallArgs) -> u8 {
 }
 
 /// Installs into a fresh sibling directory and renames it into place, so a failed or
-/// interrupted install never looks installed. npm's own output goes to stderr.
-fn install_into(preset: &Preset, data: &Path) -> Result<PathBuf, InstallError> {
+/// interrupted install never looks installed. npm's own output goes to stderr: at once, or,
+/// under a status line, only when npm fails.
+fn install_into(
+    preset: &Preset,
+    data: &Path,
+    progress: &super::progress::Progress,
+) -> Result<PathBuf, InstallError> {
     let (Some(dir), Some(spec)) = (preset.install_dir(data), preset.package_spec()) else {
         return Err(InstallError::NoDataDir);
     };
@@ -102,13 +128,25 @@ fn install_into(preset: &Preset, data: &Path) -> Result<PathBuf, InstallError> {
         .try_clone_to_owned()
         .map(Stdio::from)
         .unwrap_or_else(|_| Stdio::null());
-    let status = Command::new("npm")
-        .args(["install", "--no-audit", "--no-fund", "--prefix"])
+    let mut npm = Command::new("npm");
+    npm.args(["install", "--no-audit", "--no-fund", "--prefix"])
         .arg(&staging)
         .arg(&spec)
-        .stdin(Stdio::null())
-        .stdout(to_stderr)
-        .status();
+        .stdin(Stdio::null());
+    let status = if progress.active() {
+        npm.output().map(|out| {
+            if !out.status.success() {
+                super::write_stderr(format_args!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            out.status
+        })
+    } else {
+        npm.stdout(to_stderr).status()
+    };
     let cleanup = |e| {
         let _ = std::fs::remove_dir_all(&staging);
         e
@@ -154,32 +192,41 @@ pub fn list_presets(json: bool) -> u8 {
             .collect();
         outln!("{}", serde_json::json!({ "presets": list }))
     } else {
-        let print = || -> std::io::Result<()> {
-            for p in presets::PRESETS {
-                let what = match p.source {
-                    Source::Npm {
-                        package, version, ..
-                    } => format!("{package}@{version}"),
-                    Source::Path { program } => format!("{program} on PATH"),
-                };
-                let state = match (p.source, installed(p)) {
-                    (_, Some(_)) => "installed",
-                    (Source::Npm { .. }, None) => "not installed (runs through npx)",
-                    (Source::Path { .. }, None) => "install its release binary",
-                };
-                outln!("{}\t{}\t{what}\t{state}", p.name, p.description)?;
-                outln!("\tenv: {}", p.env_passthrough.join(", "))?;
-                for h in p.auth {
-                    outln!(
-                        "\tauth {}: {}",
-                        h.method.unwrap_or("(none advertised)"),
-                        h.how
-                    )?;
-                }
-            }
-            Ok(())
-        };
-        print()
+        let mut grid = super::output::Grid::new(&[
+            ("PRESET", Col::Whole),
+            ("DESCRIPTION", Col::Text(30)),
+            ("PACKAGE", Col::Whole),
+            ("STATE", Col::Text(32)),
+            ("ENV", Col::Text(40)),
+            ("AUTH", Col::Text(50)),
+        ]);
+        for p in presets::PRESETS {
+            let what = match p.source {
+                Source::Npm {
+                    package, version, ..
+                } => format!("{package}@{version}"),
+                Source::Path { program } => format!("{program} on PATH"),
+            };
+            let state = match (p.source, installed(p)) {
+                (_, Some(_)) => "installed",
+                (Source::Npm { .. }, None) => "not installed (runs through npx)",
+                (Source::Path { .. }, None) => "install its release binary",
+            };
+            let auth: Vec<String> = p
+                .auth
+                .iter()
+                .map(|h| format!("{}: {}", h.method.unwrap_or("(none advertised)"), h.how))
+                .collect();
+            grid.row([
+                p.name.to_owned(),
+                p.description.to_owned(),
+                what,
+                state.to_owned(),
+                p.env_passthrough.join(", "),
+                auth.join("; "),
+            ]);
+        }
+        grid.print()
     };
     match printed {
         Ok(()) => 0,

@@ -1,4 +1,4 @@
-//! The command line: `acpd [--config FILE] <command>`. Each command returns its exit code; a
+//! The command line: `acpd <command> [--config FILE]`. Each command returns its exit code; a
 //! config or usage error is 2 everywhere, and a stdout that cannot be written (a closed pipe)
 //! is 74 everywhere, never a panic.
 
@@ -18,9 +18,14 @@ macro_rules! errln {
 
 mod client;
 mod daemon;
+mod help;
 mod install;
+mod output;
+mod progress;
+mod prompt;
 mod registry;
 mod reload;
+mod report;
 mod run;
 mod supervise;
 
@@ -44,10 +49,18 @@ pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) -> std::io::Result<()>
     out.flush()
 }
 
-/// Writes to stderr, ignoring failure.
+/// Writes to stderr, ignoring failure (with the status line, if any, out of the way).
 pub(crate) fn write_stderr(args: std::fmt::Arguments<'_>) {
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_fmt(args);
+    progress::cleared_for(|| {
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_fmt(args);
+    });
+}
+
+/// Runs `write` (a log line to stderr) with the command's status line, if one is shown, taken
+/// off the terminal for the moment.
+pub fn with_status_line_cleared<R>(write: impl FnOnce() -> R) -> R {
+    progress::cleared_for(write)
 }
 
 /// The exit code for a command whose output failed: [`EXIT_IO`] with a line on stderr.
@@ -60,67 +73,121 @@ pub(crate) fn stdout_failed(e: &std::io::Error) -> u8 {
 #[command(
     name = "acpd",
     version,
-    about = "An ACP bridge daemon with a subagent registry"
+    about = "An ACP bridge daemon with a subagent registry",
+    after_help = help::ACPD
 )]
 pub struct Cli {
-    /// Config file (default: $ACPD_CONFIG, $XDG_CONFIG_HOME/acpd/config.toml,
-    /// /etc/acpd/config.toml, else built-in defaults).
-    #[arg(long, global = true, value_name = "FILE")]
+    /// Config file, for the commands that read one (as their own --config).
+    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Trace every message of each run and bridge session, and its child's stderr, into DIR
-    /// (one NDJSON file each; overrides `trace_dir`). Traces hold prompts and file contents.
-    #[arg(long, global = true, value_name = "DIR")]
+    /// Traffic trace directory, for the commands that start agents (as their own --trace).
+    #[arg(long, value_name = "DIR")]
     pub trace: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// `--config`: only on the commands that read the config (also accepted before the command,
+/// `acpd --config FILE <command>`, for every command, as it always was).
+#[derive(Debug, Default, clap::Args)]
+pub struct ConfigArg {
+    /// Config file (default: $ACPD_CONFIG, $XDG_CONFIG_HOME/acpd/config.toml,
+    /// /etc/acpd/config.toml, else built-in defaults).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// `--config` and `--trace`: the commands that start agents.
+#[derive(Debug, Default, clap::Args)]
+pub struct Setup {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Trace every message of each run and bridge session, and its child's stderr, into DIR
+    /// (one NDJSON file each; overrides `trace_dir`). Traces hold prompts and file contents.
+    #[arg(long, value_name = "DIR")]
+    pub trace: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct McpCommand {
+    #[command(flatten)]
+    pub args: crate::mcp::McpArgs,
+    #[command(flatten)]
+    pub setup: Setup,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Only this provider.
+    pub provider: Option<String>,
+    /// No status line on stderr while the checks run.
+    #[arg(long, short)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub config: ConfigArg,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ProvidersArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// List the presets (package, version, what each needs, whether installed) instead.
+    #[arg(long)]
+    pub presets: bool,
+    #[command(flatten)]
+    pub config: ConfigArg,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run one delegation through the registry and print its output.
+    #[command(after_help = help::RUN)]
     Run(run::RunArgs),
     /// Serve ACP on stdin/stdout: the agent command an editor or parent agent runs.
+    #[command(after_help = help::STDIO)]
     Stdio(StdioArgs),
     /// Run the long-lived daemon on a Unix socket (systemd: Type=notify, socket activation).
-    Serve(daemon::SocketArg),
+    #[command(after_help = help::SERVE)]
+    Serve(daemon::ServeArgs),
     /// Bridge stdin/stdout to the daemon's socket: the agent command editors launch.
+    #[command(after_help = help::CONNECT)]
     Connect(daemon::ConnectArgs),
     /// Serve MCP on stdin/stdout: the registry as tools (delegate, subagent_*) for any agent.
-    Mcp(crate::mcp::McpArgs),
+    #[command(after_help = help::MCP)]
+    Mcp(McpCommand),
     /// Show the daemon's status.
+    #[command(after_help = help::STATUS)]
     Status(daemon::QueryArgs),
     /// List the daemon's runs.
+    #[command(after_help = help::RUNS)]
     Runs(daemon::QueryArgs),
     /// Make the daemon re-read its config: exit 0 when the new one is in force, 2 when it was
     /// rejected (the old one stays; the error names file, line and key), 1 when no daemon
     /// answered.
+    #[command(after_help = help::RELOAD)]
     Reload(reload::ReloadArgs),
-    /// Start each provider, run `initialize`, report what it says, and tear it down.
-    Doctor {
-        /// Only this provider.
-        provider: Option<String>,
-    },
+    /// Start each provider, run `initialize`, report what it says, and tear it down (all
+    /// providers at once).
+    #[command(after_help = help::DOCTOR)]
+    Doctor(DoctorArgs),
     /// List the configured providers and their capabilities.
-    Providers {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// List the presets (package, version, what each needs, whether installed) instead.
-        #[arg(long)]
-        presets: bool,
-    },
+    #[command(after_help = help::PROVIDERS)]
+    Providers(ProvidersArgs),
     /// Install a preset's pinned package into acpd's data directory (runs `npm install`).
+    #[command(after_help = help::INSTALL)]
     Install(install::InstallArgs),
     /// The ACP Registry (`registry = "ID"` providers): what it offers.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = help::REGISTRY)]
     Registry(registry::RegistryCommand),
     /// Run CMD as a supervised tree: the far side of `host`/`launcher` providers.
+    #[command(after_help = help::SUPERVISE)]
     Supervise(supervise::SuperviseArgs),
     /// Built-in ACP agents.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = help::AGENT)]
     Agent(AgentCommand),
     /// Read traffic traces (`--trace DIR`, `trace_dir`).
-    #[command(subcommand)]
+    #[command(subcommand, after_help = help::TRACE)]
     Trace(TraceCommand),
     /// (internal) Outlives one acpd and kills what it leaves running (supervise::sentinel).
     #[command(hide = true)]
@@ -133,11 +200,14 @@ pub struct StdioArgs {
     /// `session/new` without `_meta.acpd.provider` opens it (one editor entry per agent).
     #[arg(long, value_name = "NAME")]
     pub provider: Option<String>,
+    #[command(flatten)]
+    pub setup: Setup,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum TraceCommand {
     /// Print a trace file readably: time, hop, method and id, message.
+    #[command(after_help = help::TRACE_SHOW)]
     Show {
         /// A `.ndjson` file in the trace directory (its rotated `.1` is shown first).
         file: PathBuf,
@@ -147,6 +217,7 @@ pub enum TraceCommand {
 #[derive(Debug, Subcommand)]
 pub enum AgentCommand {
     /// A small scripted ACP agent on stdin/stdout: the default provider and the test child.
+    #[command(after_help = help::AGENT_ECHO)]
     Echo(EchoArgs),
     /// Sleeps forever ignoring SIGTERM (the grandchild of the echo agent's `:grandchild`).
     #[command(hide = true)]
@@ -184,13 +255,39 @@ fn config_or_usage(cli_path: Option<&std::path::Path>) -> Result<Config, u8> {
     })
 }
 
+impl Command {
+    /// The command's own `--config` and `--trace`, for the commands that take them.
+    fn own_options(&self) -> (Option<&PathBuf>, Option<&PathBuf>) {
+        fn setup(s: &Setup) -> (Option<&PathBuf>, Option<&PathBuf>) {
+            (s.config.config.as_ref(), s.trace.as_ref())
+        }
+        match self {
+            Command::Run(a) => setup(&a.setup),
+            Command::Stdio(a) => setup(&a.setup),
+            Command::Serve(a) => setup(&a.setup),
+            Command::Connect(a) => setup(&a.setup),
+            Command::Mcp(a) => setup(&a.setup),
+            Command::Doctor(a) => (a.config.config.as_ref(), None),
+            Command::Providers(a) => (a.config.config.as_ref(), None),
+            Command::Registry(registry::RegistryCommand::List { config, .. }) => {
+                (config.config.as_ref(), None)
+            }
+            _ => (None, None),
+        }
+    }
+}
+
 /// Runs a command that needs the runtime. `activated` is the listener systemd passed, taken
 /// before the runtime started.
 pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListener>) -> u8 {
-    if let Some(dir) = &cli.trace {
+    let (own_config, own_trace) = cli.command.own_options();
+    // After the command wins over before it.
+    let config_path: Option<PathBuf> = own_config.or(cli.config.as_ref()).cloned();
+    if let Some(dir) = own_trace.or(cli.trace.as_ref()) {
         let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
         let _ = TRACE_DIR.set(dir);
     }
+    let config = config_path.as_deref();
     match cli.command {
         Command::Trace(TraceCommand::Show { file }) => {
             let mut out = std::io::stdout().lock();
@@ -207,20 +304,21 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
                 }
             }
         }
-        Command::Run(args) => run::run(cli.config.as_deref(), args).await,
-        Command::Providers {
+        Command::Run(args) => run::run(config, args).await,
+        Command::Providers(ProvidersArgs {
             json,
             presets: true,
-        } => install::list_presets(json),
-        Command::Providers { json, .. } => providers(cli.config.as_deref(), json),
+            ..
+        }) => install::list_presets(json),
+        Command::Providers(args) => providers(config, args.json),
         Command::Install(args) => install::install(args),
-        Command::Stdio(args) => stdio(cli.config.as_deref(), args.provider.as_deref()).await,
-        Command::Serve(socket) => daemon::serve(cli.config.as_deref(), socket, activated).await,
-        Command::Connect(args) => daemon::connect(cli.config.as_deref(), args).await,
-        Command::Mcp(args) => {
+        Command::Stdio(args) => stdio(config, args.provider.as_deref()).await,
+        Command::Serve(args) => daemon::serve(config, args.socket, activated).await,
+        Command::Connect(args) => daemon::connect(config, args).await,
+        Command::Mcp(McpCommand { args, .. }) => {
             // Only for runs in this process (no daemon answering).
             let local_config = || {
-                let config = config_or_usage(cli.config.as_deref())?;
+                let config = config_or_usage(config)?;
                 daemon::contain(&config)?;
                 Ok(config)
             };
@@ -229,8 +327,8 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         Command::Status(args) => daemon::status(args).await,
         Command::Runs(args) => daemon::runs(args).await,
         Command::Reload(args) => reload::reload(args).await,
-        Command::Doctor { provider } => daemon::doctor(cli.config.as_deref(), provider).await,
-        Command::Registry(command) => registry::registry(cli.config.as_deref(), command).await,
+        Command::Doctor(args) => daemon::doctor(config, args.provider, args.quiet).await,
+        Command::Registry(command) => registry::registry(config, command).await,
         Command::Supervise(args) => supervise::supervise(args).await,
         Command::Agent(AgentCommand::Echo(args)) => {
             let (stdin, stdout) = crate::runtime::stdio();
@@ -308,34 +406,32 @@ fn providers(config: Option<&std::path::Path>, json: bool) -> u8 {
     let printed = if json {
         outln!("{}", serde_json::json!({ "providers": providers }))
     } else {
-        let print = || -> std::io::Result<()> {
-            for p in providers {
-                let c = p.capabilities;
-                let caps: Vec<&str> = [
-                    (c.output_schema, "outputSchema"),
-                    (c.depth_limit, "depthLimit"),
-                    (c.tool_filter, "toolFilter"),
-                    (c.persona, "persona"),
-                ]
-                .into_iter()
-                .filter_map(|(on, name)| on.then_some(name))
-                .collect();
-                outln!(
-                    "{}{}\t{}\tcapabilities: {}",
-                    p.name,
-                    if p.default { " (default)" } else { "" },
-                    // The config's text: escaped like every text printed to a terminal.
-                    crate::trace::escape_controls(&p.description),
-                    if caps.is_empty() {
-                        "none".to_string()
-                    } else {
-                        caps.join(", ")
-                    }
-                )?;
-            }
-            Ok(())
-        };
-        print()
+        let mut grid = output::Grid::new(&[
+            ("NAME", output::Col::Whole),
+            ("DEFAULT", output::Col::Whole),
+            ("CAPABILITIES", output::Col::Text(40)),
+            ("DESCRIPTION", output::Col::Text(60)),
+        ]);
+        for p in providers {
+            let c = p.capabilities;
+            let caps: Vec<&str> = [
+                (c.output_schema, "outputSchema"),
+                (c.depth_limit, "depthLimit"),
+                (c.tool_filter, "toolFilter"),
+                (c.persona, "persona"),
+            ]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect();
+            let caps = if caps.is_empty() {
+                "none".to_string()
+            } else {
+                caps.join(", ")
+            };
+            let default = if p.default { "yes" } else { "" };
+            grid.row([p.name.as_str(), default, &caps, &p.description]);
+        }
+        grid.print()
     };
     match printed {
         Ok(()) => 0,

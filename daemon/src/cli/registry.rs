@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::output::Col;
 use super::{config_or_usage, stdout_failed};
 use crate::catalog::{self, Agent, Origin};
 
@@ -11,15 +12,18 @@ use crate::catalog::{self, Agent, Origin};
 pub enum RegistryCommand {
     /// List the agents of the registry document at `registry_url` (cached for 24 h; the
     /// cache is used when the registry cannot be reached).
+    #[command(after_help = super::help::REGISTRY_LIST)]
     List {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        config: super::ConfigArg,
     },
 }
 
 pub async fn registry(config: Option<&Path>, command: RegistryCommand) -> u8 {
-    let RegistryCommand::List { json } = command;
+    let RegistryCommand::List { json, .. } = command;
     let config = match config_or_usage(config) {
         Ok(c) => c,
         Err(code) => return code,
@@ -76,16 +80,23 @@ pub async fn registry(config: Option<&Path>, command: RegistryCommand) -> u8 {
                 "# {} ({origin}); config: registry = \"ID\"",
                 shown(&catalog::shown(&config.registry_url))
             )?;
+            let mut grid = super::output::Grid::new(&[
+                ("ID", Col::Whole),
+                ("VERSION", Col::Whole),
+                ("RUNS AS", Col::Whole),
+                ("NAME", Col::Text(24)),
+                ("DESCRIPTION", Col::Text(60)),
+            ]);
             for a in &loaded.document.agents {
-                outln!(
-                    "{}\t{}\t{}\t{}\t{}",
-                    a.id,
-                    a.version,
+                grid.row([
+                    a.id.as_str(),
+                    a.version.as_str(),
                     runs_as(a, &platform).unwrap_or("-"),
-                    shown(&a.name),
-                    shown(&a.description)
-                )?;
+                    a.name.as_str(),
+                    a.description.as_str(),
+                ]);
             }
+            grid.print()?;
             if !loaded.document.skipped.is_empty() {
                 outln!(
                     "# skipped (not in the registry format): {}",

@@ -4,14 +4,14 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use acpd_protocol::acp::{ContentBlock, RequestPermissionResponse};
+use acpd_protocol::acp::ContentBlock;
 use acpd_protocol::subagent::{StartRequest, StopReason, SubagentResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::progress::Progress;
 use super::{EXIT_IO, EXIT_USAGE, config_or_usage, stdout_failed};
 use crate::registry::{DepthContext, Registry, RunEvent, StartOptions};
-use acpd_protocol::permission::{Decision, cancelled, decide};
 
 const EXIT_ERROR: u8 = 1;
 const EXIT_START_FAILED: u8 = 3;
@@ -31,9 +31,15 @@ pub struct RunArgs {
     /// Print exactly one JSON object (the result, or {"error":…}) and nothing else on stdout.
     #[arg(long)]
     json: bool,
-    /// Overrides the provider's run_timeout (e.g. "30s"); reached: error, category timeout.
-    #[arg(long, value_name = "DUR", value_parser = crate::config::durations::parse_flag)]
+    /// No status line on stderr (it is shown only when stderr is a terminal).
+    #[arg(long, short)]
+    quiet: bool,
+    /// Overrides the provider's run_timeout: `30s`, `1m30s`, or a bare number of seconds;
+    /// reached: error, category timeout.
+    #[arg(long, value_name = "DURATION", value_parser = super::client::parse_timeout)]
     timeout: Option<Duration>,
+    #[command(flatten)]
+    pub setup: super::Setup,
     /// The prompt; `-` reads it from stdin.
     #[arg(required = true, num_args = 1.., value_name = "PROMPT")]
     prompt: Vec<String>,
@@ -70,6 +76,10 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
         }
     };
     let cwd = args.cwd.as_ref().map(|d| caller_cwd.join(d));
+    let provider = args
+        .provider
+        .clone()
+        .unwrap_or_else(|| config.default_provider.clone());
 
     if let Err(code) = super::daemon::contain(&config) {
         return code;
@@ -84,17 +94,20 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
     let stdout_closed = CancellationToken::new();
     watch_stdout(stdout_closed.clone(), stop.clone());
 
+    let progress = Progress::new(!args.json && !args.quiet);
+    progress.set(format!("starting {provider}…"));
     let (sink, printer) = if args.json {
         (None, None)
     } else {
         let (tx, rx) = mpsc::channel::<String>(64);
-        (Some(tx), Some(tokio::spawn(print_stream(rx, stop.clone()))))
+        let printing = print_stream(rx, stop.clone(), progress.clone());
+        (Some(tx), Some(tokio::spawn(printing)))
     };
     let interactive =
         !from_stdin && std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
-    let events = interactive.then(|| {
+    let events = (interactive || progress.active()).then(|| {
         let (tx, rx) = mpsc::channel::<RunEvent>(4);
-        tokio::spawn(ask_on_terminal(rx));
+        tokio::spawn(on_events(rx, progress.clone()));
         tx
     });
 
@@ -110,7 +123,7 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
             caller_cwd: Some(caller_cwd),
             run_timeout: args.timeout,
             sink,
-            forward_permissions: events.is_some(),
+            forward_permissions: interactive,
             events,
             cancel: stop.clone(),
             ..Default::default()
@@ -120,6 +133,7 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
         Ok(p) => p,
         Err(_) if stdout_closed.is_cancelled() => return closed_stdout(),
         Err(e) => {
+            progress.done();
             if args.json {
                 if let Err(e) = outln!("{}", serde_json::json!({ "error": e.body() })) {
                     return stdout_failed(&e);
@@ -153,6 +167,7 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
         Some(printer) => printer.await.unwrap_or(Ok(())),
         None => Ok(()),
     };
+    progress.done();
     let result = match result {
         Ok(r) => r,
         Err(e) => {
@@ -195,13 +210,23 @@ fn report(result: &SubagentResult, json: bool) -> std::io::Result<()> {
 
 /// Streams text to stdout as it arrives, ending with a newline if the text did not. When
 /// stdout cannot be written the run is stopped (`stop`), the rest of the stream is drained
-/// unprinted, and the error returned.
+/// unprinted, and the error returned. The status line goes when the text starts on the same
+/// terminal; with stdout elsewhere it says the reply is streaming.
 async fn print_stream(
     mut rx: mpsc::Receiver<String>,
     stop: CancellationToken,
+    progress: Progress,
 ) -> std::io::Result<()> {
     let mut last = b'\n';
+    let mut first = true;
     while let Some(text) = rx.recv().await {
+        if std::mem::take(&mut first) {
+            if std::io::stdout().is_terminal() {
+                progress.done();
+            } else {
+                progress.set("streaming the reply to stdout");
+            }
+        }
         if let Some(&b) = text.as_bytes().last() {
             last = b;
         }
@@ -267,53 +292,27 @@ async fn watch_signals(interrupted: CancellationToken, stop: CancellationToken) 
     stop.cancel();
 }
 
-/// Asks the user on the terminal about each forwarded permission request.
-async fn ask_on_terminal(mut rx: mpsc::Receiver<RunEvent>) {
+/// Follows the run for the status line, and asks the user on the terminal about each
+/// forwarded permission request (only sent when stdin and stderr are a terminal).
+async fn on_events(mut rx: mpsc::Receiver<RunEvent>, progress: Progress) {
     while let Some(event) = rx.recv().await {
-        let RunEvent::Ask { ask, .. } = event else {
-            continue;
-        };
-        let request = ask.request;
-        let title = request
-            .tool_call
-            .fields
-            .title
-            .clone()
-            .unwrap_or_else(|| "a tool call".into());
-        let mut prompt = format!("\nacpd: the agent asks permission for {title}:\n");
-        for (i, o) in request.options.iter().enumerate() {
-            prompt.push_str(&format!("  {}) {}\n", i + 1, o.name));
+        match event {
+            RunEvent::Started(started) => progress.set(format!(
+                "{} initialized · waiting for its reply",
+                started.provider
+            )),
+            RunEvent::Ask { ask, .. } => {
+                let ask = *ask;
+                progress.pause();
+                let request = ask.request.clone();
+                let answer = tokio::task::spawn_blocking(move || super::prompt::ask_tty(&request))
+                    .await
+                    .ok();
+                let response = answer.unwrap_or_else(|| super::prompt::rejected(&ask.request));
+                let _ = ask.reply.send(response);
+                progress.resume();
+            }
+            _ => {}
         }
-        prompt.push_str("choose a number (anything else rejects): ");
-        let answer = tokio::task::spawn_blocking(move || {
-            super::write_stderr(format_args!("{prompt}"));
-            let mut line = String::new();
-            std::fs::File::open("/dev/tty")
-                .and_then(|mut tty| {
-                    let mut buf = [0u8; 64];
-                    let n = tty.read(&mut buf)?;
-                    line.push_str(&String::from_utf8_lossy(&buf[..n]));
-                    Ok(())
-                })
-                .ok();
-            line.trim().parse::<usize>().ok()
-        })
-        .await
-        .ok()
-        .flatten();
-        let response: RequestPermissionResponse = match answer
-            .and_then(|n| request.options.get(n.wrapping_sub(1)))
-        {
-            Some(option) => RequestPermissionResponse::new(
-                acpd_protocol::acp::RequestPermissionOutcome::Selected(
-                    acpd_protocol::acp::SelectedPermissionOutcome::new(option.option_id.clone()),
-                ),
-            ),
-            None => match request.options.is_empty() {
-                true => cancelled(),
-                false => decide(&request, Decision::Reject),
-            },
-        };
-        let _ = ask.reply.send(response);
     }
 }

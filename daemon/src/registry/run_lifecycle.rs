@@ -434,18 +434,20 @@ impl Run {
         } else {
             Vec::new()
         };
-        let diagnostic = (mapped.stop_reason != StopReason::Completed).then(|| {
-            diagnostic::build(&Facts {
-                provider: &self.provider.name,
-                failure: mapped.failure.as_ref(),
-                stop_reason: report.child_stop_reason.as_deref(),
-                auth_methods,
-                auth_method: None,
-                env_names: &auth_env,
-                notes: &notes,
-                ..Default::default()
-            })
-        });
+        // A completed turn still says what acpd decided for it (a permission it rejected).
+        let diagnostic =
+            (mapped.stop_reason != StopReason::Completed || !notes.is_empty()).then(|| {
+                diagnostic::build(&Facts {
+                    provider: &self.provider.name,
+                    failure: mapped.failure.as_ref(),
+                    stop_reason: report.child_stop_reason.as_deref(),
+                    auth_methods,
+                    auth_method: None,
+                    env_names: &auth_env,
+                    notes: &notes,
+                    ..Default::default()
+                })
+            });
         SubagentResult {
             run_id: self.run_id.clone(),
             provider: self.provider.name.clone(),

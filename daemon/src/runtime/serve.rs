@@ -131,8 +131,11 @@ pub async fn serve(
     // Pinged from the supervisor loop itself, so a wedged loop stops the pings.
     let mut watchdog = notify::watchdog_period().map(tokio::time::interval);
     match &bound_path {
-        Some(path) => tracing::info!(socket = %path.display(), "acpd serving"),
-        None => tracing::info!("acpd serving on the socket systemd passed"),
+        Some(path) => tracing::info!(socket = %path.display(),
+            "acpd serving on {}: editors run `acpd connect`", path.display()),
+        None => {
+            tracing::info!("acpd serving on the socket systemd passed: editors run `acpd connect`")
+        }
     }
     let mut status_tick = tokio::time::interval(Duration::from_secs(5));
     let mut backoff = ACCEPT_BACKOFF_MIN;
