@@ -21,7 +21,7 @@ fn main() -> ExitCode {
         Command::Serve(_) => take_activated(),
         _ => None,
     };
-    init_logging();
+    init_logging(matches!(cli.command, Command::Run(_)));
     // One connection's pipeline (reader → router → writer) runs best on one thread: a message
     // moves between tasks without waking another thread, which is most of a hop's latency.
     // The daemon and `acpd run` (which writes to a terminal with blocking calls) use workers.
@@ -64,14 +64,18 @@ fn take_activated() -> Option<std::os::unix::net::UnixListener> {
 
 /// Logs go to stderr only (stdout carries ACP or the run's output): journald-native with
 /// structured fields (PROVIDER, RUN, SESSION…) when stderr is systemd's journal stream, plain
-/// text otherwise. `ACPD_LOG` takes an env-filter directive; the default shows warnings.
-fn init_logging() {
+/// text otherwise. `ACPD_LOG` takes an env-filter directive; the default shows warnings, less a
+/// failed start's for `acpd run` (`run`), which prints that cause as its own error.
+fn init_logging(run: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = || {
-        tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+        tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG").unwrap_or_else(|_| match run {
+            // `acpd::start` is child::START_LOG, the target of that one line.
+            true => tracing_subscriber::EnvFilter::new("warn,acpd::start=off"),
+            false => tracing_subscriber::EnvFilter::new("warn"),
+        })
     };
     if stderr_is_journal()
         && let Ok(journal) = tracing_journald::layer().map(|l| l.with_field_prefix(None))

@@ -115,22 +115,10 @@ pub(super) fn resolve_cwd(
 }
 
 /// The environment variable names (never their values) that would satisfy an agent's auth,
-/// from the preset table's hints ([`presets::auth_hints`]): for a provider with a preset, its
-/// hints for the methods the agent advertised plus those it implies without advertising (an
-/// agent such as claude-agent-acp advertises none, yet reads `ANTHROPIC_API_KEY`); without
-/// a preset, the hints for each advertised method id. Without a hint the list is empty and a
-/// diagnostic names the method ids only.
+/// from the preset table's hints ([`presets::hints_for`]). Without a hint the list is empty
+/// and a diagnostic names the method ids only.
 pub fn auth_env_names(preset: Option<&str>, method_ids: &[String]) -> Vec<String> {
-    let hints: Vec<&presets::AuthHint> = match preset {
-        Some(preset) => presets::auth_hints(preset)
-            .into_iter()
-            .filter(|h| h.method.is_none_or(|m| method_ids.iter().any(|id| id == m)))
-            .collect(),
-        None => method_ids
-            .iter()
-            .flat_map(|id| presets::auth_hints(id))
-            .collect(),
-    };
+    let hints = presets::hints_for(preset, method_ids);
     let mut names: Vec<String> = Vec::new();
     for name in hints.iter().flat_map(|h| h.env.iter()) {
         if !names.iter().any(|n| n == name) {
@@ -144,6 +132,20 @@ pub fn auth_env_names(preset: Option<&str>, method_ids: &[String]) -> Vec<String
 /// variable names that would satisfy them.
 pub(super) fn auth_facts(provider: &ProviderConfig, advertised: &[String]) -> Vec<String> {
     auth_env_names(provider.preset.as_deref(), advertised)
+}
+
+/// What an auth failure's diagnostic says to do: each hint's one line (fixed text from the
+/// preset table), then where a daemon's credential goes.
+pub(crate) fn auth_notes(provider: &ProviderConfig, advertised: &[String]) -> Vec<&'static str> {
+    let mut notes: Vec<&'static str> = presets::hints_for(provider.preset.as_deref(), advertised)
+        .iter()
+        .map(|h| h.how)
+        .collect();
+    if notes.is_empty() {
+        notes.push(presets::UNKNOWN_CREDENTIALS);
+    }
+    notes.push(presets::DAEMON_CREDENTIALS);
+    notes
 }
 
 const NOTE_AUTH_METHOD: &str = "auth: the configured auth_method is not advertised by the agent";
@@ -172,15 +174,14 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
     } else {
         Vec::new()
     };
-    let far_note;
-    let notes: &[&'static str] = match (e.unadvertised_auth_method(), far) {
-        (Some(_), _) => &[NOTE_AUTH_METHOD],
-        (None, Some((_, f))) => {
-            far_note = [f.note()];
-            &far_note
-        }
-        (None, None) => &[],
+    let mut notes: Vec<&'static str> = match (e.unadvertised_auth_method(), far) {
+        (Some(_), _) => vec![NOTE_AUTH_METHOD],
+        (None, Some((_, f))) => vec![f.note()],
+        (None, None) => Vec::new(),
     };
+    if is_auth {
+        notes.extend(auth_notes(provider, advertised));
+    }
     let (host, launcher) = match provider.remote.as_ref().map(|r| (&r.via, r.target())) {
         Some((crate::remote::Via::Ssh { .. }, t)) => (Some(t), None),
         Some((crate::remote::Via::Launcher(_), t)) => (None, Some(t)),
@@ -192,7 +193,7 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         auth_methods: advertised,
         auth_method: e.unadvertised_auth_method(),
         env_names: &env_names,
-        notes,
+        notes: &notes,
         host: host.as_deref(),
         launcher: launcher.as_deref(),
         ..Default::default()
@@ -200,6 +201,7 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
     RegistryError::StartFailed {
         provider: provider.name.clone(),
         failure: Box::new(failure),
+        cause: e.cause(),
         diagnostic,
         agent_error,
     }

@@ -430,6 +430,7 @@ impl Run {
             &[]
         };
         let auth_env: Vec<String> = if is_auth {
+            notes.extend(super::gate::auth_notes(&self.provider, auth_methods));
             super::gate::auth_facts(&self.provider, auth_methods)
         } else {
             Vec::new()
