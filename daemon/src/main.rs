@@ -65,15 +65,15 @@ fn take_activated() -> Option<std::os::unix::net::UnixListener> {
 /// Logs go to stderr only (stdout carries ACP or the run's output): journald-native with
 /// structured fields (PROVIDER, RUN, SESSION…) when stderr is systemd's journal stream, plain
 /// text otherwise. `ACPD_LOG` takes an env-filter directive; the default shows warnings, less a
-/// failed start's for `acpd run` (`run`), which prints that cause as its own error.
+/// failed start's or turn's for `acpd run` (`run`), which prints that cause as its own error.
 fn init_logging(run: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG").unwrap_or_else(|_| match run {
-            // `acpd::start` is child::START_LOG, the target of that one line.
-            true => tracing_subscriber::EnvFilter::new("warn,acpd::start=off"),
+            // `acpd::failure` is child::FAILURE_LOG, the target of those lines.
+            true => tracing_subscriber::EnvFilter::new("warn,acpd::failure=off"),
             false => tracing_subscriber::EnvFilter::new("warn"),
         })
     };

@@ -155,8 +155,16 @@ impl Handshake {
         match e.cause() {
             None => tracing::debug!(provider = %provider, run = %run, "child start {e}"),
             Some(cause) => {
-                tracing::warn!(target: super::START_LOG, provider = %provider, run = %run,
-                    "child failed to start: {cause}");
+                let advice = match e.failure().category {
+                    Category::Auth => {
+                        let notes =
+                            super::auth_notes(&self.spec.provider, e.advertised_auth_methods());
+                        format!("; {}", notes.join("; "))
+                    }
+                    _ => String::new(),
+                };
+                tracing::warn!(target: super::FAILURE_LOG, provider = %provider, run = %run,
+                    "child failed to start: {cause}{advice}");
                 tracing::debug!(provider = %provider, run = %run,
                     stderr_tail = ?self.stderr.snapshot(), "the child's last stderr lines");
             }

@@ -360,7 +360,7 @@ fn spawn_failed(spec: &ChildSpec, program: Option<&Program>, error: SpawnError) 
         (SpawnError::Io { source, .. }, Some(program)) => cause::spawn_failed(program, source),
         _ => error.to_string(),
     };
-    tracing::warn!(target: super::START_LOG, provider = %spec.provider.name, run = %spec.run_id,
+    tracing::warn!(target: super::FAILURE_LOG, provider = %spec.provider.name, run = %spec.run_id,
         "child failed to start: {cause}");
     StartFailure::Spawn { error, cause }
 }

@@ -36,12 +36,12 @@ use crate::supervise::{self, Graces, ProcessTree, StderrTail, TeardownOutcome};
 use crate::wire::{Outbox, Peer, WireLimits};
 
 pub use launch::{Initialized, Open, initialize, probe};
-pub use start_failure::StartFailure;
 use start_failure::failure;
+pub use start_failure::{StartFailure, auth_notes, with_auth_advice};
 
-/// The log target of a failed start's one warning line: `acpd run`, which prints the same
-/// cause as its own error, leaves it out of its stderr.
-pub const START_LOG: &str = "acpd::start";
+/// The log target of a failed start's or turn's one warning line: `acpd run`, which prints
+/// the same cause as its own error, leaves it out of its stderr.
+pub const FAILURE_LOG: &str = "acpd::failure";
 
 /// How a child is started.
 #[derive(Debug, Clone)]

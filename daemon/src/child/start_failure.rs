@@ -5,6 +5,7 @@ use acpd_protocol::envelope::{AUTH_REQUIRED, RpcError};
 use acpd_protocol::subagent::{Category, Failure, Stage};
 
 use super::AgentInfo;
+use crate::config::{ProviderConfig, presets};
 use crate::supervise::SpawnError;
 
 /// Why a child could not be published.
@@ -138,6 +139,35 @@ impl StartFailure {
         }
         self
     }
+}
+
+/// What an auth failure says to do: each preset hint's one line (fixed text from the preset
+/// table) for the methods the agent advertised, then where a daemon's credential goes.
+pub fn auth_notes(provider: &ProviderConfig, advertised: &[String]) -> Vec<&'static str> {
+    let mut notes: Vec<&'static str> = presets::hints_for(provider.preset.as_deref(), advertised)
+        .iter()
+        .map(|h| h.how)
+        .collect();
+    if notes.is_empty() {
+        notes.push(presets::UNKNOWN_CREDENTIALS);
+    }
+    notes.push(presets::DAEMON_CREDENTIALS);
+    notes
+}
+
+/// An agent's −32000 to an editor, with what would satisfy it appended to its message: the
+/// code and data stay the agent's, so an editor's login UI still works.
+pub fn with_auth_advice(
+    mut error: RpcError,
+    provider: &ProviderConfig,
+    advertised: &[String],
+) -> RpcError {
+    error.message = format!(
+        "{} (acpd: {})",
+        error.message,
+        auth_notes(provider, advertised).join("; ")
+    );
+    error
 }
 
 /// The most of an agent's own error message a cause quotes.

@@ -134,20 +134,6 @@ pub(super) fn auth_facts(provider: &ProviderConfig, advertised: &[String]) -> Ve
     auth_env_names(provider.preset.as_deref(), advertised)
 }
 
-/// What an auth failure's diagnostic says to do: each hint's one line (fixed text from the
-/// preset table), then where a daemon's credential goes.
-pub(crate) fn auth_notes(provider: &ProviderConfig, advertised: &[String]) -> Vec<&'static str> {
-    let mut notes: Vec<&'static str> = presets::hints_for(provider.preset.as_deref(), advertised)
-        .iter()
-        .map(|h| h.how)
-        .collect();
-    if notes.is_empty() {
-        notes.push(presets::UNKNOWN_CREDENTIALS);
-    }
-    notes.push(presets::DAEMON_CREDENTIALS);
-    notes
-}
-
 const NOTE_AUTH_METHOD: &str = "auth: the configured auth_method is not advertised by the agent";
 
 pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> RegistryError {
@@ -157,10 +143,7 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         };
     }
     let failure = e.failure();
-    let agent_error = match &e {
-        StartFailure::Refused { error, .. } => Some(error.clone()),
-        _ => None,
-    };
+
     let far = e.far();
     // A remote auth refusal is ssh's, not the agent's: no agent auth facts for it.
     let is_auth = failure.category == Category::Auth && far.is_none();
@@ -168,6 +151,14 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         e.advertised_auth_methods()
     } else {
         &[]
+    };
+    // An editor's login UI reads the agent's own code and data; its message gains the advice.
+    let agent_error = match &e {
+        StartFailure::Refused { error, .. } if is_auth => Some(Box::new(
+            crate::child::with_auth_advice((**error).clone(), provider, advertised),
+        )),
+        StartFailure::Refused { error, .. } => Some(error.clone()),
+        _ => None,
     };
     let env_names = if is_auth {
         auth_facts(provider, advertised)
@@ -180,7 +171,7 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         (None, None) => Vec::new(),
     };
     if is_auth {
-        notes.extend(auth_notes(provider, advertised));
+        notes.extend(crate::child::auth_notes(provider, advertised));
     }
     let (host, launcher) = match provider.remote.as_ref().map(|r| (&r.via, r.target())) {
         Some((crate::remote::Via::Ssh { .. }, t)) => (Some(t), None),
