@@ -5,8 +5,12 @@ use acpd_protocol::subagent::Failure;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RegistryError {
-    #[error("no provider named \"{name}\" is configured (see `acpd providers`)")]
-    NoProvider { name: String },
+    #[error("no provider named \"{name}\" is configured; {hint}")]
+    NoProvider {
+        name: String,
+        /// The closest configured name, or the preset that would add it.
+        hint: String,
+    },
     #[error("provider \"{provider}\" does not support the \"{capability}\" capability")]
     UnsupportedCapability {
         provider: String,
