@@ -77,7 +77,8 @@ impl Program {
     /// given.
     fn file(&self) -> Option<PathBuf> {
         if !self.searches_path() {
-            return Some(self.cwd.join(&self.name));
+            // `components` drops the `.` of `./agent`, so the path reads as the file's.
+            return Some(self.cwd.join(&self.name).components().collect());
         }
         self.dirs()
             .into_iter()

@@ -118,14 +118,15 @@ impl StartFailure {
                 ),
                 _ => detail.clone(),
             },
+            // The agent's own message stays out: an editor gets the agent's error whole
+            // (`agent_error`), a run's parent only acpd's facts.
             StartFailure::Refused { method, error, .. } => {
-                let said: String = error.message.chars().take(MAX_AGENT_WORDS).collect();
                 let what = if self.failure().category == Category::Auth {
                     "the agent needs credentials: it answered"
                 } else {
                     "the agent answered"
                 };
-                format!("{what} {method} with error {} {said:?}", error.code)
+                format!("{what} {method} with error {}", error.code)
             }
             StartFailure::AuthMethod { .. } | StartFailure::Remote { .. } => self.to_string(),
             StartFailure::Cancelled { .. } => return None,
@@ -169,9 +170,6 @@ pub fn with_auth_advice(
     );
     error
 }
-
-/// The most of an agent's own error message a cause quotes.
-const MAX_AGENT_WORDS: usize = 200;
 
 pub(super) fn failure(stage: Stage, category: Category) -> Failure {
     Failure {

@@ -15,7 +15,7 @@ use super::validate::only;
 pub enum ConfigError {
     /// The file was named explicitly (flag or `ACPD_CONFIG`) but is absent;
     /// silently falling back to defaults would hide a typo.
-    #[error("{}: config file named by {origin} does not exist", path.display())]
+    #[error("{}: config file named by {origin} does not exist; create it (`acpd init` writes one) or name another", path.display())]
     Missing { path: PathBuf, origin: &'static str },
     #[error("{}: cannot read config file: {source}", path.display())]
     Read { path: PathBuf, source: io::Error },

@@ -36,12 +36,18 @@ fn fails(text: &str, line: usize, key: &str) -> String {
 #[test]
 fn unknown_keys_are_rejected() {
     let err = fails("max_depth = 1\nbogus = 2\n", 2, "bogus");
-    assert!(err.contains("unknown key \"bogus\": acpd reads no such key"), "{err}");
+    assert!(
+        err.contains("unknown key \"bogus\": acpd reads no such key"),
+        "{err}"
+    );
     assert!(!err.contains("max_children"), "every key listed: {err}");
     let err = fails(&codex("colour = 1"), 3, "providers.codex.colour");
     assert!(err.contains("unknown key \"colour\""), "{err}");
     let err = fails(&codex("preest = \"codex\""), 3, "providers.codex.preest");
-    assert!(err.ends_with("unknown key \"preest\"; did you mean \"preset\"?"), "{err}");
+    assert!(
+        err.ends_with("unknown key \"preest\"; did you mean \"preset\"?"),
+        "{err}"
+    );
     let err = fails("max_chidlren = 2\n", 1, "max_chidlren");
     assert!(err.ends_with("did you mean \"max_children\"?"), "{err}");
 }

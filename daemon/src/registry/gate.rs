@@ -105,11 +105,23 @@ pub(super) fn resolve_cwd(
     }
     // A remote provider's cwd is the far side's: `acpd supervise` checks it there.
     let far = provider.remote.is_some();
-    if !far && (!cwd.is_dir() || nix::unistd::access(cwd, nix::unistd::AccessFlags::X_OK).is_err())
-    {
-        return Err(RegistryError::InvalidCwd {
-            reason: format!("{origin} is not an existing, enterable directory"),
-        });
+    if !far {
+        let why = match std::fs::metadata(cwd) {
+            Err(e) => Some(e.to_string()),
+            Ok(m) if !m.is_dir() => Some("not a directory".into()),
+            Ok(_) => nix::unistd::access(cwd, nix::unistd::AccessFlags::X_OK)
+                .err()
+                .map(|e| e.desc().to_string()),
+        };
+        if let Some(why) = why {
+            return Err(RegistryError::InvalidCwd {
+                reason: format!(
+                    "{origin} {:?} is not an existing, enterable directory ({why}); create it, \
+                     or give another",
+                    cwd.to_string_lossy()
+                ),
+            });
+        }
     }
     Ok(cwd.to_path_buf())
 }
@@ -170,7 +182,8 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         (None, Some((_, f))) => vec![f.note()],
         (None, None) => Vec::new(),
     };
-    if is_auth {
+    // An auth_method the agent does not offer is the config's mistake, not a credential's.
+    if is_auth && e.unadvertised_auth_method().is_none() {
         notes.extend(crate::child::auth_notes(provider, advertised));
     }
     let (host, launcher) = match provider.remote.as_ref().map(|r| (&r.via, r.target())) {
