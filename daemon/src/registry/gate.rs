@@ -166,9 +166,15 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
     };
     // An editor's login UI reads the agent's own code and data; its message gains the advice.
     let agent_error = match &e {
-        StartFailure::Refused { error, .. } if is_auth => Some(Box::new(
-            crate::child::with_auth_advice((**error).clone(), provider, advertised),
-        )),
+        StartFailure::Refused { error, .. }
+            if is_auth && error.code == acpd_protocol::envelope::AUTH_REQUIRED =>
+        {
+            Some(Box::new(crate::child::with_auth_advice(
+                (**error).clone(),
+                provider,
+                advertised,
+            )))
+        }
         StartFailure::Refused { error, .. } => Some(error.clone()),
         _ => None,
     };
