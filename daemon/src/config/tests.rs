@@ -498,11 +498,15 @@ fn discovery_order() {
 #[test]
 fn explicitly_named_files_must_exist() {
     let err = found(Some("/f.toml"), &[], &[ETC_CONFIG]);
-    assert_eq!(err, "/f.toml: config file named by --config does not exist");
+    let next = "; create it (`acpd init` writes one) or name another";
+    assert_eq!(
+        err,
+        format!("/f.toml: config file named by --config does not exist{next}")
+    );
     let err = found(None, &[("ACPD_CONFIG", "/e.toml")], &[ETC_CONFIG]);
     assert_eq!(
         err,
-        "/e.toml: config file named by ACPD_CONFIG does not exist"
+        format!("/e.toml: config file named by ACPD_CONFIG does not exist{next}")
     );
 }
 
