@@ -21,7 +21,7 @@ fn main() -> ExitCode {
         Command::Serve(_) => take_activated(),
         _ => None,
     };
-    init_logging();
+    init_logging(matches!(cli.command, Command::Run(_)));
     // One connection's pipeline (reader → router → writer) runs best on one thread: a message
     // moves between tasks without waking another thread, which is most of a hop's latency.
     // The daemon and `acpd run` (which writes to a terminal with blocking calls) use workers.
@@ -64,15 +64,18 @@ fn take_activated() -> Option<std::os::unix::net::UnixListener> {
 
 /// Logs go to stderr only (stdout carries ACP or the run's output): journald-native with
 /// structured fields (PROVIDER, RUN, SESSION…) when stderr is systemd's journal stream, plain
-/// text otherwise. `ACPD_LOG` takes an env-filter directive; the default shows warnings, and
-/// the daemon's own few lifecycle lines (where it serves, reloads, shutting down).
-fn init_logging() {
+/// text otherwise. `ACPD_LOG` takes an env-filter directive; the default shows warnings and the
+/// daemon's own few lifecycle lines (where it serves, reloads, shutting down), less a failed
+/// start's or turn's for `acpd run` (`run`), which prints that cause as its own error.
+fn init_logging(run: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = || {
-        tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG").unwrap_or_else(|_| {
-            tracing_subscriber::EnvFilter::new("warn,acpd::runtime::serve=info")
+        tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG").unwrap_or_else(|_| match run {
+            // `acpd::failure` is child::FAILURE_LOG, the target of those lines.
+            true => tracing_subscriber::EnvFilter::new("warn,acpd::failure=off"),
+            false => tracing_subscriber::EnvFilter::new("warn,acpd::runtime::serve=info"),
         })
     };
     if stderr_is_journal()

@@ -65,7 +65,7 @@ fn an_unadvertised_auth_method_is_start_failed_naming_the_advertised_ids() {
         "auth_method = \"nope\"",
     );
     let (v, code, _) = run(&env, "hi");
-    assert_eq!(code, 3, "{v}");
+    assert_eq!(code, 7, "{v}");
     assert_eq!(v["error"]["name"], "START_FAILED");
     let msg = v["error"]["message"].as_str().unwrap();
     for want in [
@@ -83,7 +83,7 @@ fn an_unadvertised_auth_method_is_start_failed_naming_the_advertised_ids() {
 fn auth_required_at_session_new_names_the_advertised_methods() {
     let env = env(&["--auth", "key", "--auth", "other"], "");
     let (v, code, _) = run(&env, "hi");
-    assert_eq!(code, 3, "{v}");
+    assert_eq!(code, 7, "{v}");
     assert_eq!(v["error"]["name"], "START_FAILED");
     let d = v["error"]["message"].as_str().unwrap();
     for want in [
@@ -102,7 +102,7 @@ fn auth_required_at_session_new_names_the_advertised_methods() {
 fn auth_required_at_prompt_is_an_auth_result_naming_the_methods() {
     let env = env(&["--auth", "key"], "auth_method = \"key\"");
     let (v, code, _) = run(&env, "MARKER\n:error -32000 token expired");
-    assert_eq!(code, 1, "{v}");
+    assert_eq!(code, 7, "{v}");
     assert_eq!(
         (v["stopReason"].as_str(), category(&v)),
         (Some("error"), "auth")
@@ -145,7 +145,7 @@ fn an_air_access_failure_is_an_auth_result_naming_the_methods() {
     // claude-agent-acp reports a sign-in failure as AIR category `access` (action `login`).
     let env = env(&["--air", "--auth", "key"], "auth_method = \"key\"");
     let (v, code, _) = run(&env, ":air-failure access");
-    assert_eq!(code, 1, "{v}");
+    assert_eq!(code, 7, "{v}");
     assert_eq!(
         (v["stopReason"].as_str(), category(&v)),
         (Some("error"), "auth")

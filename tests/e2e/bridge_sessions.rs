@@ -689,17 +689,21 @@ fn authentication_passes_through_and_is_replayed_on_later_children() {
     let (mut raw, init) = connect(&env, json!({}));
     assert_eq!(init["authMethods"], json!([{"id": "key", "name": "key"}]));
 
-    // Before authenticate: the agent's own refusal, data and all.
+    // Before authenticate: the agent's own refusal, code and data (a login UI reads them),
+    // its message followed by what would satisfy it.
     let e = error_of(
         &mut raw,
         "session/new",
         json!({"cwd": env.path(), "mcpServers": []}),
     );
-    assert_eq!(
-        e,
-        json!({"code": -32000, "message": "Authentication required",
-               "data": {"authMethods": ["key"]}})
+    assert_eq!(e["code"], -32000, "{e}");
+    assert_eq!(e["data"], json!({"authMethods": ["key"]}));
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("Authentication required (acpd: "),
+        "{e}"
     );
+    assert!(message.contains("env_file in the provider's config"), "{e}");
     let e = error_of(&mut raw, "authenticate", json!({"methodId": "nope"}));
     assert_eq!(
         e,

@@ -18,6 +18,7 @@ mod catalog;
 mod cli;
 mod config_errors;
 mod echo_sessions;
+mod failures;
 mod nested;
 mod run;
 mod stdio;

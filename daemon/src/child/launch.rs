@@ -1,63 +1,30 @@
 //! Spawn and handshake: `initialize` (protocol version 1 checked), `authenticate` with the
-//! provider's `auth_method` when it names one, then `session/new`. The handshake reads the
-//! child inline, like the driver after it; requests the child makes meanwhile are refused and
-//! notifications dropped. Anything that goes wrong tears the child down before the failure is
-//! returned.
+//! provider's `auth_method` when it names one, then `session/new` ([`super::handshake`] has
+//! the wire). The handshake reads the child inline, like the driver after it; requests the
+//! child makes meanwhile are refused and notifications dropped. Anything that goes wrong tears
+//! the child down before the failure is returned, and is logged with its cause.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use acpd_protocol::acp::{ClientCapabilities, Implementation, InitializeRequest};
-use acpd_protocol::envelope::{self, Id, Message, RpcError};
+use acpd_protocol::acp::ClientCapabilities;
+use acpd_protocol::envelope;
 use acpd_protocol::outcome::air;
 use acpd_protocol::subagent::{Category, Stage};
-use agent_client_protocol::schema::ProtocolVersion;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::cause::{self, Program};
 use super::driver::{ChildWire, Driver};
-use super::{AgentInfo, CMD_DEPTH, Child, ChildSpec, Shared, StartFailure, failure};
+use super::handshake::{Handshake, handshake_failure};
+use super::{AgentInfo, CMD_DEPTH, Child, ChildSpec, Shared, StartFailure};
 use crate::config::ProviderConfig;
-use crate::supervise::{self, Graces, ProcessTree, StderrTail};
+use crate::supervise::{self, Graces, ProcessTree, SpawnError, StderrTail};
 use crate::trace::Hop;
-use crate::wire::{LineReader, Outbox, sleep_until_opt};
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct InitializeReply {
-    protocol_version: serde_json::Value,
-    #[serde(default)]
-    agent_capabilities: serde_json::Value,
-    #[serde(default)]
-    auth_methods: Vec<serde_json::Value>,
-    #[serde(default)]
-    agent_info: serde_json::Value,
-    #[serde(default, rename = "_meta")]
-    meta: serde_json::Value,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct NewSessionReply {
-    session_id: String,
-}
-
-/// A spawned child before its driver starts.
-struct Handshake {
-    spec: ChildSpec,
-    tree: ProcessTree,
-    wire: ChildWire,
-    stderr: StderrTail,
-    /// Notifications the child sent during the handshake.
-    early: Vec<(String, Option<Box<RawValue>>)>,
-}
-
-/// Handshake notifications kept for a bridge's parent, at most.
-const EARLY: usize = 16;
+use crate::wire::{LineReader, Outbox};
 
 pub(super) async fn start(
     spec: ChildSpec,
@@ -337,7 +304,15 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
         None => provider.child_limits(),
         Some(_) => Default::default(),
     };
-    let mut spawned = supervise::spawn_limited(local, limits).await?;
+    // Behind ssh or a launcher the program that failed is that tool, started locally.
+    let program = local
+        .argv
+        .first()
+        .map(|argv0| Program::of(argv0, &local.env, &local.cwd));
+    let mut spawned = match supervise::spawn_limited(local, limits).await {
+        Ok(spawned) => spawned,
+        Err(error) => return Err(spawn_failed(&spec, program.as_ref(), error)),
+    };
     if let Some(line) = setup {
         // A few hundred bytes into an empty pipe; a write that fails means the launcher is
         // already gone, which the handshake then reports with its exit status.
@@ -374,7 +349,20 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
         wire,
         stderr,
         early: Vec::new(),
+        program,
     })
+}
+
+/// A spawn that failed, with its cause in words, logged (nothing was started, so nothing is
+/// torn down).
+fn spawn_failed(spec: &ChildSpec, program: Option<&Program>, error: SpawnError) -> StartFailure {
+    let cause = match (&error, program) {
+        (SpawnError::Io { source, .. }, Some(program)) => cause::spawn_failed(program, source),
+        _ => error.to_string(),
+    };
+    tracing::warn!(target: super::FAILURE_LOG, provider = %spec.provider.name, run = %spec.run_id,
+        "child failed to start: {cause}");
+    StartFailure::Spawn { error, cause }
 }
 
 /// A child whose ACP wire is `output`/`input` instead of its own stdio: the in-process tests
@@ -415,272 +403,8 @@ pub(super) async fn initialize_over(
         wire,
         stderr,
         early: Vec::new(),
+        program: None,
     };
     let caps = collect_capabilities(ClientCapabilities::default());
     Initialized::handshake(h, caps, Auth::Configured, &CancellationToken::new()).await
-}
-
-/// Something that stopped us waiting for a handshake reply.
-enum Interrupt {
-    Rpc(RpcError),
-    Exited(Option<std::process::ExitStatus>),
-    Protocol(String),
-    Timeout,
-    Cancelled,
-}
-
-impl Handshake {
-    async fn teardown(&self) {
-        let out = self.wire.out.clone();
-        let graces = Graces {
-            eof: self.spec.provider.eof_grace,
-            term: self.spec.provider.term_grace,
-        };
-        self.tree.teardown(move || out.close(), graces).await;
-    }
-
-    async fn initialize(
-        &mut self,
-        client_capabilities: ClientCapabilities,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<AgentInfo, StartFailure> {
-        let init = InitializeRequest::new(ProtocolVersion::V1)
-            .client_capabilities(client_capabilities)
-            .client_info(Implementation::new("acpd", env!("CARGO_PKG_VERSION")));
-        let raw = self
-            .exchange(
-                Stage::Initialize,
-                "initialize",
-                &envelope::to_raw(&init),
-                deadline,
-                cancel,
-            )
-            .await?;
-        let reply: InitializeReply = serde_json::from_str(raw.get()).map_err(|e| {
-            handshake_failure(
-                Stage::Initialize,
-                Category::Protocol,
-                format!("bad initialize result: {e}"),
-            )
-        })?;
-        if reply.protocol_version != serde_json::json!(1) {
-            return Err(handshake_failure(
-                Stage::Initialize,
-                Category::ProtocolVersion,
-                format!(
-                    "child speaks ACP protocol version {}, acpd needs 1",
-                    reply.protocol_version
-                ),
-            ));
-        }
-        Ok(AgentInfo {
-            protocol_version: reply.protocol_version,
-            agent_info: reply.agent_info,
-            auth_method_ids: reply
-                .auth_methods
-                .iter()
-                .filter_map(|m| m.get("id")?.as_str().map(str::to_string))
-                .collect(),
-            auth_methods: reply.auth_methods,
-            meta: reply.meta,
-            capabilities: reply.agent_capabilities,
-        })
-    }
-
-    /// `authenticate {methodId}` with the provider's `auth_method`, when it names one the
-    /// agent advertised; one it did not advertise fails the start, naming those it did.
-    async fn authenticate(
-        &mut self,
-        agent: &AgentInfo,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<(), StartFailure> {
-        let Some(method) = self.spec.provider.auth_method.clone() else {
-            return Ok(());
-        };
-        if !agent.auth_method_ids.contains(&method) {
-            return Err(StartFailure::AuthMethod {
-                wanted: method,
-                advertised: agent.auth_method_ids.clone(),
-            });
-        }
-        let params = envelope::to_raw(&serde_json::json!({ "methodId": method }));
-        self.exchange(Stage::Initialize, "authenticate", &params, deadline, cancel)
-            .await
-            .map(drop)
-    }
-
-    /// Logs a failed start and tears the child down.
-    async fn fail(&self, e: StartFailure) -> StartFailure {
-        let e = self.far_failure(e).await;
-        if let StartFailure::Cancelled { .. } = e {
-            tracing::debug!(provider = %self.spec.provider.name, run = %self.spec.run_id, "child start {e}");
-        } else {
-            tracing::warn!(
-                provider = %self.spec.provider.name, run = %self.spec.run_id,
-                stderr_tail = ?self.stderr.snapshot(), "child failed to start: {e}"
-            );
-        }
-        self.teardown().await;
-        e
-    }
-
-    /// For a remote provider whose local ssh/launcher process ended before answering: what
-    /// failed on the way (unreachable, auth refused, no acpd there). Anything else stays.
-    async fn far_failure(&self, e: StartFailure) -> StartFailure {
-        let StartFailure::Handshake { failure, .. } = &e else {
-            return e;
-        };
-        if self.spec.provider.remote.is_none() || failure.category != Category::ProcessExit {
-            return e;
-        }
-        // ssh's last words are what tell the failures apart.
-        self.stderr.ended_within(Duration::from_millis(500)).await;
-        match crate::remote::far_failure(&self.spec.provider, failure, &self.stderr.snapshot()) {
-            Some((failure, target, far)) => StartFailure::Remote {
-                failure,
-                target,
-                far,
-            },
-            None => e,
-        }
-    }
-
-    async fn create_session(
-        &mut self,
-        method: &str,
-        params: &serde_json::Value,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<(String, Box<RawValue>), StartFailure> {
-        let raw = self
-            .exchange(
-                Stage::SessionNew,
-                method,
-                &envelope::to_raw(params),
-                deadline,
-                cancel,
-            )
-            .await?;
-        let reply: NewSessionReply = serde_json::from_str(raw.get()).map_err(|e| {
-            handshake_failure(
-                Stage::SessionNew,
-                Category::Protocol,
-                format!("bad {method} result: {e}"),
-            )
-        })?;
-        Ok((reply.session_id, raw))
-    }
-
-    /// Sends one handshake request and waits for its reply, the child's exit, the deadline or
-    /// a cancel.
-    async fn exchange(
-        &mut self,
-        stage: Stage,
-        method: &str,
-        params: &RawValue,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<Box<RawValue>, StartFailure> {
-        let interrupt = match self.wire.request(method, Some(params)).await {
-            Ok(id) => match self.await_reply(id, deadline, cancel).await {
-                Ok(raw) => return Ok(raw),
-                Err(i) => i,
-            },
-            Err(_) => Interrupt::Exited(self.exit_status_soon().await),
-        };
-        Err(match interrupt {
-            Interrupt::Cancelled => StartFailure::Cancelled { stage },
-            Interrupt::Rpc(error) => StartFailure::Refused {
-                stage,
-                method: method.to_string(),
-                error: Box::new(error),
-                advertised: Vec::new(),
-            },
-            Interrupt::Exited(status) => {
-                let mut f = failure(stage, Category::ProcessExit);
-                if let Some(status) = status {
-                    f.exit_code = status.code();
-                    f.signal = supervise::signal_name(&status);
-                }
-                StartFailure::Handshake {
-                    failure: f,
-                    detail: format!("child exited or closed its output during {method}"),
-                }
-            }
-            Interrupt::Protocol(detail) => handshake_failure(stage, Category::Protocol, detail),
-            Interrupt::Timeout => handshake_failure(
-                stage,
-                Category::Timeout,
-                format!("no answer to {method} within handshake_timeout"),
-            ),
-        })
-    }
-
-    async fn await_reply(
-        &mut self,
-        want: Id,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<Box<RawValue>, Interrupt> {
-        let mut exited: Option<(std::process::ExitStatus, Instant)> = None;
-        loop {
-            let last_words = exited.map(|(_, t)| t);
-            tokio::select! {
-                biased;
-                frame = self.wire.reader.next() => match frame {
-                    None => {
-                        let status = match exited {
-                            Some((s, _)) => Some(s),
-                            None => self.exit_status_soon().await,
-                        };
-                        return Err(Interrupt::Exited(status));
-                    }
-                    Some(Err(fault)) => return Err(Interrupt::Protocol(fault.to_string())),
-                    Some(Ok(Message::Response { id, outcome })) if id.as_ref() == Some(&want) => {
-                        return outcome.map_err(Interrupt::Rpc);
-                    }
-                    Some(Ok(Message::Response { .. })) => {}
-                    Some(Ok(Message::Request { id, method, .. })) => {
-                        let _ = self
-                            .wire
-                            .respond(&id, Err(&RpcError::method_not_found(&method)))
-                            .await;
-                    }
-                    Some(Ok(Message::Notification { method, params })) => {
-                        // Kept for a bridge's parent (e.g. an agent's `_auth/status_update`
-                        // during `session/new`), a few at most.
-                        if self.spec.relay && self.early.len() < EARLY && super::strict::forwardable(&method) {
-                            self.early.push((method, params));
-                        }
-                    }
-                },
-                status = self.tree.exited(), if exited.is_none() => {
-                    // Its answer may already be in the pipe.
-                    exited = Some((status, Instant::now() + super::driver::LAST_WORDS));
-                }
-                _ = sleep_until_opt(last_words) => {
-                    return Err(Interrupt::Exited(exited.map(|(s, _)| s)));
-                }
-                _ = tokio::time::sleep_until(deadline) => return Err(Interrupt::Timeout),
-                _ = cancel.cancelled() => return Err(Interrupt::Cancelled),
-            }
-        }
-    }
-
-    /// The child's exit status if it exits within a second (its output closed, so it most
-    /// likely is exiting); `None` if it keeps running with its output closed.
-    async fn exit_status_soon(&self) -> Option<std::process::ExitStatus> {
-        tokio::time::timeout(Duration::from_secs(1), self.tree.exited())
-            .await
-            .ok()
-    }
-}
-
-fn handshake_failure(stage: Stage, category: Category, detail: String) -> StartFailure {
-    StartFailure::Handshake {
-        failure: failure(stage, category),
-        detail,
-    }
 }

@@ -9,11 +9,14 @@
 //! (collect), an update must carry exactly the child's own `sessionId`, and a child can never
 //! emit `_acpd/*` ([`strict`]).
 
+mod cause;
 mod collect;
 mod driver;
+mod handshake;
 mod launch;
 mod output;
 mod relay;
+mod start_failure;
 mod strict;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -22,18 +25,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use acpd_protocol::acp::{ContentBlock, RequestPermissionRequest, RequestPermissionResponse};
-use acpd_protocol::envelope::{AUTH_REQUIRED, Id, RpcError};
+use acpd_protocol::envelope::{Id, RpcError};
 use acpd_protocol::outcome::TurnEnd;
-use acpd_protocol::subagent::{Category, Failure, Stage};
 use serde_json::value::RawValue;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ProviderConfig;
-use crate::supervise::{self, Graces, ProcessTree, SpawnError, StderrTail, TeardownOutcome};
+use crate::supervise::{self, Graces, ProcessTree, StderrTail, TeardownOutcome};
 use crate::wire::{Outbox, Peer, WireLimits};
 
 pub use launch::{Initialized, Open, initialize, probe};
+use start_failure::failure;
+pub use start_failure::{StartFailure, auth_notes, with_auth_advice};
+
+/// The log target of a failed start's or turn's one warning line: `acpd run`, which prints
+/// the same cause as its own error, leaves it out of its stderr.
+pub const FAILURE_LOG: &str = "acpd::failure";
 
 /// How a child is started.
 #[derive(Debug, Clone)]
@@ -106,107 +114,6 @@ impl SessionParams {
             });
         }
         new
-    }
-}
-
-/// Why a child could not be published.
-#[derive(Debug, thiserror::Error)]
-pub enum StartFailure {
-    #[error(transparent)]
-    Spawn(#[from] SpawnError),
-    #[error("{} failed ({}): {detail}", failure.stage.as_str(), failure.category.as_str())]
-    Handshake { failure: Failure, detail: String },
-    /// The child answered a handshake call with an error: kept whole, so a bridge can pass
-    /// an auth-required error (code, message, data) to the editor's login UI.
-    #[error("{} failed: the agent answered {method} with error {}: {}", stage.as_str(), error.code, error.message)]
-    Refused {
-        stage: Stage,
-        method: String,
-        error: Box<RpcError>,
-        /// The auth method ids the agent advertised (empty before `initialize` answered), so
-        /// an auth failure's diagnostic can name them.
-        advertised: Vec<String>,
-    },
-    /// The provider's `auth_method` is not among the methods the agent advertised: acpd does
-    /// not call `authenticate` with an id the agent never offered.
-    #[error("initialize failed: auth_method \"{wanted}\" is not advertised by the agent (it offers: {})", if advertised.is_empty() { "none".to_string() } else { advertised.join(", ") })]
-    AuthMethod {
-        wanted: String,
-        advertised: Vec<String>,
-    },
-    #[error("cancelled during {}", stage.as_str())]
-    Cancelled { stage: Stage },
-    /// A `host`/`launcher` provider's far side was not reached or could not start there.
-    #[error("{target}: {}", far.note())]
-    Remote {
-        failure: Failure,
-        /// The ssh destination or the launcher program.
-        target: String,
-        far: crate::remote::FarFailure,
-    },
-}
-
-impl StartFailure {
-    /// The fixed facts, for the diagnostic and `error.data`.
-    pub fn failure(&self) -> Failure {
-        match self {
-            StartFailure::Spawn(_) => failure(Stage::Spawn, Category::Spawn),
-            StartFailure::Handshake { failure, .. } | StartFailure::Remote { failure, .. } => {
-                failure.clone()
-            }
-            StartFailure::Refused {
-                stage,
-                error,
-                method,
-                ..
-            } => {
-                let category = if error.code == AUTH_REQUIRED || method == "authenticate" {
-                    Category::Auth
-                } else {
-                    Category::Rpc
-                };
-                let mut f = failure(*stage, category);
-                f.code = Some(error.code);
-                f
-            }
-            StartFailure::AuthMethod { .. } => failure(Stage::Initialize, Category::Auth),
-            StartFailure::Cancelled { stage } => {
-                failure(*stage, Category::Reported("cancelled".into()))
-            }
-        }
-    }
-
-    /// The auth method ids the agent advertised, when the failure knows them.
-    pub fn advertised_auth_methods(&self) -> &[String] {
-        match self {
-            StartFailure::Refused { advertised, .. }
-            | StartFailure::AuthMethod { advertised, .. } => advertised,
-            _ => &[],
-        }
-    }
-
-    /// What failed on the way to a remote provider's far side, and which side it was.
-    pub fn far(&self) -> Option<(&str, crate::remote::FarFailure)> {
-        match self {
-            StartFailure::Remote { target, far, .. } => Some((target, *far)),
-            _ => None,
-        }
-    }
-
-    /// The configured `auth_method` the agent did not advertise.
-    pub fn unadvertised_auth_method(&self) -> Option<&str> {
-        match self {
-            StartFailure::AuthMethod { wanted, .. } => Some(wanted),
-            _ => None,
-        }
-    }
-
-    /// Names what the agent advertised in a refusal that came after `initialize`.
-    fn with_advertised(mut self, agent: &AgentInfo) -> StartFailure {
-        if let StartFailure::Refused { advertised, .. } = &mut self {
-            advertised.clone_from(&agent.auth_method_ids);
-        }
-        self
     }
 }
 
@@ -620,14 +527,4 @@ pub(crate) fn session_not_found(sid: &str) -> RpcError {
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn failure(stage: Stage, category: Category) -> Failure {
-    Failure {
-        stage,
-        category,
-        code: None,
-        exit_code: None,
-        signal: None,
-    }
 }

@@ -175,10 +175,9 @@ pub(super) fn known_provider(config: &crate::config::Config, name: &str) -> Resu
     if config.providers.contains_key(name) {
         return Ok(());
     }
-    let known: Vec<&str> = config.providers.keys().map(String::as_str).collect();
     Err(format!(
-        "no provider named {name:?}; configured: {}",
-        known.join(", ")
+        "no provider named {name:?}; {}",
+        crate::config::suggest::unknown_provider(config, name)
     ))
 }
 
@@ -465,7 +464,9 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>, quiet: boo
         .cloned()
         .collect();
     if providers.is_empty() {
-        errln!("acpd: no provider named {:?}", only.unwrap_or_default());
+        let name = only.unwrap_or_default();
+        let hint = crate::config::suggest::unknown_provider(&config, &name);
+        errln!("acpd: no provider named {name:?}; {hint}");
         return EXIT_USAGE;
     }
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));

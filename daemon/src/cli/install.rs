@@ -52,8 +52,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
 
 pub fn install(args: InstallArgs) -> u8 {
     let Some(preset) = presets::find(&args.preset) else {
+        let hint = crate::config::suggest::did_you_mean(&args.preset, presets::names())
+            .map_or_else(String::new, |h| format!("{h} "));
         errln!(
-            "acpd: unknown preset {:?} (valid: {})",
+            "acpd: unknown preset {:?}; {hint}(valid: {})",
             args.preset,
             presets::names().join(", ")
         );

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use acpd_protocol::acp::ContentBlock;
-use acpd_protocol::subagent::{StartRequest, StopReason, SubagentResult};
+use acpd_protocol::subagent::{Category, StartRequest, StopReason, SubagentResult};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -18,6 +18,8 @@ const EXIT_START_FAILED: u8 = 3;
 const EXIT_REFUSAL: u8 = 4;
 const EXIT_MAX_TOKENS: u8 = 5;
 const EXIT_ABORTED: u8 = 6;
+/// The agent needs credentials: at any stage (its start, or its first prompt), one code.
+const EXIT_AUTH: u8 = 7;
 const EXIT_INTERRUPTED: u8 = 130;
 
 #[derive(Debug, clap::Args)]
@@ -143,6 +145,8 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
             }
             return if interrupted.is_cancelled() {
                 EXIT_INTERRUPTED
+            } else if is_auth(e.data().pointer("/failure/category")) {
+                EXIT_AUTH
             } else {
                 EXIT_START_FAILED
             };
@@ -183,6 +187,13 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
     }
     if interrupted.is_cancelled() {
         return EXIT_INTERRUPTED;
+    }
+    if result
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.category == Category::Auth)
+    {
+        return EXIT_AUTH;
     }
     match result.stop_reason {
         StopReason::Completed => 0,
@@ -267,6 +278,11 @@ fn watch_stdout(closed: CancellationToken, stop: CancellationToken) {
             stop.cancel();
         }
     });
+}
+
+/// Whether a start error's `failure.category` is `auth`.
+fn is_auth(category: Option<&serde_json::Value>) -> bool {
+    category.and_then(|c| c.as_str()) == Some(Category::Auth.as_str())
 }
 
 fn closed_stdout() -> u8 {

@@ -15,17 +15,19 @@ use super::validate::only;
 pub enum ConfigError {
     /// The file was named explicitly (flag or `ACPD_CONFIG`) but is absent;
     /// silently falling back to defaults would hide a typo.
-    #[error("{}: config file named by {origin} does not exist", path.display())]
+    #[error("{}: config file named by {origin} does not exist; create it (`acpd init` writes one) or name another", path.display())]
     Missing { path: PathBuf, origin: &'static str },
     #[error("{}: cannot read config file: {source}", path.display())]
     Read { path: PathBuf, source: io::Error },
-    /// `line` is 1-based; `None` only if TOML reported no position at all.
-    #[error("{}:{}: {key}: {message}", path.display(), line.map_or_else(|| "?".to_owned(), |l| l.to_string()))]
+    /// `line` is 1-based; `None` only if TOML reported no position at all. `text` is that
+    /// line as the file has it, shown under the error.
+    #[error("{}:{}: {key}: {message}{}", path.display(), line.map_or_else(|| "?".to_owned(), |l| l.to_string()), shown_line(*line, text.as_deref()))]
     Invalid {
         path: PathBuf,
         line: Option<usize>,
         key: String,
         message: String,
+        text: Option<String>,
     },
 }
 
@@ -38,6 +40,45 @@ impl ConfigError {
             | ConfigError::Invalid { path, .. } => path,
         }
     }
+
+    /// With `text` set to the offending line of `source`, the file's text.
+    pub(super) fn with_line_of(mut self, source: &str) -> ConfigError {
+        if let ConfigError::Invalid {
+            line: Some(line),
+            text,
+            ..
+        } = &mut self
+            && text.is_none()
+        {
+            *text = source.lines().nth(*line - 1).map(str::to_owned);
+        }
+        self
+    }
+}
+
+/// The most of the offending line shown.
+const SHOWN_LINE: usize = 120;
+
+/// `\n  3 | preest = "claude"`: the line under its error, cut and with control characters
+/// escaped (a config is the operator's, but a stray one would still reach a terminal).
+fn shown_line(line: Option<usize>, text: Option<&str>) -> String {
+    let (Some(line), Some(text)) = (line, text) else {
+        return String::new();
+    };
+    let mut shown: String = text
+        .trim_end()
+        .chars()
+        .take(SHOWN_LINE)
+        .flat_map(|c| match c {
+            '\t' => vec![' '],
+            c if c.is_control() => c.escape_default().collect(),
+            c => vec![c],
+        })
+        .collect();
+    if text.trim_end().chars().count() > SHOWN_LINE {
+        shown.push('…');
+    }
+    format!("\n  {line} | {shown}")
 }
 
 /// Renders one key of a dotted path, quoting it when TOML would need quotes.
@@ -86,11 +127,32 @@ pub(super) fn toml_error(path: &Path, text: &str, err: &toml::de::Error) -> Conf
         (None, Some(field)) => field.to_owned(),
         (None, None) => offset.map_or_else(|| "(document)".to_owned(), |o| key_near(text, o)),
     };
+    let message = match unknown {
+        Some(field) => unknown_key(field, err.message()),
+        None => err.message().replace('\n', " "),
+    };
     ConfigError::Invalid {
         path: path.to_path_buf(),
         line: offset.map(|o| line_of(text, o)),
         key,
-        message: err.message().replace('\n', " "),
+        message,
+        text: None,
+    }
+}
+
+/// serde's "unknown field `preest`, expected one of `command`, …" as one suggestion instead
+/// of every name.
+fn unknown_key(field: &str, serde_message: &str) -> String {
+    let known: Vec<&str> = serde_message
+        .split_once("expected")
+        .map(|(_, list)| list.split('`').skip(1).step_by(2).collect())
+        .unwrap_or_default();
+    match super::suggest::did_you_mean(field, known) {
+        Some(hint) => format!("unknown key {field:?}; {hint}"),
+        None => format!(
+            "unknown key {field:?}: acpd reads no such key here (remove it, or check its \
+             spelling against the configuration reference)"
+        ),
     }
 }
 

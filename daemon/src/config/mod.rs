@@ -14,6 +14,7 @@
 //! - [`validate`]: the value checks both share (sizes, durations, names).
 //! - [`config_error`]: [`ConfigError`] and how a TOML error is pointed at its key and line.
 //! - `hosts`, [`presets`], [`durations`]: remote providers, presets, duration bounds.
+//! - [`suggest`]: did-you-mean for keys, presets and providers.
 
 mod config_error;
 mod defaults;
@@ -25,6 +26,7 @@ mod parse;
 pub mod presets;
 mod providers;
 mod schema;
+pub mod suggest;
 mod types;
 mod validate;
 

@@ -31,12 +31,22 @@ impl Config {
         echo_command: Vec<String>,
         presets: &PresetContext,
     ) -> Result<Config, ConfigError> {
+        Self::checked(text, path, echo_command, presets).map_err(|e| e.with_line_of(text))
+    }
+
+    fn checked(
+        text: &str,
+        path: &Path,
+        echo_command: Vec<String>,
+        presets: &PresetContext,
+    ) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(path, text, &e))?;
         let at = |span: Range<usize>, key: &str, message: &str| ConfigError::Invalid {
             path: path.to_path_buf(),
             line: Some(line_of(text, span.start)),
             key: key.to_owned(),
             message: message.to_owned(),
+            text: None,
         };
         let mut config = Self::builtin(echo_command);
         config.source = Some(path.to_path_buf());
@@ -132,11 +142,10 @@ impl Config {
         }
         if let Some(default) = raw.default_provider {
             if !config.providers.contains_key(default.get_ref()) {
-                let known: Vec<&str> = config.providers.keys().map(String::as_str).collect();
                 let msg = format!(
-                    "no provider named {:?} (known: {})",
+                    "no provider named {:?}; {}",
                     default.get_ref(),
-                    known.join(", ")
+                    super::suggest::unknown_provider(&config, default.get_ref())
                 );
                 return Err(at(default.span(), "default_provider", &msg));
             }

@@ -270,6 +270,29 @@ pub fn auth_hints(preset_or_method: &str) -> Vec<&'static AuthHint> {
         .collect()
 }
 
+/// The hints that apply to an agent's auth failure: for a provider with a preset, its hints for
+/// the methods the agent advertised plus those it implies without advertising (an agent such as
+/// claude-agent-acp advertises none, yet reads `ANTHROPIC_API_KEY`); without a preset, the
+/// hints for each advertised method id.
+pub fn hints_for(preset: Option<&str>, method_ids: &[String]) -> Vec<&'static AuthHint> {
+    match preset {
+        Some(preset) => auth_hints(preset)
+            .into_iter()
+            .filter(|h| h.method.is_none_or(|m| method_ids.iter().any(|id| id == m)))
+            .collect(),
+        None => method_ids.iter().flat_map(|id| auth_hints(id)).collect(),
+    }
+}
+
+/// Where a credential goes when acpd runs as a daemon, which never sees the shell's variables:
+/// said with every auth failure.
+pub const DAEMON_CREDENTIALS: &str = "for a daemon (acpd serve), which does not see your \
+     shell's variables, put the variable in the file named by env_file in the provider's config";
+
+/// Said with an auth failure no preset hint covers.
+pub const UNKNOWN_CREDENTIALS: &str =
+    "the agent wants credentials acpd knows nothing about: see the agent's own documentation";
+
 /// The hint for one advertised method of a preset's agent, if known.
 pub fn auth_hint(preset: &str, method: &str) -> Option<&'static AuthHint> {
     find(preset)?.auth.iter().find(|h| h.method == Some(method))

@@ -32,8 +32,10 @@ pub(super) fn build_provider(
     let mut provider = match raw.preset.take() {
         Some(preset) => {
             let Some(found) = presets::find(preset.get_ref()) else {
+                let hint = super::suggest::did_you_mean(preset.get_ref(), presets::names())
+                    .map_or_else(String::new, |h| format!("{h} "));
                 let msg = format!(
-                    "unknown preset {:?} (valid: {})",
+                    "unknown preset {:?}; {hint}(valid: {})",
                     preset.get_ref(),
                     presets::names().join(", ")
                 );

@@ -21,21 +21,35 @@ fn codex(extra: &str) -> String {
     format!("{CODEX}{extra}\n")
 }
 
-/// Asserts `text` is rejected with one line `FILE:line: key: …` and returns it.
+/// Asserts `text` is rejected with `FILE:line: key: …`, then the offending line under it as
+/// `  line | text`, and returns the first line.
 fn fails(text: &str, line: usize, key: &str) -> String {
     let err = parse(text).expect_err("should be rejected").to_string();
     let at = format!("{FILE}:{line}: {key}: ");
     assert!(err.starts_with(&at), "{err:?} is not at {at:?}");
-    assert!(!err.contains('\n'), "error spans several lines: {err:?}");
-    err
+    let (first, shown) = err.split_once('\n').unwrap_or((&err, ""));
+    let source = text.lines().nth(line - 1).unwrap_or_default().trim_end();
+    assert_eq!(shown, format!("  {line} | {source}"), "{err:?}");
+    first.to_string()
 }
 
 #[test]
 fn unknown_keys_are_rejected() {
     let err = fails("max_depth = 1\nbogus = 2\n", 2, "bogus");
-    assert!(err.contains("unknown field `bogus`"), "{err}");
+    assert!(
+        err.contains("unknown key \"bogus\": acpd reads no such key"),
+        "{err}"
+    );
+    assert!(!err.contains("max_children"), "every key listed: {err}");
     let err = fails(&codex("colour = 1"), 3, "providers.codex.colour");
-    assert!(err.contains("unknown field `colour`"), "{err}");
+    assert!(err.contains("unknown key \"colour\""), "{err}");
+    let err = fails(&codex("preest = \"codex\""), 3, "providers.codex.preest");
+    assert!(
+        err.ends_with("unknown key \"preest\"; did you mean \"preset\"?"),
+        "{err}"
+    );
+    let err = fails("max_chidlren = 2\n", 1, "max_chidlren");
+    assert!(err.ends_with("did you mean \"max_children\"?"), "{err}");
 }
 
 #[test]
@@ -234,7 +248,7 @@ fn bad_names_are_rejected() {
 fn unknown_default_provider_is_rejected() {
     let text = format!("\ndefault_provider = \"no\"\n{CODEX}");
     let err = fails(&text, 2, "default_provider");
-    assert!(err.contains("\"no\" (known: codex, echo)"), "{err}");
+    assert!(err.contains("\"no\"; configured: codex, echo"), "{err}");
     let config = parse(&format!("default_provider = \"codex\"\n{CODEX}"));
     assert_eq!(
         config.map(|c| c.default_provider).ok(),
@@ -484,11 +498,15 @@ fn discovery_order() {
 #[test]
 fn explicitly_named_files_must_exist() {
     let err = found(Some("/f.toml"), &[], &[ETC_CONFIG]);
-    assert_eq!(err, "/f.toml: config file named by --config does not exist");
+    let next = "; create it (`acpd init` writes one) or name another";
+    assert_eq!(
+        err,
+        format!("/f.toml: config file named by --config does not exist{next}")
+    );
     let err = found(None, &[("ACPD_CONFIG", "/e.toml")], &[ETC_CONFIG]);
     assert_eq!(
         err,
-        "/e.toml: config file named by ACPD_CONFIG does not exist"
+        format!("/e.toml: config file named by ACPD_CONFIG does not exist{next}")
     );
 }
 
@@ -630,7 +648,10 @@ fn an_unknown_preset_names_the_valid_ones() {
         "providers.x.preset",
     );
     assert!(
-        err.ends_with("unknown preset \"codx\" (valid: claude, codex, gemini, goose, opencode)"),
+        err.ends_with(
+            "unknown preset \"codx\"; did you mean \"codex\"? (valid: claude, codex, gemini, \
+             goose, opencode)"
+        ),
         "{err}"
     );
     let err = fails(

@@ -218,32 +218,32 @@ pub(super) fn resolve_cwd(
     }
     // A remote provider's cwd is the far side's: `acpd supervise` checks it there.
     let far = provider.remote.is_some();
-    if !far && (!cwd.is_dir() || nix::unistd::access(cwd, nix::unistd::AccessFlags::X_OK).is_err())
-    {
-        return Err(RegistryError::InvalidCwd {
-            reason: format!("{origin} is not an existing, enterable directory"),
-        });
+    if !far {
+        let why = match std::fs::metadata(cwd) {
+            Err(e) => Some(e.to_string()),
+            Ok(m) if !m.is_dir() => Some("not a directory".into()),
+            Ok(_) => nix::unistd::access(cwd, nix::unistd::AccessFlags::X_OK)
+                .err()
+                .map(|e| e.desc().to_string()),
+        };
+        if let Some(why) = why {
+            return Err(RegistryError::InvalidCwd {
+                reason: format!(
+                    "{origin} {:?} is not an existing, enterable directory ({why}); create it, \
+                     or give another",
+                    cwd.to_string_lossy()
+                ),
+            });
+        }
     }
     Ok(cwd.to_path_buf())
 }
 
 /// The environment variable names (never their values) that would satisfy an agent's auth,
-/// from the preset table's hints ([`presets::auth_hints`]): for a provider with a preset, its
-/// hints for the methods the agent advertised plus those it implies without advertising (an
-/// agent such as claude-agent-acp advertises none, yet reads `ANTHROPIC_API_KEY`); without
-/// a preset, the hints for each advertised method id. Without a hint the list is empty and a
-/// diagnostic names the method ids only.
+/// from the preset table's hints ([`presets::hints_for`]). Without a hint the list is empty
+/// and a diagnostic names the method ids only.
 pub fn auth_env_names(preset: Option<&str>, method_ids: &[String]) -> Vec<String> {
-    let hints: Vec<&presets::AuthHint> = match preset {
-        Some(preset) => presets::auth_hints(preset)
-            .into_iter()
-            .filter(|h| h.method.is_none_or(|m| method_ids.iter().any(|id| id == m)))
-            .collect(),
-        None => method_ids
-            .iter()
-            .flat_map(|id| presets::auth_hints(id))
-            .collect(),
-    };
+    let hints = presets::hints_for(preset, method_ids);
     let mut names: Vec<String> = Vec::new();
     for name in hints.iter().flat_map(|h| h.env.iter()) {
         if !names.iter().any(|n| n == name) {
@@ -268,10 +268,7 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         };
     }
     let failure = e.failure();
-    let agent_error = match &e {
-        StartFailure::Refused { error, .. } => Some(error.clone()),
-        _ => None,
-    };
+
     let far = e.far();
     // A remote auth refusal is ssh's, not the agent's: no agent auth facts for it.
     let is_auth = failure.category == Category::Auth && far.is_none();
@@ -280,20 +277,34 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
     } else {
         &[]
     };
+    // An editor's login UI reads the agent's own code and data; its message gains the advice.
+    let agent_error = match &e {
+        StartFailure::Refused { error, .. }
+            if is_auth && error.code == acpd_protocol::envelope::AUTH_REQUIRED =>
+        {
+            Some(Box::new(crate::child::with_auth_advice(
+                (**error).clone(),
+                provider,
+                advertised,
+            )))
+        }
+        StartFailure::Refused { error, .. } => Some(error.clone()),
+        _ => None,
+    };
     let env_names = if is_auth {
         auth_facts(provider, advertised)
     } else {
         Vec::new()
     };
-    let far_note;
-    let notes: &[&'static str] = match (e.unadvertised_auth_method(), far) {
-        (Some(_), _) => &[NOTE_AUTH_METHOD],
-        (None, Some((_, f))) => {
-            far_note = [f.note()];
-            &far_note
-        }
-        (None, None) => &[],
+    let mut notes: Vec<&'static str> = match (e.unadvertised_auth_method(), far) {
+        (Some(_), _) => vec![NOTE_AUTH_METHOD],
+        (None, Some((_, f))) => vec![f.note()],
+        (None, None) => Vec::new(),
     };
+    // An auth_method the agent does not offer is the config's mistake, not a credential's.
+    if is_auth && e.unadvertised_auth_method().is_none() {
+        notes.extend(crate::child::auth_notes(provider, advertised));
+    }
     let (host, launcher) = match provider.remote.as_ref().map(|r| (&r.via, r.target())) {
         Some((crate::remote::Via::Ssh { .. }, t)) => (Some(t), None),
         Some((crate::remote::Via::Launcher(_), t)) => (None, Some(t)),
@@ -305,7 +316,7 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         auth_methods: advertised,
         auth_method: e.unadvertised_auth_method(),
         env_names: &env_names,
-        notes,
+        notes: &notes,
         host: host.as_deref(),
         launcher: launcher.as_deref(),
         ..Default::default()
@@ -313,6 +324,7 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
     RegistryError::StartFailed {
         provider: provider.name.clone(),
         failure: Box::new(failure),
+        cause: e.cause(),
         diagnostic,
         agent_error,
     }

@@ -166,6 +166,7 @@ impl Registry {
             .cloned()
             .ok_or_else(|| RegistryError::NoProvider {
                 name: name.to_string(),
+                hint: crate::config::suggest::unknown_provider(config, name),
             })
     }
 }

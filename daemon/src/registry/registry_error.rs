@@ -5,8 +5,12 @@ use acpd_protocol::subagent::Failure;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RegistryError {
-    #[error("no provider named \"{name}\" is configured (see `acpd providers`)")]
-    NoProvider { name: String },
+    #[error("no provider named \"{name}\" is configured; {hint}")]
+    NoProvider {
+        name: String,
+        /// The closest configured name, or the preset that would add it.
+        hint: String,
+    },
     #[error("provider \"{provider}\" does not support the \"{capability}\" capability")]
     UnsupportedCapability {
         provider: String,
@@ -20,12 +24,13 @@ pub enum RegistryError {
     DepthExceeded { depth: u32, max: u32 },
     #[error("capacity reached: {scope} = {limit} live children")]
     Capacity { scope: String, limit: usize },
-    #[error(
-        "provider \"{provider}\" failed to start: {diagnostic} (acpd's log has the child's stderr)"
-    )]
+    #[error("provider \"{provider}\" failed to start: {}{diagnostic}", cause.as_deref().map(|c| format!("{c}. ")).unwrap_or_default())]
     StartFailed {
         provider: String,
         failure: Box<Failure>,
+        /// What went wrong and what to do next, for a person: the program, PATH and OS error
+        /// of a spawn, or the call the agent refused (`data.cause`).
+        cause: Option<String>,
         diagnostic: String,
         /// The agent's own error, when it refused a handshake call: a bridge passes it to the
         /// editor as it is (an auth-required error's code and data drive its login UI).
@@ -77,12 +82,16 @@ impl RegistryError {
         let mut data = serde_json::json!({ "code": self.name().as_str() });
         if let RegistryError::StartFailed {
             failure,
+            cause,
             diagnostic,
             ..
         } = self
         {
             data["failure"] = serde_json::to_value(failure).unwrap_or_default();
             data["diagnostic"] = serde_json::Value::String(diagnostic.clone());
+            if let Some(cause) = cause {
+                data["cause"] = serde_json::Value::String(cause.clone());
+            }
         }
         data
     }
@@ -113,6 +122,8 @@ impl From<crate::catalog::ResolveError> for RegistryError {
             ..Default::default()
         });
         RegistryError::StartFailed {
+            // The diagnostic already ends with what failed.
+            cause: None,
             diagnostic: diagnostic::limit(format!("{facts}: {e}")),
             provider,
             failure: Box::new(failure),

@@ -258,12 +258,17 @@ impl Run {
         }
         match result.stop_reason {
             StopReason::Completed => {}
-            StopReason::Error => tracing::warn!(
-                provider = %self.provider.name, run = %self.run_id, turn,
-                category = result.failure.as_ref().map(|f| f.category.as_str()).unwrap_or("-"),
-                stderr_tail = ?child.stderr_tail(),
-                "turn failed"
-            ),
+            StopReason::Error => {
+                tracing::warn!(
+                    target: crate::child::FAILURE_LOG,
+                    provider = %self.provider.name, run = %self.run_id, turn,
+                    "turn failed: {}", result.diagnostic.as_deref().unwrap_or("-")
+                );
+                tracing::debug!(
+                    provider = %self.provider.name, run = %self.run_id, turn,
+                    stderr_tail = ?child.stderr_tail(), "the child's last stderr lines"
+                );
+            }
             other => tracing::info!(
                 provider = %self.provider.name, run = %self.run_id, turn,
                 stop_reason = %other, "turn ended"
@@ -430,6 +435,7 @@ impl Run {
             &[]
         };
         let auth_env: Vec<String> = if is_auth {
+            notes.extend(crate::child::auth_notes(&self.provider, auth_methods));
             super::gate::auth_facts(&self.provider, auth_methods)
         } else {
             Vec::new()

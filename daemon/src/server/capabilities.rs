@@ -31,14 +31,13 @@ pub(super) fn connect(conn: &Conn, params: Option<&RawValue>) -> Result<(), RpcE
         .ok_or_else(|| RpcError::invalid_params(format!("{CONNECT} needs a provider name")))?;
     let config = conn.ctx.registry.config();
     if !config.providers.contains_key(&name) {
-        let known: Vec<&str> = config.providers.keys().map(String::as_str).collect();
         return Err(RpcError::invalid_params(format!(
-            "no provider named {name:?} in {}; configured: {}",
+            "no provider named {name:?} in {}; {}",
             config.source.as_deref().map_or_else(
                 || "the built-in config".to_string(),
                 |p| p.display().to_string()
             ),
-            known.join(", ")
+            crate::config::suggest::unknown_provider(&config, &name)
         )));
     }
     *lock(&conn.provider) = Some(name);

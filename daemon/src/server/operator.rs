@@ -175,6 +175,7 @@ mod tests {
             line: Some(3),
             key: "max_children".into(),
             message: "invalid type".into(),
+            text: None,
         };
         let r = rejected(&e);
         assert_eq!(r.code, -33014);

@@ -366,6 +366,14 @@ impl Relay {
             }
             // An error about the child's session (`Session not found`) names the parent's.
             Err(mut e) => {
+                // An agent that wants credentials: the editor hears what would satisfy it, and
+                // the daemon's log says so (an editor may show the error to nobody).
+                if e.code == acpd_protocol::envelope::AUTH_REQUIRED {
+                    let (provider, agent) = (&d.shared.provider, &d.shared.agent);
+                    e = super::with_auth_advice(e, provider, &agent.auth_method_ids);
+                    tracing::warn!(provider = %provider.name, session = %self.t.session_id,
+                        %method, "the agent needs credentials: {}", e.message);
+                }
                 if let Some(data) = e.data.as_mut()
                     && data.get("sessionId").and_then(|v| v.as_str()) == Some(self.own.as_str())
                 {
