@@ -114,6 +114,9 @@ impl SessionParams {
 pub enum StartFailure {
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    /// The provider's `env_file` could not be used (its path and why; never a value).
+    #[error(transparent)]
+    EnvFile(#[from] crate::config::env_file::EnvFileError),
     #[error("{} failed ({}): {detail}", failure.stage.as_str(), failure.category.as_str())]
     Handshake { failure: Failure, detail: String },
     /// The child answered a handshake call with an error: kept whole, so a bridge can pass
@@ -150,7 +153,9 @@ impl StartFailure {
     /// The fixed facts, for the diagnostic and `error.data`.
     pub fn failure(&self) -> Failure {
         match self {
-            StartFailure::Spawn(_) => failure(Stage::Spawn, Category::Spawn),
+            StartFailure::Spawn(_) | StartFailure::EnvFile(_) => {
+                failure(Stage::Spawn, Category::Spawn)
+            }
             StartFailure::Handshake { failure, .. } | StartFailure::Remote { failure, .. } => {
                 failure.clone()
             }

@@ -106,6 +106,12 @@ pub(crate) fn contain(config: &crate::config::Config) -> Result<(), u8> {
     for line in crate::supervise::limit_warnings(&provider_limits(config)) {
         tracing::warn!("{line}");
     }
+    // Said once at start; each spawn of the provider fails the same way until it is fixed.
+    for p in config.providers.values() {
+        if let Some(Err(e)) = p.env_file.as_ref().map(|f| f.read()) {
+            tracing::warn!(provider = %p.name, "providers.{}: {e}", p.name);
+        }
+    }
     Ok(())
 }
 
@@ -550,21 +556,44 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
     let mut healthy = true;
     for provider in providers {
         let cancel = CancellationToken::new();
+        let secrets = match provider.env_file.as_ref().map(|f| f.read()).transpose() {
+            Ok(s) => s,
+            Err(e) => {
+                healthy = false;
+                let line = outln!("{}: FAIL — {}", provider.name, shown(&e.to_string()));
+                if let Err(e) = line {
+                    return super::stdout_failed(&e);
+                }
+                continue;
+            }
+        };
+        let view = super::credentials::ChildView::new(&provider, secrets.as_ref());
         let line = match registry.probe(&provider.name, Some(&cwd), &cancel).await {
             Ok(agent) => {
                 let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
                 let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
                 let auth = auth_report(&provider, &agent, |n| {
                     std::env::var_os(n).is_some_and(|v| !v.is_empty())
+                        || secrets.as_ref().is_some_and(|s| s.is_set(n))
                 });
-                healthy &= auth.ok;
+                let ids = agent.auth_method_ids.as_slice();
+                let missing = super::credentials::missing(&provider, Some(ids), &view);
+                healthy &= auth.ok && missing.is_none();
+                let state = match (auth.ok, &missing) {
+                    (false, _) => "FAIL",
+                    (true, Some(_)) => "WARN",
+                    (true, None) => "OK",
+                };
                 outln!(
-                    "{}: {} — ACP protocol {}, agent {name} {version}, auth methods: {}",
+                    "{}: {state} — ACP protocol {}, agent {name} {version}, auth methods: {}",
                     provider.name,
-                    if auth.ok { "OK" } else { "FAIL" },
                     agent.protocol_version,
                     shown(&auth.text)
                 )
+                .and_then(|()| match &missing {
+                    Some(m) => outln!("warning: {}", m.warning(&provider.name)),
+                    None => Ok(()),
+                })
             }
             Err(e) => {
                 healthy = false;

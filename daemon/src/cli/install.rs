@@ -16,7 +16,7 @@ pub struct InstallArgs {
 
 /// Why an install failed (each maps to exit code 1 with one line on stderr).
 #[derive(Debug, thiserror::Error)]
-enum InstallError {
+pub(super) enum InstallError {
     #[error("no data directory: set XDG_DATA_HOME or HOME")]
     NoDataDir,
     #[error("{}: {source}", path.display())]
@@ -86,7 +86,7 @@ pub fn install(args: InstallArgs) -> u8 {
 
 /// Installs into a fresh sibling directory and renames it into place, so a failed or
 /// interrupted install never looks installed. npm's own output goes to stderr.
-fn install_into(preset: &Preset, data: &Path) -> Result<PathBuf, InstallError> {
+pub(super) fn install_into(preset: &Preset, data: &Path) -> Result<PathBuf, InstallError> {
     let (Some(dir), Some(spec)) = (preset.install_dir(data), preset.package_spec()) else {
         return Err(InstallError::NoDataDir);
     };

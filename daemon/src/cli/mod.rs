@@ -17,6 +17,8 @@ macro_rules! errln {
 }
 
 mod client;
+mod credentials;
+mod init;
 mod daemon;
 mod install;
 mod registry;
@@ -109,6 +111,9 @@ pub enum Command {
         #[arg(long)]
         presets: bool,
     },
+    /// Write a first config (where acpd reads it), install the presets' agents, check them
+    /// with doctor, and say what is still missing (e.g. an API key).
+    Init(init::InitArgs),
     /// Install a preset's pinned package into acpd's data directory (runs `npm install`).
     Install(install::InstallArgs),
     /// The ACP Registry (`registry = "ID"` providers): what it offers.
@@ -214,6 +219,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         } => install::list_presets(json),
         Command::Providers { json, .. } => providers(cli.config.as_deref(), json),
         Command::Install(args) => install::install(args),
+        Command::Init(args) => init::init(cli.config.as_deref(), args).await,
         Command::Stdio(args) => stdio(cli.config.as_deref(), args.provider.as_deref()).await,
         Command::Serve(socket) => daemon::serve(cli.config.as_deref(), socket, activated).await,
         Command::Connect(args) => daemon::connect(cli.config.as_deref(), args).await,
