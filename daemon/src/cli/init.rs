@@ -331,10 +331,11 @@ fn next_steps(path: &Path, presets: &[&Preset], ready: bool) -> io::Result<()> {
         let view = ChildView::new(provider, secrets.as_ref());
         if let Some(m) = missing(provider, None, &view) {
             let key = m.names.first().copied().unwrap_or("KEY");
+            // The preset's first method; `acpd providers --presets` lists every one.
             lines.push(format!(
-                "  {}: {}\n    or put {key}=… in {} (chmod 600) and uncomment its env_file line in {}",
+                "  {}: {},\n    or put {key}=… in {} (chmod 600) and uncomment its env_file line in {}",
                 p.name,
-                m.how.join("; or "),
+                m.how.first().copied().unwrap_or("set a key"),
                 dir.join(format!("{}.env", p.name)).display(),
                 path.display()
             ));
