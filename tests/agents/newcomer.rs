@@ -56,7 +56,11 @@ impl Newcomer {
         }
         let started = Instant::now();
         let out: Output = cmd.output().unwrap();
-        eprintln!("acpd {}: {} ms", args.join(" "), started.elapsed().as_millis());
+        eprintln!(
+            "acpd {}: {} ms",
+            args.join(" "),
+            started.elapsed().as_millis()
+        );
         (
             out.status.code().unwrap_or(-1),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -105,7 +109,10 @@ fn a_newcomer_gets_from_acpd_init_to_a_reply() {
         out.contains(&format!("wrote {}", config.display())),
         "{out}\n{err}"
     );
-    assert_eq!((mode(&config), mode(config.parent().unwrap())), (0o600, 0o700));
+    assert_eq!(
+        (mode(&config), mode(config.parent().unwrap())),
+        (0o600, 0o700)
+    );
     assert!(out.contains("claude: installed"), "{out}\n{err}");
     assert!(
         out.contains("still missing") && out.contains("set ANTHROPIC_API_KEY"),
@@ -117,7 +124,10 @@ fn a_newcomer_gets_from_acpd_init_to_a_reply() {
     // Again: it never overwrites.
     let (code, _, err) = n.acpd(&["init", "claude"], None);
     assert_eq!(code, 1);
-    assert!(err.contains("already exists") && err.contains("--force"), "{err}");
+    assert!(
+        err.contains("already exists") && err.contains("--force"),
+        "{err}"
+    );
 
     // 2. doctor warns: no key.
     let (code, out, err) = n.acpd(&["doctor"], None);
@@ -132,7 +142,14 @@ fn a_newcomer_gets_from_acpd_init_to_a_reply() {
     let (code, out, err) = n.acpd(&["doctor", "claude"], Some(KEY));
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("claude: OK"), "{out}");
-    let args = ["run", "--timeout", "90s", "--cwd", project, "hello newcomer"];
+    let args = [
+        "run",
+        "--timeout",
+        "90s",
+        "--cwd",
+        project,
+        "hello newcomer",
+    ];
     let (code, out, err) = n.acpd(&args, Some(KEY));
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("REPLY hello newcomer"), "{out}\n{err}");
@@ -150,14 +167,27 @@ fn a_newcomer_gets_from_acpd_init_to_a_reply() {
         out.contains("claude: FAIL") && out.contains(&format!("chmod 600 {}", env_file.display())),
         "{out}"
     );
-    assert!(!format!("{out}{err}").contains(KEY), "the key leaked: {out}\n{err}");
+    assert!(
+        !format!("{out}{err}").contains(KEY),
+        "the key leaked: {out}\n{err}"
+    );
     std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let (code, out, err) = n.acpd(&["doctor", "claude"], None);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("claude: OK"), "{out}");
-    let args = ["run", "--timeout", "90s", "--cwd", project, "hello env file"];
+    let args = [
+        "run",
+        "--timeout",
+        "90s",
+        "--cwd",
+        project,
+        "hello env file",
+    ];
     let (code, out, err) = n.acpd(&args, None);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("REPLY hello env file"), "{out}\n{err}");
-    assert!(!format!("{out}{err}").contains(KEY), "the key leaked: {out}\n{err}");
+    assert!(
+        !format!("{out}{err}").contains(KEY),
+        "the key leaked: {out}\n{err}"
+    );
 }

@@ -48,7 +48,11 @@ fn the_deb_installs_runs_a_turn_and_purges() {
     );
     // The packaged binary is stripped: no debug sections, no symbol table.
     let unpacked = scratch.path().join("unpacked");
-    let x = Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked).status();
+    let x = Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(&deb)
+        .arg(&unpacked)
+        .status();
     assert!(x.unwrap().success());
     let sections = Command::new("readelf")
         .arg("-S")
@@ -57,7 +61,9 @@ fn the_deb_installs_runs_a_turn_and_purges() {
         .unwrap();
     let sections = String::from_utf8_lossy(&sections.stdout);
     assert!(
-        !sections.contains(".debug_info") && !sections.contains(".debug_line") && !sections.contains(".symtab"),
+        !sections.contains(".debug_info")
+            && !sections.contains(".debug_line")
+            && !sections.contains(".symtab"),
         "{sections}"
     );
     let name = format!("acpd-deb-{}", std::process::id());
@@ -115,7 +121,11 @@ fn the_deb_installs_runs_a_turn_and_purges() {
     let session = alice.new_session("/srv/acpd", "echo");
     let id = alice.prompt(&session, "hello from the package");
     assert_eq!(alice.answer(id).unwrap()["stopReason"], "end_turn");
-    assert!(alice.text().contains("hello from the package"), "{}", alice.text());
+    assert!(
+        alice.text().contains("hello from the package"),
+        "{}",
+        alice.text()
+    );
     let keyed = alice.new_session("/srv/acpd", "keyed");
     let id = alice.prompt(&keyed, ":env TEST_KEY CREDENTIALS_DIRECTORY");
     assert_eq!(alice.answer(id).unwrap()["stopReason"], "end_turn");
@@ -125,7 +135,9 @@ fn the_deb_installs_runs_a_turn_and_purges() {
     assert_eq!(alice.close().and_then(|s| s.code()), Some(0));
     // The value is in no status and no log line.
     let status = c
-        .sh(&format!("runuser -u alice -- acpd status --json --socket {SOCKET}"))
+        .sh(&format!(
+            "runuser -u alice -- acpd status --json --socket {SOCKET}"
+        ))
         .ok("acpd status");
     assert!(!status.contains(SECRET), "{status}");
     let journal = c.sh("journalctl --no-pager -o cat -u acpd").stdout;
@@ -150,7 +162,10 @@ fn the_deb_installs_runs_a_turn_and_purges() {
         "session/new",
         serde_json::json!({"cwd": "/srv/acpd", "mcpServers": [], "_meta": {"acpd": {"provider": "open"}}}),
     );
-    assert!(alice.answer(id).is_err(), "a session opened with a world-readable env_file");
+    assert!(
+        alice.answer(id).is_err(),
+        "a session opened with a world-readable env_file"
+    );
     drop(alice);
     assert!(
         c.until(
@@ -165,9 +180,15 @@ fn the_deb_installs_runs_a_turn_and_purges() {
     let t = Instant::now();
     c.sh("apt-get purge -y -q acpd").ok("apt purge acpd");
     c.note(&format!("apt purge took {:.1?}", t.elapsed()));
-    assert_eq!(c.sh("systemctl is-active acpd.socket").stdout.trim(), "inactive");
+    assert_eq!(
+        c.sh("systemctl is-active acpd.socket").stdout.trim(),
+        "inactive"
+    );
     assert!(c.sh("test -e /lib/systemd/system/acpd.service").code != 0);
     assert!(c.sh("test -e /var/lib/acpd").code != 0);
-    assert!(c.sh("getent passwd acpd").code != 0, "the user outlived purge");
+    assert!(
+        c.sh("getent passwd acpd").code != 0,
+        "the user outlived purge"
+    );
     assert!(c.sh("test -e /etc/acpd/config.toml").code != 0);
 }

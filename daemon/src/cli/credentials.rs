@@ -172,9 +172,10 @@ mod tests {
         std::fs::write(home.path().join(".claude/.credentials.json"), "{}").unwrap();
         assert!(missing(&claude, Some(&[]), &view(&claude, None, &[("HOME", h)])).is_none());
         let mut elsewhere = provider("claude");
-        elsewhere
-            .env
-            .insert("CLAUDE_CONFIG_DIR".into(), dir.path().to_str().unwrap().into());
+        elsewhere.env.insert(
+            "CLAUDE_CONFIG_DIR".into(),
+            dir.path().to_str().unwrap().into(),
+        );
         let v = view(&elsewhere, None, &[("HOME", h)]);
         assert!(missing(&elsewhere, Some(&[]), &v).is_some());
     }

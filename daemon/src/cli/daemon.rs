@@ -106,12 +106,6 @@ pub(crate) fn contain(config: &crate::config::Config) -> Result<(), u8> {
     for line in crate::supervise::limit_warnings(&provider_limits(config)) {
         tracing::warn!("{line}");
     }
-    // Said once at start; each spawn of the provider fails the same way until it is fixed.
-    for p in config.providers.values() {
-        if let Some(Err(e)) = p.env_file.as_ref().map(|f| f.read()) {
-            tracing::warn!(provider = %p.name, "providers.{}: {e}", p.name);
-        }
-    }
     Ok(())
 }
 

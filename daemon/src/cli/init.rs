@@ -154,11 +154,8 @@ fn write_config(path: &Path, text: &str, force: bool) -> Result<(), InitError> {
         )));
     }
     let create = |file: &std::ffi::OsStr| -> Result<File, InitError> {
-        let flags = OFlag::O_WRONLY
-            | OFlag::O_CREAT
-            | OFlag::O_EXCL
-            | OFlag::O_NOFOLLOW
-            | OFlag::O_CLOEXEC;
+        let flags =
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         nix::fcntl::openat(&dir_fd, file, flags, Mode::from_bits_truncate(0o600))
             .map(File::from)
             .map_err(|e| match e {
@@ -182,7 +179,11 @@ fn write_config(path: &Path, text: &str, force: bool) -> Result<(), InitError> {
     tmp_name.push(name);
     tmp_name.push(format!(".{}.tmp", std::process::id()));
     let tmp = dir.join(&tmp_name);
-    let _ = nix::unistd::unlinkat(&dir_fd, tmp_name.as_os_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+    let _ = nix::unistd::unlinkat(
+        &dir_fd,
+        tmp_name.as_os_str(),
+        nix::unistd::UnlinkatFlags::NoRemoveDir,
+    );
     let written = create(tmp_name.as_os_str())
         .map_err(|e| match e {
             InitError::Exists { .. } => io_err("create", &tmp)(io::ErrorKind::AlreadyExists.into()),
@@ -194,7 +195,11 @@ fn write_config(path: &Path, text: &str, force: bool) -> Result<(), InitError> {
                 .map_err(|e| io_err("replace", path)(e.into()))
         });
     if written.is_err() {
-        let _ = nix::unistd::unlinkat(&dir_fd, tmp_name.as_os_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+        let _ = nix::unistd::unlinkat(
+            &dir_fd,
+            tmp_name.as_os_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
     }
     written
 }
@@ -369,7 +374,10 @@ mod tests {
         for p in presets::PRESETS {
             assert_eq!(c.providers[p.name].preset.as_deref(), Some(p.name));
         }
-        assert!(text.contains("# env_file = \"/home/u/.config/acpd/claude.env\""), "{text}");
+        assert!(
+            text.contains("# env_file = \"/home/u/.config/acpd/claude.env\""),
+            "{text}"
+        );
         // Uncommenting the env_file line gives a valid config too.
         let on = text.replacen("# env_file = \"/home", "env_file = \"/home", 1);
         let c = Config::parse(&on, &path, echo()).unwrap();
@@ -390,13 +398,18 @@ mod tests {
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&path), 0o600);
         assert_eq!(mode(path.parent().unwrap()), 0o700);
-        let e = write_config(&path, "b = 2\n", false).unwrap_err().to_string();
+        let e = write_config(&path, "b = 2\n", false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("already exists") && e.contains("--force"), "{e}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "a = 1\n");
         write_config(&path, "b = 2\n", true).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "b = 2\n");
         assert_eq!(mode(&path), 0o600);
-        assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().count(), 1);
+        assert_eq!(
+            std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
+            1
+        );
         // A symlink at the file's place is never followed, with or without --force.
         let victim = root.path().join("victim");
         std::fs::write(&victim, "keep").unwrap();

@@ -18,8 +18,8 @@ macro_rules! errln {
 
 mod client;
 mod credentials;
-mod init;
 mod daemon;
+mod init;
 mod install;
 mod registry;
 mod reload;

@@ -361,7 +361,10 @@ mod tests {
         );
         assert!(s.is_set("A") && !s.is_set("D") && !s.is_set("Z"));
         assert_eq!(format!("{s:?}"), r#"["B", "C", "D", "A", "E", "F"]"#);
-        assert_eq!(parse_lines(b"A=1\nsk-ant-secret\n"), Err((2, "expected KEY=VALUE")));
+        assert_eq!(
+            parse_lines(b"A=1\nsk-ant-secret\n"),
+            Err((2, "expected KEY=VALUE"))
+        );
         assert_eq!(parse_lines(b"A=se\0cret"), Err((1, "contains a NUL byte")));
         assert!(parse_lines(b"1A=x").is_err());
         assert!(parse_lines(b"A B=x").is_err());
@@ -404,7 +407,10 @@ mod tests {
         let e = read(&write(dir.path(), "bad", b"A=1\nB\n", 0o600))
             .unwrap_err()
             .to_string();
-        assert!(e.ends_with(":2: expected KEY=VALUE (the line is not shown: it may hold a secret)"), "{e}");
+        assert!(
+            e.ends_with(":2: expected KEY=VALUE (the line is not shown: it may hold a secret)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -714,7 +714,11 @@ fn env_file_is_an_absolute_path_or_a_systemd_credential_and_stays_local() {
         c.providers["codex"].env_file,
         Some(env_file::EnvFile::Path("/etc/acpd/openai.env".into()))
     );
-    let err = fails(&codex("env_file = \"openai.env\""), 3, "providers.codex.env_file");
+    let err = fails(
+        &codex("env_file = \"openai.env\""),
+        3,
+        "providers.codex.env_file",
+    );
     assert!(err.contains("absolute"), "{err}");
     let err = fails(
         &codex("env_file = \"$HOME/openai.env\""),
