@@ -63,13 +63,13 @@ fn installed() -> Option<&'static Path> {
 }
 
 /// The mock model server; it ends when its stdin closes (when this is dropped).
-struct Mock {
+pub(crate) struct Mock {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Mock {
-    fn start(log: &Path) -> Mock {
+    pub(crate) fn start(log: &Path) -> Mock {
         let mut child = Command::new("node")
             .arg(interop_dir().join("mock-model.mjs"))
             .arg(log)

@@ -14,6 +14,7 @@ mod common;
 mod nspawn;
 
 mod containment;
+mod deb_nspawn;
 mod pdeathsig;
 mod remote;
 mod supervise;

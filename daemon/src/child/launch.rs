@@ -295,9 +295,18 @@ pub async fn probe(spec: ChildSpec, cancel: &CancellationToken) -> Result<AgentI
 
 async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
     let provider = &spec.provider;
+    // Read at every spawn, so a rotated key needs no reload; an unusable file fails the start
+    // with its path and the reason, never a value.
+    let env = match &provider.env_file {
+        Some(file) => file
+            .read()
+            .inspect_err(|e| tracing::warn!(provider = %provider.name, "{e}"))?
+            .over(&spec.env),
+        None => spec.env.clone(),
+    };
     // Behind ssh or a launcher the local process is that tool, and the command, its env and
     // cwd go to `acpd supervise` on the far side in the setup line, before any ACP.
-    let (local, setup) = crate::remote::spawn_spec(provider, &spec.cwd, &spec.env);
+    let (local, setup) = crate::remote::spawn_spec(provider, &spec.cwd, &env);
     // Limits are a local cgroup's: a remote provider's local process is only its ssh or
     // launcher (the far side has its own).
     let limits = match provider.remote {

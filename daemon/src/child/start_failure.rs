@@ -18,6 +18,9 @@ pub enum StartFailure {
         error: SpawnError,
         cause: String,
     },
+    /// The provider's `env_file` could not be used (its path and why; never a value).
+    #[error(transparent)]
+    EnvFile(#[from] crate::config::env_file::EnvFileError),
     #[error("{} failed ({}): {detail}", failure.stage.as_str(), failure.category.as_str())]
     Handshake { failure: Failure, detail: String },
     /// The child answered a handshake call with an error: kept whole, so a bridge can pass
@@ -54,7 +57,9 @@ impl StartFailure {
     /// The fixed facts, for the diagnostic and `error.data`.
     pub fn failure(&self) -> Failure {
         match self {
-            StartFailure::Spawn { .. } => failure(Stage::Spawn, Category::Spawn),
+            StartFailure::Spawn { .. } | StartFailure::EnvFile(_) => {
+                failure(Stage::Spawn, Category::Spawn)
+            }
             StartFailure::Handshake { failure, .. } | StartFailure::Remote { failure, .. } => {
                 failure.clone()
             }
@@ -128,7 +133,9 @@ impl StartFailure {
                 };
                 format!("{what} {method} with error {}", error.code)
             }
-            StartFailure::AuthMethod { .. } | StartFailure::Remote { .. } => self.to_string(),
+            StartFailure::AuthMethod { .. }
+            | StartFailure::Remote { .. }
+            | StartFailure::EnvFile(_) => self.to_string(),
             StartFailure::Cancelled { .. } => return None,
         })
     }

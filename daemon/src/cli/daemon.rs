@@ -489,15 +489,21 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>, quiet: boo
             let registry = &registry;
             let cwd = &cwd;
             async move {
-                let cancel = CancellationToken::new();
-                let probed = registry.probe(&provider.name, Some(cwd), &cancel).await;
-                (provider, probed)
+                // An unusable env_file fails the check before any agent starts.
+                let checked = match provider.env_file.as_ref().map(|f| f.read()).transpose() {
+                    Err(e) => (false, failed(&provider, &e.to_string())),
+                    Ok(secrets) => {
+                        let cancel = CancellationToken::new();
+                        let probed = registry.probe(&provider.name, Some(cwd), &cancel).await;
+                        checked(&provider, secrets.as_ref(), probed)
+                    }
+                };
+                (provider, checked)
             }
         })
         .buffer_unordered(at_once);
     let mut healthy = true;
-    while let Some((provider, probed)) = checks.next().await {
-        let (ok, report) = checked(&provider, probed);
+    while let Some((provider, (ok, report))) = checks.next().await {
         healthy &= ok;
         pending.retain(|n| *n != provider.name);
         let printed = progress.above(|| outln!("{report}"));
@@ -511,36 +517,51 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>, quiet: boo
     if healthy { 0 } else { 1 }
 }
 
-/// One provider's line of the doctor's report, and whether it is healthy.
+/// One provider's lines of the doctor's report, and whether it is healthy: FAIL when it did
+/// not start or its auth cannot work, WARN (unhealthy too) when no credential it could use is
+/// present in what its child gets (the environment passed through, `env`, `env_file`).
 fn checked(
     provider: &crate::config::ProviderConfig,
+    secrets: Option<&crate::config::env_file::Secrets>,
     probed: Result<crate::child::AgentInfo, crate::registry::GateError>,
 ) -> (bool, String) {
-    let verdict = super::output::verdict;
-    match probed {
-        Ok(agent) => {
-            let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
-            let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
-            let auth = auth_report(provider, &agent, |n| {
-                std::env::var_os(n).is_some_and(|v| !v.is_empty())
-            });
-            let line = format!(
-                "{}: {} — ACP protocol {}, agent {name} {version}, auth methods: {}",
-                shown(&provider.name),
-                verdict(if auth.ok { "OK" } else { "FAIL" }),
-                agent.protocol_version,
-                shown(&auth.text)
-            );
-            (auth.ok, line)
-        }
-        Err(e) => (
-            false,
-            format!(
-                "{}: {} — {}",
-                shown(&provider.name),
-                verdict("FAIL"),
-                shown(&e.to_string())
-            ),
-        ),
+    let agent = match probed {
+        Ok(agent) => agent,
+        Err(e) => return (false, failed(provider, &e.to_string())),
+    };
+    let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
+    let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
+    let auth = auth_report(provider, &agent, |n| {
+        std::env::var_os(n).is_some_and(|v| !v.is_empty())
+            || secrets.is_some_and(|s| s.is_set(n))
+    });
+    let view = super::credentials::ChildView::new(provider, secrets);
+    let ids = agent.auth_method_ids.as_slice();
+    let missing = super::credentials::missing(provider, Some(ids), &view);
+    let state = match (auth.ok, &missing) {
+        (false, _) => "FAIL",
+        (true, Some(_)) => "WARN",
+        (true, None) => "OK",
+    };
+    let mut report = format!(
+        "{}: {} — ACP protocol {}, agent {name} {version}, auth methods: {}",
+        shown(&provider.name),
+        super::output::verdict(state),
+        agent.protocol_version,
+        shown(&auth.text)
+    );
+    if let Some(m) = &missing {
+        report.push_str(&format!("\nwarning: {}", m.warning(&provider.name)));
     }
+    (auth.ok && missing.is_none(), report)
+}
+
+/// A provider's FAIL line.
+fn failed(provider: &crate::config::ProviderConfig, why: &str) -> String {
+    format!(
+        "{}: {} — {}",
+        shown(&provider.name),
+        super::output::verdict("FAIL"),
+        shown(why)
+    )
 }

@@ -61,6 +61,12 @@ Examples:
   acpd doctor claude
   acpd doctor --quiet > report.txt";
 
+pub(super) const INIT: &str = "\
+Examples:
+  acpd init                                  a config for the built-in echo agent
+  acpd init claude codex                     configure, install and check two agents
+  acpd init claude --config ./acpd.toml --force";
+
 pub(super) const PROVIDERS: &str = "\
 Examples:
   acpd providers

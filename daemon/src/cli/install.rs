@@ -24,7 +24,7 @@ pub struct InstallArgs {
 
 /// Why an install failed (each maps to exit code 1 with one line on stderr).
 #[derive(Debug, thiserror::Error)]
-enum InstallError {
+pub(super) enum InstallError {
     #[error("no data directory: set XDG_DATA_HOME or HOME")]
     NoDataDir,
     #[error("{}: {source}", path.display())]
@@ -110,7 +110,7 @@ pub fn install(args: InstallArgs) -> u8 {
 /// Installs into a fresh sibling directory and renames it into place, so a failed or
 /// interrupted install never looks installed. npm's own output goes to stderr: at once, or,
 /// under a status line, only when npm fails.
-fn install_into(
+pub(super) fn install_into(
     preset: &Preset,
     data: &Path,
     progress: &super::progress::Progress,

@@ -17,8 +17,10 @@ macro_rules! errln {
 }
 
 mod client;
+mod credentials;
 mod daemon;
 mod help;
+mod init;
 mod install;
 mod output;
 mod progress;
@@ -174,6 +176,10 @@ pub enum Command {
     /// List the configured providers and their capabilities.
     #[command(after_help = help::PROVIDERS)]
     Providers(ProvidersArgs),
+    /// Write a first config (where acpd reads it), install the presets' agents, check them
+    /// with doctor, and say what is still missing (e.g. an API key).
+    #[command(after_help = help::INIT)]
+    Init(init::InitArgs),
     /// Install a preset's pinned package into acpd's data directory (runs `npm install`).
     #[command(after_help = help::INSTALL)]
     Install(install::InstallArgs),
@@ -269,6 +275,7 @@ impl Command {
             Command::Mcp(a) => setup(&a.setup),
             Command::Doctor(a) => (a.config.config.as_ref(), None),
             Command::Providers(a) => (a.config.config.as_ref(), None),
+            Command::Init(a) => (a.config.config.as_ref(), None),
             Command::Registry(registry::RegistryCommand::List { config, .. }) => {
                 (config.config.as_ref(), None)
             }
@@ -312,6 +319,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
         }) => install::list_presets(json),
         Command::Providers(args) => providers(config, args.json),
         Command::Install(args) => install::install(args),
+        Command::Init(args) => init::init(config, args).await,
         Command::Stdio(args) => stdio(config, args.provider.as_deref()).await,
         Command::Serve(args) => daemon::serve(config, args.socket, activated).await,
         Command::Connect(args) => daemon::connect(config, args).await,

@@ -21,6 +21,7 @@ impl ProviderConfig {
             cwd: None,
             env: BTreeMap::new(),
             env_passthrough: Vec::new(),
+            env_file: None,
             permission: PermissionPolicy::Forward,
             handshake_timeout: Duration::from_secs(60),
             idle_timeout: Some(Duration::from_secs(600)),

@@ -47,13 +47,20 @@ impl Config {
                 Err(ConfigError::Missing { path, origin })
             };
         }
+        let user = Self::user_path(env);
+        let mut candidates = user.into_iter().chain([PathBuf::from(ETC_CONFIG)]);
+        Ok(candidates.find(|p| exists(p)))
+    }
+
+    /// The user's own config file: `$XDG_CONFIG_HOME/acpd/config.toml` (absolute only), else
+    /// `$HOME/.config/acpd/config.toml`; `None` without either. Where `acpd init` writes.
+    pub fn user_path(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+        let var = |k: &str| env(k).filter(|v| !v.is_empty());
         let user_dir = var("XDG_CONFIG_HOME")
             .map(PathBuf::from)
             .filter(|p| p.is_absolute())
             .or_else(|| var("HOME").map(|h| Path::new(&h).join(".config")));
-        let user = user_dir.map(|d| d.join("acpd").join("config.toml"));
-        let mut candidates = user.into_iter().chain([PathBuf::from(ETC_CONFIG)]);
-        Ok(candidates.find(|p| exists(p)))
+        user_dir.map(|d| d.join("acpd").join("config.toml"))
     }
 }
 

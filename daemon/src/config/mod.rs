@@ -18,6 +18,7 @@
 
 mod config_error;
 mod defaults;
+pub mod env_file;
 pub use crate::durations;
 mod hosts;
 pub use hosts::{Remote, SshHost, Via};

@@ -298,6 +298,44 @@ pub fn auth_hint(preset: &str, method: &str) -> Option<&'static AuthHint> {
     find(preset)?.auth.iter().find(|h| h.method == Some(method))
 }
 
+/// Where a preset's agent keeps a login made once in a terminal: `dir_var` if set (from the
+/// child's environment), else `home_dir` under HOME, then `file`. Checked against the agents'
+/// code: Claude Code reads `$CLAUDE_CONFIG_DIR` or `~/.claude`, then `.credentials.json`;
+/// codex `$CODEX_HOME` or `~/.codex`, then `auth.json`; Gemini CLI `~/.gemini/oauth_creds.json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredLogin {
+    pub dir_var: Option<&'static str>,
+    pub home_dir: &'static str,
+    pub file: &'static str,
+}
+
+/// The stored login a preset's agent reads, if acpd knows where it is.
+pub fn stored_login(preset: &str) -> Option<StoredLogin> {
+    let (dir_var, home_dir, file) = match preset {
+        "claude" => (Some("CLAUDE_CONFIG_DIR"), ".claude", ".credentials.json"),
+        "codex" => (Some("CODEX_HOME"), ".codex", "auth.json"),
+        "gemini" => (None, ".gemini", "oauth_creds.json"),
+        _ => return None,
+    };
+    Some(StoredLogin {
+        dir_var,
+        home_dir,
+        file,
+    })
+}
+
+impl StoredLogin {
+    /// The login file's path under the given environment lookup (`None` without HOME).
+    pub fn path(&self, env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+        let var = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let dir = self
+            .dir_var
+            .and_then(var)
+            .or_else(|| var("HOME").map(|h| h.join(self.home_dir)))?;
+        Some(dir.join(self.file))
+    }
+}
+
 /// acpd's data directory: `$XDG_DATA_HOME/acpd` (absolute only, per the XDG spec), else
 /// `$HOME/.local/share/acpd`; `None` without either.
 pub fn data_dir() -> Option<PathBuf> {

@@ -9,6 +9,7 @@ use std::{
 use toml::Spanned;
 
 use super::config_error::key_segment;
+use super::env_file::EnvFile;
 use super::presets::{self, PresetContext};
 use super::schema::RawProvider;
 use super::validate::{
@@ -142,6 +143,10 @@ pub(super) fn finish_provider(
             provider.env_passthrough.push(name.into_inner());
         }
     }
+    if let Some(file) = raw.env_file {
+        let parsed = EnvFile::parse(file.get_ref());
+        provider.env_file = Some(parsed.map_err(|msg| at(file.span(), &key("env_file"), &msg))?);
+    }
     if let Some(permission) = raw.permission {
         provider.permission = permission;
     }
@@ -154,6 +159,11 @@ pub(super) fn finish_provider(
         &key,
         at,
     )?;
+    if provider.remote.is_some() && provider.env_file.is_some() {
+        let msg = "is read on this host, and a host/launcher provider's agent runs on another: \
+                   give the far side its own credentials (or pass them with env_passthrough)";
+        return Err(at(name.span(), &key("env_file"), msg));
+    }
     let dur = |value: Option<Spanned<String>>, k: &str, default: Duration| {
         value.map_or(Ok(default), |v| parse_duration(&v, &key(k), at))
     };

@@ -46,6 +46,7 @@ pub(super) struct RawProvider {
     pub(super) env: BTreeMap<Spanned<String>, Spanned<String>>,
     #[serde(default)]
     pub(super) env_passthrough: Vec<Spanned<String>>,
+    pub(super) env_file: Option<Spanned<String>>,
     pub(super) permission: Option<PermissionPolicy>,
     pub(super) handshake_timeout: Option<Spanned<String>>,
     pub(super) idle_timeout: Option<Spanned<String>>,

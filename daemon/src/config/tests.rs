@@ -398,6 +398,7 @@ pids_max = 100
             ("X.Y".into(), "1".into()),
         ]),
         env_passthrough: vec!["OPENAI_API_KEY".into()],
+        env_file: None,
         permission: PermissionPolicy::Reject,
         handshake_timeout: secs(90),
         idle_timeout: None,
@@ -720,4 +721,36 @@ fn remote_keys_parse_into_a_remote_and_reject_what_cannot_work() {
         "providers.r.host",
     );
     assert!(err.contains("cannot be combined with `registry`"), "{err}");
+}
+
+#[test]
+fn env_file_is_an_absolute_path_or_a_systemd_credential_and_stays_local() {
+    let c = parse(&codex("env_file = \"${CREDENTIALS_DIRECTORY}/openai\"")).unwrap();
+    assert_eq!(
+        c.providers["codex"].env_file,
+        Some(env_file::EnvFile::Credential("openai".into()))
+    );
+    let c = parse(&codex("env_file = \"/etc/acpd/openai.env\"")).unwrap();
+    assert_eq!(
+        c.providers["codex"].env_file,
+        Some(env_file::EnvFile::Path("/etc/acpd/openai.env".into()))
+    );
+    let err = fails(
+        &codex("env_file = \"openai.env\""),
+        3,
+        "providers.codex.env_file",
+    );
+    assert!(err.contains("absolute"), "{err}");
+    let err = fails(
+        &codex("env_file = \"$HOME/openai.env\""),
+        3,
+        "providers.codex.env_file",
+    );
+    assert!(err.contains("only ${CREDENTIALS_DIRECTORY}"), "{err}");
+    let err = fails(
+        &codex("host = \"ssh://box\"\nenv_file = \"/etc/acpd/openai.env\""),
+        1,
+        "providers.codex.env_file",
+    );
+    assert!(err.contains("another"), "{err}");
 }

@@ -14,6 +14,8 @@ pub struct ProviderConfig {
     pub cwd: Option<PathBuf>,
     pub env: BTreeMap<String, String>,
     pub env_passthrough: Vec<String>,
+    /// `env_file`: a `KEY=VALUE` file read at each spawn, its variables added to the child's.
+    pub env_file: Option<super::env_file::EnvFile>,
     pub permission: PermissionPolicy,
     pub handshake_timeout: Duration,
     /// `None` when configured as `"0s"`: no idle limit.
