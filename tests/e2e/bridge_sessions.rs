@@ -1037,6 +1037,49 @@ fn reopening_a_session_open_here_replays_and_rebinds() {
     finish(raw);
 }
 
+/// A load or resume sent the moment `session/close` is answered opens the session again, as
+/// the agent itself would: the close takes the id off the connection before its answer goes
+/// out, and the reopen waits for the closing child to be gone. The agent here ignores EOF, so
+/// its teardown takes the whole `eof_grace` and a reopen always arrives during it (before,
+/// the id was still filed there and the call went to the closing child).
+#[test]
+fn a_session_reopened_right_after_its_close_answer_opens_again() {
+    let env = env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        vec![echo(
+            "main",
+            &["--sessions", &dir_arg(&sessions), "--ignore-eof"],
+        )]
+    });
+    let cwd = env.path().to_path_buf();
+    let (mut raw, _) = connect(&env, json!({}));
+    let s = new_in(&mut raw, &cwd, "main");
+    assert_eq!(say(&mut raw, &s, "one"), "one");
+    for reopen in ["session/load", "session/resume"] {
+        let closed = raw.call("session/close", json!({"sessionId": s}));
+        assert_eq!(closed["result"], json!({}), "session/close: {closed}");
+        let (before, answer) = call_seen(&mut raw, reopen, load_params(&s, &cwd));
+        assert_eq!(answer["result"], json!({}), "{reopen} right after close: {answer}");
+        if reopen == "session/load" {
+            assert_eq!(
+                replay(&before, &s),
+                pairs(&[
+                    ("user_message_chunk", "one"),
+                    ("agent_message_chunk", "one")
+                ]),
+                "the load replays the history under the acpd id"
+            );
+        }
+        assert_eq!(say(&mut raw, &s, reopen), reopen, "the reopened session works");
+    }
+    assert_eq!(
+        live_children_become(&mut raw, 1),
+        1,
+        "the closed sessions' children are gone; one child for the reopened session"
+    );
+    finish(raw);
+}
+
 /// Issue 19: `session/delete` of an id acpd never gave is answered as the agent answers a
 /// delete of a session it does not have (`{}`: deleting is idempotent), and the id is never
 /// passed on — here the agent's own id of a session (which an editor could learn or guess)

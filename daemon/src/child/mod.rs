@@ -192,6 +192,10 @@ pub struct RelayTarget {
     /// How long the session outlives its parent's connection, waiting to be attached again
     /// (`detach_timeout`); `None`: it ends with the connection.
     pub detach: Option<std::time::Duration>,
+    /// Runs when the agent accepted the parent's `session/close`, before that answer reaches
+    /// the parent: the parent's next call naming the id (a load, a resume) must find the
+    /// session closed, not still open while its child is torn down.
+    pub on_closed: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// The first thing a relay does toward its parent.
@@ -330,6 +334,11 @@ pub struct Child {
 const CMD_DEPTH: usize = 256;
 
 impl Child {
+    /// Whether `other` is a handle to this same child.
+    pub fn is(&self, other: &Child) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Spawns and initializes the child and creates its session, then starts its driver. On
     /// failure the child's whole tree is gone before this returns.
     pub async fn start(

@@ -489,6 +489,7 @@ async fn relay_forwards_only_the_childs_own_acp_traffic_in_order() {
         serves: ParentServes::default(),
         first: super::First::Nothing,
         detach: None,
+        on_closed: None,
     });
     let params = serde_json::value::RawValue::from_string(
         json!({ "sessionId": "minted", "prompt": [] }).to_string(),
@@ -559,6 +560,7 @@ async fn relay_refuses_a_child_request_that_names_another_session() {
         },
         first: super::First::Nothing,
         detach: None,
+        on_closed: None,
     });
     let dup = format!(
         r#"{{"jsonrpc":"2.0","id":5,"method":"fs/write_text_file","params":{{"sessionId":"{}","path":"/x","content":"y","sessionId":"acpd-other"}}}}"#,
@@ -596,6 +598,7 @@ async fn relay_passes_a_parents_extension_notification_to_the_child() {
         serves: ParentServes::default(),
         first: super::First::Nothing,
         detach: None,
+        on_closed: None,
     });
     let params = serde_json::value::RawValue::from_string(
         json!({ "sessionId": "minted", "x": 1 }).to_string(),
@@ -848,6 +851,7 @@ fn relay_to(child: &Child, detach: Option<Duration>) -> LineReader<DuplexStream>
         serves: ParentServes::default(),
         first: super::First::Nothing,
         detach,
+        on_closed: None,
     });
     LineReader::new(parent_side, WireLimits::default())
 }

@@ -485,6 +485,20 @@ fn forwarded_params(params: Option<&RawValue>) -> serde_json::Value {
     value
 }
 
+/// Takes `sid` out of this connection's table while it is still `child`'s session; false when
+/// the id names another session now (a load filed it again after a close), which is left alone.
+fn forget(conn: &Conn, sid: &str, child: &Child) -> bool {
+    let mut sessions = lock(&conn.sessions);
+    match sessions.get(sid) {
+        Some(SessionRef::Bridge(b)) if b.child.is(child) => {
+            sessions.remove(sid);
+            true
+        }
+        Some(_) => false,
+        None => true,
+    }
+}
+
 /// Files a live session on this connection and starts relaying it here.
 async fn attach(conn: Arc<Conn>, sid: String, child: Child, first: First, seat: Seat) {
     {
@@ -515,14 +529,24 @@ async fn attach(conn: Arc<Conn>, sid: String, child: Child, first: First, seat: 
         },
         first,
         detach: conn.ctx.sessions.detach,
+        on_closed: Some(Box::new({
+            let (conn, sid, child) = (Arc::downgrade(&conn), sid.clone(), child.clone());
+            move || {
+                if let Some(conn) = conn.upgrade() {
+                    forget(&conn, &sid, &child);
+                }
+            }
+        })),
     });
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
         tokio::select! {
             _ = child.ended() => {
-                lock(&conn2.sessions).remove(&sid);
-                // Closing the session closes its subagents too, once the child is gone.
-                conn2.cascade(&sid, true);
+                // Closing the session closes its subagents too, once the child is gone —
+                // unless a load filed the id on this connection again meanwhile.
+                if forget(&conn2, &sid, &child) {
+                    conn2.cascade(&sid, true);
+                }
             }
             () = conn2.closing.cancelled() => {}
         }

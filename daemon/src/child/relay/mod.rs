@@ -385,6 +385,10 @@ impl Relay {
         if let (Some(record), Ok(_)) = (after_ok, &outcome) {
             record().await;
         }
+        let closed = method == "session/close" && outcome.is_ok();
+        if closed && let Some(on_closed) = self.t.on_closed.take() {
+            on_closed();
+        }
         self.trace(Hop::AcpdToParent, || {
             envelope::encode_reply(&pid, outcome.as_ref().map(|r| &**r))
         });
@@ -399,7 +403,7 @@ impl Relay {
                 return Some(RelayEnd::OpenRefused);
             }
         }
-        (method == "session/close" && outcome.is_ok()).then_some(RelayEnd::Closed)
+        closed.then_some(RelayEnd::Closed)
     }
 
     /// Runs what `id`'s call records once the agent took it (a title), when it answered with
