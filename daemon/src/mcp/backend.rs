@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::error::Failure;
+use super::mcp_error::Failure;
 use crate::registry::{DepthContext, Registry, RunState, StartOptions};
 use crate::wire::{self, CallError, Incoming};
 

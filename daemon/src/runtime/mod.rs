@@ -1,7 +1,7 @@
 //! How acpd meets the outside world: its own stdio, the daemon's Unix socket, systemd's
 //! notifications, signals, reload and shutdown.
 
-mod nest;
+mod nest_socket;
 mod notify;
 mod per_child;
 mod serve;

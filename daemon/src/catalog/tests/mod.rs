@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::install::{Kind, extract};
+use super::binary_install::{Kind, extract};
 use super::*;
 
 mod archives;
