@@ -77,13 +77,8 @@ pub struct Listed {
 
 /// `title` cut to at most [`MAX_TITLE`] bytes, on a character boundary.
 pub fn cap_title(mut title: String) -> String {
-    if title.len() > MAX_TITLE {
-        let mut end = MAX_TITLE;
-        while !title.is_char_boundary(end) {
-            end -= 1;
-        }
-        title.truncate(end);
-    }
+    let end = acpd_protocol::utf8::head(&title, MAX_TITLE).len();
+    title.truncate(end);
     title
 }
 

@@ -87,15 +87,10 @@ const MAX_RECORD: u64 = 4 * 1024 * 1024;
 /// group-writable before acpd tightened it) and could name another user's processes.
 fn read_own_record(path: &Path) -> Option<String> {
     use std::io::Read as _;
-    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
-        .open(path)
-        .ok()?;
+    use std::os::unix::fs::MetadataExt as _;
+    let file = crate::private_fs::open_regular(path, crate::private_fs::Links::Refuse).ok()?;
     let meta = file.metadata().ok()?;
-    let own = meta.file_type().is_file()
-        && meta.nlink() == 1
+    let own = meta.nlink() == 1
         && meta.uid() == nix::unistd::geteuid().as_raw()
         && meta.len() <= MAX_RECORD;
     if !own {

@@ -3,8 +3,9 @@
 
 use std::fs::File;
 use std::io::{BufRead, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+use crate::private_fs::Links;
 
 /// Why `acpd trace show` printed nothing (or stopped).
 #[derive(Debug, thiserror::Error)]
@@ -77,17 +78,7 @@ pub fn show(path: &Path, out: &mut impl Write) -> Result<(), ShowError> {
 /// A trace file for reading: a regular file only (a FIFO would block the read, a device
 /// never end); `O_NONBLOCK` keeps the open itself from waiting on a FIFO.
 fn open_trace(path: &Path) -> std::io::Result<File> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
-        .open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    Ok(file)
+    crate::private_fs::open_regular(path, Links::Follow).map_err(std::io::Error::from)
 }
 
 /// `text` with every control character (C0, DEL, C1) and bidirectional-override character
