@@ -10,6 +10,6 @@ mod socket;
 mod stdio;
 
 pub use serve::{ServeError, ServeOptions, serve};
-pub use shutdown::Shutdown;
+pub use shutdown::{Shutdown, bound as shutdown_bound};
 pub use socket::default_socket_path;
 pub use stdio::{Reader, Writer, serve_stdio, stdio};
