@@ -199,6 +199,79 @@ pub fn check_absent_or_private(path: &Path) -> Result<(), PrivateError> {
     }
 }
 
+/// Whether [`open_regular`] follows a link at the path's last component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// A path the user named (a config file, a `file://` URL, a trace): only the file it
+    /// reaches is read.
+    Follow,
+    /// One of acpd's own files: a link there was planted, and is refused (`ELOOP`).
+    Refuse,
+}
+
+/// Why [`open_regular`] gave no file. Callers name the path in their own error.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The open, or the `fstat` of what was opened, failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// Something other than a regular file is there: what it is, in words ("a FIFO").
+    #[error("it is {0}, not a regular file")]
+    NotRegular(&'static str),
+}
+
+impl From<OpenError> for io::Error {
+    fn from(e: OpenError) -> io::Error {
+        match e {
+            OpenError::Io(e) => e,
+            e @ OpenError::NotRegular(_) => {
+                io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
+            }
+        }
+    }
+}
+
+/// What a file of type `kind` is, in words, for an error that says why it was refused.
+pub fn kind_name(kind: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt as _;
+    if kind.is_file() {
+        "a regular file"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a file"
+    }
+}
+
+/// Opens `path` for reading when it is a regular file. A FIFO nobody writes would block the
+/// read forever and a device never end, so anything else is refused, saying what it is:
+/// `O_NONBLOCK` keeps a FIFO from blocking the open itself (it means nothing for the regular
+/// file then read), and the kind is checked with `fstat` on what was opened, never by name.
+pub fn open_regular(path: &Path, links: Links) -> Result<File, OpenError> {
+    let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC;
+    if links == Links::Refuse {
+        flags |= nix::libc::O_NOFOLLOW;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        Ok(file)
+    } else {
+        Err(OpenError::NotRegular(kind_name(kind)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,6 +387,30 @@ mod tests {
             private_dir(&file),
             Err(PrivateError::WrongKind { .. })
         ));
+    }
+
+    #[test]
+    fn open_regular_refuses_what_would_block_or_never_end_and_planted_links() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let fifo = tmp.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(open_regular(&file, Links::Refuse).is_ok());
+        assert!(open_regular(&link, Links::Follow).is_ok());
+        let e = open_regular(&link, Links::Refuse).unwrap_err();
+        assert_eq!(io::Error::from(e).raw_os_error(), Some(nix::libc::ELOOP));
+        for (path, what) in [
+            (fifo.as_path(), "it is a FIFO, not a regular file"),
+            (Path::new("/dev/null"), "it is a device, not a regular file"),
+            (tmp.path(), "it is a directory, not a regular file"),
+        ] {
+            let e = open_regular(path, Links::Follow).unwrap_err();
+            assert_eq!(e.to_string(), what);
+            assert_eq!(io::Error::from(e).kind(), io::ErrorKind::InvalidInput);
+        }
     }
 
     /// Another uid's directory is refused (root only: it needs a chown).

@@ -105,11 +105,7 @@ pub fn limit(text: String) -> String {
     if text.len() <= MAX_DIAGNOSTIC_BYTES {
         return text;
     }
-    let mut cut = MAX_DIAGNOSTIC_BYTES - TRUNCATED.len();
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    let mut out = text[..cut].to_string();
+    let mut out = crate::utf8::head(&text, MAX_DIAGNOSTIC_BYTES - TRUNCATED.len()).to_string();
     out.push_str(TRUNCATED);
     out
 }

@@ -1,5 +1,5 @@
 //! acpd's wire vocabulary: NDJSON framing, the JSON-RPC 2.0 envelope, the subagent types, the
-//! typed `_acpd/*` bodies, the error table, the permission policy, the pure outcome mapping, prompt fitting and list pagination. Nothing here spawns, listens or needs a runtime, so
+//! typed `_acpd/*` bodies, the error table, the permission policy, the pure outcome mapping, prompt fitting, list pagination and cutting text on a character boundary. Nothing here spawns, listens or needs a runtime, so
 //! every rule of the protocol can be unit- and property-tested in isolation.
 
 pub mod codec;
@@ -13,6 +13,7 @@ pub mod outcome;
 pub mod permission;
 pub mod session_id;
 pub mod subagent;
+pub mod utf8;
 
 /// ACP's own types, re-exported so both crates name them through one path.
 pub use agent_client_protocol::v1::schema as acp;

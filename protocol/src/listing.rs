@@ -84,12 +84,9 @@ const QUOTED_CURSOR: usize = 64;
 /// The error for a cursor that is not one of ours, quoting at most [`QUOTED_CURSOR`] bytes of
 /// it (cut on a character boundary; the full length said when cut).
 fn unknown_cursor(c: &str) -> String {
-    let mut end = c.len().min(QUOTED_CURSOR);
-    while !c.is_char_boundary(end) {
-        end -= 1;
-    }
-    let shown = if end < c.len() {
-        format!("{:?}… ({} bytes)", &c[..end], c.len())
+    let quoted = crate::utf8::head(c, QUOTED_CURSOR);
+    let shown = if quoted.len() < c.len() {
+        format!("{quoted:?}… ({} bytes)", c.len())
     } else {
         format!("{c:?}")
     };

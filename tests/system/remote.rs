@@ -384,14 +384,19 @@ fn killing_the_far_sshd_session_leaves_no_far_process() {
     assert!(status, "the local run did not end when its connection died");
 }
 
-/// `acpd run --json` for a provider that cannot start: the START_FAILED message.
-fn start_failed(env: &Env) -> String {
+/// `acpd run --json` for a provider that cannot start: the START_FAILED message, after the exit
+/// code: 7 for an auth failure (here ssh refusing the login), 3 for every other start failure.
+fn start_failed(env: &Env, exit: i32) -> String {
     let (result, code, stderr) =
         run_json(
             env.acpd()
                 .args(["run", "--json", "--provider", "far", "hi"]),
         );
-    assert_eq!(code, 3, "{result}\nstderr: {stderr}");
+    assert_eq!(code, exit, "{result}\nstderr: {stderr}");
+    assert!(
+        !stderr.contains("env_file"),
+        "an ssh failure is not the agent's credentials: {stderr}"
+    );
     assert_eq!(result["error"]["name"], "START_FAILED", "{result}");
     eprintln!("START_FAILED: {result}");
     result["error"]["message"].as_str().unwrap().to_string()
@@ -402,7 +407,7 @@ fn an_unreachable_host_is_a_clear_start_failure() {
     let Some(sshd) = Sshd::start() else { return };
     let closed = free_port();
     let env = sshd.env_on(closed, "ssh_config", BIN, "");
-    let message = start_failed(&env);
+    let message = start_failed(&env, 3);
     assert!(
         message.contains(&format!("host: {}@127.0.0.1:{closed}", user()))
             && message.contains("category: unreachable")
@@ -414,12 +419,12 @@ fn an_unreachable_host_is_a_clear_start_failure() {
 #[test]
 fn a_refused_key_and_a_missing_remote_acpd_say_so() {
     let Some(sshd) = Sshd::start() else { return };
-    let refused = start_failed(&sshd.env_on(sshd.port, "stranger_config", BIN, ""));
+    let refused = start_failed(&sshd.env_on(sshd.port, "stranger_config", BIN, ""), 7);
     assert!(
         refused.contains("category: auth") && refused.contains("auth refused"),
         "{refused}"
     );
-    let missing = start_failed(&sshd.env_on(sshd.port, "ssh_config", "/nonexistent/acpd", ""));
+    let missing = start_failed(&sshd.env_on(sshd.port, "ssh_config", "/nonexistent/acpd", ""), 3);
     assert!(
         missing.contains("category: no-remote-acpd") && missing.contains("exit code: 127"),
         "{missing}"
@@ -460,7 +465,7 @@ fn a_launcher_provider_runs_its_command_under_supervise() {
             "[providers.far]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
              launcher = [\"env\"]\nremote_acpd = \"/nonexistent/acpd\"\n"
         ));
-        start_failed(&env)
+        start_failed(&env, 3)
     };
     assert!(
         missing.contains("launcher: env") && missing.contains("category: no-remote-acpd"),

@@ -17,7 +17,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
-use super::sessions::{self, Entry, Role, SessionFile, Store};
+use super::session_files::{self, Entry, Role, SessionFile, Store};
 use super::turn::{self, TurnEnd};
 use super::{EchoArgs, Stage, lifecycle, script};
 use crate::wire::{self, Incoming, Peer};
@@ -357,7 +357,7 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
 /// Appends a finished turn to the session's history: the prompt text, then what was streamed.
 fn record_turn(file: &mut SessionFile, prompt: &str, streamed: String) {
     if file.title.is_none() {
-        file.title = sessions::title_of(prompt);
+        file.title = session_files::title_of(prompt);
     }
     file.history.push(Entry {
         role: Role::User,
@@ -369,7 +369,7 @@ fn record_turn(file: &mut SessionFile, prompt: &str, streamed: String) {
             text: streamed,
         });
     }
-    file.updated_at = sessions::now();
+    file.updated_at = session_files::now();
 }
 
 #[derive(Deserialize)]

@@ -14,7 +14,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use super::echo::{Agent, Session, lock, parse_params, text_of};
-use super::sessions::{self, SessionFile, Store};
+use super::session_files::{self, SessionFile, Store};
 use super::{EchoArgs, PromptCap};
 
 type Reply = Result<serde_json::Value, RpcError>;
@@ -198,10 +198,10 @@ fn new_session(agent: &Agent, params: Option<&RawValue>) -> Reply {
         }
         Some(store) => {
             let file = SessionFile {
-                session_id: sessions::new_id(),
+                session_id: session_files::new_id(),
                 cwd,
                 title: None,
-                updated_at: sessions::now(),
+                updated_at: session_files::now(),
                 history: Vec::new(),
             };
             store.save(&file).map_err(RpcError::internal)?;
@@ -293,8 +293,8 @@ fn list(agent: &Agent, store: &Store, params: Option<&RawValue>) -> Reply {
         .list(params.cwd.as_deref())
         .map_err(RpcError::internal)?;
     let size = usize::try_from(agent.args.list_page).unwrap_or(usize::MAX);
-    let (page, next) =
-        sessions::page(all, params.cursor.as_deref(), size).map_err(RpcError::invalid_params)?;
+    let (page, next) = session_files::page(all, params.cursor.as_deref(), size)
+        .map_err(RpcError::invalid_params)?;
     let sessions: Vec<_> = page
         .into_iter()
         .map(|s| {
@@ -351,9 +351,9 @@ fn fork(agent: &Agent, store: &Store, params: Option<&RawValue>) -> Reply {
         None => source.cwd.clone(),
     };
     let file = SessionFile {
-        session_id: sessions::new_id(),
+        session_id: session_files::new_id(),
         cwd,
-        updated_at: sessions::now(),
+        updated_at: session_files::now(),
         ..source
     };
     store.save(&file).map_err(RpcError::internal)?;

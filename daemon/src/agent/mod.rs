@@ -7,12 +7,12 @@
 //!
 //! It speaks ACP on stdin/stdout and never writes anything else to stdout.
 
-mod delegate;
 mod echo;
 mod features;
 mod lifecycle;
+mod mcp_delegate;
 mod script;
-mod sessions;
+mod session_files;
 mod turn;
 
 use std::path::PathBuf;

@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 use sha2::Digest;
 
 use super::{CatalogError, Document, shown};
+use crate::private_fs::{Links, OpenError, open_regular};
 
 /// How long a cached document is used without asking the registry again.
 pub const TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -93,7 +94,7 @@ pub fn cache_path(state: &Path, url: &str) -> PathBuf {
 
 /// The cached document and its age; `None` when absent or unreadable (then fetched anew).
 fn read_cache(path: &Path, url: &str) -> Option<(Document, Duration)> {
-    let file = open_regular(path, true).ok()?;
+    let file = open_regular(path, Links::Refuse).ok()?;
     let modified = file.metadata().and_then(|m| m.modified()).ok()?;
     let mut bytes = Vec::new();
     file.take(MAX_DOCUMENT + 1).read_to_end(&mut bytes).ok()?;
@@ -156,7 +157,15 @@ pub(super) fn open(
         reason,
     };
     if let Some(path) = file_path(url) {
-        let file = open_regular(&path, false).map_err(|e| failed(e.to_string()))?;
+        // A `file://` URL the config names may be a link: only the file it reaches is read.
+        let file = open_regular(&path, Links::Follow).map_err(|e| {
+            failed(match e {
+                OpenError::NotRegular(what) => {
+                    format!("{} is {what}, not a regular file", path.display())
+                }
+                OpenError::Io(e) => format!("{}: {e}", path.display()),
+            })
+        })?;
         return Ok(Box::new(file.take(limit.saturating_add(1))));
     }
     if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -189,42 +198,6 @@ fn get_bytes(url: &str, limit: u64, timeout: Duration) -> Result<Vec<u8>, Catalo
         });
     }
     Ok(bytes)
-}
-
-/// Opens `path` for reading when it is a regular file; a FIFO, device, socket or directory is
-/// refused with an error that says what it is. `O_NONBLOCK` keeps a FIFO nobody writes from
-/// blocking the open itself (it is meaningless for the regular file that is then read).
-/// `nofollow`: a link at `path` is refused too (acpd's own files); a `file://` URL the
-/// config names may be a link, since only the file it reaches is read.
-pub(super) fn open_regular(path: &Path, nofollow: bool) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC;
-    if nofollow {
-        flags |= nix::libc::O_NOFOLLOW;
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(flags)
-        .open(path)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    let kind = file.metadata()?.file_type();
-    let what = if kind.is_file() {
-        return Ok(file);
-    } else if kind.is_dir() {
-        "a directory"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_char_device() || kind.is_block_device() {
-        "a device"
-    } else if kind.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    };
-    Err(std::io::Error::new(
-        std::io::ErrorKind::InvalidInput,
-        format!("{} is {what}, not a regular file", path.display()),
-    ))
 }
 
 /// Writes through a temporary file and a rename, so a reader never sees half a file. The

@@ -2,11 +2,11 @@
 //! command and environment, at the moment a child is spawned (so a config load never needs
 //! the network). The document comes from `registry_url` and is cached in the state directory
 //! ([`fetch`]); a `binary` distribution is installed once per version into the data
-//! directory ([`install`]); `npx` and `uvx` distributions run through those tools.
+//! directory ([`binary_install`]); `npx` and `uvx` distributions run through those tools.
 
+mod binary_install;
 mod document;
 mod fetch;
-mod install;
 #[cfg(test)]
 mod tests;
 mod unpack;
@@ -171,7 +171,7 @@ pub fn resolve_agent(
         }
         Choice::Binary { target, .. } => {
             let data = data.ok_or(CatalogError::NoDataDir)?;
-            let exe = install::ensure(data, &agent.id, &agent.version, target)?;
+            let exe = binary_install::ensure(data, &agent.id, &agent.version, target)?;
             let mut command = vec![exe.to_string_lossy().into_owned()];
             command.extend(target.args.iter().cloned());
             resolved("binary", command, &target.env)

@@ -156,7 +156,8 @@ impl Handshake {
             None => tracing::debug!(provider = %provider, run = %run, "child start {e}"),
             Some(cause) => {
                 let advice = match e.failure().category {
-                    Category::Auth => {
+                    // An ssh login refused (a far failure) is the host's keys, not the agent's.
+                    Category::Auth if e.far().is_none() => {
                         let notes =
                             super::auth_notes(&self.spec.provider, e.advertised_auth_methods());
                         format!("; {}", notes.join("; "))

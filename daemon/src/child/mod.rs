@@ -195,7 +195,7 @@ pub struct RelayTarget {
     /// Runs when the agent accepted the parent's `session/close`, before that answer reaches
     /// the parent: the parent's next call naming the id (a load, a resume) must find the
     /// session closed, not still open while its child is torn down.
-    pub on_closed: Option<Box<dyn FnOnce() + Send>>,
+    pub on_closed: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 /// The first thing a relay does toward its parent.

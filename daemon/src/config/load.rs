@@ -7,6 +7,7 @@ use std::{
 
 use super::defaults::ETC_CONFIG;
 use super::{Config, ConfigError};
+use crate::private_fs::{Links, OpenError, open_regular};
 
 impl Config {
     /// Finds the file per the discovery order (reads env vars `ACPD_CONFIG`,
@@ -72,29 +73,13 @@ const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
 /// itself cannot block on a FIFO, then checked with `fstat` on what was opened.
 fn read_regular(path: &Path) -> io::Result<String> {
     use std::io::Read as _;
-    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(path)?;
-    let kind = file.metadata()?.file_type();
-    if !kind.is_file() {
-        let what = if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_dir() {
-            "a directory"
-        } else if kind.is_char_device() || kind.is_block_device() {
-            "a device"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "not a file"
-        };
-        return Err(io::Error::new(
+    let file = open_regular(path, Links::Follow).map_err(|e| match e {
+        OpenError::NotRegular(what) => io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("not a regular file (it is {what}); point acpd at a regular file"),
-        ));
-    }
+        ),
+        OpenError::Io(e) => e,
+    })?;
     let mut text = String::new();
     file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
     if text.len() as u64 > MAX_CONFIG_BYTES {

@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::error::Failure;
+use super::mcp_error::Failure;
 use crate::registry::{DepthContext, Registry, RunState, StartOptions};
 use crate::wire::{self, CallError, Incoming};
 
@@ -164,20 +164,7 @@ impl Backend {
     pub fn close_bound(&self) -> std::time::Duration {
         match self {
             // As `acpd stdio`: the largest cancel + EOF + TERM grace, plus a margin.
-            Backend::Local(l) => {
-                let config = l.registry.config();
-                let ladder = config
-                    .providers
-                    .values()
-                    .map(|p| {
-                        p.cancel_grace
-                            .saturating_add(p.eof_grace)
-                            .saturating_add(p.term_grace)
-                    })
-                    .max()
-                    .unwrap_or_default();
-                ladder.saturating_add(std::time::Duration::from_secs(2))
-            }
+            Backend::Local(l) => crate::runtime::shutdown_bound(&l.registry.config()),
             Backend::Daemon(_) => std::time::Duration::from_secs(5),
         }
     }

@@ -10,7 +10,7 @@
 //! SIGHUP.
 
 mod backend;
-mod error;
+mod mcp_error;
 mod server;
 mod tools;
 mod transport;

@@ -18,7 +18,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::json;
 
 use super::backend::Backend;
-use super::error::Failure;
+use super::mcp_error::Failure;
 use super::tools::{self, NoArgs, RunArgs, SendArgs, StartArgs};
 
 /// How often a waiting call reports progress when nothing else happened.

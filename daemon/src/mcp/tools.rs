@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::error::Failure;
+use super::mcp_error::Failure;
 
 pub const DELEGATE: &str = "delegate";
 pub const START: &str = "subagent_start";

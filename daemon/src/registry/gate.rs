@@ -301,8 +301,9 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         (None, Some((_, f))) => vec![f.note()],
         (None, None) => Vec::new(),
     };
-    // An auth_method the agent does not offer is the config's mistake, not a credential's.
-    if is_auth && e.unadvertised_auth_method().is_none() {
+    // An auth_method the agent does not offer is the config's mistake, not a credential's; an
+    // ssh login refused is the host's keys, which the far failure's note names.
+    if is_auth && e.unadvertised_auth_method().is_none() && far.is_none() {
         notes.extend(crate::child::auth_notes(provider, advertised));
     }
     let (host, launcher) = match provider.remote.as_ref().map(|r| (&r.via, r.target())) {

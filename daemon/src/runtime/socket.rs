@@ -53,23 +53,10 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServeError>
 /// a link, a file, a directory, another uid's socket, or a socket a live server answers on.
 fn replace_stale(path: &Path, meta: &std::fs::Metadata) -> Result<(), ServeError> {
     let kind = meta.file_type();
-    let what = if kind.is_socket() {
-        None
-    } else if kind.is_symlink() {
-        Some("a symbolic link")
-    } else if kind.is_file() {
-        Some("a regular file")
-    } else if kind.is_dir() {
-        Some("a directory")
-    } else if kind.is_fifo() {
-        Some("a FIFO")
-    } else {
-        Some("a device")
-    };
-    if let Some(what) = what {
+    if !kind.is_socket() {
         return Err(ServeError::NotASocket {
             path: path.to_path_buf(),
-            what,
+            what: crate::private_fs::kind_name(kind),
         });
     }
     let own = nix::unistd::geteuid().as_raw();

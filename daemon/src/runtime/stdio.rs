@@ -70,7 +70,7 @@ pub async fn serve_stdio(ctx: ServerContext, shutdown: Shutdown) {
     let warm = cancel_all.child_token();
     let (reader, writer) = stdio();
     // Before the spares: the socket is what offers delegation in a session's MCP servers.
-    let nest = super::nest::NestSocket::open(&ctx);
+    let nest = super::nest_socket::NestSocket::open(&ctx);
     if let Some(cwd) = ctx.caller_cwd.as_deref().filter(|c| c.is_absolute()) {
         registry.expect_session(cwd);
     }

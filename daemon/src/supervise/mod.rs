@@ -8,6 +8,7 @@ mod contain;
 mod env;
 pub(crate) mod procfs;
 mod reaper;
+mod record_sweep;
 mod records;
 mod sentinel;
 mod spawn;

@@ -25,7 +25,7 @@ use nix::sys::signal::{SigHandler, Signal, signal};
 use nix::unistd::Pid;
 
 use super::cgroup::Cgroup;
-use super::{contain, records};
+use super::{contain, record_sweep};
 
 static PIPE: Mutex<Option<std::fs::File>> = Mutex::new(None);
 static PID: Mutex<Option<u32>> = Mutex::new(None);
@@ -198,7 +198,7 @@ fn sweep(orders: &Orders) {
         let _ = base.remove();
     }
     for (&pgid, &start) in &orders.groups {
-        records::kill_members(pgid, start, orders.sid);
+        record_sweep::kill_members(pgid, start, orders.sid);
     }
     if let Some(prefix) = &orders.tree {
         for pid in contain::prefix_bearers(prefix) {

@@ -108,11 +108,7 @@ fn cut(line: &str, max: usize) -> String {
     if line.len() <= max {
         return line.to_owned();
     }
-    let mut end = max;
-    while !line.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{} [cut]", &line[..end])
+    format!("{} [cut]", acpd_protocol::utf8::head(line, max))
 }
 
 /// Splits bytes into lines (`\n`, a trailing `\r` dropped), each at most [`MAX_LINE`] bytes:

@@ -290,16 +290,9 @@ fn inside(dir: &Path, path: &Path, cmd: &Path) -> Result<PathBuf, String> {
 /// Adds the execute bits to `path`, opened without following a link (and without blocking on
 /// a FIFO swapped in), and changed through that descriptor only when it is a regular file.
 fn make_executable(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let mode = meta.permissions().mode();
+    use std::os::unix::fs::PermissionsExt;
+    let file = crate::private_fs::open_regular(path, crate::private_fs::Links::Refuse)?;
+    let mode = file.metadata()?.permissions().mode();
     if mode & 0o111 == 0o111 {
         return Ok(());
     }
