@@ -73,34 +73,6 @@ const KNOWN: &[Known] = &[
         why: "serve keeps a child's stderr in the daemon's log, not on acpd connect's stderr",
         racy: false,
     },
-    // A race: acpd relays the agent's answer to `session/close` at once, but takes the session
-    // out of the connection's table only when the child has exited (server/bridge.rs attach,
-    // `child.ended()`), after the teardown ladder. A load or resume sent right after the close
-    // answer is then refused −32600 "already open on this connection" — or not, by timing
-    // (seen on serve for claude and codex; stdio passed in the same runs). The rows after it
-    // in the sequence inherit the state. Fixed with the open-session load/resume above, or by
-    // dropping the session from the table when the close is answered.
-    Known {
-        agents: &["claude", "codex", "opencode", "echo"],
-        row: "session/resume (closed)",
-        sides: BOTH,
-        why: "racy -32600 right after session/close (server/bridge.rs attach)",
-        racy: true,
-    },
-    Known {
-        agents: &["claude", "codex", "opencode", "echo"],
-        row: "session/close (again)",
-        sides: BOTH,
-        why: "follows the racy resume above",
-        racy: true,
-    },
-    Known {
-        agents: &["claude", "codex", "opencode", "echo"],
-        row: "session/load (closed)",
-        sides: BOTH,
-        why: "racy -32600 right after session/close (server/bridge.rs attach)",
-        racy: true,
-    },
 ];
 
 fn read_json(p: PathBuf) -> Option<Value> {
