@@ -55,7 +55,6 @@ struct Known {
     racy: bool,
 }
 
-
 /// The differences acpd has today (measured on main, 2026-12-01). Remove an entry with the fix
 /// that makes the row `same`.
 const KNOWN: &[Known] = &[

@@ -1059,7 +1059,11 @@ fn a_session_reopened_right_after_its_close_answer_opens_again() {
         let closed = raw.call("session/close", json!({"sessionId": s}));
         assert_eq!(closed["result"], json!({}), "session/close: {closed}");
         let (before, answer) = call_seen(&mut raw, reopen, load_params(&s, &cwd));
-        assert_eq!(answer["result"], json!({}), "{reopen} right after close: {answer}");
+        assert_eq!(
+            answer["result"],
+            json!({}),
+            "{reopen} right after close: {answer}"
+        );
         if reopen == "session/load" {
             assert_eq!(
                 replay(&before, &s),
@@ -1070,7 +1074,11 @@ fn a_session_reopened_right_after_its_close_answer_opens_again() {
                 "the load replays the history under the acpd id"
             );
         }
-        assert_eq!(say(&mut raw, &s, reopen), reopen, "the reopened session works");
+        assert_eq!(
+            say(&mut raw, &s, reopen),
+            reopen,
+            "the reopened session works"
+        );
     }
     assert_eq!(
         live_children_become(&mut raw, 1),

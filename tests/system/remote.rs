@@ -424,7 +424,10 @@ fn a_refused_key_and_a_missing_remote_acpd_say_so() {
         refused.contains("category: auth") && refused.contains("auth refused"),
         "{refused}"
     );
-    let missing = start_failed(&sshd.env_on(sshd.port, "ssh_config", "/nonexistent/acpd", ""), 3);
+    let missing = start_failed(
+        &sshd.env_on(sshd.port, "ssh_config", "/nonexistent/acpd", ""),
+        3,
+    );
     assert!(
         missing.contains("category: no-remote-acpd") && missing.contains("exit code: 127"),
         "{missing}"

@@ -532,8 +532,7 @@ fn checked(
     let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
     let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
     let auth = auth_report(provider, &agent, |n| {
-        std::env::var_os(n).is_some_and(|v| !v.is_empty())
-            || secrets.is_some_and(|s| s.is_set(n))
+        std::env::var_os(n).is_some_and(|v| !v.is_empty()) || secrets.is_some_and(|s| s.is_set(n))
     });
     let view = super::credentials::ChildView::new(provider, secrets);
     let ids = agent.auth_method_ids.as_slice();

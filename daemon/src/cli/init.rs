@@ -311,7 +311,11 @@ fn install(presets: &[&Preset]) -> io::Result<bool> {
                 None => {
                     let spec = p.package_spec().unwrap_or_default();
                     errln!("installing {} ({spec}) with npm…", p.name);
-                    match super::install::install_into(p, data, &super::progress::Progress::new(true)) {
+                    match super::install::install_into(
+                        p,
+                        data,
+                        &super::progress::Progress::new(true),
+                    ) {
                         Ok(bin) => outln!("{}: installed {spec} ({})", p.name, bin.display())?,
                         Err(e) => {
                             errln!("acpd: init: install {}: {e}", p.name);
