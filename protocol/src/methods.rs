@@ -62,6 +62,16 @@ pub struct RunRef {
     pub run_id: String,
 }
 
+/// `_acpd/subagent/dispose`: which run, and whether its worktree's branch stays (it does
+/// unless `keepBranch` is `false`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DisposeRequest {
+    pub run_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_branch: Option<bool>,
+}
+
 /// `_acpd/subagent/start`'s reply (its request is [`crate::subagent::StartRequest`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -17,6 +17,7 @@ mod bridge_transparent;
 mod catalog;
 mod config_errors;
 mod echo_sessions;
+mod isolation;
 mod nested;
 mod run;
 mod stdio;

@@ -39,6 +39,9 @@ impl ProviderConfig {
             remote: None,
             memory_max: None,
             pids_max: None,
+            workspace: Default::default(),
+            sandbox: Default::default(),
+            network: true,
             builtin: false,
         }
     }

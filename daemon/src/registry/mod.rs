@@ -102,6 +102,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Registry {
     pub fn new(config: Config, depth: DepthContext) -> Self {
+        // Worktrees of an acpd that was killed go before this one makes its own.
+        if crate::workspace::worktrees_dir().is_some_and(|d| d.is_dir())
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(crate::workspace::sweep(None));
+        }
         Registry {
             inner: Arc::new(Inner {
                 config: RwLock::new(Arc::new(config)),

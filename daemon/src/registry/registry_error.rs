@@ -44,6 +44,8 @@ pub enum RegistryError {
     },
     #[error("invalid request: {reason}")]
     InvalidRequest { reason: String },
+    #[error("provider \"{provider}\" could not get a workspace: {reason}")]
+    Workspace { provider: String, reason: String },
 }
 
 impl RegistryError {
@@ -61,6 +63,7 @@ impl RegistryError {
             RegistryError::RunBusy { .. } => ErrorName::RunBusy,
             RegistryError::RunEnded { .. } => ErrorName::RunEnded,
             RegistryError::InvalidRequest { .. } => ErrorName::InvalidRequest,
+            RegistryError::Workspace { .. } => ErrorName::StartFailed,
         }
     }
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use acpd_protocol::envelope::{Id, RpcError};
 use acpd_protocol::methods::{
-    Empty, ListReply, ProviderLoad, ProvidersReply, RunInfo, RunRef, RunSummary, RunsReply,
-    SendReply, SendRequest, StartReply, StatusLimits, StatusReply, name, parse_params,
+    DisposeRequest, Empty, ListReply, ProviderLoad, ProvidersReply, RunInfo, RunRef, RunSummary,
+    RunsReply, SendReply, SendRequest, StartReply, StatusLimits, StatusReply, name, parse_params,
 };
 use acpd_protocol::subagent::StartRequest;
 use serde::de::DeserializeOwned;
@@ -124,10 +124,15 @@ async fn cancel(conn: &Conn, id: Id, req: RunRef) {
     }
 }
 
-fn dispose(conn: &Arc<Conn>, id: Id, req: RunRef) {
+fn dispose(conn: &Arc<Conn>, id: Id, req: DisposeRequest) {
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
-        match conn2.ctx.registry.dispose(conn2.owner, &req.run_id).await {
+        let keep_branch = req.keep_branch.unwrap_or(true);
+        let registry = &conn2.ctx.registry;
+        match registry
+            .dispose_keeping(conn2.owner, &req.run_id, keep_branch)
+            .await
+        {
             Ok(()) => {
                 conn2.forget_run(&req.run_id);
                 let _ = conn2.peer.respond_ok(&id, &Empty {}).await;

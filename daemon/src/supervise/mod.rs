@@ -6,6 +6,7 @@
 pub mod cgroup;
 mod contain;
 mod env;
+mod helper;
 pub(crate) mod procfs;
 mod reaper;
 mod records;
@@ -21,6 +22,7 @@ pub use contain::{
 pub use sentinel::{pid as sentinel_pid, run_sentinel};
 
 pub use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
+pub use helper::{HelperOutput, run_helper};
 pub use procfs::{Ancestry, ancestry};
 pub use reaper::{init, tune_allocator};
 pub(crate) use records::default_state_dir;
