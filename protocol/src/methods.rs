@@ -237,11 +237,14 @@ pub struct StatusLimits {
     pub providers: BTreeMap<String, ProviderLoad>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderLoad {
     pub max_concurrent: u64,
     pub live: u64,
+    /// The sandbox really enforced for its children (`landlock (ABI 7)`, `none`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
 }
 
 #[cfg(test)]
@@ -305,6 +308,8 @@ mod tests {
                     capabilities: Capabilities::default(),
                     inherits_parent_context: false,
                     default: true,
+                    workspace: None,
+                    sandbox: None,
                 }],
             },
             json!({"providers": [{
@@ -382,6 +387,7 @@ mod tests {
                         ProviderLoad {
                             max_concurrent: 64,
                             live: 2,
+                            sandbox: None,
                         },
                     )]
                     .into(),

@@ -35,6 +35,13 @@ pub struct ProviderInfo {
     /// Whether the child sees the parent's earlier turns (never, for an ACP child).
     pub inherits_parent_context: bool,
     pub default: bool,
+    /// `shared` or `worktree`: the provider's workspace (a request may ask for a worktree only
+    /// where it is `worktree`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceKind>,
+    /// The sandbox really enforced for its children: `landlock (ABI 7)`, `none`, ….
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
 }
 
 /// A request to start one delegation.

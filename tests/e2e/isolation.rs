@@ -230,3 +230,73 @@ fn is_zombie(pid: u32) -> bool {
         })
         .unwrap_or(true)
 }
+
+#[test]
+fn a_sandboxed_run_cannot_write_credentials_or_outside_its_worktree_and_completes() {
+    let s = Setup::new("sandbox = \"landlock\"");
+    std::fs::create_dir_all(s.home.join(".ssh")).unwrap();
+    let keys = s.home.join(".ssh/authorized_keys");
+    let outside = s.env.path().join("outside.txt");
+    let in_repo = s.repo.join("notes.txt");
+    let mut raw = s.acpd();
+    let script = format!(
+        ":write {} ssh-ed25519 AAAA attacker\n:write {} escaped\n:write {} parent edited\n\
+         :write inside.txt fine\n:env TMPDIR",
+        keys.display(),
+        outside.display(),
+        in_repo.display()
+    );
+    let run = start(&mut raw, &s.repo, &script);
+    let r = raw.wait_run(&run);
+    assert_eq!(r["stopReason"], "completed", "{r}");
+    let text = output_text(&r);
+    for path in [&keys, &outside, &in_repo] {
+        assert!(
+            text.contains(&format!(
+                "write error {}: Permission denied",
+                path.display()
+            )),
+            "{text}"
+        );
+    }
+    assert!(text.contains("wrote inside.txt"), "{text}");
+    assert!(!keys.exists(), "the sandbox let authorized_keys be written");
+    assert!(!outside.exists());
+    assert_eq!(std::fs::read_to_string(&in_repo).unwrap(), "original\n");
+    assert_eq!(r["workspace"]["changed"], json!(["inside.txt"]), "{r}");
+    // A private tmp of its own, which goes with the child.
+    let tmp = text
+        .lines()
+        .find_map(|l| l.strip_prefix("TMPDIR="))
+        .map(PathBuf::from)
+        .expect("TMPDIR set");
+    assert!(
+        tmp.starts_with(s.data.join("acpd/tmp")),
+        "{}",
+        tmp.display()
+    );
+    raw.ok("_acpd/subagent/dispose", json!({"runId": run}));
+    assert!(eventually(GONE, || !tmp.exists()), "the tmp stayed");
+}
+
+#[test]
+fn providers_report_the_sandbox_the_kernel_enforces() {
+    let s = Setup::new("sandbox = \"landlock\"");
+    let mut raw = s.acpd();
+    let providers = raw.ok("_acpd/providers", json!({}));
+    let wt = providers["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "wt")
+        .unwrap()
+        .clone();
+    assert_eq!(wt["workspace"], "worktree", "{wt}");
+    assert!(
+        wt["sandbox"]
+            .as_str()
+            .unwrap()
+            .starts_with("landlock (ABI "),
+        "{wt}"
+    );
+}

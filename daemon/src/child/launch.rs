@@ -337,7 +337,7 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
         None => provider.child_limits(),
         Some(_) => Default::default(),
     };
-    let mut spawned = supervise::spawn_limited(local, limits).await?;
+    let mut spawned = supervise::spawn_sandboxed(local, limits, spec.sandbox.clone()).await?;
     if let Some(line) = setup {
         // A few hundred bytes into an empty pipe; a write that fails means the launcher is
         // already gone, which the handshake then reports with its exit status.

@@ -352,7 +352,18 @@ fn print_status(v: &Value) -> std::io::Result<()> {
         .as_object()
         .map(|m| {
             m.iter()
-                .map(|(name, p)| format!("{} ({}/{})", shown(name), p["live"], p["maxConcurrent"]))
+                .map(|(name, p)| {
+                    let sandbox = match p["sandbox"].as_str() {
+                        Some(s) if s != "none" => format!(", sandbox: {}", shown(s)),
+                        _ => String::new(),
+                    };
+                    format!(
+                        "{} ({}/{}{sandbox})",
+                        shown(name),
+                        p["live"],
+                        p["maxConcurrent"]
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -549,6 +560,15 @@ pub async fn doctor(config_path: Option<&Path>, only: Option<String>) -> u8 {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let mut healthy = true;
     for provider in providers {
+        if provider.sandbox != crate::config::SandboxMode::None
+            && let Err(e) = outln!(
+                "{}: sandbox: {}",
+                provider.name,
+                crate::registry::sandbox_enforced(&provider)
+            )
+        {
+            return super::stdout_failed(&e);
+        }
         let cancel = CancellationToken::new();
         let line = match registry.probe(&provider.name, Some(&cwd), &cancel).await {
             Ok(agent) => {

@@ -130,6 +130,19 @@ impl Registry {
             trace: a.traced.then(|| trace_for(config, &a.log_id)).flatten(),
             ..ChildSpec::new(provider.clone(), a.log_id, cwd, depth, max_depth)
         };
+        // The whole worktree (not only the cwd's subdirectory) is the child's to write.
+        let root = workspace
+            .as_ref()
+            .map_or(spec.cwd.clone(), |w| w.path.clone());
+        match super::sandbox::sandbox_for(&provider, &root, &spec.run_id, &mut spec.env).await {
+            Ok(sandbox) => spec.sandbox = sandbox,
+            Err(e) => {
+                if let Some(w) = workspace {
+                    w.remove(false).await;
+                }
+                return Err(e.into());
+            }
+        }
         if let Some(mut session) = a.session {
             if let Some(entry) = self.offered_server(&provider, depth, max_depth) {
                 session.mcp_servers =

@@ -46,6 +46,8 @@ pub enum RegistryError {
     InvalidRequest { reason: String },
     #[error("provider \"{provider}\" could not get a workspace: {reason}")]
     Workspace { provider: String, reason: String },
+    #[error("provider \"{provider}\" cannot be sandboxed: {reason}")]
+    Sandbox { provider: String, reason: String },
 }
 
 impl RegistryError {
@@ -63,7 +65,9 @@ impl RegistryError {
             RegistryError::RunBusy { .. } => ErrorName::RunBusy,
             RegistryError::RunEnded { .. } => ErrorName::RunEnded,
             RegistryError::InvalidRequest { .. } => ErrorName::InvalidRequest,
-            RegistryError::Workspace { .. } => ErrorName::StartFailed,
+            RegistryError::Workspace { .. } | RegistryError::Sandbox { .. } => {
+                ErrorName::StartFailed
+            }
         }
     }
 
