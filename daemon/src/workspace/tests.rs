@@ -1,17 +1,23 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::ffi::OsString;
 use std::path::Path;
-use std::process::Command;
+use std::time::Duration;
 
 use super::*;
 
-fn sh_git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .output()
+/// git through acpd's helper runner: other tests of this binary start the stray reaper, which
+/// would reap a plain `Command`'s child before it is waited for.
+async fn sh_git(dir: &Path, args: &[&str]) -> String {
+    let mut argv: Vec<OsString> = ["git", "-C"].map(OsString::from).to_vec();
+    argv.push(dir.into());
+    argv.extend(["-c", "user.name=t", "-c", "user.email=t@t"].map(OsString::from));
+    argv.extend(args.iter().map(OsString::from));
+    let env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| k == "PATH" || k == "HOME")
+        .collect();
+    let out = crate::supervise::run_helper(&argv, dir, env, Duration::from_secs(60))
+        .await
         .unwrap();
     assert!(
         out.status.success(),
@@ -21,12 +27,12 @@ fn sh_git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn repo(dir: &Path) {
-    sh_git(dir, &["init", "-q", "-b", "main"]);
+async fn repo(dir: &Path) {
+    sh_git(dir, &["init", "-q", "-b", "main"]).await;
     std::fs::create_dir(dir.join("sub")).unwrap();
     std::fs::write(dir.join("sub/a.txt"), "one\n").unwrap();
-    sh_git(dir, &["add", "."]);
-    sh_git(dir, &["commit", "-q", "-m", "first"]);
+    sh_git(dir, &["add", "."]).await;
+    sh_git(dir, &["commit", "-q", "-m", "first"]).await;
 }
 
 #[tokio::test]
@@ -34,7 +40,7 @@ async fn a_worktree_commits_and_reports_the_child_s_work_and_goes_on_remove() {
     let tmp = tempfile::tempdir().unwrap();
     let repo_dir = tmp.path().join("repo");
     std::fs::create_dir(&repo_dir).unwrap();
-    repo(&repo_dir);
+    repo(&repo_dir).await;
     let trees = tmp.path().join("trees");
     let wt = Worktree::create_in(&trees, &repo_dir.join("sub"), "run-1", None)
         .await
@@ -59,7 +65,10 @@ async fn a_worktree_commits_and_reports_the_child_s_work_and_goes_on_remove() {
     wt.remove(true).await;
     assert!(!trees.join("run-1").exists());
     assert!(!trees.join("run-1.owner").exists());
-    assert_eq!(sh_git(&repo_dir, &["show", "acpd/run-1:sub/a.txt"]), "two");
+    assert_eq!(
+        sh_git(&repo_dir, &["show", "acpd/run-1:sub/a.txt"]).await,
+        "two"
+    );
 }
 
 #[tokio::test]
@@ -82,7 +91,7 @@ async fn a_cwd_outside_a_repository_is_a_typed_error_naming_it() {
 #[tokio::test]
 async fn a_ref_that_looks_like_an_option_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    repo(tmp.path());
+    repo(tmp.path()).await;
     let err = Worktree::create_in(&tmp.path().join("t"), tmp.path(), "r", Some("--output=x"))
         .await
         .unwrap_err();
@@ -96,7 +105,7 @@ async fn a_ref_that_looks_like_an_option_is_refused() {
 #[tokio::test]
 async fn the_sweep_removes_a_dead_owner_s_worktree_and_keeps_a_live_one() {
     let tmp = tempfile::tempdir().unwrap();
-    repo(tmp.path());
+    repo(tmp.path()).await;
     let trees = tmp.path().join("trees");
     let live = Worktree::create_in(&trees, tmp.path(), "live", None)
         .await
@@ -112,7 +121,11 @@ async fn the_sweep_removes_a_dead_owner_s_worktree_and_keeps_a_live_one() {
     assert_eq!(sweep(Some(&trees)).await, 1);
     assert!(!dead.path.exists());
     assert!(live.path.exists());
-    sh_git(tmp.path(), &["rev-parse", "--verify", "acpd/dead"]);
+    sh_git(tmp.path(), &["rev-parse", "--verify", "acpd/dead"]).await;
     live.remove(false).await;
-    assert!(sh_git(tmp.path(), &["branch", "--list", "acpd/live"]).is_empty());
+    assert!(
+        sh_git(tmp.path(), &["branch", "--list", "acpd/live"])
+            .await
+            .is_empty()
+    );
 }
