@@ -8,6 +8,7 @@
 
 mod containment;
 mod hotpath;
+mod isolation;
 mod parent;
 mod report;
 mod scale;
@@ -25,7 +26,7 @@ pub struct Opts {
     /// Rewrite the results table in docs/src/benchmarks.md from this run.
     pub readme: bool,
     /// `--only SECTION` (hotpath, streaming, start, scale, teardown, warm,
-    /// containment): run just that one.
+    /// containment, isolation): run just that one.
     pub only: Option<String>,
     /// `--sizes 64,1024`: the scale rows' K values instead of the defaults.
     pub sizes: Option<Vec<usize>>,
@@ -138,7 +139,8 @@ async fn bench() {
         "teardown": if opts.runs("teardown") { scale::teardown(&opts).await } else { none.clone() },
         "warm": if opts.runs("warm") { warm::run(&opts).await } else { none.clone() },
         "warmAgents": if opts.runs("warm") { warm::agents(&opts).await } else { none.clone() },
-        "containment": if opts.runs("containment") { containment::run(&opts).await } else { none },
+        "containment": if opts.runs("containment") { containment::run(&opts).await } else { none.clone() },
+        "isolation": if opts.runs("isolation") { isolation::run(&opts).await } else { none },
     });
     if opts.only.is_some() {
         return;

@@ -41,6 +41,11 @@ pub struct Ctl {
 
 impl Ctl {
     async fn spawn(config: &str) -> Ctl {
+        Ctl::spawn_env(config, &[]).await
+    }
+
+    /// `acpd stdio` with `config` and these variables set (a data directory of its own).
+    pub async fn spawn_env(config: &str, env: &[(&str, &std::path::Path)]) -> Ctl {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.toml");
         std::fs::write(&path, config).unwrap();
@@ -49,7 +54,8 @@ impl Ctl {
             .arg(&path)
             .arg("stdio")
             .current_dir(dir.path())
-            .env("STATE_DIRECTORY", dir.path().join("state"));
+            .env("STATE_DIRECTORY", dir.path().join("state"))
+            .envs(env.iter().copied());
         let (child, conn) = wired(&mut cmd);
         let pid = child.id().unwrap();
         let ctl = Ctl::over(

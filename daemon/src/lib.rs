@@ -34,3 +34,4 @@ pub mod store;
 pub mod supervise;
 pub mod trace;
 pub mod wire;
+pub mod workspace;

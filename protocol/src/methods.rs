@@ -62,6 +62,16 @@ pub struct RunRef {
     pub run_id: String,
 }
 
+/// `_acpd/subagent/dispose`: which run, and whether its worktree's branch stays (it does
+/// unless `keepBranch` is `false`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DisposeRequest {
+    pub run_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_branch: Option<bool>,
+}
+
 /// `_acpd/subagent/start`'s reply (its request is [`crate::subagent::StartRequest`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -227,11 +237,14 @@ pub struct StatusLimits {
     pub providers: BTreeMap<String, ProviderLoad>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderLoad {
     pub max_concurrent: u64,
     pub live: u64,
+    /// The sandbox really enforced for its children (`landlock (ABI 7)`, `none`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
 }
 
 #[cfg(test)]
@@ -295,6 +308,8 @@ mod tests {
                     capabilities: Capabilities::default(),
                     inherits_parent_context: false,
                     default: true,
+                    workspace: None,
+                    sandbox: None,
                 }],
             },
             json!({"providers": [{
@@ -372,6 +387,7 @@ mod tests {
                         ProviderLoad {
                             max_concurrent: 64,
                             live: 2,
+                            sandbox: None,
                         },
                     )]
                     .into(),

@@ -35,6 +35,13 @@ pub struct ProviderInfo {
     /// Whether the child sees the parent's earlier turns (never, for an ACP child).
     pub inherits_parent_context: bool,
     pub default: bool,
+    /// `shared` or `worktree`: the provider's workspace (a request may ask for a worktree only
+    /// where it is `worktree`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceKind>,
+    /// The sandbox really enforced for its children: `landlock (ABI 7)`, `none`, ….
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
 }
 
 /// A request to start one delegation.
@@ -59,6 +66,35 @@ pub struct StartRequest {
     pub output_schema: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_filter: Option<serde_json::Value>,
+    /// `shared` or `worktree` (only where the provider allows it); absent: the provider's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceKind>,
+    /// The commit a worktree starts from (a branch, tag or sha); absent: the cwd's `HEAD`.
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub base_ref: Option<String>,
+}
+
+/// Where a child works: the cwd it is given, or a git worktree of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceKind {
+    Shared,
+    Worktree,
+}
+
+/// What a run did in its worktree, as of the end of its last turn: its work is committed on
+/// `branch`, and `changed`/`diffstat` compare that branch with `base`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceReport {
+    pub branch: String,
+    pub path: PathBuf,
+    /// The commit the worktree started from (a full sha).
+    pub base: String,
+    /// Paths (relative to the repository) that differ from `base`.
+    pub changed: Vec<String>,
+    /// `git diff --stat` of `base` against the branch.
+    pub diffstat: String,
 }
 
 /// The outcome vocabulary of a subagent turn. Consumers must treat a value they do not know as
@@ -205,6 +241,9 @@ pub struct SubagentResult {
     pub diagnostic: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+    /// The run's worktree, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceReport>,
 }
 
 impl SubagentResult {
@@ -258,6 +297,7 @@ mod tests {
             structured: None,
             diagnostic: None,
             failure: None,
+            workspace: None,
         };
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["runId"], "r1");

@@ -19,6 +19,7 @@ mod cli;
 mod config_errors;
 mod echo_sessions;
 mod failures;
+mod isolation;
 mod nested;
 mod run;
 mod stdio;

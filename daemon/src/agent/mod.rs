@@ -75,6 +75,9 @@ PROMPT SCRIPT
   :read PATH            call fs/read_text_file; stream \"read: <CONTENT>\" or
                         \"read error: <CODE>\"
   :cwd                  stream \"cwd <DIR>\"
+  :write PATH TEXT      write TEXT and a newline to PATH (relative to the cwd) with plain
+                        file I/O in this process; stream \"wrote PATH\" or
+                        \"write error PATH: <OS ERROR>\"
   :env NAME [NAME...]   stream \"NAME=value\" or \"NAME unset\" for each NAME
   :garbage              write the line \"this is not json\" to stdout
   :binary               write a line of invalid UTF-8 to stdout
@@ -355,6 +358,7 @@ mod tests {
             "permission",
             "read",
             "cwd",
+            "write",
             "env",
             "garbage",
             "binary",

@@ -54,6 +54,8 @@ pub enum Step {
     Permission,
     Read(String),
     Cwd,
+    /// Writes a file through plain `std::fs` in the agent itself (never the client's fs/*).
+    Write(String, String),
     Env(Vec<String>),
     Garbage,
     Binary,
@@ -197,6 +199,16 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
         "permission" => no_args(rest, Step::Permission)?,
         "read" => Step::Read(required(rest, "PATH")?),
         "cwd" => no_args(rest, Step::Cwd)?,
+        "write" => {
+            let (path, text) = rest
+                .trim()
+                .split_once(char::is_whitespace)
+                .unwrap_or((rest.trim(), ""));
+            if path.is_empty() {
+                return Err(Bad::Args("expected PATH TEXT".into()));
+            }
+            Step::Write(path.to_string(), text.trim_start().to_string())
+        }
         "env" => {
             let names: Vec<String> = rest.split_whitespace().map(str::to_string).collect();
             if names.is_empty() {

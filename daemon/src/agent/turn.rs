@@ -240,6 +240,13 @@ impl Turn<'_> {
                 };
                 self.text(&line).await
             }
+            Step::Write(path, text) => {
+                let line = match std::fs::write(&path, format!("{text}\n")) {
+                    Ok(()) => format!("wrote {path}\n"),
+                    Err(e) => format!("write error {path}: {e}\n"),
+                };
+                self.text(&line).await
+            }
             Step::Env(names) => {
                 let mut out = String::new();
                 for name in names {

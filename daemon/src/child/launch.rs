@@ -318,7 +318,7 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
         .argv
         .first()
         .map(|argv0| Program::of(argv0, &local.env, &local.cwd));
-    let mut spawned = match supervise::spawn_limited(local, limits).await {
+    let mut spawned = match supervise::spawn_sandboxed(local, limits, spec.sandbox.clone()).await {
         Ok(spawned) => spawned,
         Err(error) => return Err(spawn_failed(&spec, program.as_ref(), error)),
     };

@@ -57,6 +57,8 @@ pub struct ChildSpec {
     pub relay: bool,
     /// Where this child's traffic is traced (`trace_dir`).
     pub trace: Option<Arc<crate::trace::Trace>>,
+    /// The Landlock ruleset its tree runs under (`sandbox`), applied between fork and exec.
+    pub sandbox: Option<Arc<supervise::Sandbox>>,
 }
 
 impl ChildSpec {
@@ -85,6 +87,7 @@ impl ChildSpec {
             session: SessionParams::default(),
             relay: false,
             trace: None,
+            sandbox: None,
         }
     }
 }

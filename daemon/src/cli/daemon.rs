@@ -529,6 +529,15 @@ fn checked(
         Ok(agent) => agent,
         Err(e) => return (false, failed(provider, &e.to_string())),
     };
+    // What the kernel really enforces for this provider, not what the config asked for.
+    let sandbox = match provider.sandbox {
+        crate::config::SandboxMode::None => String::new(),
+        _ => format!(
+            "\n{}: sandbox: {}",
+            shown(&provider.name),
+            crate::registry::sandbox_enforced(provider)
+        ),
+    };
     let name = shown(agent.agent_info["name"].as_str().unwrap_or("?"));
     let version = shown(agent.agent_info["version"].as_str().unwrap_or("?"));
     let auth = auth_report(provider, &agent, |n| {
@@ -549,6 +558,7 @@ fn checked(
         agent.protocol_version,
         shown(&auth.text)
     );
+    report.push_str(&sandbox);
     if let Some(m) = &missing {
         report.push_str(&format!("\nwarning: {}", m.warning(&provider.name)));
     }

@@ -44,6 +44,7 @@ pub(super) fn print_status(v: &Value) -> std::io::Result<()> {
         ("LIVE", Col::Number),
         ("MAX", Col::Number),
         ("WARM SPARES", Col::Number),
+        ("SANDBOX", Col::Whole),
     ]);
     for (name, p) in providers.into_iter().flatten() {
         grid.row([
@@ -51,6 +52,7 @@ pub(super) fn print_status(v: &Value) -> std::io::Result<()> {
             number(&p["live"]),
             number(&p["maxConcurrent"]),
             number(&v["spares"][name.as_str()]),
+            p["sandbox"].as_str().unwrap_or("none").to_string(),
         ]);
     }
     grid.print()

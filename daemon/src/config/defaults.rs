@@ -40,6 +40,9 @@ impl ProviderConfig {
             remote: None,
             memory_max: None,
             pids_max: None,
+            workspace: Default::default(),
+            sandbox: Default::default(),
+            network: true,
             builtin: false,
         }
     }

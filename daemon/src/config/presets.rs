@@ -64,6 +64,9 @@ pub struct Preset {
     /// Set in the child's environment when acpd runs as root (claude's `IS_SANDBOX`).
     pub root_env: &'static [(&'static str, &'static str)],
     pub auth: &'static [AuthHint],
+    /// Directories under `$HOME` the agent writes its own config, sessions and caches to: the
+    /// only places outside its workspace and tmp a sandboxed child may write.
+    pub sandbox_dirs: &'static [&'static str],
 }
 
 const CODEX_AUTH: &[AuthHint] = &[
@@ -175,6 +178,7 @@ pub const PRESETS: &[Preset] = &[
         // Claude Code refuses bypassPermissions as root unless told it runs sandboxed.
         root_env: &[("IS_SANDBOX", "1")],
         auth: CLAUDE_AUTH,
+        sandbox_dirs: &[".claude", ".cache", ".npm"],
     },
     Preset {
         name: "codex",
@@ -197,6 +201,7 @@ pub const PRESETS: &[Preset] = &[
         eof_grace: Some(Duration::from_secs(5)),
         root_env: &[],
         auth: CODEX_AUTH,
+        sandbox_dirs: &[".codex", ".cache", ".npm"],
     },
     Preset {
         name: "gemini",
@@ -220,6 +225,7 @@ pub const PRESETS: &[Preset] = &[
         eof_grace: None,
         root_env: &[],
         auth: GEMINI_AUTH,
+        sandbox_dirs: &[".gemini", ".cache", ".npm"],
     },
     Preset {
         name: "goose",
@@ -230,6 +236,12 @@ pub const PRESETS: &[Preset] = &[
         eof_grace: None,
         root_env: &[],
         auth: GOOSE_AUTH,
+        sandbox_dirs: &[
+            ".config/goose",
+            ".local/share/goose",
+            ".local/state/goose",
+            ".cache",
+        ],
     },
     Preset {
         name: "opencode",
@@ -244,6 +256,13 @@ pub const PRESETS: &[Preset] = &[
         eof_grace: None,
         root_env: &[],
         auth: OPENCODE_AUTH,
+        sandbox_dirs: &[
+            ".config/opencode",
+            ".local/share/opencode",
+            ".local/state/opencode",
+            ".cache",
+            ".npm",
+        ],
     },
 ];
 

@@ -209,5 +209,29 @@ pub(super) fn finish_provider(
     if let Some(max) = raw.pids_max {
         provider.pids_max = Some(at_least_one(max, &key("pids_max"), at)? as u64);
     }
+    if let Some(workspace) = raw.workspace {
+        provider.workspace = workspace;
+    }
+    if let Some(sandbox) = raw.sandbox {
+        provider.sandbox = sandbox;
+    }
+    if provider.remote.is_some() && provider.sandbox != super::SandboxMode::None {
+        // The local process is only ssh or the launcher; the far side is not this kernel's.
+        return Err(at(
+            name.span(),
+            &key("sandbox"),
+            "cannot sandbox a remote provider (`host`/`launcher`): its agent runs on another kernel",
+        ));
+    }
+    if let Some(network) = raw.network {
+        if !*network.get_ref() && provider.sandbox == super::SandboxMode::None {
+            return Err(at(
+                network.span(),
+                &key("network"),
+                "`network = false` needs `sandbox = \"landlock\"` or `\"auto\"` to enforce it",
+            ));
+        }
+        provider.network = network.into_inner();
+    }
     Ok(provider)
 }

@@ -69,4 +69,7 @@ pub(super) struct RawProvider {
     /// A `Value` because both `268435456` and `"256MiB"` are accepted.
     pub(super) memory_max: Option<Spanned<toml::Value>>,
     pub(super) pids_max: Option<Spanned<usize>>,
+    pub(super) workspace: Option<super::WorkspaceMode>,
+    pub(super) sandbox: Option<super::SandboxMode>,
+    pub(super) network: Option<Spanned<bool>>,
 }

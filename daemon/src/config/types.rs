@@ -49,8 +49,38 @@ pub struct ProviderConfig {
     pub memory_max: Option<u64>,
     /// `pids_max`: the child's cgroup `pids.max` (likewise, with the pids controller).
     pub pids_max: Option<u64>,
+    /// Where the child works (`workspace`): the cwd itself, or a git worktree of it per child.
+    pub workspace: WorkspaceMode,
+    /// What the child may write and read (`sandbox`), enforced by the kernel (Landlock).
+    pub sandbox: SandboxMode,
+    /// `network = false`: a sandboxed child may neither bind nor connect TCP (Landlock ABI 4+).
+    pub network: bool,
     /// True only for the built-in echo provider, so callers can tell it was not configured.
     pub builtin: bool,
+}
+
+/// `workspace = "shared" | "worktree"`: the default of each start, and whether a request may
+/// ask for a worktree (only where the provider says `worktree`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkspaceMode {
+    /// The child works in the cwd it is given, as everyone else does.
+    #[default]
+    Shared,
+    /// Each child gets its own git worktree of the cwd's repository on a branch of its own.
+    Worktree,
+}
+
+/// `sandbox = "none" | "landlock" | "auto"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxMode {
+    #[default]
+    None,
+    /// Landlock, or the start fails where the kernel cannot enforce it.
+    Landlock,
+    /// Landlock where the kernel can enforce it, else none (with a warning).
+    Auto,
 }
 
 /// The whole daemon configuration.

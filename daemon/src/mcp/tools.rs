@@ -39,6 +39,10 @@ pub struct StartArgs {
     pub cwd: Option<PathBuf>,
     #[serde(default)]
     pub output_schema: Option<Value>,
+    #[serde(default)]
+    pub workspace: Option<acpd_protocol::subagent::WorkspaceKind>,
+    #[serde(default, rename = "ref")]
+    pub base_ref: Option<String>,
 }
 
 impl StartArgs {
@@ -66,6 +70,8 @@ impl StartArgs {
             label: self.label,
             cwd,
             output_schema: self.output_schema,
+            workspace: self.workspace,
+            base_ref: self.base_ref,
             ..Default::default()
         })
     }
@@ -154,6 +160,20 @@ fn start_schema(providers: &[ProviderInfo]) -> Arc<JsonObject> {
                                 asked for JSON, acpd validates it and returns it as \
                                 `structured` (a mismatch is an error with category \
                                 output-schema).",
+            },
+            "workspace": {
+                "type": "string",
+                "enum": ["shared", "worktree"],
+                "description": "`worktree`: the subagent works in a git worktree of its own on \
+                                branch acpd/<runId>, its changes committed there and listed in \
+                                the result's `workspace`; your checkout is untouched. Only for \
+                                providers configured with workspace = \"worktree\" (their \
+                                default then). `shared`: it edits the cwd itself.",
+            },
+            "ref": {
+                "type": "string",
+                "description": "The commit the worktree starts from (branch, tag or sha); \
+                                default: the cwd's HEAD.",
             },
         },
         "required": ["prompt"],

@@ -174,6 +174,7 @@ impl Registry {
                     provider,
                     depth,
                     max_depth: self.max_depth(None),
+                    workspace: None,
                 });
             }
         }
@@ -208,6 +209,7 @@ impl Registry {
             provider,
             depth,
             max_depth: self.max_depth(None),
+            workspace: None,
         })
     }
 }

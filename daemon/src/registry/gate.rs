@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Registry, RegistryError, Slot};
 use crate::child::{AgentInfo, Child, ChildSpec, SessionParams, StartFailure};
-use crate::config::{Config, ProviderConfig, presets};
+use crate::config::{Config, ProviderConfig, WorkspaceMode, presets};
+use crate::workspace::{WorkspaceError, Worktree};
 
 /// What a start asks of the gate besides the provider: where its child runs, how deep, under
 /// which name, and what its spec carries beyond the provider's own.
@@ -36,6 +37,9 @@ pub(super) struct Admission<'a> {
     pub relay: bool,
     /// Abandons the start (the registry agent's resolution, the wait for a slot, the handshake).
     pub cancel: &'a CancellationToken,
+    /// `Some(ref)`: the child works in a new git worktree of the cwd's repository at `ref`
+    /// (`None`: `HEAD`), named by `log_id`; made once a slot is claimed.
+    pub worktree: Option<Option<&'a str>>,
 }
 
 impl<'a> Admission<'a> {
@@ -51,6 +55,7 @@ impl<'a> Admission<'a> {
             session: None,
             relay: false,
             cancel,
+            worktree: None,
         }
     }
 }
@@ -64,6 +69,8 @@ pub struct Launched<C = Child> {
     pub provider: Arc<ProviderConfig>,
     pub depth: u32,
     pub max_depth: u32,
+    /// The child's worktree, when it has one: its owner removes it at dispose.
+    pub workspace: Option<Worktree>,
 }
 
 /// Why a start gave no child: the gate refused it, or the agent did not start (with the
@@ -108,12 +115,34 @@ impl Registry {
             .await
             .map_err(RegistryError::from)?;
         let slot = self.claim(config, &provider, a.cancel).await?;
+        let workspace = match a.worktree {
+            Some(base_ref) => Some(
+                Worktree::create(&cwd, &a.log_id, base_ref)
+                    .await
+                    .map_err(|e| workspace_failed(&provider, e))?,
+            ),
+            None => None,
+        };
+        let cwd = workspace.as_ref().map_or(cwd, |w| w.cwd.clone());
         let mut spec = ChildSpec {
             relay: a.relay,
             limits: config.wire_limits(),
             trace: a.traced.then(|| trace_for(config, &a.log_id)).flatten(),
             ..ChildSpec::new(provider.clone(), a.log_id, cwd, depth, max_depth)
         };
+        // The whole worktree (not only the cwd's subdirectory) is the child's to write.
+        let root = workspace
+            .as_ref()
+            .map_or(spec.cwd.clone(), |w| w.path.clone());
+        match super::sandbox::sandbox_for(&provider, &root, &spec.run_id, &mut spec.env).await {
+            Ok(sandbox) => spec.sandbox = sandbox,
+            Err(e) => {
+                if let Some(w) = workspace {
+                    w.remove(false).await;
+                }
+                return Err(e.into());
+            }
+        }
         if let Some(mut session) = a.session {
             if let Some(entry) = self.offered_server(&provider, depth, max_depth) {
                 session.mcp_servers =
@@ -128,10 +157,56 @@ impl Registry {
                 provider,
                 depth,
                 max_depth,
+                workspace,
             }),
-            Err(failure) => Err(GateError::Start { provider, failure }),
+            Err(failure) => {
+                // Nothing ran in it: the worktree and its branch go.
+                if let Some(w) = workspace {
+                    w.remove(false).await;
+                }
+                Err(GateError::Start { provider, failure })
+            }
         }
     }
+}
+
+/// A worktree that could not be made: a cwd outside a repository is an INVALID_CWD naming it
+/// and git's message; anything else a START_FAILED.
+fn workspace_failed(provider: &ProviderConfig, e: WorkspaceError) -> RegistryError {
+    match e {
+        WorkspaceError::NotARepository { .. } => RegistryError::InvalidCwd {
+            reason: e.to_string(),
+        },
+        e => RegistryError::Workspace {
+            provider: provider.name.clone(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+/// Whether a run of `provider` gets a worktree: the request's `workspace`, else the
+/// provider's; a worktree only where the provider allows it (`workspace = "worktree"`).
+pub(super) fn wants_worktree(
+    provider: &ProviderConfig,
+    req: &StartRequest,
+) -> Result<bool, RegistryError> {
+    use acpd_protocol::subagent::WorkspaceKind;
+    let allowed = provider.workspace == WorkspaceMode::Worktree;
+    let worktree = match req.workspace {
+        Some(WorkspaceKind::Worktree) if !allowed => Err(RegistryError::UnsupportedCapability {
+            provider: provider.name.clone(),
+            capability: "workspace",
+        }),
+        Some(WorkspaceKind::Worktree) => Ok(true),
+        Some(WorkspaceKind::Shared) => Ok(false),
+        None => Ok(allowed),
+    }?;
+    if req.base_ref.is_some() && !worktree {
+        return Err(RegistryError::InvalidRequest {
+            reason: "`ref` names a worktree's base commit, and this run has no worktree".into(),
+        });
+    }
+    Ok(worktree)
 }
 
 /// A trace for the child of run or session `id`, when acpd traces (`trace_dir`).

@@ -31,6 +31,7 @@ mod run_events;
 mod run_lifecycle;
 mod run_start;
 mod run_table;
+mod sandbox;
 #[cfg(test)]
 mod tests;
 mod warm;
@@ -39,7 +40,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use acpd_protocol::subagent::ProviderInfo;
+use acpd_protocol::subagent::{ProviderInfo, WorkspaceKind};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +56,7 @@ pub use registry_error::RegistryError;
 pub use run_events::RunEvent;
 pub use run_lifecycle::{Run, RunState};
 pub use run_start::{Published, StartOptions};
+pub use sandbox::enforced as sandbox_enforced;
 
 /// Who started a run; only its owner may wait on, cancel, send to or dispose it.
 pub type Owner = u64;
@@ -102,6 +104,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Registry {
     pub fn new(config: Config, depth: DepthContext) -> Self {
+        // Worktrees of an acpd that was killed go before this one makes its own.
+        if crate::workspace::worktrees_dir().is_some_and(|d| d.is_dir())
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(crate::workspace::sweep(None));
+        }
         Registry {
             inner: Arc::new(Inner {
                 config: RwLock::new(Arc::new(config)),
@@ -142,6 +150,11 @@ impl Registry {
                 capabilities: capabilities(self.cached_persona(&p.name)),
                 inherits_parent_context: false,
                 default: p.name == config.default_provider,
+                workspace: Some(match p.workspace {
+                    crate::config::WorkspaceMode::Shared => WorkspaceKind::Shared,
+                    crate::config::WorkspaceMode::Worktree => WorkspaceKind::Worktree,
+                }),
+                sandbox: Some(sandbox::enforced(p)),
             })
             .collect()
     }

@@ -49,6 +49,10 @@ pub enum RegistryError {
     },
     #[error("invalid request: {reason}")]
     InvalidRequest { reason: String },
+    #[error("provider \"{provider}\" could not get a workspace: {reason}")]
+    Workspace { provider: String, reason: String },
+    #[error("provider \"{provider}\" cannot be sandboxed: {reason}")]
+    Sandbox { provider: String, reason: String },
 }
 
 impl RegistryError {
@@ -66,6 +70,9 @@ impl RegistryError {
             RegistryError::RunBusy { .. } => ErrorName::RunBusy,
             RegistryError::RunEnded { .. } => ErrorName::RunEnded,
             RegistryError::InvalidRequest { .. } => ErrorName::InvalidRequest,
+            RegistryError::Workspace { .. } | RegistryError::Sandbox { .. } => {
+                ErrorName::StartFailed
+            }
         }
     }
 

@@ -61,6 +61,7 @@ pub(super) struct RunInit {
     pub schema: Option<Arc<OutputSchema>>,
     pub parent: Option<super::Parent>,
     pub uid: Option<u32>,
+    pub workspace: Option<crate::workspace::Worktree>,
 }
 
 pub struct Run {
@@ -89,6 +90,10 @@ pub struct Run {
     schema: Option<Arc<OutputSchema>>,
     state: watch::Sender<RunState>,
     slot: Mutex<Holding>,
+    /// The run's worktree until dispose removes it.
+    workspace: Mutex<Option<Arc<crate::workspace::Worktree>>>,
+    /// Whether dispose keeps the worktree's branch (`keepBranch`, true unless asked not to).
+    keep_branch: std::sync::atomic::AtomicBool,
 }
 
 /// What the run holds between and during turns.
@@ -135,6 +140,8 @@ impl Run {
             schema: init.schema,
             state,
             slot: Mutex::new(Holding::default()),
+            workspace: Mutex::new(init.workspace.map(Arc::new)),
+            keep_branch: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -249,7 +256,15 @@ impl Run {
             trace.value(crate::trace::Hop::ParentToAcpd, &started);
         }
         let (report, ()) = tokio::join!(child.prompt(prompt, ctl), forward);
-        let result = Arc::new(self.result(turn, &report, &child));
+        let mut result = self.result(turn, &report, &child);
+        let workspace = lock(&self.workspace).clone();
+        if let Some(w) = workspace {
+            match w.settle(turn).await {
+                Ok(r) => result.workspace = Some(r),
+                Err(e) => tracing::warn!(run = %self.run_id, turn, "worktree: {e}"),
+            }
+        }
+        let result = Arc::new(result);
         if let Some(trace) = child.trace() {
             let ended =
                 serde_json::json!({ "runId": self.run_id, "turn": turn, "result": *result });
@@ -383,6 +398,22 @@ impl Run {
         self.release();
         // A disposed run keeps no output: whoever still waits learns it ended.
         self.state.send_replace(RunState::Disposed);
+        let keep = self.keep_branch.load(std::sync::atomic::Ordering::Acquire);
+        self.drop_workspace(keep).await;
+    }
+
+    /// Asks dispose to delete the worktree's branch too (`keepBranch: false`).
+    pub(super) fn discard_branch(&self) {
+        self.keep_branch
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Removes the run's worktree, once (its child must be gone).
+    pub(super) async fn drop_workspace(&self, keep_branch: bool) {
+        let workspace = lock(&self.workspace).take();
+        if let Some(w) = workspace {
+            w.remove(keep_branch).await;
+        }
     }
 
     fn with_instruction(&self, mut prompt: Vec<ContentBlock>) -> Vec<ContentBlock> {
@@ -464,6 +495,7 @@ impl Run {
             structured,
             diagnostic,
             failure: mapped.failure,
+            workspace: None,
         }
     }
 }

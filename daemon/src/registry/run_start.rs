@@ -12,7 +12,7 @@ use acpd_protocol::subagent::{StartRequest, Started};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::gate::{Admission, check_capabilities, resolve_cwd};
+use super::gate::{Admission, check_capabilities, resolve_cwd, wants_worktree};
 use super::output_schema::OutputSchema;
 use super::run_lifecycle::RunInit;
 use super::{Launched, Nest, Owner, Parent, Registry, RegistryError, Run, RunEvent, lock};
@@ -62,6 +62,7 @@ impl Registry {
         let req = &opts.request;
         let provider = self.provider(&config, req.provider.as_deref())?;
         check_capabilities(&provider, req)?;
+        let worktree = wants_worktree(&provider, req)?;
         if req.persona.is_some() {
             let cwd = resolve_cwd(&provider, req.cwd.as_deref(), opts.caller_cwd.as_deref())?;
             if !self
@@ -91,6 +92,7 @@ impl Registry {
                 mcp_servers: None,
                 system_prompt: req.persona.clone(),
             }),
+            worktree: worktree.then_some(req.base_ref.as_deref()),
             ..Admission::new(run_id.clone(), &opts.cancel)
         };
         let Launched {
@@ -99,6 +101,7 @@ impl Registry {
             provider,
             depth,
             max_depth,
+            workspace,
         } = self
             .gate(&config, provider, admission, |spec| {
                 Child::start(spec, opts.client_capabilities.clone(), &opts.cancel)
@@ -129,6 +132,7 @@ impl Registry {
                 _ => opts.uid,
             },
             parent: opts.nest.map(|n| n.parent),
+            workspace,
         });
         {
             // Checked under the table lock: an owner that is going away cancels first and
@@ -137,6 +141,7 @@ impl Registry {
             if opts.cancel.is_cancelled() {
                 drop(table);
                 child.teardown().await;
+                run.drop_workspace(false).await;
                 return Err(RegistryError::StartCancelled {
                     provider: run.provider.name.clone(),
                 });

@@ -61,11 +61,24 @@ impl Registry {
     /// Cancels what runs, tears the child's tree down, reaps it, and forgets the run (a
     /// tombstone without output stays). A repeat succeeds.
     pub async fn dispose(&self, owner: Owner, run_id: &str) -> Result<(), RegistryError> {
+        self.dispose_keeping(owner, run_id, true).await
+    }
+
+    /// [`Registry::dispose`], deleting the worktree's branch too unless `keep_branch`.
+    pub async fn dispose_keeping(
+        &self,
+        owner: Owner,
+        run_id: &str,
+        keep_branch: bool,
+    ) -> Result<(), RegistryError> {
         let run = match self.find(owner, run_id) {
             Ok(run) => run,
             Err(RegistryError::RunEnded { .. }) => return Ok(()),
             Err(e) => return Err(e),
         };
+        if !keep_branch {
+            run.discard_branch();
+        }
         self.dispose_nested(&Parent::Run(run.run_id.clone())).await;
         run.dispose().await;
         self.bury(&run);

@@ -48,6 +48,7 @@ async fn published(p: ProviderConfig) -> (Registry, Fake) {
         sink: None,
         schema: None,
         parent: None,
+        workspace: None,
         uid: None,
     });
     lock(&registry.inner.table)

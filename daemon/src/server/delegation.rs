@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use acpd_protocol::envelope::Id;
 use acpd_protocol::methods::{
-    Empty, ListReply, ProvidersReply, RunRef, RunSummary, SendReply, SendRequest, StartReply,
+    DisposeRequest, Empty, ListReply, ProvidersReply, RunRef, RunSummary, SendReply, SendRequest,
+    StartReply,
 };
 use acpd_protocol::subagent::StartRequest;
 
@@ -49,10 +50,15 @@ pub(super) async fn cancel(conn: &Conn, id: Id, req: RunRef) {
 }
 
 /// `_acpd/subagent/dispose`: the run ends and its seat is freed, in its own task.
-pub(super) fn dispose(conn: &Arc<Conn>, id: Id, req: RunRef) {
+pub(super) fn dispose(conn: &Arc<Conn>, id: Id, req: DisposeRequest) {
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
-        match conn2.ctx.registry.dispose(conn2.owner, &req.run_id).await {
+        let keep_branch = req.keep_branch.unwrap_or(true);
+        let registry = &conn2.ctx.registry;
+        match registry
+            .dispose_keeping(conn2.owner, &req.run_id, keep_branch)
+            .await
+        {
             Ok(()) => {
                 conn2.forget_run(&req.run_id);
                 let _ = conn2.peer.respond_ok(&id, &Empty {}).await;

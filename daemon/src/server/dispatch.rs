@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use acpd_protocol::envelope::{self, Id, RpcError};
-use acpd_protocol::methods::{Empty, RunRef, SendRequest, name, parse_params};
+use acpd_protocol::methods::{DisposeRequest, Empty, RunRef, SendRequest, name, parse_params};
 use acpd_protocol::session_id::{duplicate_routing_key, session_id};
 use acpd_protocol::subagent::StartRequest;
 use serde::de::DeserializeOwned;
@@ -54,7 +54,7 @@ pub(super) enum Request {
     /// `_acpd/subagent/cancel`.
     CancelRun(RunRef),
     /// `_acpd/subagent/dispose`.
-    Dispose(RunRef),
+    Dispose(DisposeRequest),
     /// `_acpd/subagent/send`.
     Send(SendRequest),
     /// `_acpd/subagent/list`.

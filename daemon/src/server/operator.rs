@@ -68,6 +68,7 @@ fn status_reply(conn: &Conn) -> StatusReply {
             let load = ProviderLoad {
                 max_concurrent: p.max_concurrent as u64,
                 live: registry.live_children_of(&p.name) as u64,
+                sandbox: Some(crate::registry::sandbox_enforced(p)),
             };
             (p.name.clone(), load)
         })

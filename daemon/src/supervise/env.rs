@@ -83,6 +83,8 @@ mod tests {
             ("AWS_SECRET_ACCESS_KEY", "x"),
             ("NOTIFY_SOCKET", "/run/n"),
             ("ACPD_DEPTH", "7"),
+            ("GIT_DIR", "/parent/.git"),
+            ("GIT_WORK_TREE", "/parent"),
         ]
         .map(|(k, v)| (OsString::from(k), OsString::from(v)));
         let extra = BTreeMap::from([("MODE".to_string(), "fast".to_string())]);
@@ -94,6 +96,9 @@ mod tests {
         assert_eq!(get(&env, "MODE"), Some("fast"));
         assert_eq!(get(&env, "AWS_SECRET_ACCESS_KEY"), None);
         assert_eq!(get(&env, "NOTIFY_SOCKET"), None);
+        // A child in a worktree must not be pointed back at the parent's repository.
+        assert_eq!(get(&env, "GIT_DIR"), None);
+        assert_eq!(get(&env, "GIT_WORK_TREE"), None);
         assert_eq!(get(&env, "ACPD_DEPTH"), Some("2"));
         assert_eq!(get(&env, "ACPD_MAX_DEPTH"), Some("3"));
     }

@@ -6,10 +6,12 @@
 pub mod cgroup;
 mod contain;
 mod env;
+mod helper;
 pub(crate) mod procfs;
 mod reaper;
 mod record_sweep;
 mod records;
+mod sandbox;
 mod sentinel;
 mod spawn;
 mod stderr;
@@ -22,12 +24,16 @@ pub use contain::{
 pub use sentinel::{pid as sentinel_pid, run_sentinel};
 
 pub use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
+pub use helper::{HelperOutput, run_helper};
 pub use procfs::{Ancestry, ancestry};
 pub use reaper::{init, tune_allocator};
 pub(crate) use records::default_state_dir;
 pub use records::{enable_default as keep_records, forget as forget_records, kill_all};
 pub use records::{is_own_child, start_time};
-pub use spawn::{SpawnError, SpawnSpec, Spawned, spawn, spawn_limited, spawn_standalone};
+pub use sandbox::{Sandbox, SandboxError, SandboxPlan, landlock_abi};
+pub use spawn::{
+    SpawnError, SpawnSpec, Spawned, spawn, spawn_limited, spawn_sandboxed, spawn_standalone,
+};
 pub use stderr::{ChildStderrMode, StderrTail, flush_child_stderr, forward_child_stderr};
 pub use tree::{Graces, LimitHit, ProcessTree, TeardownOutcome, signal_name};
 

@@ -18,7 +18,9 @@ use tokio::sync::oneshot;
 use super::cgroup::{self, CgroupError};
 use super::contain::{self, ChildLimits, Placement};
 use super::reaper;
+use super::sandbox::Sandbox;
 use super::tree::{Contained, ProcessTree};
+use std::sync::Arc;
 
 /// What to run: argv (never a shell), an absolute cwd, and the complete environment.
 #[derive(Debug, Clone)]
@@ -82,10 +84,20 @@ pub async fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
 /// [`spawn`] with a provider's `memory_max` / `pids_max` on the child's cgroup (ignored where
 /// the controllers are not enabled; acpd warned at start).
 pub async fn spawn_limited(spec: SpawnSpec, limits: ChildLimits) -> Result<Spawned, SpawnError> {
+    spawn_sandboxed(spec, limits, None).await
+}
+
+/// [`spawn_limited`], the child's whole tree under `sandbox` (applied last before exec); the
+/// tree keeps the sandbox (and so its private tmp) until it is gone.
+pub async fn spawn_sandboxed(
+    spec: SpawnSpec,
+    limits: ChildLimits,
+    sandbox: Option<Arc<Sandbox>>,
+) -> Result<Spawned, SpawnError> {
     if spec.argv.is_empty() {
         return Err(SpawnError::EmptyCommand);
     }
-    spawn_placed(spec, contain::place(&limits)?).await
+    spawn_placed(spec, contain::place(&limits)?, sandbox).await
 }
 
 /// Spawns the one command of `acpd supervise`, whose tree is every descendant of this process
@@ -95,10 +107,14 @@ pub async fn spawn_standalone(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
     if spec.argv.is_empty() {
         return Err(SpawnError::EmptyCommand);
     }
-    spawn_placed(spec, contain::place_standalone()).await
+    spawn_placed(spec, contain::place_standalone(), None).await
 }
 
-async fn spawn_placed(spec: SpawnSpec, placement: Placement) -> Result<Spawned, SpawnError> {
+async fn spawn_placed(
+    spec: SpawnSpec,
+    placement: Placement,
+    sandbox: Option<Arc<Sandbox>>,
+) -> Result<Spawned, SpawnError> {
     let (program, args) = spec.argv.split_first().ok_or(SpawnError::EmptyCommand)?;
     let program = program.clone();
     let args = args.to_vec();
@@ -121,6 +137,7 @@ async fn spawn_placed(spec: SpawnSpec, placement: Placement) -> Result<Spawned, 
     };
     let (tx, rx) = oneshot::channel();
     let job_program = program.clone();
+    let landlock = sandbox.as_ref().map(|s| s.raw_fd());
     // The child is registered with the caller's runtime (its reaper and pipes live there).
     let runtime = tokio::runtime::Handle::current();
     let job: Job = Box::new(move || {
@@ -134,6 +151,7 @@ async fn spawn_placed(spec: SpawnSpec, placement: Placement) -> Result<Spawned, 
             env,
             procs_fd,
             must_enter,
+            landlock,
         ));
         drop(procs);
     });
@@ -173,7 +191,7 @@ async fn spawn_placed(spec: SpawnSpec, placement: Placement) -> Result<Spawned, 
     }
     reaper::churned();
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-    let tree = ProcessTree::adopt(child, contained);
+    let tree = ProcessTree::adopt(child, contained, sandbox);
     match pipes {
         (Some(stdin), Some(stdout), Some(stderr)) => Ok(Spawned {
             tree,
@@ -200,6 +218,7 @@ fn spawn_here(
     env: Vec<(OsString, OsString)>,
     cgroup_procs: Option<std::os::fd::RawFd>,
     must_enter: bool,
+    landlock: Option<std::os::fd::RawFd>,
 ) -> std::io::Result<Child> {
     let parent = nix::unistd::getpid();
     let nofile = reaper::original_nofile();
@@ -213,7 +232,8 @@ fn spawn_here(
         .stderr(Stdio::piped())
         .process_group(0);
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe syscalls
-    // (write, prctl, getppid, setrlimit, sigprocmask); it allocates nothing.
+    // (write, prctl, getppid, setrlimit, sigprocmask, landlock_restrict_self on a ruleset
+    // built before the fork); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             // First: nothing the child does, not even a failed exec, happens outside its group.
@@ -232,6 +252,10 @@ fn spawn_here(
                 setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
             }
             sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+            // Last: the rules bind the exec and everything the child starts.
+            if let Some(fd) = landlock {
+                Sandbox::restrict_in_child(fd)?;
+            }
             Ok(())
         });
     }

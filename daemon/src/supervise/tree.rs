@@ -79,6 +79,8 @@ struct Inner {
     contained: Contained,
     /// Read just before the cgroup is removed, so it is still known afterwards.
     limit_hit: std::sync::Mutex<Option<LimitHit>>,
+    /// The tree's sandbox, held as long as the tree (its private tmp goes with it).
+    _sandbox: Option<Arc<super::sandbox::Sandbox>>,
 }
 
 /// Upper bound on waiting for a SIGKILLed group to disappear; only zombies we cannot reap
@@ -88,7 +90,11 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 const TOKEN_ROUNDS: usize = 8;
 
 impl ProcessTree {
-    pub(super) fn adopt(mut child: Child, contained: Contained) -> Self {
+    pub(super) fn adopt(
+        mut child: Child,
+        contained: Contained,
+        sandbox: Option<Arc<super::sandbox::Sandbox>>,
+    ) -> Self {
         let pid = child.id().map_or(-1, |p| p as i32);
         let start = super::records::start_time(pid).unwrap_or(0);
         let (tx, rx) = watch::channel(None);
@@ -111,6 +117,7 @@ impl ProcessTree {
                 teardown: OnceCell::new(),
                 contained,
                 limit_hit: std::sync::Mutex::new(None),
+                _sandbox: sandbox,
             }),
         }
     }

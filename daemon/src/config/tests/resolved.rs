@@ -31,6 +31,9 @@ warm = 2
 warm_max_age = "5m"
 memory_max = "512MiB"
 pids_max = 100
+workspace = "worktree"
+sandbox = "auto"
+network = false
 "#;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.toml");
@@ -73,6 +76,9 @@ pids_max = 100
         remote: None,
         memory_max: Some(512 << 20),
         pids_max: Some(100),
+        workspace: crate::config::WorkspaceMode::Worktree,
+        sandbox: crate::config::SandboxMode::Auto,
+        network: false,
         builtin: false,
     };
     assert_eq!(

@@ -1,0 +1,350 @@
+//! A workspace per child: a git worktree of the cwd's repository on a branch of its own
+//! (`acpd/<run id>`), in acpd's data directory, so that children started on one repository
+//! never edit the same files or the parent's checkout. At the end of each turn the child's
+//! work is committed on its branch and reported (`changed`, `diffstat` against the base);
+//! dispose removes the worktree and keeps the branch. A marker beside each worktree names the
+//! acpd that owns it, so the next acpd removes the worktrees of one that was SIGKILLed
+//! ([`sweep`]).
+
+mod git;
+mod sweep;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use acpd_protocol::subagent::WorkspaceReport;
+
+use git::git;
+pub use sweep::sweep;
+
+/// Why a workspace could not be made or read.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error(
+        "{} is not in a git repository, so it cannot have a worktree (workspace = \"worktree\"): {message}; use workspace = \"shared\" or a cwd inside a repository",
+        cwd.display()
+    )]
+    NotARepository { cwd: PathBuf, message: String },
+    #[error("git could not {what}: {message}")]
+    Git { what: &'static str, message: String },
+    #[error("cannot run git to {what}: {source}; is git installed and on PATH?")]
+    Spawn {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the ref {0:?} is not a ref name or commit acpd passes to git (it may not start with '-' or contain control characters)"
+    )]
+    BadRef(String),
+    #[error("acpd has no data directory for worktrees (set XDG_DATA_HOME or HOME)")]
+    NoDataDir,
+    #[error("cannot prepare {}: {source}", path.display())]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: crate::private_fs::PrivateError,
+    },
+    #[error("cannot {what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The directory worktrees live in: `<data dir>/worktrees`.
+pub fn worktrees_dir() -> Option<PathBuf> {
+    crate::config::presets::data_dir().map(|d| d.join("worktrees"))
+}
+
+/// One child's worktree.
+#[derive(Debug)]
+pub struct Worktree {
+    /// The run or session id it was made for (its directory's and branch's name).
+    pub id: String,
+    pub branch: String,
+    pub path: PathBuf,
+    /// The commit it started from.
+    pub base: String,
+    /// The repository's top level (the main worktree).
+    pub repo: PathBuf,
+    /// The worktree's own git directory, read once at creation: acpd's later git commands
+    /// name it explicitly, never trusting the `.git` file the child can rewrite.
+    git_dir: PathBuf,
+    /// Where the child starts: the worktree plus the requested cwd's subdirectory.
+    pub cwd: PathBuf,
+    marker: PathBuf,
+}
+
+/// Run ids and session ids are uuids (with a prefix); anything else is refused as a name.
+fn safe_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 100
+        && !id.starts_with(['.', '-'])
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl Worktree {
+    /// Makes a worktree of `cwd`'s repository at `base_ref` (else `HEAD`) on a new branch
+    /// `acpd/<id>`, under [`worktrees_dir`].
+    pub async fn create(
+        cwd: &Path,
+        id: &str,
+        base_ref: Option<&str>,
+    ) -> Result<Worktree, WorkspaceError> {
+        let dir = worktrees_dir().ok_or(WorkspaceError::NoDataDir)?;
+        Self::create_in(&dir, cwd, id, base_ref).await
+    }
+
+    pub async fn create_in(
+        dir: &Path,
+        cwd: &Path,
+        id: &str,
+        base_ref: Option<&str>,
+    ) -> Result<Worktree, WorkspaceError> {
+        if !safe_id(id) {
+            return Err(WorkspaceError::BadRef(id.to_string()));
+        }
+        let arg = |s: &'static str| OsStr::new(s);
+        let top = git(
+            cwd,
+            None,
+            &[arg("rev-parse"), arg("--show-toplevel")],
+            "find the repository",
+        )
+        .await
+        .map_err(|e| match e {
+            WorkspaceError::Git { message, .. } => WorkspaceError::NotARepository {
+                cwd: cwd.to_path_buf(),
+                message,
+            },
+            e => e,
+        })?;
+        let repo = PathBuf::from(top.line());
+        let prefix = git(
+            cwd,
+            None,
+            &[arg("rev-parse"), arg("--show-prefix")],
+            "read the cwd's place in its repository",
+        )
+        .await?
+        .line();
+        let wanted = base_ref.unwrap_or("HEAD");
+        if wanted.starts_with('-') || wanted.chars().any(char::is_control) || wanted.is_empty() {
+            return Err(WorkspaceError::BadRef(wanted.to_string()));
+        }
+        let spec = format!("{wanted}^{{commit}}");
+        let base = git(
+            &repo,
+            None,
+            &[
+                arg("rev-parse"),
+                arg("--verify"),
+                arg("--end-of-options"),
+                OsStr::new(&spec),
+            ],
+            "find the base commit",
+        )
+        .await?
+        .line();
+        crate::private_fs::private_dir(dir).map_err(|source| WorkspaceError::Dir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(id);
+        let branch = format!("acpd/{id}");
+        // The marker first: an acpd killed during `worktree add` leaves it to be swept.
+        let marker = sweep::mark(dir, id, &repo)?;
+        let added = git(
+            &repo,
+            None,
+            &[
+                arg("worktree"),
+                arg("add"),
+                arg("--quiet"),
+                arg("-b"),
+                OsStr::new(&branch),
+                path.as_os_str(),
+                OsStr::new(&base),
+            ],
+            "add a worktree",
+        )
+        .await;
+        if let Err(e) = added {
+            let _ = std::fs::remove_file(&marker);
+            return Err(e);
+        }
+        let git_dir = git(
+            &path,
+            None,
+            &[arg("rev-parse"), arg("--absolute-git-dir")],
+            "read the worktree's git directory",
+        )
+        .await
+        .map(|o| PathBuf::from(o.line()));
+        let mut tree = Worktree {
+            id: id.to_string(),
+            branch,
+            cwd: path.join(&prefix),
+            path,
+            base,
+            repo,
+            git_dir: PathBuf::new(),
+            marker,
+        };
+        match git_dir {
+            Ok(g) => tree.git_dir = g,
+            Err(e) => {
+                tree.remove(false).await;
+                return Err(e);
+            }
+        }
+        // A cwd in a directory the base commit does not have (untracked, ignored) still
+        // starts at the same place in the worktree.
+        if let Err(source) = std::fs::create_dir_all(&tree.cwd) {
+            let path = tree.cwd.clone();
+            tree.remove(false).await;
+            return Err(WorkspaceError::Io {
+                what: "create",
+                path,
+                source,
+            });
+        }
+        Ok(tree)
+    }
+
+    /// git in the worktree, through the git directory read at creation.
+    async fn git(&self, args: &[&OsStr], what: &'static str) -> Result<git::Out, WorkspaceError> {
+        git(&self.path, Some((&self.git_dir, &self.path)), args, what).await
+    }
+
+    /// Commits whatever the child left in the worktree (untracked files too, not ignored
+    /// ones) on its branch, then reports the branch against the base.
+    pub async fn settle(&self, turn: u32) -> Result<WorkspaceReport, WorkspaceError> {
+        let a = |s: &'static str| OsStr::new(s);
+        self.git(&[a("add"), a("--all")], "stage the child's changes")
+            .await?;
+        let staged = self
+            .git(
+                &[a("diff"), a("--cached"), a("--name-only"), a("-z")],
+                "read staged changes",
+            )
+            .await?;
+        if !staged.stdout.is_empty() {
+            let message = format!("acpd: run {} turn {turn}", self.id);
+            self.git(
+                &[
+                    a("-c"),
+                    a("user.name=acpd"),
+                    a("-c"),
+                    a("user.email=acpd@localhost"),
+                    a("commit"),
+                    a("--quiet"),
+                    a("--no-verify"),
+                    a("-m"),
+                    OsStr::new(&message),
+                ],
+                "commit the child's changes",
+            )
+            .await?;
+        }
+        let range = format!("{}..HEAD", self.base);
+        let names = self
+            .git(
+                &[
+                    a("diff"),
+                    a("--no-ext-diff"),
+                    a("--no-textconv"),
+                    a("--name-only"),
+                    a("-z"),
+                    OsStr::new(&range),
+                ],
+                "list changed paths",
+            )
+            .await?;
+        let changed = names
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        let stat = self
+            .git(
+                &[
+                    a("diff"),
+                    a("--no-ext-diff"),
+                    a("--no-textconv"),
+                    a("--stat"),
+                    OsStr::new(&range),
+                ],
+                "summarise the changes",
+            )
+            .await?;
+        Ok(WorkspaceReport {
+            branch: self.branch.clone(),
+            path: self.path.clone(),
+            base: self.base.clone(),
+            changed,
+            diffstat: String::from_utf8_lossy(&stat.stdout).trim_end().to_string(),
+        })
+    }
+
+    /// Removes the worktree (whatever is in it) and, unless `keep_branch`, its branch; then
+    /// its marker. Failures are logged: a worktree left behind is pruned by a later sweep.
+    pub async fn remove(&self, keep_branch: bool) {
+        remove(&self.repo, &self.path, &self.branch, keep_branch).await;
+        let _ = std::fs::remove_file(&self.marker);
+    }
+}
+
+/// The removal shared with the sweep: `git worktree remove --force`, else the directory and a
+/// `git worktree prune`.
+async fn remove(repo: &Path, path: &Path, branch: &str, keep_branch: bool) {
+    let a = |s: &'static str| OsStr::new(s);
+    let removed = git(
+        repo,
+        None,
+        &[
+            a("worktree"),
+            a("remove"),
+            a("--force"),
+            a("--force"),
+            path.as_os_str(),
+        ],
+        "remove a worktree",
+    )
+    .await;
+    if let Err(e) = removed {
+        tracing::debug!("{e}; removing {} by hand", path.display());
+        if let Err(e) = std::fs::remove_dir_all(path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!("cannot remove the worktree {}: {e}", path.display());
+        }
+        let _ = git(repo, None, &[a("worktree"), a("prune")], "prune worktrees").await;
+    }
+    if !keep_branch
+        && let Err(e) = git(
+            repo,
+            None,
+            &[
+                a("branch"),
+                a("--quiet"),
+                a("-D"),
+                a("--end-of-options"),
+                OsStr::new(branch),
+            ],
+            "delete the branch",
+        )
+        .await
+    {
+        tracing::warn!("{e}");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,131 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::Duration;
+
+use super::*;
+
+/// git through acpd's helper runner: other tests of this binary start the stray reaper, which
+/// would reap a plain `Command`'s child before it is waited for.
+async fn sh_git(dir: &Path, args: &[&str]) -> String {
+    let mut argv: Vec<OsString> = ["git", "-C"].map(OsString::from).to_vec();
+    argv.push(dir.into());
+    argv.extend(["-c", "user.name=t", "-c", "user.email=t@t"].map(OsString::from));
+    argv.extend(args.iter().map(OsString::from));
+    let env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| k == "PATH" || k == "HOME")
+        .collect();
+    let out = crate::supervise::run_helper(&argv, dir, env, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+async fn repo(dir: &Path) {
+    sh_git(dir, &["init", "-q", "-b", "main"]).await;
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/a.txt"), "one\n").unwrap();
+    sh_git(dir, &["add", "."]).await;
+    sh_git(dir, &["commit", "-q", "-m", "first"]).await;
+}
+
+#[tokio::test]
+async fn a_worktree_commits_and_reports_the_child_s_work_and_goes_on_remove() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo_dir = tmp.path().join("repo");
+    std::fs::create_dir(&repo_dir).unwrap();
+    repo(&repo_dir).await;
+    let trees = tmp.path().join("trees");
+    let wt = Worktree::create_in(&trees, &repo_dir.join("sub"), "run-1", None)
+        .await
+        .unwrap();
+    assert_eq!(wt.branch, "acpd/run-1");
+    assert_eq!(wt.cwd, trees.join("run-1/sub"));
+    std::fs::write(wt.cwd.join("a.txt"), "two\n").unwrap();
+    std::fs::write(wt.cwd.join("new.txt"), "new\n").unwrap();
+    let report = wt.settle(1).await.unwrap();
+    assert_eq!(report.changed, ["sub/a.txt", "sub/new.txt"]);
+    assert!(
+        report.diffstat.contains("2 files changed"),
+        "{}",
+        report.diffstat
+    );
+    // The parent's checkout is untouched.
+    assert_eq!(
+        std::fs::read_to_string(repo_dir.join("sub/a.txt")).unwrap(),
+        "one\n"
+    );
+    assert!(trees.join("run-1.owner").exists());
+    wt.remove(true).await;
+    assert!(!trees.join("run-1").exists());
+    assert!(!trees.join("run-1.owner").exists());
+    assert_eq!(
+        sh_git(&repo_dir, &["show", "acpd/run-1:sub/a.txt"]).await,
+        "two"
+    );
+}
+
+#[tokio::test]
+async fn a_cwd_outside_a_repository_is_a_typed_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let err = Worktree::create_in(&tmp.path().join("trees"), tmp.path(), "run-2", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, WorkspaceError::NotARepository { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains(&tmp.path().display().to_string()),
+        "{err}"
+    );
+    assert!(err.to_string().contains("not a git repository"), "{err}");
+}
+
+#[tokio::test]
+async fn a_ref_that_looks_like_an_option_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    repo(tmp.path()).await;
+    let err = Worktree::create_in(&tmp.path().join("t"), tmp.path(), "r", Some("--output=x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WorkspaceError::BadRef(_)), "{err}");
+    let err = Worktree::create_in(&tmp.path().join("t"), tmp.path(), "../x", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WorkspaceError::BadRef(_)), "{err}");
+}
+
+#[tokio::test]
+async fn the_sweep_removes_a_dead_owner_s_worktree_and_keeps_a_live_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    repo(tmp.path()).await;
+    let trees = tmp.path().join("trees");
+    let live = Worktree::create_in(&trees, tmp.path(), "live", None)
+        .await
+        .unwrap();
+    let dead = Worktree::create_in(&trees, tmp.path(), "dead", None)
+        .await
+        .unwrap();
+    // A marker whose owner's start time is not this process's: a dead acpd.
+    let text = std::fs::read_to_string(trees.join("dead.owner")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["start"] = serde_json::json!(1);
+    std::fs::write(trees.join("dead.owner"), v.to_string()).unwrap();
+    assert_eq!(sweep(Some(&trees)).await, 1);
+    assert!(!dead.path.exists());
+    assert!(live.path.exists());
+    sh_git(tmp.path(), &["rev-parse", "--verify", "acpd/dead"]).await;
+    live.remove(false).await;
+    assert!(
+        sh_git(tmp.path(), &["branch", "--list", "acpd/live"])
+            .await
+            .is_empty()
+    );
+}

@@ -1,0 +1,302 @@
+//! Isolation end to end: a git worktree per run (`workspace = "worktree"`) and the Landlock
+//! sandbox (`sandbox = "landlock"`), with the echo agent writing files by plain file I/O in
+//! its own process, over `acpd stdio` and real git repositories.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::raw::Raw;
+use common::*;
+use serde_json::json;
+
+const GONE: Duration = Duration::from_secs(20);
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A config whose provider `wt` works in worktrees (`extra` adds keys to it), a repository
+/// with `notes.txt` committed, and a home and data dir of the test's own.
+struct Setup {
+    env: Env,
+    repo: PathBuf,
+    home: PathBuf,
+    data: PathBuf,
+}
+
+impl Setup {
+    fn new(extra: &str) -> Setup {
+        let env = Env::raw("");
+        let toml = format!(
+            "default_provider = \"wt\"\n[providers.wt]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+             workspace = \"worktree\"\ncancel_grace = \"300ms\"\neof_grace = \"300ms\"\n\
+             term_grace = \"300ms\"\n{extra}\n"
+        );
+        std::fs::write(&env.config, toml).unwrap();
+        let repo = env.path().join("repo");
+        let home = env.path().join("home");
+        let data = env.path().join("data");
+        std::fs::create_dir_all(&repo).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        git(&repo, &["init", "-q", "-b", "main"]);
+        std::fs::write(repo.join("notes.txt"), "original\n").unwrap();
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-q", "-m", "first"]);
+        Setup {
+            env,
+            repo,
+            home,
+            data,
+        }
+    }
+
+    fn acpd(&self) -> Raw {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--config")
+            .arg(&self.env.config)
+            .arg("stdio")
+            .current_dir(self.env.path())
+            .env_remove("ACPD_CONFIG")
+            .env_remove("ACPD_DEPTH")
+            .env_remove("ACPD_MAX_DEPTH")
+            .env("XDG_CONFIG_HOME", "/nonexistent-acpd-test-config")
+            .env("HOME", &self.home)
+            .env("XDG_DATA_HOME", &self.data)
+            .env("ACPD_LOG", "warn")
+            .env("STATE_DIRECTORY", self.env.path().join("state"));
+        let log = self.env.path().join("acpd.log");
+        let mut raw = Raw::process(cmd, &log);
+        raw.initialize(json!({}));
+        raw
+    }
+
+    fn worktrees(&self) -> PathBuf {
+        self.data.join("acpd/worktrees")
+    }
+}
+
+fn start(raw: &mut Raw, cwd: &Path, text: &str) -> String {
+    raw.ok(
+        "_acpd/subagent/start",
+        json!({"cwd": cwd, "prompt": [{"type": "text", "text": text}]}),
+    )["runId"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn two_runs_at_once_on_one_repository_each_get_their_own_branch() {
+    let s = Setup::new("");
+    let mut raw = s.acpd();
+    let a = start(&mut raw, &s.repo, ":write notes.txt from run A");
+    let b = start(&mut raw, &s.repo, ":write notes.txt from run B");
+    let ra = raw.wait_run(&a);
+    let rb = raw.wait_run(&b);
+    for (run, r, text) in [(&a, &ra, "from run A"), (&b, &rb, "from run B")] {
+        assert_eq!(r["stopReason"], "completed", "{r}");
+        assert!(output_text(r).starts_with("wrote notes.txt"), "{r}");
+        let w = &r["workspace"];
+        assert_eq!(w["branch"], format!("acpd/{run}"), "{r}");
+        assert_eq!(w["changed"], json!(["notes.txt"]), "{r}");
+        assert!(
+            w["diffstat"].as_str().unwrap().contains("1 file changed"),
+            "{r}"
+        );
+        assert_eq!(w["base"], git(&s.repo, &["rev-parse", "HEAD"]));
+        let branch = format!("acpd/{run}:notes.txt");
+        assert_eq!(git(&s.repo, &["show", &branch]), text);
+    }
+    assert_ne!(ra["workspace"]["path"], rb["workspace"]["path"]);
+    // The parent's checkout is untouched.
+    assert_eq!(
+        std::fs::read_to_string(s.repo.join("notes.txt")).unwrap(),
+        "original\n"
+    );
+    assert_eq!(git(&s.repo, &["status", "--porcelain"]), "");
+}
+
+#[test]
+fn dispose_removes_the_worktree_and_keeps_the_branch_unless_asked() {
+    let s = Setup::new("");
+    let mut raw = s.acpd();
+    let kept = start(&mut raw, &s.repo, ":write new.txt kept");
+    let gone = start(&mut raw, &s.repo, ":write new.txt gone");
+    let path = PathBuf::from(raw.wait_run(&kept)["workspace"]["path"].as_str().unwrap());
+    raw.wait_run(&gone);
+    assert!(path.is_dir());
+    raw.ok("_acpd/subagent/dispose", json!({"runId": kept}));
+    raw.ok(
+        "_acpd/subagent/dispose",
+        json!({"runId": gone, "keepBranch": false}),
+    );
+    assert!(!path.exists(), "the worktree stayed");
+    assert_eq!(
+        git(&s.repo, &["show", &format!("acpd/{kept}:new.txt")]),
+        "kept"
+    );
+    assert_eq!(
+        git(&s.repo, &["branch", "--list", &format!("acpd/{gone}")]),
+        ""
+    );
+    assert_eq!(git(&s.repo, &["worktree", "list"]).lines().count(), 1);
+}
+
+#[test]
+fn a_cwd_outside_a_repository_is_a_typed_start_error() {
+    let s = Setup::new("");
+    let mut raw = s.acpd();
+    let answer = raw.call(
+        "_acpd/subagent/start",
+        json!({"cwd": s.home, "prompt": [{"type": "text", "text": "hi"}]}),
+    );
+    let error = &answer["error"];
+    assert_eq!(error["data"]["code"], "INVALID_CWD", "{answer}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains(s.home.to_str().unwrap()), "{message}");
+    assert!(message.contains("not a git repository"), "{message}");
+}
+
+#[test]
+fn a_worktree_only_where_the_provider_allows_it() {
+    let env = Env::new("");
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({}));
+    let answer = raw.call(
+        "_acpd/subagent/start",
+        json!({"provider": "fast", "cwd": env.path(), "workspace": "worktree",
+               "prompt": [{"type": "text", "text": "hi"}]}),
+    );
+    assert_eq!(
+        answer["error"]["data"]["code"], "UNSUPPORTED_CAPABILITY",
+        "{answer}"
+    );
+}
+
+#[test]
+fn a_sigkilled_acpd_s_worktree_is_pruned_by_the_next_start() {
+    let s = Setup::new("");
+    let mut raw = s.acpd();
+    let run = start(&mut raw, &s.repo, ":write left.txt behind");
+    let r = raw.wait_run(&run);
+    let path = PathBuf::from(r["workspace"]["path"].as_str().unwrap());
+    assert!(path.is_dir());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(raw.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let pid = raw.pid();
+    assert!(eventually(GONE, || !exists(pid as i32) || is_zombie(pid)));
+    assert!(path.is_dir(), "nothing removed it yet");
+    let _next = s.acpd();
+    assert!(
+        eventually(GONE, || !path.exists()),
+        "the next acpd did not prune {}",
+        path.display()
+    );
+    assert!(eventually(GONE, || !s
+        .worktrees()
+        .join(format!("{run}.owner"))
+        .exists()));
+    assert_eq!(
+        git(&s.repo, &["show", &format!("acpd/{run}:left.txt")]),
+        "behind"
+    );
+    assert_eq!(git(&s.repo, &["worktree", "list"]).lines().count(), 1);
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+#[test]
+fn a_sandboxed_run_cannot_write_credentials_or_outside_its_worktree_and_completes() {
+    let s = Setup::new("sandbox = \"landlock\"");
+    std::fs::create_dir_all(s.home.join(".ssh")).unwrap();
+    let keys = s.home.join(".ssh/authorized_keys");
+    let outside = s.env.path().join("outside.txt");
+    let in_repo = s.repo.join("notes.txt");
+    let mut raw = s.acpd();
+    let script = format!(
+        ":write {} ssh-ed25519 AAAA attacker\n:write {} escaped\n:write {} parent edited\n\
+         :write inside.txt fine\n:env TMPDIR",
+        keys.display(),
+        outside.display(),
+        in_repo.display()
+    );
+    let run = start(&mut raw, &s.repo, &script);
+    let r = raw.wait_run(&run);
+    assert_eq!(r["stopReason"], "completed", "{r}");
+    let text = output_text(&r);
+    for path in [&keys, &outside, &in_repo] {
+        assert!(
+            text.contains(&format!(
+                "write error {}: Permission denied",
+                path.display()
+            )),
+            "{text}"
+        );
+    }
+    assert!(text.contains("wrote inside.txt"), "{text}");
+    assert!(!keys.exists(), "the sandbox let authorized_keys be written");
+    assert!(!outside.exists());
+    assert_eq!(std::fs::read_to_string(&in_repo).unwrap(), "original\n");
+    assert_eq!(r["workspace"]["changed"], json!(["inside.txt"]), "{r}");
+    // A private tmp of its own, which goes with the child.
+    let tmp = text
+        .lines()
+        .find_map(|l| l.strip_prefix("TMPDIR="))
+        .map(PathBuf::from)
+        .expect("TMPDIR set");
+    assert!(
+        tmp.starts_with(s.data.join("acpd/tmp")),
+        "{}",
+        tmp.display()
+    );
+    raw.ok("_acpd/subagent/dispose", json!({"runId": run}));
+    assert!(eventually(GONE, || !tmp.exists()), "the tmp stayed");
+}
+
+#[test]
+fn providers_report_the_sandbox_the_kernel_enforces() {
+    let s = Setup::new("sandbox = \"landlock\"");
+    let mut raw = s.acpd();
+    let providers = raw.ok("_acpd/providers", json!({}));
+    let wt = providers["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "wt")
+        .unwrap()
+        .clone();
+    assert_eq!(wt["workspace"], "worktree", "{wt}");
+    assert!(
+        wt["sandbox"]
+            .as_str()
+            .unwrap()
+            .starts_with("landlock (ABI "),
+        "{wt}"
+    );
+}
