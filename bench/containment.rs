@@ -23,7 +23,7 @@ fn config(mode: &str) -> String {
 
 /// True when this process may create cgroups where acpd would.
 fn cgroups_work() -> bool {
-    let Ok(dir) = acpd::supervise::cgroup::own_dir() else {
+    let Ok(dir) = acpd::testing::own_dir() else {
         return false;
     };
     let probe = dir.join(format!("acpd-bench-probe-{}", std::process::id()));

@@ -5,7 +5,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use acpd::wire::{self, Peer};
+use acpd::testing::{self as wire, Peer};
 use serde_json::{Value, json};
 
 use crate::parent::peak_rss_kib;

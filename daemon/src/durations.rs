@@ -10,13 +10,13 @@ use std::time::Duration;
 
 /// The longest duration acpd accepts anywhere (config keys, flags, setup lines): 30 days.
 /// Longer than any sensible timeout or grace, short enough that `now + d` always fits.
-pub const CEILING: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+pub(crate) const CEILING: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
 /// How [`CEILING`] is named in errors.
-pub const CEILING_TEXT: &str = "30days";
+pub(crate) const CEILING_TEXT: &str = "30days";
 
 /// `Err` with the reason when `d` is above [`CEILING`]; `shown` is the value as the user wrote it.
-pub fn check(d: Duration, shown: &str) -> Result<Duration, String> {
+pub(crate) fn check(d: Duration, shown: &str) -> Result<Duration, String> {
     if d > CEILING {
         Err(format!(
             "{shown:?} is longer than the ceiling of {CEILING_TEXT} (write at most \"{CEILING_TEXT}\")"
@@ -28,7 +28,7 @@ pub fn check(d: Duration, shown: &str) -> Result<Duration, String> {
 
 /// Every duration flag's one parser (`--timeout 30s`): humantime syntax (`500ms`, `1m30s`),
 /// a bare number being seconds (`5`), at most [`CEILING`].
-pub fn parse_flag(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_flag(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let d = match text.parse::<u64>() {
         Ok(secs) => Duration::from_secs(secs),
@@ -40,12 +40,12 @@ pub fn parse_flag(text: &str) -> Result<Duration, String> {
 }
 
 /// `now + d`, capped at [`CEILING`] past now: never panics, whatever `d` is.
-pub fn deadline(d: Duration) -> tokio::time::Instant {
+pub(crate) fn deadline(d: Duration) -> tokio::time::Instant {
     deadline_from(tokio::time::Instant::now(), d)
 }
 
 /// `from + d`, capped at [`CEILING`] past `from`.
-pub fn deadline_from(from: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
+pub(crate) fn deadline_from(from: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
     let d = d.min(CEILING);
     // With d ≤ 30 days this only fails on a clock near the end of its range; then `from`
     // itself is the latest instant that is certain to exist.
@@ -53,7 +53,7 @@ pub fn deadline_from(from: tokio::time::Instant, d: Duration) -> tokio::time::In
 }
 
 /// [`deadline`] on the std clock (for waits on a plain thread).
-pub fn deadline_std(d: Duration) -> std::time::Instant {
+pub(crate) fn deadline_std(d: Duration) -> std::time::Instant {
     let now = std::time::Instant::now();
     now.checked_add(d.min(CEILING)).unwrap_or(now)
 }

@@ -3,18 +3,18 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use acpd::cli::{self, AgentCommand, Cli, Command};
+use acpd::{AgentCommand, Cli, Command};
 
 fn main() -> ExitCode {
     // Before any other thread allocates, so the arena limit holds for all of them.
-    acpd::supervise::tune_allocator();
+    acpd::tune_allocator();
     let cli = Cli::parse();
     if let Command::Agent(AgentCommand::Sleeper { exit_after }) = cli.command {
-        acpd::agent::run_sleeper(exit_after);
+        acpd::run_sleeper(exit_after);
     }
     // No runtime, no logging: the sentinel stays one small single-threaded process.
     if let Command::Sentinel = cli.command {
-        return ExitCode::from(acpd::supervise::run_sentinel());
+        return ExitCode::from(acpd::run_sentinel());
     }
     // LISTEN_FDS is read (and the environment cleaned) before any thread exists.
     let activated = match cli.command {
@@ -41,7 +41,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = runtime.block_on(cli::dispatch(cli, activated));
+    let code = runtime.block_on(acpd::dispatch(cli, activated));
     // Children are torn down by the commands themselves; don't wait on blocking reads.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     ExitCode::from(code)
@@ -128,7 +128,7 @@ impl std::io::Write for EscapedStderr {
             }
         }
         out.extend_from_slice(end);
-        cli::with_status_line_cleared(|| {
+        acpd::with_status_line_cleared(|| {
             std::io::Write::write_all(&mut std::io::stderr().lock(), &out)
         })?;
         Ok(buf.len())

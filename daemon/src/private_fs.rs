@@ -69,7 +69,7 @@ fn euid() -> u32 {
 }
 
 /// Makes `dir` a private directory (see the module doc) and returns it open.
-pub fn private_dir(dir: &Path) -> Result<File, PrivateError> {
+pub(crate) fn private_dir(dir: &Path) -> Result<File, PrivateError> {
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -122,7 +122,7 @@ pub fn private_dir(dir: &Path) -> Result<File, PrivateError> {
 
 /// Opens (creating 0600) the private file `path`, whose directory must already be private
 /// ([`private_dir`]), for reading and writing; see the module doc.
-pub fn private_file(path: &Path) -> Result<File, PrivateError> {
+pub(crate) fn private_file(path: &Path) -> Result<File, PrivateError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -151,7 +151,7 @@ pub fn private_file(path: &Path) -> Result<File, PrivateError> {
 
 /// Creates a new private file (0600) at `path` that must not exist yet (`O_EXCL`: a name
 /// planted there, a symlink included, is an error, never followed).
-pub fn create_new_private(path: &Path) -> Result<File, PrivateError> {
+pub(crate) fn create_new_private(path: &Path) -> Result<File, PrivateError> {
     OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -188,7 +188,7 @@ fn own_with_mode(file: &File, path: &Path, mode: u32) -> Result<(), PrivateError
 /// Whether `path` exists as anything but a private file acpd may open: a symlink or another
 /// uid's entry there is refused, nothing is created (for companion files another library
 /// opens by name, such as SQLite's `-wal` and `-shm`).
-pub fn check_absent_or_private(path: &Path) -> Result<(), PrivateError> {
+pub(crate) fn check_absent_or_private(path: &Path) -> Result<(), PrivateError> {
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(PrivateError::io("stat", path)(e)),
@@ -201,7 +201,7 @@ pub fn check_absent_or_private(path: &Path) -> Result<(), PrivateError> {
 
 /// Whether [`open_regular`] follows a link at the path's last component.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Links {
+pub(crate) enum Links {
     /// A path the user named (a config file, a `file://` URL, a trace): only the file it
     /// reaches is read.
     Follow,
@@ -232,7 +232,7 @@ impl From<OpenError> for io::Error {
 }
 
 /// What a file of type `kind` is, in words, for an error that says why it was refused.
-pub fn kind_name(kind: std::fs::FileType) -> &'static str {
+pub(crate) fn kind_name(kind: std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt as _;
     if kind.is_file() {
         "a regular file"
@@ -255,7 +255,7 @@ pub fn kind_name(kind: std::fs::FileType) -> &'static str {
 /// read forever and a device never end, so anything else is refused, saying what it is:
 /// `O_NONBLOCK` keeps a FIFO from blocking the open itself (it means nothing for the regular
 /// file then read), and the kind is checked with `fstat` on what was opened, never by name.
-pub fn open_regular(path: &Path, links: Links) -> Result<File, OpenError> {
+pub(crate) fn open_regular(path: &Path, links: Links) -> Result<File, OpenError> {
     let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC;
     if links == Links::Refuse {
         flags |= nix::libc::O_NOFOLLOW;

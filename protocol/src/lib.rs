@@ -1,3 +1,4 @@
+#![warn(unreachable_pub)]
 //! acpd's wire vocabulary: NDJSON framing, the JSON-RPC 2.0 envelope, the subagent types, the
 //! typed `_acpd/*` bodies, the error table, the permission policy, the pure outcome mapping, prompt fitting, list pagination and cutting text on a character boundary. Nothing here spawns, listens or needs a runtime, so
 //! every rule of the protocol can be unit- and property-tested in isolation.

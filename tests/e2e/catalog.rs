@@ -122,7 +122,7 @@ fn agent_tar_gz() -> Vec<u8> {
 }
 
 fn document(binary_base: &str) -> Value {
-    let platform = acpd::catalog::platform();
+    let platform = acpd::testing::platform();
     json!({
         "version": "1.0.0",
         "agents": [
@@ -400,7 +400,7 @@ fn an_archive_linking_its_command_out_is_refused_and_nothing_outside_is_chmodded
     gz.write_all(&tar.into_inner().unwrap()).unwrap();
     server.serve("/dl/evil.tar.gz", gz.finish().unwrap());
     let doc = json!({"agents": [{"id": "bin-agent", "name": "Evil", "version": "6.6.6",
-        "description": "links out", "distribution": {"binary": {acpd::catalog::platform(): {
+        "description": "links out", "distribution": {"binary": {acpd::testing::platform(): {
             "archive": server.url("/dl/evil.tar.gz"), "cmd": "agent"}}}}]});
     server.serve("/registry.json", doc.to_string());
     let s = setup(&server.url("/registry.json"));

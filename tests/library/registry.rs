@@ -7,8 +7,8 @@ use crate::common;
 
 use std::time::Duration;
 
-use acpd::config::{Config, ProviderConfig};
-use acpd::registry::{DepthContext, Registry, RunEvent, StartOptions};
+use acpd::testing::{Config, ProviderConfig};
+use acpd::testing::{DepthContext, Registry, RunEvent, StartOptions};
 use acpd_protocol::acp::ContentBlock;
 use acpd_protocol::errors::ErrorName;
 use acpd_protocol::subagent::{StartRequest, StopReason};
@@ -25,7 +25,7 @@ fn registry(max_concurrent: usize, keep_alive: Duration) -> Registry {
     p.eof_grace = Duration::from_millis(300);
     p.term_grace = Duration::from_millis(300);
     config.providers.insert("fast".into(), p.into());
-    acpd::supervise::init();
+    acpd::testing::init();
     Registry::new(config, DepthContext::default())
 }
 

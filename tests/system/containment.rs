@@ -124,7 +124,7 @@ fn sid(pid: i32) -> i32 {
 
 /// Whether acpd can create cgroups here; prints why not.
 fn cgroups_work() -> bool {
-    match acpd::supervise::cgroup::own_dir() {
+    match acpd::testing::own_dir() {
         Ok(dir) => {
             let probe = dir.join(format!("acpd-test-probe-{}", std::process::id()));
             match std::fs::create_dir(&probe) {
@@ -242,7 +242,7 @@ fn escapee_is_gone_after_acpd_is_sigkilled_with_no_successor() {
 
 /// This process's own cgroup directory holds the acpds' base groups (they start from here).
 fn acpd_base_groups(pid: u32) -> Vec<PathBuf> {
-    let own = acpd::supervise::cgroup::own_dir().unwrap();
+    let own = acpd::testing::own_dir().unwrap();
     std::fs::read_dir(&own)
         .unwrap()
         .flatten()
@@ -264,7 +264,7 @@ fn a_starting_acpd_sweeps_a_dead_acpds_cgroups() {
     let mut gone = std::process::Command::new("true").spawn().unwrap();
     let dead = gone.id();
     gone.wait().unwrap();
-    let own = acpd::supervise::cgroup::own_dir().unwrap();
+    let own = acpd::testing::own_dir().unwrap();
     let base = own.join(format!("acpd-{dead}-1"));
     let child = base.join("child-1");
     std::fs::create_dir_all(&child).unwrap();
@@ -318,7 +318,7 @@ fn cgroup_mode_fails_start_where_impossible_and_auto_falls_back() {
         std::os::unix::process::CommandExt::gid(&mut cmd, nobody);
         cmd.output().unwrap()
     };
-    let own = acpd::supervise::cgroup::own_dir().unwrap();
+    let own = acpd::testing::own_dir().unwrap();
     let writable_by_nobody = nix::unistd::access(&own, nix::unistd::AccessFlags::W_OK).is_ok()
         && std::fs::metadata(&own).is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == nobody);
     if writable_by_nobody {

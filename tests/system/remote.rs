@@ -270,7 +270,7 @@ fn sh_words(line: &str) -> Vec<String> {
 }
 
 fn quoted(words: &[String]) -> String {
-    let quoted: Vec<String> = words.iter().map(|w| acpd::remote::quote(w)).collect();
+    let quoted: Vec<String> = words.iter().map(|w| acpd::testing::quote(w)).collect();
     quoted.join(" ")
 }
 

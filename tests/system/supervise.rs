@@ -308,7 +308,7 @@ fn a_sigkilled_supervisors_cgroup_is_swept_by_the_next_one() {
         eprintln!("SKIP: acpd supervise cannot create cgroups here (CMD is in {own:?})");
         return;
     };
-    let dir = acpd::supervise::cgroup::own_dir()
+    let dir = acpd::testing::own_dir()
         .unwrap()
         .join(group.rsplit('/').next().unwrap());
     assert!(dir.is_dir(), "{dir:?}");

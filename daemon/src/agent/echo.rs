@@ -74,7 +74,7 @@ struct RunningTurn {
 }
 
 impl Session {
-    pub fn new(system_prompt: Option<String>, file: Option<SessionFile>) -> Session {
+    pub(super) fn new(system_prompt: Option<String>, file: Option<SessionFile>) -> Session {
         Session {
             turn: None,
             system_prompt,
@@ -84,7 +84,7 @@ impl Session {
     }
 
     /// Cancels the running turn, if any (the session is being closed or deleted).
-    pub fn cancel_turn(&self) {
+    pub(super) fn cancel_turn(&self) {
         if let Some(turn) = &self.turn {
             turn.cancel.cancel();
         }
@@ -94,14 +94,14 @@ impl Session {
 impl Agent {
     /// Closes stdout after everything queued so far has been written, waiting at most
     /// [`FLUSH_GRACE`].
-    pub async fn flush_and_close(&self) {
+    pub(super) async fn flush_and_close(&self) {
         let _ = tokio::time::timeout(FLUSH_GRACE, self.peer.flush_and_close()).await;
     }
 
     /// Closes stdout for real. Dropping tokio's `Stdout` leaves descriptor 1 open, so after the
     /// queued lines are out it is pointed at `/dev/null`: the client sees its pipe close while
     /// this process lives on, and nothing written later can reach whatever reuses the number.
-    pub async fn close_stdout(&self) {
+    pub(super) async fn close_stdout(&self) {
         self.flush_and_close().await;
         let null = std::fs::OpenOptions::new().write(true).open("/dev/null");
         if let Ok(null) = null {
@@ -111,7 +111,7 @@ impl Agent {
 
     /// Ends the process with `code` once queued output is out, as a crashing agent that had
     /// already written its last lines would.
-    pub async fn exit(&self, code: i32) {
+    pub(super) async fn exit(&self, code: i32) {
         self.flush_and_close().await;
         std::process::exit(code);
     }

@@ -234,7 +234,7 @@ pub struct EchoArgs {
 /// with the returned code without waiting for the runtime to drain: a write to a stdout nobody
 /// reads could otherwise hold the runtime's shutdown forever. `stdin` and `stdout` are the
 /// process's own (the caller chooses how they are driven).
-pub async fn run_echo<R, W>(args: EchoArgs, stdin: R, stdout: W) -> i32
+pub(crate) async fn run_echo<R, W>(args: EchoArgs, stdin: R, stdout: W) -> i32
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,

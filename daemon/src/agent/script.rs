@@ -10,11 +10,11 @@ use nix::sys::signal::Signal;
 
 /// Largest byte count `:chunks` and `:oversize` accept, so a typo cannot make the agent try to
 /// allocate more memory than a test machine has.
-pub const MAX_BYTES: usize = 256 * 1024 * 1024;
+pub(super) const MAX_BYTES: usize = 256 * 1024 * 1024;
 
 /// One step of a turn, in prompt order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub(super) enum Step {
     /// A non-directive line, newline included, streamed as one `agent_message_chunk`.
     Echo(String),
     /// A line to stream explaining why a directive was not run (unknown or malformed).
@@ -120,11 +120,11 @@ pub enum Step {
 }
 
 /// The second `sessionId` of `:dup-session` when none is given.
-pub const DUP_SESSION_DEFAULT: &str = "echo-forged";
+pub(super) const DUP_SESSION_DEFAULT: &str = "echo-forged";
 
 /// Parses a prompt's text. Every line becomes exactly one step, so echo lines keep their
 /// position between directives and the echoed lines concatenate back to the non-directive text.
-pub fn parse(text: &str) -> Vec<Step> {
+pub(super) fn parse(text: &str) -> Vec<Step> {
     text.split_inclusive('\n').map(parse_line).collect()
 }
 

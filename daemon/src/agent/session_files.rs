@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// One persisted session, exactly as its file holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SessionFile {
+pub(super) struct SessionFile {
     pub session_id: String,
     pub cwd: String,
     /// The first line of the first prompt.
@@ -28,21 +28,21 @@ pub struct SessionFile {
 /// One message of a session's history, replayed by `session/load`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Entry {
+pub(super) struct Entry {
     pub role: Role,
     pub text: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub(super) enum Role {
     User,
     Agent,
 }
 
 impl Role {
     /// The `sessionUpdate` kind that replays an entry of this role.
-    pub fn update_kind(self) -> &'static str {
+    pub(super) fn update_kind(self) -> &'static str {
         match self {
             Role::User => "user_message_chunk",
             Role::Agent => "agent_message_chunk",
@@ -51,7 +51,7 @@ impl Role {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum SessionsError {
+pub(super) enum SessionsError {
     #[error("cannot create the sessions directory {}: {source}", path.display())]
     CreateDir {
         path: PathBuf,
@@ -83,22 +83,22 @@ pub enum SessionsError {
 
 /// The sessions directory.
 #[derive(Debug, Clone)]
-pub struct Store {
+pub(super) struct Store {
     dir: PathBuf,
 }
 
 /// The current time as the files store it.
-pub fn now() -> String {
+pub(super) fn now() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 /// A fresh session id, unique across processes sharing a directory.
-pub fn new_id() -> String {
+pub(super) fn new_id() -> String {
     format!("echo-{}", uuid::Uuid::new_v4())
 }
 
 /// The title a prompt gives a session: its first non-empty line.
-pub fn title_of(prompt: &str) -> Option<String> {
+pub(super) fn title_of(prompt: &str) -> Option<String> {
     prompt
         .lines()
         .map(str::trim)
@@ -107,7 +107,7 @@ pub fn title_of(prompt: &str) -> Option<String> {
 }
 
 impl Store {
-    pub fn open(dir: &Path) -> Result<Store, SessionsError> {
+    pub(super) fn open(dir: &Path) -> Result<Store, SessionsError> {
         std::fs::create_dir_all(dir).map_err(|source| SessionsError::CreateDir {
             path: dir.to_path_buf(),
             source,
@@ -127,7 +127,7 @@ impl Store {
     }
 
     /// Writes `session` through a temporary file renamed into place.
-    pub fn save(&self, session: &SessionFile) -> Result<(), SessionsError> {
+    pub(super) fn save(&self, session: &SessionFile) -> Result<(), SessionsError> {
         let path = self
             .path(&session.session_id)
             .ok_or_else(|| SessionsError::Write {
@@ -153,7 +153,7 @@ impl Store {
     }
 
     /// The session, or None when there is no such file.
-    pub fn load(&self, session_id: &str) -> Result<Option<SessionFile>, SessionsError> {
+    pub(super) fn load(&self, session_id: &str) -> Result<Option<SessionFile>, SessionsError> {
         let Some(path) = self.path(session_id) else {
             return Ok(None);
         };
@@ -168,7 +168,7 @@ impl Store {
     }
 
     /// Removes the session's file; false when there was none.
-    pub fn delete(&self, session_id: &str) -> Result<bool, SessionsError> {
+    pub(super) fn delete(&self, session_id: &str) -> Result<bool, SessionsError> {
         let Some(path) = self.path(session_id) else {
             return Ok(false);
         };
@@ -181,7 +181,7 @@ impl Store {
 
     /// Every session whose cwd is `cwd` (all when None), newest first, ties by id. Files that
     /// vanish or do not parse while listing are skipped: another process may be deleting.
-    pub fn list(&self, cwd: Option<&str>) -> Result<Vec<SessionFile>, SessionsError> {
+    pub(super) fn list(&self, cwd: Option<&str>) -> Result<Vec<SessionFile>, SessionsError> {
         let entries = std::fs::read_dir(&self.dir).map_err(|source| SessionsError::List {
             path: self.dir.clone(),
             source,
@@ -209,7 +209,7 @@ const CURSOR_PREFIX: &str = "echo-page-";
 
 /// The page of `items` starting at `cursor` (one this function made) and the next page's
 /// cursor, absent on the last page.
-pub fn page<T>(
+pub(super) fn page<T>(
     items: Vec<T>,
     cursor: Option<&str>,
     size: usize,

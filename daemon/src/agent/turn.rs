@@ -54,7 +54,7 @@ pub(super) struct Around {
 impl Around {
     /// `before`, then `answer`, then `after`, as one buffer for one `send_line` (which adds the
     /// final newline).
-    pub fn wrap(self, answer: Vec<u8>) -> Vec<u8> {
+    pub(super) fn wrap(self, answer: Vec<u8>) -> Vec<u8> {
         let mut line = self.before;
         line.extend_from_slice(&answer);
         if !self.after.is_empty() {
@@ -355,12 +355,12 @@ impl Turn<'_> {
 
     /// Sends one update. Send failures mean stdout is gone; the turn carries on regardless, as
     /// the process ends with stdin or by a later directive.
-    pub async fn update(&self, update: serde_json::Value) {
+    pub(super) async fn update(&self, update: serde_json::Value) {
         let _ = self.agent.peer.send_line(self.update_line(update)).await;
     }
 
     /// Streams `text` as an agent message and keeps it for the session's history.
-    pub async fn text(&self, text: &str) {
+    pub(super) async fn text(&self, text: &str) {
         self.transcript
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -10,7 +10,7 @@ use super::CatalogError;
 
 /// A registry document, reduced to the agents acpd can use.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Document {
+pub(crate) struct Document {
     /// The aggregate's `version`; `None` for a lone `agent.json`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
@@ -23,7 +23,7 @@ pub struct Document {
 
 /// One agent entry (`agent.json`). Unknown keys (icon, authors, …) are ignored.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Agent {
+pub(crate) struct Agent {
     pub id: String,
     #[serde(default)]
     pub name: String,
@@ -34,7 +34,7 @@ pub struct Agent {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Distribution {
+pub(crate) struct Distribution {
     /// Per platform key (`linux-x86_64`, `darwin-aarch64`, …).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub binary: BTreeMap<String, BinaryTarget>,
@@ -46,7 +46,7 @@ pub struct Distribution {
 
 /// An `npx` or `uvx` distribution: the package (with an optional version) and its argv/env.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Package {
+pub(crate) struct Package {
     pub package: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
@@ -56,7 +56,7 @@ pub struct Package {
 
 /// One platform's archive and the command to run from it once extracted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BinaryTarget {
+pub(crate) struct BinaryTarget {
     /// `.zip`, `.tar.gz`/`.tgz`, `.tar.bz2`/`.tbz2`, else a raw binary.
     pub archive: String,
     /// Relative to the extracted archive (`./agent`, `bin/agent`).
@@ -72,7 +72,7 @@ pub struct BinaryTarget {
 
 /// How this machine would run an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Choice<'a> {
+pub(crate) enum Choice<'a> {
     Binary {
         platform: String,
         target: &'a BinaryTarget,
@@ -82,7 +82,7 @@ pub enum Choice<'a> {
 }
 
 impl Choice<'_> {
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Choice::Binary { .. } => "binary",
             Choice::Npx(_) => "npx",
@@ -93,7 +93,7 @@ impl Choice<'_> {
 
 impl Document {
     /// Parses an aggregate (`agents` array) or a lone agent (`id` and `distribution`).
-    pub fn parse(bytes: &[u8], url: &str) -> Result<Document, CatalogError> {
+    pub(crate) fn parse(bytes: &[u8], url: &str) -> Result<Document, CatalogError> {
         let bad = |reason: String| CatalogError::Parse {
             url: super::shown(url),
             reason,
@@ -146,7 +146,7 @@ impl Document {
         Ok(doc)
     }
 
-    pub fn agent(&self, id: &str) -> Option<&Agent> {
+    pub(crate) fn agent(&self, id: &str) -> Option<&Agent> {
         self.agents.iter().find(|a| a.id == id)
     }
 }
@@ -184,7 +184,7 @@ impl Agent {
     /// The distribution this machine runs: a binary built for `platform`, else `npx`, else
     /// `uvx` — skipping a package runner that `has` says is not installed while another
     /// remains (with neither installed, the first is kept so the spawn names what is missing).
-    pub fn choose(&self, platform: &str, has: impl Fn(&str) -> bool) -> Option<Choice<'_>> {
+    pub(crate) fn choose(&self, platform: &str, has: impl Fn(&str) -> bool) -> Option<Choice<'_>> {
         let d = &self.distribution;
         if let Some(target) = d.binary.get(platform) {
             return Some(Choice::Binary {
@@ -207,7 +207,7 @@ impl Agent {
     }
 
     /// The distribution kinds this entry offers, binary platforms named.
-    pub fn offers(&self) -> Vec<String> {
+    pub(crate) fn offers(&self) -> Vec<String> {
         let d = &self.distribution;
         let mut out: Vec<String> = d.binary.keys().map(|p| format!("binary:{p}")).collect();
         if d.npx.is_some() {

@@ -12,7 +12,7 @@ use super::{CatalogError, Document, shown};
 use crate::private_fs::{Links, OpenError, open_regular};
 
 /// How long a cached document is used without asking the registry again.
-pub const TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub(crate) const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// A registry document larger than this is refused (the official one is tens of KiB).
 const MAX_DOCUMENT: u64 = 16 << 20;
 const DOCUMENT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -21,7 +21,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Where a loaded document came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Origin {
+pub(crate) enum Origin {
     /// Fetched now (and cached).
     Fetched,
     /// The cache, younger than [`TTL`].
@@ -33,14 +33,14 @@ pub enum Origin {
 }
 
 #[derive(Debug, Clone)]
-pub struct Loaded {
+pub(crate) struct Loaded {
     pub document: Document,
     pub origin: Origin,
 }
 
 /// The document at `url`: from the cache under `state` while fresh, else fetched (and cached),
 /// else the stale cache when the fetch fails.
-pub fn load(url: &str, state: Option<&Path>) -> Result<Loaded, CatalogError> {
+pub(crate) fn load(url: &str, state: Option<&Path>) -> Result<Loaded, CatalogError> {
     if file_path(url).is_some() {
         // Bounded like a download, and only a regular file (a FIFO or /dev/zero is refused).
         let bytes = get_bytes(url, MAX_DOCUMENT, DOCUMENT_TIMEOUT)?;
@@ -85,7 +85,7 @@ pub fn load(url: &str, state: Option<&Path>) -> Result<Loaded, CatalogError> {
 }
 
 /// `<state>/registry/<sha256 of the URL>.json`: one cache per registry URL.
-pub fn cache_path(state: &Path, url: &str) -> PathBuf {
+pub(crate) fn cache_path(state: &Path, url: &str) -> PathBuf {
     let digest = sha2::Sha256::digest(url.as_bytes());
     state
         .join("registry")

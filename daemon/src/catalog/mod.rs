@@ -5,7 +5,7 @@
 //! directory ([`binary_install`]); `npx` and `uvx` distributions run through those tools.
 
 mod binary_install;
-mod document;
+pub(crate) mod document;
 mod fetch;
 #[cfg(test)]
 mod tests;
@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ProviderConfig};
 
-pub use document::{Agent, BinaryTarget, Choice, Distribution, Document, Package, platform};
-pub use fetch::{Loaded, Origin, TTL, cache_path, load};
+pub(crate) use document::{Agent, BinaryTarget, Choice, Document, platform};
+pub(crate) use fetch::{Origin, load};
 
 /// Why a registry agent could not be made ready to spawn. Every message names the URL
 /// involved (without credentials or query) and what failed.
@@ -78,7 +78,7 @@ pub enum ResolveError {
 
 /// Where the document cache and installed binaries live.
 #[derive(Debug, Clone, Default)]
-pub struct Dirs {
+pub(crate) struct Dirs {
     /// The state directory; the document cache goes under `registry/` (none: no cache).
     pub state: Option<PathBuf>,
     /// The data directory; binaries go under `registry/<id>/<version>/`.
@@ -87,7 +87,7 @@ pub struct Dirs {
 
 impl Dirs {
     /// acpd's own: [`crate::supervise::default_state_dir`] and [`data_dir`].
-    pub fn from_env() -> Dirs {
+    pub(crate) fn from_env() -> Dirs {
         Dirs {
             state: crate::supervise::default_state_dir(),
             data: data_dir(),
@@ -95,11 +95,15 @@ impl Dirs {
     }
 }
 
-pub use crate::config::presets::data_dir;
+pub(crate) use crate::config::presets::data_dir;
+#[cfg(test)]
+pub(crate) use document::Distribution;
+#[cfg(test)]
+pub(crate) use fetch::{TTL, cache_path};
 
 /// What a registry agent runs as here.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     pub id: String,
     pub version: String,
     /// `binary`, `npx` or `uvx`.
@@ -112,7 +116,7 @@ pub struct Resolved {
 impl Resolved {
     /// `provider` with this command, and this environment under the provider's own `env`
     /// (a key the table sets wins).
-    pub fn apply(&self, provider: &ProviderConfig) -> ProviderConfig {
+    pub(crate) fn apply(&self, provider: &ProviderConfig) -> ProviderConfig {
         let mut env = self.env.clone();
         env.extend(provider.env.clone());
         ProviderConfig {
@@ -125,7 +129,7 @@ impl Resolved {
 
 /// Resolves agent `id` from the document at `url`, installing a binary distribution first
 /// when this version is not installed yet. Blocking (network, disk).
-pub fn resolve(url: &str, id: &str, dirs: &Dirs) -> Result<Resolved, CatalogError> {
+pub(crate) fn resolve(url: &str, id: &str, dirs: &Dirs) -> Result<Resolved, CatalogError> {
     let loaded = load(url, dirs.state.as_deref())?;
     let agent = loaded
         .document
@@ -138,7 +142,7 @@ pub fn resolve(url: &str, id: &str, dirs: &Dirs) -> Result<Resolved, CatalogErro
 }
 
 /// One agent's command on `platform`; `has` tells which package runners are installed.
-pub fn resolve_agent(
+pub(crate) fn resolve_agent(
     agent: &Agent,
     platform: &str,
     data: Option<&Path>,
@@ -180,7 +184,7 @@ pub fn resolve_agent(
 }
 
 /// Whether an executable `name` is on `PATH`.
-pub fn on_path(name: &str) -> bool {
+pub(crate) fn on_path(name: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::env::var_os("PATH").is_some_and(|path| {
         std::env::split_paths(&path).any(|dir| {
@@ -193,7 +197,7 @@ pub fn on_path(name: &str) -> bool {
 /// The spawn hook: a provider naming a registry agent (and no command of its own) gets the
 /// agent's command and environment; any other provider is returned as it is, at no cost.
 /// A failure says what failed and at which URL.
-pub async fn resolve_provider(
+pub(crate) async fn resolve_provider(
     config: &Config,
     provider: Arc<ProviderConfig>,
     cancel: &CancellationToken,
@@ -238,7 +242,7 @@ pub async fn resolve_provider(
 
 /// A URL as messages show it: without `user:password@`, query or fragment (either may carry
 /// a token).
-pub fn shown(url: &str) -> String {
+pub(crate) fn shown(url: &str) -> String {
     let base = url.split(['?', '#']).next().unwrap_or(url);
     match base.split_once("://") {
         Some((scheme, rest)) => {

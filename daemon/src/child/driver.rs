@@ -29,7 +29,7 @@ pub(super) struct ChildWire {
 }
 
 impl ChildWire {
-    pub fn new(reader: LineReader<ChildOutput>, out: Outbox) -> Self {
+    pub(super) fn new(reader: LineReader<ChildOutput>, out: Outbox) -> Self {
         ChildWire {
             reader,
             out,
@@ -38,7 +38,7 @@ impl ChildWire {
     }
 
     /// Sends a request; its answer arrives through the reader with the returned id.
-    pub async fn request(
+    pub(super) async fn request(
         &mut self,
         method: &str,
         params: Option<&RawValue>,
@@ -51,13 +51,13 @@ impl ChildWire {
         Ok(id)
     }
 
-    pub async fn notify(&self, method: &str, params: &RawValue) -> Result<(), CallError> {
+    pub(super) async fn notify(&self, method: &str, params: &RawValue) -> Result<(), CallError> {
         self.out
             .send_line(envelope::encode_notification(method, Some(params)))
             .await
     }
 
-    pub async fn respond(
+    pub(super) async fn respond(
         &self,
         id: &Id,
         reply: Result<&RawValue, &RpcError>,
@@ -66,7 +66,7 @@ impl ChildWire {
         self.out.send_line(line).await
     }
 
-    pub async fn respond_ok<R: serde::Serialize>(
+    pub(super) async fn respond_ok<R: serde::Serialize>(
         &self,
         id: &Id,
         result: &R,
@@ -82,11 +82,11 @@ pub(super) struct Driver {
 }
 
 impl Driver {
-    pub fn new(shared: Arc<Shared>, wire: ChildWire, cmds: mpsc::Receiver<Cmd>) -> Self {
+    pub(super) fn new(shared: Arc<Shared>, wire: ChildWire, cmds: mpsc::Receiver<Cmd>) -> Self {
         Driver { shared, wire, cmds }
     }
 
-    pub async fn run(mut self) {
+    pub(super) async fn run(mut self) {
         let reading = !self.shared.relay_child;
         let stop = self.shared.stop.clone();
         loop {
@@ -176,7 +176,7 @@ impl Driver {
 
     /// The child's exit status if it exits within a second (its output closed, so it most
     /// likely is exiting).
-    pub async fn exit_status_soon(&self) -> Option<std::process::ExitStatus> {
+    pub(super) async fn exit_status_soon(&self) -> Option<std::process::ExitStatus> {
         tokio::time::timeout(Duration::from_secs(1), self.shared.tree.exited())
             .await
             .ok()

@@ -58,7 +58,7 @@ fn collect_capabilities(mut caps: ClientCapabilities) -> ClientCapabilities {
 
 /// Spawns the child, runs `initialize`, and `authenticate` with the provider's `auth_method`
 /// when it names one. On failure the child's whole tree is gone.
-pub async fn initialize(
+pub(crate) async fn initialize(
     spec: ChildSpec,
     client_capabilities: ClientCapabilities,
     cancel: &CancellationToken,
@@ -284,7 +284,10 @@ impl Initialized {
 
 /// Spawns the child, runs `initialize` only, and tears it down: what the agent says about
 /// itself, learned before a run's own child is spawned.
-pub async fn probe(spec: ChildSpec, cancel: &CancellationToken) -> Result<AgentInfo, StartFailure> {
+pub(crate) async fn probe(
+    spec: ChildSpec,
+    cancel: &CancellationToken,
+) -> Result<AgentInfo, StartFailure> {
     let h = spawn(spec).await?;
     let ready =
         Initialized::handshake(h, ClientCapabilities::default(), Auth::Skip, cancel).await?;

@@ -35,13 +35,13 @@ use crate::config::ProviderConfig;
 use crate::supervise::{self, Graces, ProcessTree, StderrTail, TeardownOutcome};
 use crate::wire::{Outbox, Peer, WireLimits};
 
-pub use launch::{Initialized, Open, initialize, probe};
+pub(crate) use launch::{Initialized, Open, initialize, probe};
 use start_failure::failure;
-pub use start_failure::{StartFailure, auth_notes, with_auth_advice};
+pub(crate) use start_failure::{StartFailure, auth_notes, with_auth_advice};
 
 /// The log target of a failed start's or turn's one warning line: `acpd run`, which prints
 /// the same cause as its own error, leaves it out of its stderr.
-pub const FAILURE_LOG: &str = "acpd::failure";
+pub(crate) const FAILURE_LOG: &str = "acpd::failure";
 
 /// How a child is started.
 #[derive(Debug, Clone)]
@@ -266,7 +266,8 @@ pub enum RelayEnd {
 /// What acpd records of a forwarded call (a session's new title) once the agent answered it
 /// with a result, before the parent sees the answer; never after an error, so what the agent
 /// refused changes nothing.
-pub type AfterOk = Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+pub(crate) type AfterOk =
+    Box<dyn FnOnce() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 pub(crate) enum Cmd {
     Prompt {

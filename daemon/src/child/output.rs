@@ -4,7 +4,7 @@
 use acpd_protocol::acp::{ContentBlock, TextContent};
 
 #[derive(Debug, Default)]
-pub struct Output {
+pub(super) struct Output {
     blocks: Vec<ContentBlock>,
     /// Text accumulated since the last non-text block; becomes one text block.
     text: String,
@@ -14,7 +14,7 @@ pub struct Output {
 }
 
 impl Output {
-    pub fn new(max: usize) -> Self {
+    pub(super) fn new(max: usize) -> Self {
         Output {
             max,
             ..Default::default()
@@ -23,7 +23,7 @@ impl Output {
 
     /// Appends text, keeping at most `max` bytes in all (cut on a char boundary). Returns the
     /// part that was kept, for whoever streams it.
-    pub fn push_text<'a>(&mut self, text: &'a str) -> &'a str {
+    pub(super) fn push_text<'a>(&mut self, text: &'a str) -> &'a str {
         // Once cut, stay cut: later text must not appear after a hole.
         let room = if self.truncated {
             0
@@ -46,7 +46,7 @@ impl Output {
     }
 
     /// Appends a non-text block; its serialised size counts against the cap.
-    pub fn push_block(&mut self, block: ContentBlock) {
+    pub(super) fn push_block(&mut self, block: ContentBlock) {
         let size = serde_json::to_vec(&block).map_or(0, |v| v.len());
         if self.truncated || self.bytes + size > self.max {
             self.truncated = true;
@@ -64,7 +64,7 @@ impl Output {
         }
     }
 
-    pub fn finish(mut self) -> (Vec<ContentBlock>, bool) {
+    pub(super) fn finish(mut self) -> (Vec<ContentBlock>, bool) {
         self.flush_text();
         (self.blocks, self.truncated)
     }

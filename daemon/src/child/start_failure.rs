@@ -151,7 +151,7 @@ impl StartFailure {
 
 /// What an auth failure says to do: each preset hint's one line (fixed text from the preset
 /// table) for the methods the agent advertised, then where a daemon's credential goes.
-pub fn auth_notes(provider: &ProviderConfig, advertised: &[String]) -> Vec<&'static str> {
+pub(crate) fn auth_notes(provider: &ProviderConfig, advertised: &[String]) -> Vec<&'static str> {
     let mut notes: Vec<&'static str> = presets::hints_for(provider.preset.as_deref(), advertised)
         .iter()
         .map(|h| h.how)
@@ -165,7 +165,7 @@ pub fn auth_notes(provider: &ProviderConfig, advertised: &[String]) -> Vec<&'sta
 
 /// An agent's −32000 to an editor, with what would satisfy it appended to its message: the
 /// code and data stay the agent's, so an editor's login UI still works.
-pub fn with_auth_advice(
+pub(crate) fn with_auth_advice(
     mut error: RpcError,
     provider: &ProviderConfig,
     advertised: &[String],

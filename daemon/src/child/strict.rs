@@ -12,18 +12,18 @@ use serde::de::{MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// Whether a child's notification may be forwarded at all: anything but acpd's own.
-pub fn forwardable(method: &str) -> bool {
+pub(super) fn forwardable(method: &str) -> bool {
     !method.starts_with("_acpd/")
 }
 
 /// Whether a child may send this request to a parent at all: anything but acpd's own.
-pub fn forwardable_request(method: &str) -> bool {
+pub(super) fn forwardable_request(method: &str) -> bool {
     !method.starts_with("_acpd/")
 }
 
 /// A client capability a method of the child's needs the parent to have advertised.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Need {
+pub(super) enum Need {
     /// `fs.readTextFile`
     ReadTextFile,
     /// `fs.writeTextFile`
@@ -37,7 +37,7 @@ pub enum Need {
 /// What a parent must have advertised before a child may send it `method` (a request or a
 /// notification); `None`: nothing (every other method, `session/update`'s kinds included, is
 /// the parent's to take or answer with -32601).
-pub fn needs_of_parent(method: &str) -> Option<Need> {
+pub(super) fn needs_of_parent(method: &str) -> Option<Need> {
     match method {
         "fs/read_text_file" => Some(Need::ReadTextFile),
         "fs/write_text_file" => Some(Need::WriteTextFile),
@@ -48,14 +48,14 @@ pub fn needs_of_parent(method: &str) -> Option<Need> {
 }
 
 /// The `sessionId` keys of a params object: how many, and the first one's string value.
-pub struct SessionKeys<'a> {
+pub(super) struct SessionKeys<'a> {
     pub count: usize,
     pub value: Option<Cow<'a, str>>,
     pub update: Option<&'a RawValue>,
 }
 
 /// Reads the top-level keys of `params` (values stay raw). `None` when it is not an object.
-pub fn session_keys(params: &RawValue) -> Option<SessionKeys<'_>> {
+pub(super) fn session_keys(params: &RawValue) -> Option<SessionKeys<'_>> {
     struct Keys;
     impl<'de> Visitor<'de> for Keys {
         type Value = SessionKeys<'de>;
@@ -92,7 +92,7 @@ pub fn session_keys(params: &RawValue) -> Option<SessionKeys<'_>> {
 
 /// The `update` object of a child's `session/update`, when the params carry exactly one
 /// `sessionId` and it is `own`; else why the update is dropped.
-pub fn own_update<'a>(
+pub(super) fn own_update<'a>(
     params: Option<&'a RawValue>,
     own: &str,
 ) -> Result<&'a RawValue, &'static str> {
@@ -115,7 +115,7 @@ pub fn own_update<'a>(
 /// certainly no other `sessionId` key: the hot path's check, with no JSON parse. Anything
 /// unusual (another `"sessionId"` anywhere, any `\u` escape that could spell one) returns false
 /// and goes the slow way through [`own_update`].
-pub fn fast_own(params: &str, prefix: &str) -> bool {
+pub(super) fn fast_own(params: &str, prefix: &str) -> bool {
     let Some(rest) = params.strip_prefix(prefix) else {
         return false;
     };
@@ -142,7 +142,7 @@ fn at_most_once(text: &str, finder: &memchr::memmem::Finder<'_>) -> bool {
 
 /// Why a child's params are refused for a key written twice on the routing path (see
 /// [`acpd_protocol::session_id::duplicate_routing_key`]).
-pub fn doubled(params: &RawValue) -> Option<String> {
+pub(super) fn doubled(params: &RawValue) -> Option<String> {
     acpd_protocol::session_id::duplicate_routing_key(params.get())
         .map(|key| format!("the key \"{key}\" appears twice"))
 }

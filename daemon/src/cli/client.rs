@@ -25,7 +25,7 @@ pub struct TimeoutArg {
 }
 
 /// `--timeout`: [`crate::durations::parse_flag`], above zero.
-pub fn parse_timeout(text: &str) -> Result<Duration, String> {
+pub(super) fn parse_timeout(text: &str) -> Result<Duration, String> {
     let within = crate::durations::parse_flag(text)?;
     if within.is_zero() {
         return Err("the timeout must be above zero".into());
@@ -35,7 +35,7 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
 
 /// Why a question to the daemon got no usable answer.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub(super) enum ClientError {
     #[error(
         "no acpd daemon at {} ({source}); start one with `acpd serve` or `systemctl --user start \
          acpd.socket`, or pass the right --socket",
@@ -96,7 +96,7 @@ fn hint(peer_pid: Option<i32>) -> String {
 /// Connects under `deadline`. A full backlog (EAGAIN: the daemon is not accepting) is retried
 /// until the deadline; a stopped daemon is waited for until the deadline, since what it
 /// queued would never be read.
-pub async fn connect(
+pub(super) async fn connect(
     path: &Path,
     within: Duration,
     deadline: Instant,
@@ -142,7 +142,7 @@ pub async fn connect(
 }
 
 /// One connection to the daemon as an ACP client, every call under the same deadline.
-pub struct Client {
+pub(super) struct Client {
     path: PathBuf,
     within: Duration,
     deadline: Instant,
@@ -152,7 +152,7 @@ pub struct Client {
 
 impl Client {
     /// Connects and sends `initialize` as a query (acpd answers it itself, probing no agent).
-    pub async fn open(path: &Path, within: Duration) -> Result<Client, ClientError> {
+    pub(super) async fn open(path: &Path, within: Duration) -> Result<Client, ClientError> {
         let deadline = Instant::now() + within;
         let stream = connect(path, within, deadline).await?;
         let peer_pid = stream.peer_cred().ok().and_then(|c| c.pid());
@@ -172,7 +172,7 @@ impl Client {
     }
 
     /// One request; any line from the daemon that is not JSON-RPC fails it at once.
-    pub async fn call(
+    pub(super) async fn call(
         &mut self,
         method: &str,
         params: &serde_json::Value,
@@ -213,7 +213,7 @@ impl Client {
         }
     }
 
-    pub fn close(self) {
+    pub(super) fn close(self) {
         self.conn.peer.close();
     }
 }

@@ -67,7 +67,7 @@ fn socket_path(arg: &SocketArg) -> Result<PathBuf, u8> {
     }
 }
 
-pub async fn serve(
+pub(super) async fn serve(
     config_path: Option<&Path>,
     socket: SocketArg,
     activated: Option<std::os::unix::net::UnixListener>,
@@ -131,7 +131,7 @@ fn provider_limits(config: &crate::config::Config) -> Vec<(&str, crate::supervis
 
 /// Bridges stdin/stdout to the daemon byte for byte: no ACP parsing, so the daemon sees the
 /// editor's own bytes.
-pub async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
+pub(super) async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
     let path = match socket_path(&args.socket) {
         Ok(p) => p,
         Err(_) if args.or_stdio => {
@@ -334,7 +334,7 @@ async fn ask(args: &QueryArgs, method: &'static str) -> Result<Option<Value>, u8
     Ok(Some(v))
 }
 
-pub async fn status(args: QueryArgs) -> u8 {
+pub(super) async fn status(args: QueryArgs) -> u8 {
     let v = match ask(&args, "_acpd/status").await {
         Ok(Some(v)) => v,
         Ok(None) => return 0,
@@ -375,7 +375,7 @@ fn printed(result: std::io::Result<()>) -> u8 {
     }
 }
 
-pub async fn runs(args: QueryArgs) -> u8 {
+pub(super) async fn runs(args: QueryArgs) -> u8 {
     let v = match ask(&args, "_acpd/runs").await {
         Ok(Some(v)) => v,
         Ok(None) => return 0,
@@ -437,7 +437,7 @@ const DOCTOR_AT_ONCE: usize = 8;
 /// whether this environment can satisfy them), tear it down. The providers are checked all at
 /// once (each probe waits on its own agent), a line each as its check finishes, in the order
 /// they finish; a status line on stderr says what is still being checked.
-pub async fn doctor(config_path: Option<&Path>, only: Option<String>, quiet: bool) -> u8 {
+pub(super) async fn doctor(config_path: Option<&Path>, only: Option<String>, quiet: bool) -> u8 {
     use futures::StreamExt;
     let config = match config_or_usage(config_path) {
         Ok(c) => c,

@@ -61,7 +61,7 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> I
     }
 }
 
-pub async fn init(config: Option<&Path>, args: InitArgs) -> u8 {
+pub(super) async fn init(config: Option<&Path>, args: InitArgs) -> u8 {
     let mut chosen: Vec<&'static Preset> = Vec::new();
     for name in &args.presets {
         let Some(preset) = presets::find(name) else {

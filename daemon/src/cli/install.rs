@@ -50,7 +50,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
     }
 }
 
-pub fn install(args: InstallArgs) -> u8 {
+pub(super) fn install(args: InstallArgs) -> u8 {
     let Some(preset) = presets::find(&args.preset) else {
         let hint = crate::config::suggest::did_you_mean(&args.preset, presets::names())
             .map_or_else(String::new, |h| format!("{h} "));
@@ -173,7 +173,7 @@ pub(super) fn install_into(
 }
 
 /// `acpd providers --presets [--json]`.
-pub fn list_presets(json: bool) -> u8 {
+pub(super) fn list_presets(json: bool) -> u8 {
     let data = presets::data_dir();
     let installed = |p: &Preset| data.as_deref().and_then(|d| p.installed_bin(d));
     let printed = if json {

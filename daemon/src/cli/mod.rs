@@ -40,9 +40,9 @@ use clap::{Parser, Subcommand};
 use crate::agent::EchoArgs;
 use crate::config::{Config, ConfigError};
 
-pub const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_USAGE: u8 = 2;
 /// stdout could not be written (EX_IOERR from sysexits.h): a closed pipe, a full disk.
-pub const EXIT_IO: u8 = 74;
+pub(crate) const EXIT_IO: u8 = 74;
 
 /// Writes and flushes to stdout; the caller maps an error to [`EXIT_IO`].
 pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
@@ -235,14 +235,14 @@ pub enum AgentCommand {
 }
 
 /// The built-in echo provider's argv: this very binary.
-pub fn echo_command() -> Vec<String> {
+pub(crate) fn echo_command() -> Vec<String> {
     let exe = std::env::current_exe()
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "acpd".into());
     vec![exe, "agent".into(), "echo".into()]
 }
 
-pub fn load_config(cli_path: Option<&std::path::Path>) -> Result<Config, ConfigError> {
+pub(crate) fn load_config(cli_path: Option<&std::path::Path>) -> Result<Config, ConfigError> {
     let mut config = Config::load(cli_path, echo_command())?;
     if let Some(dir) = TRACE_DIR.get() {
         config.trace_dir = Some(dir.clone());

@@ -22,7 +22,7 @@ pub enum RegistryCommand {
     },
 }
 
-pub async fn registry(config: Option<&Path>, command: RegistryCommand) -> u8 {
+pub(super) async fn registry(config: Option<&Path>, command: RegistryCommand) -> u8 {
     let RegistryCommand::List { json, .. } = command;
     let config = match config_or_usage(config) {
         Ok(c) => c,

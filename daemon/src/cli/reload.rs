@@ -30,7 +30,7 @@ pub struct ReloadArgs {
     pub timeout: super::client::TimeoutArg,
 }
 
-pub async fn reload(args: ReloadArgs) -> u8 {
+pub(super) async fn reload(args: ReloadArgs) -> u8 {
     let path = match &args.socket.socket {
         Some(p) => p.clone(),
         None => match runtime::default_socket_path() {

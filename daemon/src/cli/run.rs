@@ -47,7 +47,7 @@ pub struct RunArgs {
     prompt: Vec<String>,
 }
 
-pub async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
+pub(super) async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
     let code = run_disposed(config_path, args).await;
     // Every way out has disposed of the run (or never started one): the record goes.
     crate::supervise::forget_records();

@@ -109,7 +109,7 @@ impl Trigger {
     }
 }
 
-pub async fn supervise(args: SuperviseArgs) -> u8 {
+pub(super) async fn supervise(args: SuperviseArgs) -> u8 {
     match run(args).await {
         Ok(code) => code,
         Err(e) => {

@@ -8,7 +8,7 @@ const ECHO: &str = "echo";
 pub(super) const ECHO_DESCRIPTION: &str = "Built-in scripted ACP agent (acpd agent echo)";
 pub(super) const ETC_CONFIG: &str = "/etc/acpd/config.toml";
 /// The official ACP Registry's aggregate document.
-pub const DEFAULT_REGISTRY_URL: &str =
+pub(crate) const DEFAULT_REGISTRY_URL: &str =
     "https://cdn.agentclientprotocol.com/registry/v1/latest/registry.json";
 
 impl ProviderConfig {

@@ -20,10 +20,10 @@ use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _}
 use std::path::{Path, PathBuf};
 
 /// The variable systemd sets for a unit with `LoadCredential=`.
-pub const CREDENTIALS_DIRECTORY: &str = "CREDENTIALS_DIRECTORY";
+pub(crate) const CREDENTIALS_DIRECTORY: &str = "CREDENTIALS_DIRECTORY";
 
 /// The most an env file may hold: credentials are short, and a larger file is a mistake.
-pub const MAX_ENV_FILE: u64 = 64 * 1024;
+pub(crate) const MAX_ENV_FILE: u64 = 64 * 1024;
 
 /// Where a provider's env file is, as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,26 +18,27 @@
 
 mod config_error;
 mod defaults;
-pub mod env_file;
-pub use crate::durations;
+pub(crate) mod env_file;
+pub(crate) use crate::durations;
 mod hosts;
-pub use hosts::{Remote, SshHost, Via};
+pub(crate) use hosts::{Remote, Via};
 mod load;
 mod parse;
-pub mod presets;
+pub(crate) mod presets;
 mod providers;
 mod schema;
-pub mod suggest;
-mod types;
+pub(crate) mod suggest;
+pub(crate) mod types;
 mod validate;
 
-pub use config_error::ConfigError;
-pub use defaults::DEFAULT_REGISTRY_URL;
-pub use types::{Config, ProviderConfig, SandboxMode, WorkspaceMode};
+pub(crate) use config_error::ConfigError;
+pub(crate) use types::{Config, ProviderConfig, SandboxMode, WorkspaceMode};
 
 /// What acpd does with a child's `session/request_permission` calls (`forward`, `allow`,
 /// `reject`): the pure policy of `acpd_protocol::permission`.
-pub use acpd_protocol::permission::Policy as PermissionPolicy;
+pub(crate) use acpd_protocol::permission::Policy as PermissionPolicy;
+#[cfg(test)]
+pub(crate) use hosts::SshHost;
 
 #[cfg(test)]
 mod tests;

@@ -20,7 +20,7 @@ use super::ProviderConfig;
 /// Where a preset's program comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
-pub enum Source {
+pub(crate) enum Source {
     /// A pinned npm package: `acpd install` puts it in the data directory, `npx` is the fallback.
     Npm {
         package: &'static str,
@@ -34,7 +34,7 @@ pub enum Source {
 
 /// Which environment variables satisfy one auth method of a preset (names only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct AuthHint {
+pub(crate) struct AuthHint {
     /// The preset whose agent advertises (or implies) this method.
     pub preset: &'static str,
     /// The advertised method id; `None`: the agent advertises no method to acpd and reads
@@ -50,7 +50,7 @@ pub struct AuthHint {
 
 /// One preset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Preset {
+pub(crate) struct Preset {
     pub name: &'static str,
     pub description: &'static str,
     pub source: Source,
@@ -157,7 +157,7 @@ const GOOSE_AUTH: &[AuthHint] = &[AuthHint {
 }];
 
 /// Every preset, in the order `acpd providers --presets` lists them.
-pub const PRESETS: &[Preset] = &[
+pub(crate) const PRESETS: &[Preset] = &[
     Preset {
         name: "claude",
         description: "Claude Code through claude-agent-acp",
@@ -267,18 +267,18 @@ pub const PRESETS: &[Preset] = &[
 ];
 
 /// The preset named `name`.
-pub fn find(name: &str) -> Option<&'static Preset> {
+pub(crate) fn find(name: &str) -> Option<&'static Preset> {
     PRESETS.iter().find(|p| p.name == name)
 }
 
 /// The valid preset names, for error messages.
-pub fn names() -> Vec<&'static str> {
+pub(crate) fn names() -> Vec<&'static str> {
     PRESETS.iter().map(|p| p.name).collect()
 }
 
 /// The auth hints for a preset name (all of its methods) or, failing that, for an auth method
 /// id (that method across presets). Empty when neither is known.
-pub fn auth_hints(preset_or_method: &str) -> Vec<&'static AuthHint> {
+pub(crate) fn auth_hints(preset_or_method: &str) -> Vec<&'static AuthHint> {
     if let Some(preset) = find(preset_or_method) {
         return preset.auth.iter().collect();
     }
@@ -293,7 +293,7 @@ pub fn auth_hints(preset_or_method: &str) -> Vec<&'static AuthHint> {
 /// the methods the agent advertised plus those it implies without advertising (an agent such as
 /// claude-agent-acp advertises none, yet reads `ANTHROPIC_API_KEY`); without a preset, the
 /// hints for each advertised method id.
-pub fn hints_for(preset: Option<&str>, method_ids: &[String]) -> Vec<&'static AuthHint> {
+pub(crate) fn hints_for(preset: Option<&str>, method_ids: &[String]) -> Vec<&'static AuthHint> {
     match preset {
         Some(preset) => auth_hints(preset)
             .into_iter()
@@ -305,31 +305,26 @@ pub fn hints_for(preset: Option<&str>, method_ids: &[String]) -> Vec<&'static Au
 
 /// Where a credential goes when acpd runs as a daemon, which never sees the shell's variables:
 /// said with every auth failure.
-pub const DAEMON_CREDENTIALS: &str = "for a daemon (acpd serve), which does not see your \
+pub(crate) const DAEMON_CREDENTIALS: &str = "for a daemon (acpd serve), which does not see your \
      shell's variables, put the variable in the file named by env_file in the provider's config";
 
 /// Said with an auth failure no preset hint covers.
-pub const UNKNOWN_CREDENTIALS: &str =
+pub(crate) const UNKNOWN_CREDENTIALS: &str =
     "the agent wants credentials acpd knows nothing about: see the agent's own documentation";
-
-/// The hint for one advertised method of a preset's agent, if known.
-pub fn auth_hint(preset: &str, method: &str) -> Option<&'static AuthHint> {
-    find(preset)?.auth.iter().find(|h| h.method == Some(method))
-}
 
 /// Where a preset's agent keeps a login made once in a terminal: `dir_var` if set (from the
 /// child's environment), else `home_dir` under HOME, then `file`. Checked against the agents'
 /// code: Claude Code reads `$CLAUDE_CONFIG_DIR` or `~/.claude`, then `.credentials.json`;
 /// codex `$CODEX_HOME` or `~/.codex`, then `auth.json`; Gemini CLI `~/.gemini/oauth_creds.json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoredLogin {
+pub(crate) struct StoredLogin {
     pub dir_var: Option<&'static str>,
     pub home_dir: &'static str,
     pub file: &'static str,
 }
 
 /// The stored login a preset's agent reads, if acpd knows where it is.
-pub fn stored_login(preset: &str) -> Option<StoredLogin> {
+pub(crate) fn stored_login(preset: &str) -> Option<StoredLogin> {
     let (dir_var, home_dir, file) = match preset {
         "claude" => (Some("CLAUDE_CONFIG_DIR"), ".claude", ".credentials.json"),
         "codex" => (Some("CODEX_HOME"), ".codex", "auth.json"),
@@ -345,7 +340,7 @@ pub fn stored_login(preset: &str) -> Option<StoredLogin> {
 
 impl StoredLogin {
     /// The login file's path under the given environment lookup (`None` without HOME).
-    pub fn path(&self, env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    pub(crate) fn path(&self, env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
         let var = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
         let dir = self
             .dir_var
@@ -357,12 +352,12 @@ impl StoredLogin {
 
 /// acpd's data directory: `$XDG_DATA_HOME/acpd` (absolute only, per the XDG spec), else
 /// `$HOME/.local/share/acpd`; `None` without either.
-pub fn data_dir() -> Option<PathBuf> {
+pub(crate) fn data_dir() -> Option<PathBuf> {
     data_dir_from(|k| std::env::var(k).ok())
 }
 
 /// [`data_dir`] as a pure function of the given env lookup, for testing.
-pub fn data_dir_from(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+pub(crate) fn data_dir_from(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
     let var = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     var("XDG_DATA_HOME")
         .filter(|p| p.is_absolute())
@@ -391,7 +386,7 @@ impl PresetContext {
 
 impl Preset {
     /// Where `acpd install` puts this preset's package: `<data dir>/agents/<name>-<version>`.
-    pub fn install_dir(&self, data_dir: &Path) -> Option<PathBuf> {
+    pub(crate) fn install_dir(&self, data_dir: &Path) -> Option<PathBuf> {
         match self.source {
             Source::Npm { version, .. } => Some(
                 data_dir
@@ -403,7 +398,7 @@ impl Preset {
     }
 
     /// The installed executable, when `acpd install` put it there.
-    pub fn installed_bin(&self, data_dir: &Path) -> Option<PathBuf> {
+    pub(crate) fn installed_bin(&self, data_dir: &Path) -> Option<PathBuf> {
         let Source::Npm { bin, .. } = self.source else {
             return None;
         };
@@ -415,7 +410,7 @@ impl Preset {
     }
 
     /// `package@version` for npm presets.
-    pub fn package_spec(&self) -> Option<String> {
+    pub(crate) fn package_spec(&self) -> Option<String> {
         match self.source {
             Source::Npm {
                 package, version, ..
@@ -425,7 +420,7 @@ impl Preset {
     }
 
     /// The argv: the installed bin, else `npx -y package@version`, else the program on PATH.
-    pub fn command(&self, data_dir: Option<&Path>) -> Vec<String> {
+    pub(crate) fn command(&self, data_dir: Option<&Path>) -> Vec<String> {
         let mut argv: Vec<String> =
             match (self.source, data_dir.and_then(|d| self.installed_bin(d))) {
                 (_, Some(bin)) => vec![bin.to_string_lossy().into_owned()],
@@ -440,7 +435,7 @@ impl Preset {
     }
 
     /// The environment the preset sets (not passes through) in this context.
-    pub fn env(&self, ctx: &PresetContext) -> BTreeMap<String, String> {
+    pub(crate) fn env(&self, ctx: &PresetContext) -> BTreeMap<String, String> {
         let root = if ctx.is_root { self.root_env } else { &[] };
         root.iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -448,7 +443,7 @@ impl Preset {
     }
 
     /// A provider named `name` filled from this preset; the table's keys are applied on top.
-    pub fn provider(&self, name: &str, ctx: &PresetContext) -> ProviderConfig {
+    pub(crate) fn provider(&self, name: &str, ctx: &PresetContext) -> ProviderConfig {
         let mut p = ProviderConfig::with_defaults(name, self.command(ctx.data_dir.as_deref()));
         p.description = self.description.to_owned();
         p.env = self.env(ctx);
@@ -557,8 +552,11 @@ mod tests {
         assert!(auth_hints("opencode-login")[0].env.is_empty());
         assert!(auth_hints("claude")[0].env.contains(&"ANTHROPIC_API_KEY"));
         assert!(auth_hints("nope").is_empty());
-        assert_eq!(auth_hint("gemini", "vertex-ai").unwrap().preset, "gemini");
-        assert!(auth_hint("codex", "vertex-ai").is_none());
+        let hint = |preset: &str, method: &str| {
+            find(preset)?.auth.iter().find(|h| h.method == Some(method))
+        };
+        assert_eq!(hint("gemini", "vertex-ai").unwrap().preset, "gemini");
+        assert!(hint("codex", "vertex-ai").is_none());
         // Every hint names its own preset and every variable it names is passed through.
         for p in PRESETS {
             for h in p.auth {

@@ -5,7 +5,10 @@ use super::{Config, presets};
 
 /// The known name closest to `typed`, if one is close enough to be a typo: at most one edit
 /// for short names, two from five characters on, and never a name as far off as it is long.
-pub fn closest<'a>(typed: &str, known: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn closest<'a>(
+    typed: &str,
+    known: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     let typed_lower = typed.to_lowercase();
     let most = if typed.chars().count() < 5 { 1 } else { 2 };
     known
@@ -22,13 +25,16 @@ pub fn closest<'a>(typed: &str, known: impl IntoIterator<Item = &'a str>) -> Opt
 }
 
 /// `did you mean "NAME"?` for the closest known name, else `None`.
-pub fn did_you_mean<'a>(typed: &str, known: impl IntoIterator<Item = &'a str>) -> Option<String> {
+pub(crate) fn did_you_mean<'a>(
+    typed: &str,
+    known: impl IntoIterator<Item = &'a str>,
+) -> Option<String> {
     closest(typed, known).map(|k| format!("did you mean {k:?}?"))
 }
 
 /// What to say after "no provider named NAME": the configured provider it is closest to, or
 /// the preset of that name that would add it, or where the providers are listed.
-pub fn unknown_provider(config: &Config, name: &str) -> String {
+pub(crate) fn unknown_provider(config: &Config, name: &str) -> String {
     if let Some(hint) = did_you_mean(name, config.providers.keys().map(String::as_str)) {
         return hint;
     }

@@ -29,7 +29,7 @@ const OWNER: crate::registry::Owner = 0;
 /// What a run has streamed so far (in-process runs only: the daemon sends output with the
 /// result).
 #[derive(Debug, Clone, Default)]
-pub struct Activity {
+pub(super) struct Activity {
     pub chunks: u64,
     pub bytes: u64,
     /// The end of the latest output, at most [`TAIL`] characters, on one line.
@@ -38,20 +38,20 @@ pub struct Activity {
 
 const TAIL: usize = 80;
 
-pub enum Backend {
+pub(super) enum Backend {
     Local(Local),
     Daemon(Daemon),
 }
 
 impl Backend {
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         match self {
             Backend::Local(_) => "this acpd mcp process (no daemon)".to_string(),
             Backend::Daemon(d) => format!("the acpd daemon at {}", d.path.display()),
         }
     }
 
-    pub async fn providers(&self) -> Result<Vec<ProviderInfo>, Failure> {
+    pub(super) async fn providers(&self) -> Result<Vec<ProviderInfo>, Failure> {
         match self {
             Backend::Local(l) => Ok(l.registry.providers()),
             Backend::Daemon(d) => {
@@ -63,7 +63,7 @@ impl Backend {
 
     /// Starts a run; its first turn runs at once. `cancel` abandons an in-process start
     /// before publication (a daemon's start is disposed once it answers).
-    pub async fn start(
+    pub(super) async fn start(
         &self,
         request: StartRequest,
         cancel: &CancellationToken,
@@ -74,14 +74,14 @@ impl Backend {
         }
     }
 
-    pub async fn wait(&self, run_id: &str) -> Result<SubagentResult, Failure> {
+    pub(super) async fn wait(&self, run_id: &str) -> Result<SubagentResult, Failure> {
         match self {
             Backend::Local(l) => Ok((*l.registry.wait(OWNER, run_id).await?).clone()),
             Backend::Daemon(d) => d.call(name::WAIT, &run_ref(run_id)).await,
         }
     }
 
-    pub async fn send(
+    pub(super) async fn send(
         &self,
         run_id: &str,
         prompt: Vec<ContentBlock>,
@@ -104,7 +104,7 @@ impl Backend {
         }
     }
 
-    pub async fn cancel(&self, run_id: &str) -> Result<(), Failure> {
+    pub(super) async fn cancel(&self, run_id: &str) -> Result<(), Failure> {
         match self {
             Backend::Local(l) => Ok(l.registry.cancel(OWNER, run_id)?),
             Backend::Daemon(d) => d
@@ -114,7 +114,7 @@ impl Backend {
         }
     }
 
-    pub async fn dispose(&self, run_id: &str) -> Result<(), Failure> {
+    pub(super) async fn dispose(&self, run_id: &str) -> Result<(), Failure> {
         match self {
             Backend::Local(l) => {
                 l.registry.dispose(OWNER, run_id).await?;
@@ -128,7 +128,7 @@ impl Backend {
         }
     }
 
-    pub async fn list(&self) -> Result<Vec<RunSummary>, Failure> {
+    pub(super) async fn list(&self) -> Result<Vec<RunSummary>, Failure> {
         match self {
             Backend::Local(l) => Ok(l.list()),
             Backend::Daemon(d) => {
@@ -139,7 +139,7 @@ impl Backend {
     }
 
     /// What the run has streamed, while it lives in this process.
-    pub fn activity(&self, run_id: &str) -> Option<watch::Receiver<Activity>> {
+    pub(super) fn activity(&self, run_id: &str) -> Option<watch::Receiver<Activity>> {
         match self {
             Backend::Local(l) => lock(&l.activity).get(run_id).cloned(),
             Backend::Daemon(_) => None,
@@ -148,7 +148,7 @@ impl Backend {
 
     /// The MCP client is gone: every run is cancelled and its tree torn down and reaped (a
     /// daemon does that itself when the connection closes).
-    pub async fn close(&self) {
+    pub(super) async fn close(&self) {
         match self {
             Backend::Local(l) => {
                 l.warm.cancel();
@@ -161,7 +161,7 @@ impl Backend {
     }
 
     /// The longest a graceful close may take before every child group is SIGKILLed.
-    pub fn close_bound(&self) -> std::time::Duration {
+    pub(super) fn close_bound(&self) -> std::time::Duration {
         match self {
             // As `acpd stdio`: the largest cancel + EOF + TERM grace, plus a margin.
             Backend::Local(l) => crate::runtime::shutdown_bound(&l.registry.config()),
@@ -181,7 +181,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A registry of this process.
-pub struct Local {
+pub(super) struct Local {
     registry: Registry,
     caller_cwd: Option<PathBuf>,
     activity: Mutex<HashMap<String, watch::Receiver<Activity>>>,
@@ -190,7 +190,7 @@ pub struct Local {
 }
 
 impl Local {
-    pub fn new(config: crate::config::Config) -> Local {
+    pub(super) fn new(config: crate::config::Config) -> Local {
         let registry = Registry::new(config, DepthContext::from_env());
         let warm = CancellationToken::new();
         registry.keep_warm(warm.clone());
@@ -277,7 +277,7 @@ async fn track(mut chunks: mpsc::Receiver<String>, activity: watch::Sender<Activ
 }
 
 /// A running daemon, over one connection (opened again after the daemon went away).
-pub struct Daemon {
+pub(super) struct Daemon {
     pub path: PathBuf,
     conn: tokio::sync::Mutex<Option<Arc<DaemonConn>>>,
     /// The caller's working directory: a start without `cwd` that the daemon cannot place
@@ -292,7 +292,7 @@ struct DaemonConn {
 
 impl Daemon {
     /// The daemon at `path`, if one answers `initialize` there.
-    pub async fn connect(path: &Path) -> Result<Daemon, String> {
+    pub(super) async fn connect(path: &Path) -> Result<Daemon, String> {
         let conn = DaemonConn::open(path).await?;
         Ok(Daemon {
             path: path.to_path_buf(),

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::registry::RegistryError;
 
 #[derive(Debug, Clone)]
-pub enum Failure {
+pub(super) enum Failure {
     /// The in-process registry refused.
     Registry(RegistryError),
     /// The daemon refused, with its typed error.
@@ -25,7 +25,7 @@ pub enum Failure {
 
 impl Failure {
     /// The stable name: one of the table's, `DAEMON_GONE` or `INTERNAL`.
-    pub fn name(&self) -> String {
+    pub(super) fn name(&self) -> String {
         match self {
             Failure::Registry(e) => e.name().as_str().to_string(),
             Failure::Remote(e) => e
@@ -42,7 +42,7 @@ impl Failure {
         }
     }
 
-    pub fn code(&self) -> i64 {
+    pub(super) fn code(&self) -> i64 {
         match self {
             Failure::Registry(e) => e.name().code(),
             Failure::Remote(e) => e.code,
@@ -53,7 +53,7 @@ impl Failure {
         }
     }
 
-    pub fn message(&self) -> String {
+    pub(super) fn message(&self) -> String {
         match self {
             Failure::Registry(e) => e.to_string(),
             Failure::Remote(e) => e.message.clone(),
@@ -76,7 +76,7 @@ impl Failure {
     }
 
     /// What the calling model should do next.
-    pub fn hint(&self, providers: &[String]) -> String {
+    pub(super) fn hint(&self, providers: &[String]) -> String {
         let list = if providers.is_empty() {
             "none is configured".to_string()
         } else {
@@ -127,7 +127,7 @@ impl Failure {
     }
 
     /// The `structuredContent` of the tool error.
-    pub fn to_json(&self, providers: &[String]) -> Value {
+    pub(super) fn to_json(&self, providers: &[String]) -> Value {
         let mut error = json!({
             "name": self.name(),
             "code": self.code(),

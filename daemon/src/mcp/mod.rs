@@ -41,7 +41,7 @@ pub struct McpArgs {
 /// run is disposed first. 0, `local_config`'s code when runs would live in this process and it
 /// fails (it loads the config and sets up containment, and says what failed on stderr), 1
 /// when serving failed.
-pub async fn run(args: McpArgs, local_config: impl FnOnce() -> Result<Config, u8>) -> u8 {
+pub(crate) async fn run(args: McpArgs, local_config: impl FnOnce() -> Result<Config, u8>) -> u8 {
     let shutdown = match crate::runtime::Shutdown::on_signals(&[
         SignalKind::terminate(),
         SignalKind::interrupt(),

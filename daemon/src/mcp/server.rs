@@ -26,14 +26,14 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Streamed output is reported at most this often.
 const PROGRESS_MIN_GAP: Duration = Duration::from_millis(100);
 
-pub struct AcpdMcp {
+pub(super) struct AcpdMcp {
     backend: Arc<Backend>,
     /// acpd mcp's working directory: relative `cwd`s are taken from it.
     cwd: Option<PathBuf>,
 }
 
 impl AcpdMcp {
-    pub fn new(backend: Arc<Backend>) -> AcpdMcp {
+    pub(super) fn new(backend: Arc<Backend>) -> AcpdMcp {
         AcpdMcp {
             backend,
             cwd: std::env::current_dir().ok(),

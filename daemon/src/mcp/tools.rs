@@ -13,23 +13,23 @@ use serde_json::{Value, json};
 
 use super::mcp_error::Failure;
 
-pub const DELEGATE: &str = "delegate";
-pub const START: &str = "subagent_start";
-pub const WAIT: &str = "subagent_wait";
-pub const SEND: &str = "subagent_send";
-pub const CANCEL: &str = "subagent_cancel";
-pub const DISPOSE: &str = "subagent_dispose";
-pub const LIST: &str = "subagent_list";
-pub const PROVIDERS: &str = "providers";
+pub(super) const DELEGATE: &str = "delegate";
+pub(super) const START: &str = "subagent_start";
+pub(super) const WAIT: &str = "subagent_wait";
+pub(super) const SEND: &str = "subagent_send";
+pub(super) const CANCEL: &str = "subagent_cancel";
+pub(super) const DISPOSE: &str = "subagent_dispose";
+pub(super) const LIST: &str = "subagent_list";
+pub(super) const PROVIDERS: &str = "providers";
 
-pub const ALL: [&str; 8] = [
+pub(super) const ALL: [&str; 8] = [
     DELEGATE, START, WAIT, SEND, CANCEL, DISPOSE, LIST, PROVIDERS,
 ];
 
 /// `delegate` and `subagent_start`.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct StartArgs {
+pub(super) struct StartArgs {
     #[serde(default)]
     pub provider: Option<String>,
     pub prompt: String,
@@ -47,7 +47,7 @@ pub struct StartArgs {
 
 impl StartArgs {
     /// The registry's request; a relative `cwd` is taken from `base` (acpd mcp's own).
-    pub fn into_request(self, base: Option<&Path>) -> Result<StartRequest, Failure> {
+    pub(super) fn into_request(self, base: Option<&Path>) -> Result<StartRequest, Failure> {
         if self.prompt.trim().is_empty() {
             return Err(Failure::InvalidArguments(
                 "`prompt` is empty: say what the subagent should do".into(),
@@ -80,23 +80,26 @@ impl StartArgs {
 /// `subagent_wait`, `subagent_cancel`, `subagent_dispose`.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RunArgs {
+pub(super) struct RunArgs {
     pub run_id: String,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SendArgs {
+pub(super) struct SendArgs {
     pub run_id: String,
     pub prompt: String,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct NoArgs {}
+pub(super) struct NoArgs {}
 
 /// The tool's arguments as `T`; absent arguments read as `{}`.
-pub fn parse<T: DeserializeOwned>(tool: &str, args: Option<JsonObject>) -> Result<T, Failure> {
+pub(super) fn parse<T: DeserializeOwned>(
+    tool: &str,
+    args: Option<JsonObject>,
+) -> Result<T, Failure> {
     let value = Value::Object(args.unwrap_or_default());
     serde_json::from_value(value).map_err(|e| Failure::InvalidArguments(format!("{tool}: {e}")))
 }
@@ -222,7 +225,7 @@ fn annotated(tool: Tool, read_only: bool, title: &str) -> Tool {
 }
 
 /// Every tool, described for these providers.
-pub fn list(providers: &[ProviderInfo]) -> Vec<Tool> {
+pub(super) fn list(providers: &[ProviderInfo]) -> Vec<Tool> {
     let lines = provider_lines(providers);
     let result_note = "A result whose stopReason is not `completed` (error, aborted, refusal, \
                        max-tokens) comes back as a tool error carrying the stopReason, the \
@@ -329,14 +332,14 @@ pub fn list(providers: &[ProviderInfo]) -> Vec<Tool> {
 }
 
 /// A structured success: `value` as `structuredContent` and as JSON text.
-pub fn ok_json(value: Value) -> CallToolResult {
+pub(super) fn ok_json(value: Value) -> CallToolResult {
     let mut result = CallToolResult::success(vec![ContentBlock::text(value.to_string())]);
     result.structured_content = Some(value);
     result
 }
 
 /// A failure as a tool error the model can read and act on.
-pub fn failed(failure: &Failure, providers: &[String]) -> CallToolResult {
+pub(super) fn failed(failure: &Failure, providers: &[String]) -> CallToolResult {
     let text = format!("{failure}\n{}", failure.hint(providers));
     let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
     result.structured_content = Some(failure.to_json(providers));
@@ -345,7 +348,7 @@ pub fn failed(failure: &Failure, providers: &[String]) -> CallToolResult {
 
 /// A turn's result: its output as content, the whole result as `structuredContent`; a tool
 /// error unless it completed.
-pub fn turn_result(result: &SubagentResult) -> CallToolResult {
+pub(super) fn turn_result(result: &SubagentResult) -> CallToolResult {
     let mut content = Vec::new();
     let completed = result.stop_reason == StopReason::Completed;
     if !completed {

@@ -41,7 +41,7 @@ enum Screened {
 }
 
 /// The transport handed to rmcp: a reader task screening stdin, a writer task owning stdout.
-pub struct Screening {
+pub(super) struct Screening {
     incoming: mpsc::Receiver<RxJsonRpcMessage<RoleServer>>,
     out: Option<mpsc::Sender<Vec<u8>>>,
     reader: JoinHandle<()>,
@@ -49,7 +49,7 @@ pub struct Screening {
 }
 
 impl Screening {
-    pub fn new<R, W>(reader: R, writer: W) -> Screening
+    pub(super) fn new<R, W>(reader: R, writer: W) -> Screening
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,

@@ -56,7 +56,7 @@ impl Ready {
 }
 
 /// Whether the agent advertised the capability at `pointer` (present and not `false`/`null`).
-pub fn advertises(agent: &AgentInfo, pointer: &str) -> bool {
+pub(crate) fn advertises(agent: &AgentInfo, pointer: &str) -> bool {
     agent
         .capabilities
         .pointer(pointer)

@@ -317,7 +317,7 @@ pub(super) fn resolve_cwd(
 /// The environment variable names (never their values) that would satisfy an agent's auth,
 /// from the preset table's hints ([`presets::hints_for`]). Without a hint the list is empty
 /// and a diagnostic names the method ids only.
-pub fn auth_env_names(preset: Option<&str>, method_ids: &[String]) -> Vec<String> {
+pub(crate) fn auth_env_names(preset: Option<&str>, method_ids: &[String]) -> Vec<String> {
     let hints = presets::hints_for(preset, method_ids);
     let mut names: Vec<String> = Vec::new();
     for name in hints.iter().flat_map(|h| h.env.iter()) {

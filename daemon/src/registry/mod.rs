@@ -21,15 +21,15 @@
 
 mod bridge_child;
 mod gate;
-mod limits;
+pub(crate) mod limits;
 mod lineage;
 mod offer;
 mod output_schema;
 mod probes;
 mod registry_error;
-mod run_events;
+pub(crate) mod run_events;
 mod run_lifecycle;
-mod run_start;
+pub(crate) mod run_start;
 mod run_table;
 mod sandbox;
 #[cfg(test)]
@@ -48,18 +48,18 @@ use crate::child::AgentInfo;
 use crate::config::{Config, ProviderConfig};
 use gate::capabilities;
 
-pub use bridge_child::{BridgeRequest, Ready, advertises};
-pub use gate::{GateError, Launched, auth_env_names};
-pub use limits::{DepthContext, Slot};
-pub use lineage::{Lineage, Nest, Origin, Parent, Tree};
-pub use registry_error::RegistryError;
-pub use run_events::RunEvent;
-pub use run_lifecycle::{Run, RunState};
-pub use run_start::{Published, StartOptions};
-pub use sandbox::enforced as sandbox_enforced;
+pub(crate) use bridge_child::{BridgeRequest, Ready, advertises};
+pub(crate) use gate::{GateError, Launched, auth_env_names};
+pub(crate) use limits::{DepthContext, Slot};
+pub(crate) use lineage::{Lineage, Nest, Origin, Parent, Tree};
+pub(crate) use registry_error::RegistryError;
+pub(crate) use run_events::RunEvent;
+pub(crate) use run_lifecycle::{Run, RunState};
+pub(crate) use run_start::StartOptions;
+pub(crate) use sandbox::enforced as sandbox_enforced;
 
 /// Who started a run; only its owner may wait on, cancel, send to or dispose it.
-pub type Owner = u64;
+pub(crate) type Owner = u64;
 
 /// How many disposed run ids are remembered.
 const TOMBSTONES: usize = 4096;

@@ -11,7 +11,7 @@ use super::Registry;
 use crate::config::ProviderConfig;
 
 /// The MCP server entry's name, as agents show it (`mcp__acpd__delegate` in Claude Code).
-pub const SERVER_NAME: &str = "acpd";
+pub(super) const SERVER_NAME: &str = "acpd";
 
 impl Registry {
     /// Where the `acpd mcp` offered to children connects: this acpd's socket.

@@ -8,13 +8,13 @@ use serde_json::{Value, json};
 
 use super::RegistryError;
 
-pub struct OutputSchema {
+pub(super) struct OutputSchema {
     validator: jsonschema::Validator,
     text: String,
 }
 
 impl OutputSchema {
-    pub fn compile(schema: &Value) -> Result<OutputSchema, RegistryError> {
+    pub(super) fn compile(schema: &Value) -> Result<OutputSchema, RegistryError> {
         let unsupported = |reason: String| RegistryError::UnsupportedSchema { reason };
         if !schema.is_object() {
             return Err(unsupported("the schema must be a JSON object".into()));
@@ -33,7 +33,7 @@ impl OutputSchema {
     }
 
     /// The instruction appended to every prompt of the run, marked as acpd's own.
-    pub fn instruction(&self) -> ContentBlock {
+    pub(super) fn instruction(&self) -> ContentBlock {
         let text = format!(
             "\n\nReply with only one JSON value, with no prose and no code fence, that validates \
              against this JSON Schema:\n{}",
@@ -45,7 +45,7 @@ impl OutputSchema {
     }
 
     /// The structured value, or why the output does not qualify.
-    pub fn check(&self, output: &str) -> Result<Value, String> {
+    pub(super) fn check(&self, output: &str) -> Result<Value, String> {
         let body = strip_fence(output.trim());
         let value: Value =
             serde_json::from_str(body).map_err(|e| format!("the output is not JSON ({e})"))?;

@@ -39,7 +39,7 @@ const DEVICES: &[&str] = &[
 
 /// What `_acpd/providers`, `acpd status` and `acpd doctor` say is enforced for `provider`:
 /// `landlock (ABI N)`, or `none` (with why, when a sandbox was asked for).
-pub fn enforced(provider: &ProviderConfig) -> String {
+pub(crate) fn enforced(provider: &ProviderConfig) -> String {
     let abi = landlock_abi();
     match (provider.sandbox, abi) {
         (SandboxMode::None, _) => "none".into(),

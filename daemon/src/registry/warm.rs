@@ -74,7 +74,7 @@ struct Made {
 }
 
 /// A spare's session handed to a bridge `session/new`.
-pub struct Handover {
+pub(super) struct Handover {
     pub ready: Ready,
     pub session_id: String,
     pub reply: Box<RawValue>,

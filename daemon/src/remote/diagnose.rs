@@ -8,7 +8,7 @@ use acpd_protocol::subagent::Category;
 
 /// What `acpd supervise` writes before every message of its own, so its failures are told
 /// apart from a shell that did not find it.
-pub const SUPERVISE_MARK: &str = "acpd supervise:";
+pub(crate) const SUPERVISE_MARK: &str = "acpd supervise:";
 
 /// A start failure that happened on the way to, or at, the far side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +78,7 @@ impl FarFailure {
 /// Classifies a local `ssh`/launcher process that ended before the child answered. `None`
 /// when the facts point at the far command itself (it started and then failed like any
 /// local child would).
-pub fn classify(ssh: bool, exit_code: Option<i32>, stderr: &[String]) -> Option<FarFailure> {
+pub(crate) fn classify(ssh: bool, exit_code: Option<i32>, stderr: &[String]) -> Option<FarFailure> {
     let code = exit_code?;
     let said = |phrase: &str| stderr.iter().any(|l| l.contains(phrase));
     if stderr.iter().any(|l| l.starts_with(SUPERVISE_MARK)) {

@@ -12,7 +12,7 @@
 //! ([`Setup`]), never in argv (which `ps` shows to every user) and never through a shell.
 
 mod diagnose;
-mod quote;
+pub(crate) mod quote;
 mod setup;
 
 use std::collections::BTreeMap;
@@ -20,14 +20,16 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use diagnose::{FarFailure, SUPERVISE_MARK, classify};
-pub use quote::quote;
-pub use setup::{MAX_SETUP_LINE, Setup};
+pub(crate) use diagnose::{FarFailure, SUPERVISE_MARK, classify};
+pub(crate) use quote::quote;
+pub(crate) use setup::{MAX_SETUP_LINE, Setup};
 
 use acpd_protocol::subagent::{Failure, Stage};
 
 use crate::config::ProviderConfig;
-pub use crate::config::{Remote, SshHost, Via};
+#[cfg(test)]
+use crate::config::SshHost;
+pub(crate) use crate::config::{Remote, Via};
 use crate::supervise::{DEPTH_VAR, MAX_DEPTH_VAR, SpawnSpec, child_env};
 
 /// Variables the local `ssh` or launcher process gets besides acpd's usual allowlist: what
@@ -140,7 +142,7 @@ impl Remote {
 
 /// The local spawn for `provider`'s child, and for a remote provider the setup line to write
 /// to its stdin first. `cwd` and `env` are the child's as resolved for this host.
-pub fn spawn_spec(
+pub(crate) fn spawn_spec(
     provider: &ProviderConfig,
     cwd: &std::path::Path,
     env: &[(OsString, OsString)],
@@ -171,7 +173,7 @@ pub fn spawn_spec(
 /// For a remote provider whose local process exited before the child answered (`exited`, a
 /// `process-exit` failure): the failure as what went wrong on the way, with the far side's
 /// name; `None` when it was not the way there (the far command itself failed).
-pub fn far_failure(
+pub(crate) fn far_failure(
     provider: &ProviderConfig,
     exited: &Failure,
     stderr: &[String],

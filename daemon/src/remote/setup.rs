@@ -10,11 +10,11 @@ use serde::{Deserialize, Serialize};
 
 /// The longest setup line read (environment values can be long; a line without an end is
 /// not waited for forever).
-pub const MAX_SETUP_LINE: usize = 1024 * 1024;
+pub(crate) const MAX_SETUP_LINE: usize = 1024 * 1024;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Setup {
+pub(crate) struct Setup {
     /// Absolute; the far side's working directory for the command.
     #[serde(default)]
     pub cwd: Option<PathBuf>,
@@ -28,13 +28,17 @@ pub struct Setup {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct SetupGraces {
+pub(crate) struct SetupGraces {
     pub eof_ms: u64,
     pub term_ms: u64,
 }
 
 impl Setup {
-    pub fn new(cwd: PathBuf, env: BTreeMap<String, String>, graces: (Duration, Duration)) -> Self {
+    pub(crate) fn new(
+        cwd: PathBuf,
+        env: BTreeMap<String, String>,
+        graces: (Duration, Duration),
+    ) -> Self {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         Setup {
             cwd: Some(cwd),
@@ -47,7 +51,7 @@ impl Setup {
     }
 
     /// One JSON line, newline included.
-    pub fn line(&self) -> Vec<u8> {
+    pub(crate) fn line(&self) -> Vec<u8> {
         let mut line = serde_json::to_vec(self).unwrap_or_else(|_| b"{}".to_vec());
         line.push(b'\n');
         line
@@ -55,7 +59,7 @@ impl Setup {
 
     /// Parses a line read from stdin (newline optional); the error says what is wrong,
     /// never what the line held.
-    pub fn parse(line: &[u8]) -> Result<Setup, String> {
+    pub(crate) fn parse(line: &[u8]) -> Result<Setup, String> {
         let line = line.trim_ascii_end();
         // serde's derived structs also take a positional array (`[cwd, env, graces]`); the
         // setup line's only form is an object with named keys, at every level.
@@ -98,7 +102,7 @@ impl Setup {
         Ok(setup)
     }
 
-    pub fn graces(&self) -> Option<(Duration, Duration)> {
+    pub(crate) fn graces(&self) -> Option<(Duration, Duration)> {
         self.graces.map(|g| {
             (
                 Duration::from_millis(g.eof_ms),

@@ -9,7 +9,7 @@ mod shutdown;
 mod socket;
 mod stdio;
 
-pub use serve::{ServeError, ServeOptions, serve};
-pub use shutdown::{Shutdown, bound as shutdown_bound};
-pub use socket::default_socket_path;
-pub use stdio::{Reader, Writer, serve_stdio, stdio};
+pub(crate) use serve::{ServeError, ServeOptions, serve};
+pub(crate) use shutdown::{Shutdown, bound as shutdown_bound};
+pub(crate) use socket::default_socket_path;
+pub(crate) use stdio::{Reader, Writer, serve_stdio, stdio};

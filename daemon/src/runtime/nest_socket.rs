@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 use crate::server::{self, ServerContext};
 
 /// The listening socket; its directory goes when this drops.
-pub struct NestSocket {
+pub(super) struct NestSocket {
     dir: PathBuf,
     stop: CancellationToken,
     tasks: TaskTracker,
@@ -25,7 +25,7 @@ pub struct NestSocket {
 impl NestSocket {
     /// Listens when some provider offers delegation; `None` (and a warning) when the socket
     /// cannot be made — the offered `acpd mcp` then runs its children itself.
-    pub fn open(ctx: &ServerContext) -> Option<NestSocket> {
+    pub(super) fn open(ctx: &ServerContext) -> Option<NestSocket> {
         let config = ctx.registry.config();
         if !config.providers.values().any(|p| p.offer_delegation) {
             return None;
@@ -76,7 +76,7 @@ impl NestSocket {
     }
 
     /// Stops accepting and ends the connections it serves (each disposes its runs first).
-    pub async fn close(self) {
+    pub(super) async fn close(self) {
         self.stop.cancel();
         self.tasks.close();
         self.tasks.wait().await;

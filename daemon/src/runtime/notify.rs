@@ -11,20 +11,20 @@ fn send(states: &[NotifyState<'_>]) {
     }
 }
 
-pub fn ready() {
+pub(super) fn ready() {
     send(&[NotifyState::Ready]);
 }
 
-pub fn status(text: &str) {
+pub(super) fn status(text: &str) {
     send(&[NotifyState::Status(text)]);
 }
 
-pub fn stopping() {
+pub(super) fn stopping() {
     send(&[NotifyState::Stopping]);
 }
 
 /// RELOADING=1 with the monotonic timestamp systemd 253+ wants; READY=1 must follow.
-pub fn reloading() {
+pub(super) fn reloading() {
     match NotifyState::monotonic_usec_now() {
         Ok(now) => send(&[NotifyState::Reloading, now]),
         Err(_) => send(&[NotifyState::Reloading]),
@@ -32,10 +32,10 @@ pub fn reloading() {
 }
 
 /// The interval at which to ping WATCHDOG=1 (half what systemd asked for), if it asked.
-pub fn watchdog_period() -> Option<Duration> {
+pub(super) fn watchdog_period() -> Option<Duration> {
     sd_notify::watchdog_enabled().map(|interval| (interval / 2).max(Duration::from_millis(10)))
 }
 
-pub fn watchdog() {
+pub(super) fn watchdog() {
     send(&[NotifyState::Watchdog]);
 }

@@ -9,17 +9,17 @@ use crate::registry::Tree;
 
 /// Open connections per child tree (trees with none are not kept).
 #[derive(Debug, Default)]
-pub struct PerChild {
+pub(super) struct PerChild {
     open: Mutex<HashMap<Tree, usize>>,
 }
 
 /// The tree already has `max_connections_per_child` connections open.
 #[derive(Debug)]
-pub struct OverLimit;
+pub(super) struct OverLimit;
 
 /// One connection's place in its tree's allowance, given back when it drops.
 #[derive(Debug)]
-pub struct TreeSlot {
+pub(super) struct TreeSlot {
     tree: Tree,
     owner: Arc<PerChild>,
 }
@@ -27,7 +27,11 @@ pub struct TreeSlot {
 impl PerChild {
     /// A place for a connection from `tree`, or `None` when it already has `max` open. A
     /// connection from outside every child takes none (always granted).
-    pub fn take(self: &Arc<Self>, tree: Tree, max: usize) -> Result<Option<TreeSlot>, OverLimit> {
+    pub(super) fn take(
+        self: &Arc<Self>,
+        tree: Tree,
+        max: usize,
+    ) -> Result<Option<TreeSlot>, OverLimit> {
         if tree == Tree::Outside {
             return Ok(None);
         }

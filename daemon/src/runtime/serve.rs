@@ -22,7 +22,7 @@ use crate::server::{self, DaemonInfo, ServerContext, Sessions};
 use crate::supervise;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ServeError {
+pub(crate) enum ServeError {
     #[error("XDG_RUNTIME_DIR is not set; pass --socket PATH")]
     NoRuntimeDir,
     #[error("cannot listen on {}: {source}", path.display())]
@@ -51,7 +51,7 @@ pub enum ServeError {
 }
 
 /// How `acpd serve` was started.
-pub struct ServeOptions {
+pub(crate) struct ServeOptions {
     /// The listener systemd passed (socket activation), taken in `main` before the runtime.
     pub activated: Option<std::os::unix::net::UnixListener>,
     /// Where to bind when not activated.
@@ -78,7 +78,7 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Serves until `shutdown` is requested, then stops accepting, cancels every run, runs every
 /// teardown ladder and returns within the largest cancel + EOF + TERM grace plus a margin; a
 /// second request SIGKILLs the children at once.
-pub async fn serve(
+pub(crate) async fn serve(
     opts: ServeOptions,
     config: Config,
     shutdown: Shutdown,

@@ -15,28 +15,28 @@ use crate::config::Config;
 use crate::supervise;
 
 /// Margin on top of the largest cancel + EOF + TERM grace before shutdown stops waiting.
-pub const SHUTDOWN_MARGIN: Duration = Duration::from_secs(2);
+pub(super) const SHUTDOWN_MARGIN: Duration = Duration::from_secs(2);
 
 /// How long an emergency stop waits for the killed children to be reaped.
 const EMERGENCY_WAIT: Duration = Duration::from_secs(5);
 
 /// A shutdown request: graceful on the first [`Shutdown::request`], immediate on the second.
 #[derive(Debug, Clone, Default)]
-pub struct Shutdown {
+pub(crate) struct Shutdown {
     requests: Arc<AtomicUsize>,
     graceful: CancellationToken,
     now: CancellationToken,
 }
 
 impl Shutdown {
-    pub fn new() -> Shutdown {
+    pub(crate) fn new() -> Shutdown {
         Shutdown::default()
     }
 
     /// A shutdown requested by each delivery of any of `kinds`. Call it inside the runtime.
     /// SIGHUP and SIGINT stay ignored when acpd was started with them ignored (`nohup`, a
     /// background job of a script), as those callers expect; SIGTERM is always taken.
-    pub fn on_signals(kinds: &[SignalKind]) -> std::io::Result<Shutdown> {
+    pub(crate) fn on_signals(kinds: &[SignalKind]) -> std::io::Result<Shutdown> {
         let shutdown = Shutdown::new();
         let mut streams = Vec::with_capacity(kinds.len());
         let ignored = ignored_at_start();
@@ -78,7 +78,7 @@ impl Shutdown {
     }
 
     /// The first call asks for a graceful stop, any later one for an immediate one.
-    pub fn request(&self) {
+    pub(crate) fn request(&self) {
         if self.requests.fetch_add(1, Ordering::AcqRel) == 0 {
             self.graceful.cancel();
         } else {
@@ -87,12 +87,12 @@ impl Shutdown {
     }
 
     /// Resolves once a stop was requested.
-    pub async fn requested(&self) {
+    pub(crate) async fn requested(&self) {
         self.graceful.cancelled().await
     }
 
     /// Resolves once an immediate stop was requested.
-    pub async fn urgent(&self) {
+    pub(crate) async fn urgent(&self) {
         self.now.cancelled().await
     }
 }
@@ -110,7 +110,7 @@ fn ignored_at_start() -> u64 {
 }
 
 /// The largest `cancel_grace + eof_grace + term_grace` of any provider, plus the margin.
-pub fn bound(config: &Config) -> Duration {
+pub(crate) fn bound(config: &Config) -> Duration {
     config
         .providers
         .values()
@@ -126,7 +126,11 @@ pub fn bound(config: &Config) -> Duration {
 
 /// Waits for `teardown` (every run cancelled, every ladder run) for at most `bound`; a second
 /// request, or the bound passing, SIGKILLs every child group and waits briefly for the reaping.
-pub async fn drain(teardown: impl Future<Output = ()>, shutdown: &Shutdown, bound: Duration) {
+pub(super) async fn drain(
+    teardown: impl Future<Output = ()>,
+    shutdown: &Shutdown,
+    bound: Duration,
+) {
     tokio::pin!(teardown);
     tokio::select! {
         () = &mut teardown => return,

@@ -11,7 +11,7 @@ use nix::unistd::{Gid, Uid};
 use super::ServeError;
 
 /// `$XDG_RUNTIME_DIR/acpd/acpd.sock`.
-pub fn default_socket_path() -> Result<PathBuf, ServeError> {
+pub(crate) fn default_socket_path() -> Result<PathBuf, ServeError> {
     std::env::var_os("XDG_RUNTIME_DIR")
         .filter(|d| !d.is_empty())
         .map(|d| PathBuf::from(d).join("acpd/acpd.sock"))
@@ -19,7 +19,7 @@ pub fn default_socket_path() -> Result<PathBuf, ServeError> {
 }
 
 /// Binds `path`, creating its directory with mode 0700 when missing.
-pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServeError> {
+pub(super) fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, ServeError> {
     let io = |source| ServeError::Bind {
         path: path.to_path_buf(),
         source,
@@ -91,7 +91,7 @@ fn replace_stale(path: &Path, meta: &std::fs::Metadata) -> Result<(), ServeError
 /// Whether a peer may talk to this daemon: the same uid, or (for a system-wide daemon that
 /// names one) a member of `allow_group`. `SO_PEERCRED` carries only the primary gid, so
 /// supplementary groups come from the group database through `groups_of`.
-pub fn admit(
+pub(super) fn admit(
     peer_uid: Uid,
     peer_gid: Gid,
     own_uid: Uid,
@@ -108,7 +108,7 @@ pub fn admit(
 }
 
 /// The groups of a uid's user, from the group database.
-pub fn groups_of(uid: Uid, gid: Gid) -> Vec<Gid> {
+pub(super) fn groups_of(uid: Uid, gid: Gid) -> Vec<Gid> {
     let Ok(Some(user)) = nix::unistd::User::from_uid(uid) else {
         return vec![gid];
     };

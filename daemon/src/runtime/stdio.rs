@@ -8,13 +8,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::Shutdown;
 use crate::server::{self, ServerContext};
 
-pub type Reader = Box<dyn AsyncRead + Unpin + Send>;
-pub type Writer = Box<dyn AsyncWrite + Unpin + Send>;
+pub(crate) type Reader = Box<dyn AsyncRead + Unpin + Send>;
+pub(crate) type Writer = Box<dyn AsyncWrite + Unpin + Send>;
 
 /// acpd's stdin and stdout. Pipes and sockets (what an editor or a parent agent gives a child)
 /// are driven by the reactor directly; anything else (a terminal, a file) falls back to tokio's
 /// blocking-thread stdio. The descriptors are duplicated so 0 and 1 themselves stay open.
-pub fn stdio() -> (Reader, Writer) {
+pub(crate) fn stdio() -> (Reader, Writer) {
     let reader = dup(std::io::stdin().as_fd())
         .and_then(async_reader)
         .unwrap_or_else(|| Box::new(tokio::io::stdin()));
@@ -64,7 +64,7 @@ fn socket(fd: OwnedFd) -> Option<tokio::net::UnixStream> {
 /// `acpd stdio`'s one connection on acpd's own stdin/stdout, until the parent disconnects or
 /// `shutdown` is requested; then every run and bridge is cancelled and its ladder run, within
 /// the largest cancel + EOF + TERM grace plus a margin (a second request SIGKILLs at once).
-pub async fn serve_stdio(ctx: ServerContext, shutdown: Shutdown) {
+pub(crate) async fn serve_stdio(ctx: ServerContext, shutdown: Shutdown) {
     let registry = ctx.registry.clone();
     let cancel_all = ctx.shutdown.clone();
     let warm = cancel_all.child_token();

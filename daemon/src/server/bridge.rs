@@ -23,13 +23,13 @@ use crate::store::{Claim, SessionRow};
 
 /// The router's handle on a bridge session.
 #[derive(Clone)]
-pub struct BridgeHandle {
+pub(super) struct BridgeHandle {
     child: Child,
 }
 
 impl BridgeHandle {
     /// Forwards a parent's call; on refusal the caller answers the parent.
-    pub fn forward(
+    pub(super) fn forward(
         &self,
         id: Id,
         method: String,
@@ -41,7 +41,7 @@ impl BridgeHandle {
 
     /// Forwards a parent's `session/prompt` like [`BridgeHandle::forward`]; one holding
     /// content the agent did not advertise is converted where ACP allows, or refused.
-    pub fn prompt(
+    pub(super) fn prompt(
         &self,
         id: Id,
         method: String,
@@ -65,21 +65,21 @@ impl BridgeHandle {
         self.forward(id, method, params, after_ok)
     }
 
-    pub fn cancel(&self) {
+    pub(super) fn cancel(&self) {
         self.child.cancel();
     }
 
     /// Forwards a parent's notification (dropped when the agent is behind).
-    pub fn notify(&self, method: String, params: Box<RawValue>) {
+    pub(super) fn notify(&self, method: String, params: Box<RawValue>) {
         self.child.notify(method, params);
     }
 
     /// Ends the session and waits until its child is reaped.
-    pub async fn shut(&self) {
+    pub(super) async fn shut(&self) {
         self.child.shut().await;
     }
 
-    pub fn child(&self) -> &Child {
+    pub(super) fn child(&self) -> &Child {
         &self.child
     }
 }
@@ -119,7 +119,7 @@ struct NewSession {
 }
 
 /// `session/new`: starts the child and answers with a session id acpd minted.
-pub async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
+pub(super) async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     // An object only: serde's derived structs would read an array by position.
     let req: NewSession = match acpd_protocol::methods::parse_params(params.as_deref()) {
         Ok(r) => r,
@@ -156,7 +156,7 @@ struct ExistingSession {
 
 /// `session/fork` of an acpd id: the provider forks its session into a new one, which gets a
 /// new acpd id and a child of its own.
-pub async fn fork(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
+pub(super) async fn fork(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     let Some((req, row)) = existing(&conn, &id, params.as_deref()).await else {
         return;
     };
@@ -270,7 +270,7 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
 }
 
 /// `session/load` and `session/resume` of an acpd id.
-pub async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option<Box<RawValue>>) {
+pub(super) async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option<Box<RawValue>>) {
     let method = reopen.method();
     let Some(sid) = params
         .as_deref()

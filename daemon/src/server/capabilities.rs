@@ -48,7 +48,7 @@ pub(super) fn connect(conn: &Conn, params: Option<&RawValue>) -> Result<(), RpcE
 /// after are served even before the answer (which may wait for a probe) is out.
 /// Returns whether the client is only querying acpd (`_meta.acpd.query`: `acpd status`,
 /// `acpd runs`), which needs no word from the agent.
-pub fn note_client(conn: &Conn, params: Option<&RawValue>) -> bool {
+pub(super) fn note_client(conn: &Conn, params: Option<&RawValue>) -> bool {
     let params: serde_json::Value = params
         .and_then(|p| serde_json::from_str(p.get()).ok())
         .unwrap_or_default();
@@ -67,7 +67,7 @@ pub fn note_client(conn: &Conn, params: Option<&RawValue>) -> bool {
 
 /// Answers `initialize` with the default agent's capabilities, mirrored (acpd's own to a
 /// query).
-pub async fn initialize(conn: Arc<Conn>, id: Id, query: bool) {
+pub(super) async fn initialize(conn: Arc<Conn>, id: Id, query: bool) {
     let registry = &conn.ctx.registry;
     let agent = if query { None } else { learn(&conn).await };
     let providers: Vec<String> = registry.providers().into_iter().map(|p| p.name).collect();
@@ -157,7 +157,7 @@ pub(super) enum Login {
 /// `authenticate`, `logout` and any other request naming no session that acpd has no part in:
 /// asked of a new child of the provider (`_meta.acpd.provider`, else the default), with the
 /// connection's login replayed, whose answer, error included, goes to the editor as it is.
-pub async fn ask_new_child(
+pub(super) async fn ask_new_child(
     conn: Arc<Conn>,
     id: Id,
     method: String,

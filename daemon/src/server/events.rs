@@ -22,7 +22,7 @@ use crate::child::PermissionAsk;
 use crate::registry::RunEvent;
 
 /// What the connection remembers about one of its runs.
-pub struct RunMeta {
+pub(super) struct RunMeta {
     pub parent_session: Option<String>,
     /// Shown to the parent as a Subagent Session.
     pub subagent: bool,
@@ -38,7 +38,7 @@ pub struct RunMeta {
     pub _seat: super::Seat,
 }
 
-pub async fn pump(conn: Arc<Conn>, mut events: mpsc::Receiver<RunEvent>) {
+pub(super) async fn pump(conn: Arc<Conn>, mut events: mpsc::Receiver<RunEvent>) {
     let (answered_tx, mut answered) = mpsc::channel::<String>(crate::wire::QUEUE_DEPTH);
     loop {
         tokio::select! {
@@ -68,7 +68,7 @@ pub async fn pump(conn: Arc<Conn>, mut events: mpsc::Receiver<RunEvent>) {
 /// Where a nested run is shown: under a bridge session (by acpd id), or under a run (by run
 /// id, with the session id its owner knows it by).
 #[derive(Clone)]
-pub enum NestedUnder {
+pub(super) enum NestedUnder {
     Session(String),
     Run { run_id: String, session_id: String },
 }
@@ -192,7 +192,7 @@ async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<Str
 /// The connection of a child's `acpd mcp` ended (the child cancelled its tool call, or died)
 /// while a nested run's turn was running: its editor is told the nested session went idle,
 /// since the run's own `ended` event may never be pumped now.
-pub fn settle_nested(conn: &Conn) {
+pub(super) fn settle_nested(conn: &Conn) {
     let idle = json!({ "state": "idle", "stopReason": "cancelled" });
     for meta in lock(&conn.runs).values().filter(|m| m.running) {
         let (Some(under), Some(child)) = (&meta.nested_under, &meta.session_id) else {

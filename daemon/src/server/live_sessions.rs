@@ -19,12 +19,12 @@ use crate::store::{Holder, Store};
 
 /// The session map in the state directory, else one in memory (acpd runs, remembering
 /// nothing past its exit).
-pub fn open_store() -> Store {
+pub(crate) fn open_store() -> Store {
     Store::open_default().unwrap_or_else(Store::in_memory)
 }
 
 /// Every live bridge session of this acpd process.
-pub struct Sessions {
+pub(crate) struct Sessions {
     pub store: Store,
     /// This acpd process, as it holds leases on the sessions live in it.
     pub holder: Holder,
@@ -54,7 +54,7 @@ struct Live {
 }
 
 /// What a load found (see [`Sessions::take_for_load`]).
-pub enum Taken {
+pub(crate) enum Taken {
     Detached(Child),
     Reserved(Reservation),
     /// Open on another connection (which may be closing right now).
@@ -67,10 +67,10 @@ pub enum Taken {
 
 /// How long a load waits for the connection holding its session to finish closing: an editor
 /// that reconnects at once can be faster than acpd reading its old connection's end.
-pub const RELEASE_WAIT: Duration = Duration::from_secs(2);
+pub(super) const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 /// An id being opened: no other load may open it until this drops.
-pub struct Reservation {
+pub(crate) struct Reservation {
     sessions: Arc<Sessions>,
     id: String,
 }
@@ -85,7 +85,7 @@ impl Drop for Reservation {
 
 /// An id being deleted (see [`Sessions::begin_delete`]): its lease stays taken until this
 /// drops.
-pub struct Deleting {
+pub(crate) struct Deleting {
     sessions: Arc<Sessions>,
     id: String,
 }
@@ -99,13 +99,13 @@ impl Drop for Deleting {
 
 /// What `acpd status` shows of bridge sessions.
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub struct SessionCounts {
+pub(crate) struct SessionCounts {
     pub attached: usize,
     pub detached: usize,
 }
 
 impl Sessions {
-    pub fn new(store: Store, detach: Option<Duration>) -> Arc<Sessions> {
+    pub(crate) fn new(store: Store, detach: Option<Duration>) -> Arc<Sessions> {
         Arc::new(Sessions {
             store,
             holder: Holder::me(),
@@ -121,7 +121,7 @@ impl Sessions {
     /// Files a live session (attached) and watches it: when its driver ends it is forgotten,
     /// its tree reaped (the runs its child started with it) and its claim on the limits
     /// released.
-    pub fn file(
+    pub(crate) fn file(
         self: &Arc<Self>,
         id: &str,
         child: Child,
@@ -162,7 +162,7 @@ impl Sessions {
     }
 
     /// The connection holding the session closed: it waits for another (`detach`), or ends.
-    pub async fn release(&self, id: &str, child: &Child, shutting_down: bool) {
+    pub(crate) async fn release(&self, id: &str, child: &Child, shutting_down: bool) {
         if self.detach.is_some() && !shutting_down {
             // Signalled before anyone can take it, so the detach never lands on the next
             // connection.
@@ -179,7 +179,11 @@ impl Sessions {
     /// What a load of `id` by `uid` finds: a detached session it may attach (taken), nothing
     /// live (the id is then reserved until the returned guard drops or the session is filed),
     /// or an error when the session is open on another connection or being opened.
-    pub fn take_for_load(self: &Arc<Self>, id: &str, uid: Option<u32>) -> Result<Taken, RpcError> {
+    pub(crate) fn take_for_load(
+        self: &Arc<Self>,
+        id: &str,
+        uid: Option<u32>,
+    ) -> Result<Taken, RpcError> {
         let mut live = lock(&self.live);
         if let Some(deleter) = lock(&self.deleting).get(id) {
             if *deleter != uid {
@@ -216,7 +220,7 @@ impl Sessions {
 
     /// Marks `id` as being deleted by `uid` until the guard drops (see [`Sessions::deleting`]);
     /// an error when another delete of it runs.
-    pub fn begin_delete(
+    pub(crate) fn begin_delete(
         self: &Arc<Self>,
         id: &str,
         uid: Option<u32>,
@@ -235,7 +239,7 @@ impl Sessions {
     }
 
     /// Ends a detached session of `uid`; false when there is none.
-    pub async fn end_detached(&self, id: &str, uid: Option<u32>) -> bool {
+    pub(crate) async fn end_detached(&self, id: &str, uid: Option<u32>) -> bool {
         let child = {
             let live = lock(&self.live);
             live.get(id)
@@ -252,7 +256,7 @@ impl Sessions {
     }
 
     /// The live session whose child is process `pid`.
-    pub fn by_pid(&self, pid: i32) -> Option<String> {
+    pub(crate) fn by_pid(&self, pid: i32) -> Option<String> {
         lock(&self.live)
             .iter()
             .find(|(_, l)| l.child.pid() == pid)
@@ -261,7 +265,7 @@ impl Sessions {
 
     /// Sends a `session/update` about a run nested under session `id` to its parent, if the
     /// session is live (a detached one drops it).
-    pub fn announce(&self, id: &str, params: Box<RawValue>) {
+    pub(crate) fn announce(&self, id: &str, params: Box<RawValue>) {
         if let Some(live) = lock(&self.live).get(id) {
             live.child.announce(params);
         }
@@ -269,12 +273,12 @@ impl Sessions {
 
     /// The connection of the editor holding live session `id`, when it can be asked about a
     /// run nested under it (attached, opted in to Subagent Sessions).
-    pub async fn editor_of(&self, id: &str) -> Option<crate::wire::Peer> {
+    pub(crate) async fn editor_of(&self, id: &str) -> Option<crate::wire::Peer> {
         let child = lock(&self.live).get(id).map(|l| l.child.clone())?;
         child.parent_peer().await
     }
 
-    pub fn counts(&self) -> SessionCounts {
+    pub(crate) fn counts(&self) -> SessionCounts {
         let live = lock(&self.live);
         let attached = live.values().filter(|l| l.attached).count();
         SessionCounts {
@@ -284,7 +288,7 @@ impl Sessions {
     }
 
     /// The live sessions of `uid`, for `acpd runs`.
-    pub fn entries(&self, uid: Option<u32>) -> Vec<acpd_protocol::methods::SessionEntry> {
+    pub(crate) fn entries(&self, uid: Option<u32>) -> Vec<acpd_protocol::methods::SessionEntry> {
         let live = lock(&self.live);
         let mut entries: Vec<_> = live
             .iter()
@@ -301,7 +305,7 @@ impl Sessions {
     }
 
     /// Ends every live session and waits until each tree is reaped (acpd is stopping).
-    pub async fn shut_all(&self) {
+    pub(crate) async fn shut_all(&self) {
         let children: Vec<Child> = lock(&self.live).values().map(|l| l.child.clone()).collect();
         futures::future::join_all(children.iter().map(|c| c.shut())).await;
         self.tasks.close();

@@ -42,8 +42,8 @@ mod reloader;
 mod session_delete;
 mod session_list;
 
-pub use live_sessions::{Sessions, open_store};
-pub use reloader::Reloader;
+pub(crate) use live_sessions::{Sessions, open_store};
+pub(crate) use reloader::Reloader;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -73,7 +73,7 @@ impl Drop for Seat {
 }
 
 /// Extension methods acpd serves, advertised under `agentCapabilities._meta.acpd`.
-pub const METHODS: &[&str] = &[
+pub(crate) const METHODS: &[&str] = &[
     name::PROVIDERS,
     name::START,
     name::WAIT,
@@ -87,7 +87,7 @@ pub const METHODS: &[&str] = &[
 
 /// What every connection shares.
 #[derive(Clone)]
-pub struct ServerContext {
+pub(crate) struct ServerContext {
     pub registry: Registry,
     /// The working directory of `acpd stdio`'s caller; `None` over a socket.
     pub caller_cwd: Option<PathBuf>,
@@ -105,7 +105,7 @@ pub struct ServerContext {
 }
 
 /// Daemon-wide facts for `_acpd/status`, and the daemon's own operations.
-pub struct DaemonInfo {
+pub(crate) struct DaemonInfo {
     pub started: std::time::Instant,
     pub connections: std::sync::atomic::AtomicUsize,
     /// `_acpd/reload`: `acpd serve` only (`acpd stdio` is restarted by whoever runs it).
@@ -114,7 +114,7 @@ pub struct DaemonInfo {
 
 /// Re-reads the config from where it was read at start and puts it in force for new runs,
 /// coalesced (at most one read running, one pending): see [`Reloader`].
-pub type Reload = Arc<Reloader>;
+pub(crate) type Reload = Arc<Reloader>;
 
 impl Default for DaemonInfo {
     fn default() -> Self {
@@ -129,7 +129,7 @@ impl Default for DaemonInfo {
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
 
 /// What `acpd connect --provider NAME` sends first (see [`capabilities::connect`]).
-pub const CONNECT: &str = "_acpd/connect";
+pub(crate) const CONNECT: &str = "_acpd/connect";
 
 /// What the parent said about itself in `initialize`.
 #[derive(Debug, Clone, Default)]
@@ -186,7 +186,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Serves one parent until it disconnects, then cancels and reaps everything it started.
-pub async fn serve<R, W>(reader: R, writer: W, ctx: ServerContext)
+pub(crate) async fn serve<R, W>(reader: R, writer: W, ctx: ServerContext)
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,

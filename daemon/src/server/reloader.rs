@@ -9,10 +9,10 @@ use tokio::sync::watch;
 use crate::config::{Config, ConfigError};
 
 /// What one read of the config came to, shared by every caller that waited for it.
-pub type Outcome = Result<Arc<Config>, Arc<ConfigError>>;
+pub(super) type Outcome = Result<Arc<Config>, Arc<ConfigError>>;
 
 /// The blocking read-check-apply of the config (`acpd serve` builds it).
-pub type Load = Box<dyn Fn() -> Result<Arc<Config>, ConfigError> + Send + Sync>;
+pub(super) type Load = Box<dyn Fn() -> Result<Arc<Config>, ConfigError> + Send + Sync>;
 
 /// Reloads, coalesced: at most one read of the file running and one pending, whatever the
 /// number of SIGHUPs and `_acpd/reload` calls.
@@ -22,7 +22,7 @@ pub type Load = Box<dyn Fn() -> Result<Arc<Config>, ConfigError> + Send + Sync>;
 /// session store). A request made while a read runs joins the pending one, which starts
 /// when the running one ends, so it still sees the file as it is after the request (the
 /// running read may have opened it before). Every caller of one read gets its outcome.
-pub struct Reloader {
+pub(crate) struct Reloader {
     load: Load,
     queue: Mutex<Queue>,
 }
@@ -35,7 +35,7 @@ struct Queue {
 }
 
 impl Reloader {
-    pub fn new(load: Load) -> Arc<Reloader> {
+    pub(crate) fn new(load: Load) -> Arc<Reloader> {
         Arc::new(Reloader {
             load,
             queue: Mutex::default(),
@@ -43,7 +43,7 @@ impl Reloader {
     }
 
     /// Asks for a read that starts after this call and waits for its outcome.
-    pub async fn reload(self: &Arc<Self>) -> Outcome {
+    pub(crate) async fn reload(self: &Arc<Self>) -> Outcome {
         let mut outcome = self.request();
         match outcome.wait_for(Option::is_some).await {
             Ok(done) => done.clone().unwrap_or_else(|| Err(Arc::new(vanished()))),
@@ -52,7 +52,7 @@ impl Reloader {
     }
 
     /// Asks for a read that starts after this call, without waiting (SIGHUP: nobody to tell).
-    pub fn request(self: &Arc<Self>) -> watch::Receiver<Option<Outcome>> {
+    pub(crate) fn request(self: &Arc<Self>) -> watch::Receiver<Option<Outcome>> {
         let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(next) = &queue.pending {
             return next.subscribe();

@@ -22,7 +22,7 @@ struct SessionOnly {
 
 /// `session/close` of a session not open on this connection: a detached one ends; one acpd
 /// knows but has no child for is already closed.
-pub async fn close_elsewhere(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
+pub(super) async fn close_elsewhere(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     let req: SessionOnly = match acpd_protocol::methods::parse_params(params.as_deref()) {
         Ok(r) => r,
         Err(e) => return conn.reply_err(&id, &RpcError::invalid_params(e)).await,
@@ -61,7 +61,7 @@ struct DeleteParams {
 /// the owner's, only when no other acpd holds it live, and nothing ends before the agent is
 /// known to delete sessions at all: a refused delete changes nothing. An id this caller has
 /// no session under is answered by [`delete_unknown`].
-pub async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
+pub(super) async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     let req: DeleteParams = match acpd_protocol::methods::parse_params(params.as_deref()) {
         Ok(r) => r,
         Err(e) => return conn.reply_err(&id, &RpcError::invalid_params(e)).await,

@@ -58,7 +58,7 @@ struct ChildSession {
 
 /// `session/list`: the sessions of every provider whose agent lists them (asked now, under
 /// acpd ids) and the ones acpd opened on any other, newest first, in pages.
-pub async fn list(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
+pub(super) async fn list(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>) {
     let req: ListParams = match acpd_protocol::methods::parse_params(params.as_deref()) {
         Ok(r) => r,
         Err(e) => return conn.reply_err(&id, &RpcError::invalid_params(e)).await,

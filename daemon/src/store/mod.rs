@@ -33,9 +33,11 @@ mod tests;
 mod timestamps;
 
 use migrate::migrate;
-pub use rows::{Claim, Holder, Listed, MAX_TITLE, SessionRow, cap_title};
-pub use store_error::StoreError;
-pub use timestamps::now;
+#[cfg(test)]
+pub(crate) use rows::MAX_TITLE;
+pub(crate) use rows::{Claim, Holder, Listed, SessionRow, cap_title};
+pub(crate) use store_error::StoreError;
+pub(crate) use timestamps::now;
 
 /// How long a writer waits for another process's write before giving up.
 const BUSY: Duration = Duration::from_secs(5);

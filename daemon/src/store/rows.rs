@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// The longest title the map keeps, in bytes (cut on a character boundary): a title is a
 /// picker's label, and one agent or editor must not make every listing megabytes long.
-pub const MAX_TITLE: usize = 1024;
+pub(crate) const MAX_TITLE: usize = 1024;
 
 /// One acpd session: the id the parent knows and the child session it stands for.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,7 +76,7 @@ pub struct Listed {
 }
 
 /// `title` cut to at most [`MAX_TITLE`] bytes, on a character boundary.
-pub fn cap_title(mut title: String) -> String {
+pub(crate) fn cap_title(mut title: String) -> String {
     let end = acpd_protocol::utf8::head(&title, MAX_TITLE).len();
     title.truncate(end);
     title

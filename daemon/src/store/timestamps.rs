@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 /// Now, as the map writes times: RFC 3339 UTC with milliseconds, so sessions updated within
 /// one second still sort newest first.
-pub fn now() -> String {
+pub(crate) fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 

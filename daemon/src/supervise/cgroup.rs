@@ -58,19 +58,19 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 
 /// One cgroup v2 directory. Dropping it does nothing: removal is explicit, after the kill.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cgroup {
+pub(crate) struct Cgroup {
     path: PathBuf,
 }
 
 impl Cgroup {
     /// An existing group (nothing is checked).
-    pub fn at(path: impl Into<PathBuf>) -> Self {
+    pub(crate) fn at(path: impl Into<PathBuf>) -> Self {
         Cgroup { path: path.into() }
     }
 
     /// Creates `parent/name`; an existing one is reused as it is (callers name groups so that
     /// only a dead owner's can exist, and sweep those first).
-    pub fn create(parent: &Path, name: &str) -> Result<Self, CgroupError> {
+    pub(crate) fn create(parent: &Path, name: &str) -> Result<Self, CgroupError> {
         let path = parent.join(name);
         match std::fs::create_dir(&path) {
             Ok(()) => {}
@@ -80,13 +80,13 @@ impl Cgroup {
         Ok(Cgroup { path })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// `cgroup.procs`, opened for writing (close-on-exec): a forked child that writes `0` to it
     /// with [`enter_in_child`] moves itself into this group before it execs.
-    pub fn procs_fd(&self) -> Result<OwnedFd, CgroupError> {
+    pub(crate) fn procs_fd(&self) -> Result<OwnedFd, CgroupError> {
         let path = self.path.join("cgroup.procs");
         let file = std::fs::OpenOptions::new()
             .write(true)
@@ -96,12 +96,12 @@ impl Cgroup {
     }
 
     /// Moves a running process (the caller: `0`) into this group.
-    pub fn enter(&self, pid: u32) -> Result<(), CgroupError> {
+    pub(crate) fn enter(&self, pid: u32) -> Result<(), CgroupError> {
         self.write("cgroup.procs", &pid.to_string())
     }
 
     /// Kills every process in the group and its descendants at once (`cgroup.kill`).
-    pub fn kill(&self) -> Result<(), CgroupError> {
+    pub(crate) fn kill(&self) -> Result<(), CgroupError> {
         let path = self.path.join("cgroup.kill");
         if !path.exists() {
             return Err(CgroupError::NoKill(self.path.clone()));
@@ -111,19 +111,19 @@ impl Cgroup {
 
     /// True while any process lives in the group or below it (`cgroup.events`). A group that
     /// is gone counts as empty.
-    pub fn populated(&self) -> bool {
+    pub(crate) fn populated(&self) -> bool {
         std::fs::read_to_string(self.path.join("cgroup.events"))
             .map(|events| parse_populated(&events))
             .unwrap_or(false)
     }
 
     /// Waits until the group is empty or `deadline` passes; true when empty.
-    pub async fn wait_empty(&self, deadline: Instant) -> bool {
+    pub(crate) async fn wait_empty(&self, deadline: Instant) -> bool {
         super::poll_until(deadline, || !self.populated()).await
     }
 
     /// The same wait, blocking the calling thread (for the sentinel, which has no runtime).
-    pub fn wait_empty_blocking(&self, timeout: Duration) -> bool {
+    pub(crate) fn wait_empty_blocking(&self, timeout: Duration) -> bool {
         let deadline = crate::durations::deadline_std(timeout);
         let mut delay = Duration::from_millis(1);
         while self.populated() {
@@ -137,14 +137,14 @@ impl Cgroup {
     }
 
     /// The pids in this group itself (not below it).
-    pub fn members(&self) -> Vec<i32> {
+    pub(crate) fn members(&self) -> Vec<i32> {
         std::fs::read_to_string(self.path.join("cgroup.procs"))
             .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
             .unwrap_or_default()
     }
 
     /// The pids in this group and every group below it.
-    pub fn all_members(&self) -> Vec<i32> {
+    pub(crate) fn all_members(&self) -> Vec<i32> {
         let mut pids = self.members();
         if let Ok(entries) = std::fs::read_dir(&self.path) {
             for entry in entries.flatten() {
@@ -158,7 +158,7 @@ impl Cgroup {
 
     /// Removes the group and every group below it, deepest first. Fails (EBUSY) while a
     /// process is left; a group already gone is fine.
-    pub fn remove(&self) -> Result<(), CgroupError> {
+    pub(crate) fn remove(&self) -> Result<(), CgroupError> {
         if let Ok(entries) = std::fs::read_dir(&self.path) {
             for entry in entries.flatten() {
                 if entry.file_type().is_ok_and(|t| t.is_dir()) {
@@ -174,7 +174,7 @@ impl Cgroup {
     }
 
     /// Kill, wait (up to `timeout`) for the group to empty, remove: the end of every ladder.
-    pub async fn kill_and_remove(&self, timeout: Duration) -> Result<(), CgroupError> {
+    pub(crate) async fn kill_and_remove(&self, timeout: Duration) -> Result<(), CgroupError> {
         if self.path.exists() {
             self.kill()?;
             if !self.wait_empty(crate::durations::deadline(timeout)).await {
@@ -185,7 +185,7 @@ impl Cgroup {
     }
 
     /// The controllers this group may use (`cgroup.controllers`).
-    pub fn controllers(&self) -> Vec<String> {
+    pub(crate) fn controllers(&self) -> Vec<String> {
         std::fs::read_to_string(self.path.join("cgroup.controllers"))
             .map(|t| t.split_whitespace().map(str::to_owned).collect())
             .unwrap_or_default()
@@ -193,13 +193,13 @@ impl Cgroup {
 
     /// Enables `controllers` for this group's children (`+memory +pids` in
     /// `cgroup.subtree_control`).
-    pub fn enable_for_children(&self, controllers: &[&str]) -> Result<(), CgroupError> {
+    pub(crate) fn enable_for_children(&self, controllers: &[&str]) -> Result<(), CgroupError> {
         let line: Vec<String> = controllers.iter().map(|c| format!("+{c}")).collect();
         self.write("cgroup.subtree_control", &line.join(" "))
     }
 
     /// Writes one control file (`memory.max`, `pids.max`, …).
-    pub fn write(&self, file: &'static str, value: &str) -> Result<(), CgroupError> {
+    pub(crate) fn write(&self, file: &'static str, value: &str) -> Result<(), CgroupError> {
         let path = self.path.join(file);
         std::fs::OpenOptions::new()
             .write(true)
@@ -210,7 +210,7 @@ impl Cgroup {
 
     /// Reads one counter of a flat-keyed file (`memory.events` `oom_kill`, `pids.events`
     /// `max`); 0 when the file or key is missing.
-    pub fn counter(&self, file: &str, key: &str) -> u64 {
+    pub(crate) fn counter(&self, file: &str, key: &str) -> u64 {
         std::fs::read_to_string(self.path.join(file))
             .map(|text| parse_counter(&text, key))
             .unwrap_or(0)
@@ -219,7 +219,7 @@ impl Cgroup {
 
 /// Between fork and exec: writes `0` (the calling process) to `procs`, an fd from
 /// [`Cgroup::procs_fd`]. Async-signal-safe: one `write`, no allocation.
-pub fn enter_in_child(procs: RawFd) -> std::io::Result<()> {
+pub(crate) fn enter_in_child(procs: RawFd) -> std::io::Result<()> {
     // SAFETY: `procs` is an open descriptor owned by the parent for the duration of the spawn;
     // `write` is async-signal-safe and the buffer is a static byte string.
     let written = unsafe { nix::libc::write(procs, b"0".as_ptr().cast(), 1) };
@@ -231,7 +231,7 @@ pub fn enter_in_child(procs: RawFd) -> std::io::Result<()> {
 }
 
 /// A raw fd for [`enter_in_child`], kept valid by the caller holding the [`OwnedFd`].
-pub fn raw(fd: &OwnedFd) -> RawFd {
+pub(crate) fn raw(fd: &OwnedFd) -> RawFd {
     fd.as_raw_fd()
 }
 
@@ -249,7 +249,7 @@ fn parse_counter(text: &str, key: &str) -> u64 {
 
 /// The cgroup2 mount point and the root it shows (`/` unless a subtree is bind-mounted), from
 /// a `/proc/self/mountinfo` text.
-pub fn find_mount(mountinfo: &str) -> Option<(PathBuf, String)> {
+pub(crate) fn find_mount(mountinfo: &str) -> Option<(PathBuf, String)> {
     mountinfo.lines().find_map(|line| {
         let (left, right) = line.split_once(" - ")?;
         if right.split_whitespace().next()? != "cgroup2" {
@@ -289,7 +289,7 @@ fn unescape(field: &str) -> String {
 }
 
 /// The v2 group path from a `/proc/PID/cgroup` text (`0::/a/b`).
-pub fn own_group(proc_cgroup: &str) -> Option<String> {
+pub(crate) fn own_group(proc_cgroup: &str) -> Option<String> {
     proc_cgroup.lines().find_map(|l| {
         l.strip_prefix("0::")
             .map(|p| p.trim_end_matches(" (deleted)").to_owned())
@@ -322,7 +322,7 @@ pub fn own_dir() -> Result<PathBuf, CgroupError> {
 }
 
 /// The base group's name for the acpd process `pid` that started at `start`.
-pub fn base_name(pid: i32, start: u64) -> String {
+pub(crate) fn base_name(pid: i32, start: u64) -> String {
     format!("acpd-{pid}-{start}")
 }
 
@@ -333,7 +333,7 @@ fn parse_base_name(name: &str) -> Option<(i32, u64)> {
 
 /// What a sweep of dead acpds' groups did.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Swept {
+pub(crate) struct Swept {
     pub groups: usize,
     pub killed: usize,
 }
@@ -341,7 +341,7 @@ pub struct Swept {
 /// Kills and removes every `acpd-<pid>-<start>` group in `parent` whose owner is dead (no
 /// process `pid` with that start time), except `keep`. Blocking: it waits a moment for each
 /// killed group to empty.
-pub fn sweep(parent: &Path, keep: Option<&Path>) -> Swept {
+pub(crate) fn sweep(parent: &Path, keep: Option<&Path>) -> Swept {
     let mut swept = Swept::default();
     let Ok(entries) = std::fs::read_dir(parent) else {
         return swept;

@@ -33,14 +33,14 @@ pub enum ContainmentSetting {
 /// The containment in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Mode {
+pub(crate) enum Mode {
     Cgroup,
     ProcessGroup,
 }
 
 /// What `_acpd/status` and `acpd doctor` report: the mode, why, and the base group.
 #[derive(Debug, Clone, Serialize)]
-pub struct Containment {
+pub(crate) struct Containment {
     pub mode: Mode,
     pub reason: String,
     /// The base cgroup (cgroup mode).
@@ -50,7 +50,7 @@ pub struct Containment {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ContainError {
+pub(crate) enum ContainError {
     #[error("containment = \"cgroup\", but acpd cannot use cgroups here: {0}")]
     CgroupUnavailable(CgroupError),
 }
@@ -66,7 +66,7 @@ static ACTIVE: OnceLock<Active> = OnceLock::new();
 static NEXT_CHILD: AtomicU64 = AtomicU64::new(1);
 
 /// The environment variable carrying a child's tree token (process-group mode).
-pub const TREE_VAR: &str = "ACPD_TREE";
+pub(crate) const TREE_VAR: &str = "ACPD_TREE";
 /// Controllers a provider's limits need.
 const LIMIT_CONTROLLERS: [&str; 2] = ["memory", "pids"];
 
@@ -75,7 +75,7 @@ const LIMIT_CONTROLLERS: [&str; 2] = ["memory", "pids"];
 /// by dead acpds. `limits` says whether any provider sets `memory_max` / `pids_max`: only then
 /// are controllers enabled, because a group that hands controllers down may hold no process
 /// itself, and systemd before 254 puts `ExecReload=` processes into the service's own group.
-pub fn contain(
+pub(crate) fn contain(
     setting: ContainmentSetting,
     limits: bool,
 ) -> Result<&'static Containment, ContainError> {
@@ -111,7 +111,7 @@ pub fn contain(
 }
 
 /// The containment in force, if [`contain`] ran.
-pub fn current() -> Option<&'static Containment> {
+pub(crate) fn current() -> Option<&'static Containment> {
     ACTIVE.get().map(|a| &a.report)
 }
 
@@ -119,7 +119,7 @@ pub fn current() -> Option<&'static Containment> {
 /// got there: a double fork that left its parent's tree is still in its cgroup. Only ever a
 /// reason to refuse: a child may move itself into another child's group, so membership does
 /// not say whose it is.
-pub fn in_child_group(pid: i32) -> bool {
+pub(crate) fn in_child_group(pid: i32) -> bool {
     let Some(base) = ACTIVE.get().and_then(|a| a.base.as_ref()) else {
         return false;
     };
@@ -145,7 +145,7 @@ pub fn in_child_group(pid: i32) -> bool {
 }
 
 /// Containment as `_acpd/status` reports it (process groups when [`contain`] never ran).
-pub fn status() -> acpd_protocol::methods::StatusContainment {
+pub(crate) fn status() -> acpd_protocol::methods::StatusContainment {
     use acpd_protocol::methods::StatusContainment;
     match current() {
         Some(c) => StatusContainment {
@@ -165,7 +165,7 @@ pub fn status() -> acpd_protocol::methods::StatusContainment {
 
 impl Mode {
     /// `cgroup` or `process-group`, as in the config and in `_acpd/status`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Mode::Cgroup => "cgroup",
             Mode::ProcessGroup => "process-group",
@@ -372,7 +372,7 @@ pub(super) fn token_bearers(token: &str, since: u64, skip: i32) -> Vec<i32> {
 }
 
 /// Every live process whose token starts with `prefix` (a whole acpd's trees).
-pub fn prefix_bearers(prefix: &str) -> Vec<i32> {
+pub(super) fn prefix_bearers(prefix: &str) -> Vec<i32> {
     let needle = format!("{TREE_VAR}={prefix}");
     scan_environ(|value| value.starts_with(needle.as_bytes()), 0, -1)
 }
@@ -390,7 +390,7 @@ fn scan_environ(matches: impl Fn(&[u8]) -> bool, since: u64, skip: i32) -> Vec<i
 }
 
 /// One line per provider (name, limits) whose limits this acpd cannot apply, saying why.
-pub fn limit_warnings(providers: &[(&str, ChildLimits)]) -> Vec<String> {
+pub(crate) fn limit_warnings(providers: &[(&str, ChildLimits)]) -> Vec<String> {
     let why = match current() {
         Some(c) if c.mode == Mode::Cgroup => {
             "the controller is not available to acpd's cgroup v2 group"

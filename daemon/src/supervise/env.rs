@@ -30,7 +30,7 @@ const ALLOWED: &[&str] = &[
     "NO_PROXY",
 ];
 
-pub use acpd_protocol::subagent::{DEPTH_VAR, MAX_DEPTH_VAR};
+pub(crate) use acpd_protocol::subagent::{DEPTH_VAR, MAX_DEPTH_VAR};
 
 fn allowed(name: &str) -> bool {
     name.starts_with("LC_")
@@ -41,7 +41,7 @@ fn allowed(name: &str) -> bool {
 
 /// Builds a child's environment from `ambient` (acpd's own), in increasing precedence: the
 /// allowlist, the provider's `env_passthrough` names, the provider's `env`, then the depth pair.
-pub fn child_env(
+pub(crate) fn child_env(
     ambient: impl IntoIterator<Item = (OsString, OsString)>,
     passthrough: &[String],
     extra: &BTreeMap<String, String>,

@@ -14,7 +14,7 @@ use super::reaper;
 
 /// What a helper command left: its status and its capped output.
 #[derive(Debug)]
-pub struct HelperOutput {
+pub(crate) struct HelperOutput {
     pub status: ExitStatus,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
@@ -36,7 +36,7 @@ impl Drop for Leader {
 
 /// Runs `argv` in `cwd` with exactly `env`, stdin closed; killed when `timeout` passes (an
 /// `ErrorKind::TimedOut` error).
-pub async fn run_helper(
+pub(crate) async fn run_helper(
     argv: &[OsString],
     cwd: &Path,
     env: Vec<(OsString, OsString)>,

@@ -3,44 +3,47 @@
 //! reaping everything the tree leaves behind (acpd is a subreaper), and containment: each
 //! child in its own cgroup where acpd can create them, a sentinel that outlives acpd.
 
-pub mod cgroup;
+pub(crate) mod cgroup;
 mod contain;
 mod env;
 mod helper;
 pub(crate) mod procfs;
-mod reaper;
+pub(crate) mod reaper;
 mod record_sweep;
 mod records;
 mod sandbox;
-mod sentinel;
+pub(crate) mod sentinel;
 mod spawn;
 mod stderr;
 mod tree;
 
-pub use contain::{
-    ChildLimits, ContainError, Containment, ContainmentSetting, Mode as ContainmentMode, TREE_VAR,
-    contain, current as containment, in_child_group, limit_warnings, status as containment_status,
+pub(crate) use contain::{
+    ChildLimits, ContainmentSetting, contain, in_child_group, limit_warnings,
+    status as containment_status,
 };
-pub use sentinel::{pid as sentinel_pid, run_sentinel};
+pub(crate) use sentinel::run_sentinel;
 
-pub use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
-pub use helper::{HelperOutput, run_helper};
-pub use procfs::{Ancestry, ancestry};
-pub use reaper::{init, tune_allocator};
+pub(crate) use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
+pub(crate) use helper::run_helper;
+pub(crate) use procfs::{Ancestry, ancestry};
+pub(crate) use reaper::init;
 pub(crate) use records::default_state_dir;
-pub use records::{enable_default as keep_records, forget as forget_records, kill_all};
-pub use records::{is_own_child, start_time};
-pub use sandbox::{Sandbox, SandboxError, SandboxPlan, landlock_abi};
-pub use spawn::{
-    SpawnError, SpawnSpec, Spawned, spawn, spawn_limited, spawn_sandboxed, spawn_standalone,
-};
-pub use stderr::{ChildStderrMode, StderrTail, flush_child_stderr, forward_child_stderr};
-pub use tree::{Graces, LimitHit, ProcessTree, TeardownOutcome, signal_name};
+pub(crate) use records::{enable_default as keep_records, forget as forget_records, kill_all};
+pub(crate) use records::{is_own_child, start_time};
+pub(crate) use sandbox::{Sandbox, SandboxPlan, landlock_abi};
+pub(crate) use spawn::{SpawnError, SpawnSpec, spawn_sandboxed, spawn_standalone};
+#[cfg(test)]
+pub(crate) use spawn::{Spawned, spawn};
+pub(crate) use stderr::{ChildStderrMode, StderrTail, flush_child_stderr, forward_child_stderr};
+pub(crate) use tree::{Graces, ProcessTree, TeardownOutcome, signal_name};
 
 /// Polls `done` until it holds or `deadline` passes (true when it held), backing off from 1 ms
 /// to 20 ms: the waits of the teardown ladder, where the kernel gives no event to wait on for a
 /// process group (and a cgroup's `cgroup.events` would need inotify).
-pub async fn poll_until(deadline: tokio::time::Instant, mut done: impl FnMut() -> bool) -> bool {
+pub(crate) async fn poll_until(
+    deadline: tokio::time::Instant,
+    mut done: impl FnMut() -> bool,
+) -> bool {
     let mut delay = std::time::Duration::from_millis(1);
     loop {
         if done() {

@@ -1,6 +1,6 @@
 //! The few `/proc/PID/stat` fields acpd reads: state, parent, process group, start time.
 
-pub struct Stat {
+pub(crate) struct Stat {
     pub state: char,
     pub ppid: i32,
     pub pgrp: i32,
@@ -10,7 +10,7 @@ pub struct Stat {
 }
 
 /// Parses a `stat` line; the command name may hold spaces and parentheses.
-pub fn parse(line: &str) -> Option<Stat> {
+pub(crate) fn parse(line: &str) -> Option<Stat> {
     let fields: Vec<&str> = line[line.rfind(')')? + 1..].split_whitespace().collect();
     Some(Stat {
         state: fields.first()?.chars().next()?,
@@ -21,19 +21,19 @@ pub fn parse(line: &str) -> Option<Stat> {
     })
 }
 
-pub fn stat(pid: i32) -> Option<Stat> {
+pub(crate) fn stat(pid: i32) -> Option<Stat> {
     parse(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
 /// This boot's id: start times count from boot, so a record from another boot means nothing.
-pub fn boot_id() -> String {
+pub(crate) fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
 
 /// Every pid in `/proc`.
-pub fn pids() -> impl Iterator<Item = i32> {
+pub(crate) fn pids() -> impl Iterator<Item = i32> {
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -44,7 +44,7 @@ pub fn pids() -> impl Iterator<Item = i32> {
 /// Every live or zombie process below this one, found through `/proc` parent links (one read
 /// of each `stat`: `acpd supervise` scans at every teardown, on hosts with many processes).
 /// As a subreaper, everything our children started is still below us however it detached.
-pub fn descendants() -> Vec<i32> {
+pub(crate) fn descendants() -> Vec<i32> {
     let me = std::process::id() as i32;
     let mut children: std::collections::BTreeMap<i32, Vec<i32>> = Default::default();
     let mut buf = [0u8; 1024];
@@ -83,7 +83,7 @@ pub struct Ancestry {
 }
 
 /// `pid` and its ancestors, up to init or `limit` steps.
-pub fn ancestry(pid: i32, limit: usize) -> Ancestry {
+pub(crate) fn ancestry(pid: i32, limit: usize) -> Ancestry {
     let mut chain = Vec::new();
     let mut at = pid;
     while chain.len() < limit {

@@ -12,7 +12,7 @@ use super::records::start_time;
 
 /// What a sweep did.
 #[derive(Debug, Default)]
-pub struct Sweep {
+pub(super) struct Sweep {
     pub records: usize,
     pub killed: usize,
 }

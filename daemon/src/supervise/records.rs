@@ -34,7 +34,7 @@ fn live() -> MutexGuard<'static, BTreeMap<i32, u64>> {
 
 /// Where acpd keeps its records: `$STATE_DIRECTORY` (systemd), else `$XDG_STATE_HOME/acpd`,
 /// else `~/.local/state/acpd`.
-pub fn default_state_dir() -> Option<PathBuf> {
+pub(crate) fn default_state_dir() -> Option<PathBuf> {
     let env = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())
@@ -57,7 +57,7 @@ pub fn default_state_dir() -> Option<PathBuf> {
 }
 
 /// Keeps records in the default state directory, logging (not failing) when it cannot.
-pub fn enable_default() {
+pub(crate) fn enable_default() {
     let Some(dir) = default_state_dir() else {
         tracing::debug!("no state directory (no STATE_DIRECTORY, XDG_STATE_HOME or HOME)");
         return;
@@ -70,7 +70,7 @@ pub fn enable_default() {
 /// Sweeps dead owners' records in `dir`, then starts this process's own record there. The
 /// directory is made private (0700, created or tightened; a symlink or another uid's
 /// directory is refused): the records name acpd's process groups, which the next acpd kills.
-pub fn enable(dir: &Path) -> Result<Sweep, PrivateError> {
+pub(super) fn enable(dir: &Path) -> Result<Sweep, PrivateError> {
     crate::private_fs::private_dir(dir)?;
     let sweep = sweep(dir);
     let me = std::process::id() as i32;
@@ -104,13 +104,13 @@ pub(super) fn remove(pgid: i32, start: u64) {
 
 /// Whether `pid`, started at `start`, is a child this process spawned and has not reaped: the
 /// leader of one of its live groups (a reused pid has another start time).
-pub fn is_own_child(pid: i32, start: u64) -> bool {
+pub(crate) fn is_own_child(pid: i32, start: u64) -> bool {
     live().get(&pid) == Some(&start)
 }
 
 /// SIGKILLs every live group (and, in cgroup mode, every child's cgroup) at once (the second
 /// shutdown signal).
-pub fn kill_all() {
+pub(crate) fn kill_all() {
     for pgid in live().keys() {
         let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
     }
@@ -118,7 +118,7 @@ pub fn kill_all() {
 }
 
 /// Removes this process's record on a clean exit, and lets the sentinel finish first.
-pub fn forget() {
+pub(crate) fn forget() {
     // No write (a retry included) may bring the record back after this.
     FORGOTTEN.store(true, Ordering::Release);
     {
@@ -240,7 +240,7 @@ fn replace(path: &Path, body: &[u8]) -> Result<(), PrivateError> {
 }
 
 /// A process's start time in clock ticks since boot (`/proc/PID/stat` field 22).
-pub fn start_time(pid: i32) -> Option<u64> {
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
     procfs::stat(pid).map(|s| s.start)
 }
 

@@ -61,7 +61,7 @@ impl Drop for Sandbox {
 }
 
 /// The Landlock ABI version this kernel enforces; 0 when it enforces none.
-pub fn landlock_abi() -> u32 {
+pub(crate) fn landlock_abi() -> u32 {
     const LANDLOCK_CREATE_RULESET_VERSION: nix::libc::c_uint = 1;
     // SAFETY: the documented version query: no ruleset attribute, size 0, the version flag.
     let v = unsafe {

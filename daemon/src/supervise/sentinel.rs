@@ -110,11 +110,6 @@ pub(super) fn finish() {
     }
 }
 
-/// The sentinel's pid, when it runs (for status and the bench).
-pub fn pid() -> Option<u32> {
-    *PID.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn tell(line: &str) {
     let mut pipe = PIPE.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(file) = pipe.as_mut()

@@ -47,7 +47,7 @@ pub enum SpawnError {
 }
 
 /// A started child: its process tree and its three pipes.
-pub struct Spawned {
+pub(crate) struct Spawned {
     pub tree: ProcessTree,
     pub stdin: ChildStdin,
     pub stdout: ChildStdout,
@@ -75,21 +75,18 @@ pub(super) fn start_thread() {
     }
 }
 
+/// The driver tests' stand-in process: [`spawn_sandboxed`] with no limits and no sandbox.
+#[cfg(test)]
+pub(crate) async fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
+    spawn_sandboxed(spec, ChildLimits::default(), None).await
+}
+
 /// Spawns `spec` in a new process group, with PDEATHSIG=SIGKILL and acpd's original
-/// `RLIMIT_NOFILE`, stdin/stdout/stderr piped; in its own cgroup when acpd contains by cgroups.
-pub async fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
-    spawn_limited(spec, ChildLimits::default()).await
-}
-
-/// [`spawn`] with a provider's `memory_max` / `pids_max` on the child's cgroup (ignored where
-/// the controllers are not enabled; acpd warned at start).
-pub async fn spawn_limited(spec: SpawnSpec, limits: ChildLimits) -> Result<Spawned, SpawnError> {
-    spawn_sandboxed(spec, limits, None).await
-}
-
-/// [`spawn_limited`], the child's whole tree under `sandbox` (applied last before exec); the
+/// `RLIMIT_NOFILE`, stdin/stdout/stderr piped, in its own cgroup when acpd contains by cgroups,
+/// with a provider's `memory_max` / `pids_max` on that cgroup (ignored where the controllers are not enabled; acpd
+/// warned at start), the child's whole tree under `sandbox` (applied last before exec); the
 /// tree keeps the sandbox (and so its private tmp) until it is gone.
-pub async fn spawn_sandboxed(
+pub(crate) async fn spawn_sandboxed(
     spec: SpawnSpec,
     limits: ChildLimits,
     sandbox: Option<Arc<Sandbox>>,
@@ -103,7 +100,7 @@ pub async fn spawn_sandboxed(
 /// Spawns the one command of `acpd supervise`, whose tree is every descendant of this process
 /// ([`init`](super::init) makes it a subreaper), in its own cgroup beside ours where it can be
 /// created. Its ladder is [`ProcessTree::teardown`], as for acpd's children.
-pub async fn spawn_standalone(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
+pub(crate) async fn spawn_standalone(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
     if spec.argv.is_empty() {
         return Err(SpawnError::EmptyCommand);
     }

@@ -38,7 +38,7 @@ pub enum ChildStderrMode {
 }
 
 #[derive(Clone, Default)]
-pub struct StderrTail {
+pub(crate) struct StderrTail {
     lines: Arc<Mutex<VecDeque<String>>>,
     /// Cancelled once stderr reached its end: every line the child wrote is in the tail.
     ended: tokio_util::sync::CancellationToken,
@@ -49,7 +49,7 @@ impl StderrTail {
     /// to its end, keeping the last lines, tracing each in `trace`, and forwarding each when
     /// [`forward_child_stderr`] was called. Lines are cut at a cap, so a child that writes one
     /// endless line cannot grow acpd's memory.
-    pub fn drain(
+    pub(crate) fn drain(
         mut stderr: ChildStderr,
         label: String,
         trace: Option<std::sync::Arc<crate::trace::Trace>>,
@@ -88,12 +88,12 @@ impl StderrTail {
     }
 
     /// Waits up to `limit` for stderr's end (a child that just exited has usually closed it).
-    pub async fn ended_within(&self, limit: std::time::Duration) {
+    pub(crate) async fn ended_within(&self, limit: std::time::Duration) {
         let _ = tokio::time::timeout(limit, self.ended.cancelled()).await;
     }
 
     /// The last lines, oldest first.
-    pub fn snapshot(&self) -> Vec<String> {
+    pub(crate) fn snapshot(&self) -> Vec<String> {
         self.lines
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -195,7 +195,7 @@ impl Forward {
 /// Makes every child's stderr lines also go to acpd's stderr from now on (`child_stderr =
 /// "forward"`). Idempotent. The writer is a thread of its own: a write to a stderr nobody
 /// reads blocks it, never the runtime.
-pub fn forward_child_stderr() {
+pub(crate) fn forward_child_stderr() {
     let _ = FORWARD.get_or_init(|| {
         let (queue, lines) = std::sync::mpsc::sync_channel(FORWARD_QUEUE);
         let forward = Forward {
@@ -248,7 +248,7 @@ fn write_forwarded(
 
 /// Waits up to `limit` for the forwarded lines already queued to be written (at exit, so
 /// the last lines a child wrote before acpd stopped are not lost in the queue).
-pub fn flush_child_stderr(limit: Duration) {
+pub(crate) fn flush_child_stderr(limit: Duration) {
     let Some(forward) = FORWARD.get() else {
         return;
     };

@@ -44,11 +44,11 @@ pub(super) enum Contained {
 }
 
 /// A resource limit the tree ran into (cgroup `memory.events` `oom_kill`, `pids.events` `max`).
-pub use acpd_protocol::outcome::ResourceLimit as LimitHit;
+pub(crate) use acpd_protocol::outcome::ResourceLimit as LimitHit;
 
 /// How long each rung of the ladder waits for the tree to exit.
 #[derive(Debug, Clone, Copy)]
-pub struct Graces {
+pub(crate) struct Graces {
     pub eof: Duration,
     pub term: Duration,
 }
@@ -66,7 +66,7 @@ pub enum TeardownOutcome {
 
 /// A handle to a child's process tree. Clones share the same tree and teardown.
 #[derive(Clone)]
-pub struct ProcessTree {
+pub(crate) struct ProcessTree {
     inner: Arc<Inner>,
 }
 
@@ -123,17 +123,17 @@ impl ProcessTree {
     }
 
     /// The leader's pid, which is also the process group id.
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.inner.pid
     }
 
     /// The leader's exit status, once it has exited and been reaped.
-    pub fn exit_status(&self) -> Option<ExitStatus> {
+    pub(crate) fn exit_status(&self) -> Option<ExitStatus> {
         *self.inner.status.borrow()
     }
 
     /// Waits for the leader to exit.
-    pub async fn exited(&self) -> ExitStatus {
+    pub(crate) async fn exited(&self) -> ExitStatus {
         let mut rx = self.inner.status.clone();
         loop {
             if let Some(status) = *rx.borrow_and_update() {
@@ -147,7 +147,11 @@ impl ProcessTree {
 
     /// Runs the ladder once; concurrent and later callers get the same outcome. `close_stdin`
     /// must drop the child's stdin writer.
-    pub async fn teardown(&self, close_stdin: impl FnOnce(), graces: Graces) -> TeardownOutcome {
+    pub(crate) async fn teardown(
+        &self,
+        close_stdin: impl FnOnce(),
+        graces: Graces,
+    ) -> TeardownOutcome {
         *self
             .inner
             .teardown
@@ -227,7 +231,7 @@ impl ProcessTree {
     }
 
     /// The limit the tree ran into, if any (cgroup mode with `memory_max` / `pids_max`).
-    pub fn limit_hit(&self) -> Option<LimitHit> {
+    pub(crate) fn limit_hit(&self) -> Option<LimitHit> {
         self.note_limit_hit();
         *self
             .inner
@@ -288,7 +292,7 @@ impl ProcessTree {
     }
 
     /// The child's own cgroup, in cgroup mode.
-    pub fn cgroup(&self) -> Option<&Cgroup> {
+    pub(crate) fn cgroup(&self) -> Option<&Cgroup> {
         match &self.inner.contained {
             Contained::Cgroup(group) => Some(group),
             _ => None,
@@ -296,7 +300,7 @@ impl ProcessTree {
     }
 
     /// SIGKILLs the whole group at once (a second shutdown signal, or a spawn gone wrong).
-    pub fn kill_now(&self) {
+    pub(crate) fn kill_now(&self) {
         self.signal(Signal::SIGKILL);
     }
 
@@ -379,7 +383,7 @@ async fn descendants_gone_by(deadline: Instant, group: Option<&Cgroup>) -> bool 
 }
 
 /// `SIGKILL`-style name of the signal that ended `status`, if one did.
-pub fn signal_name(status: &ExitStatus) -> Option<String> {
+pub(crate) fn signal_name(status: &ExitStatus) -> Option<String> {
     let sig = status.signal()?;
     Some(
         Signal::try_from(sig)

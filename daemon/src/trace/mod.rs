@@ -27,12 +27,15 @@ mod tests;
 mod trace_dir;
 mod trace_file;
 
-pub use show::{ShowError, escape_controls, readable, show};
-pub use trace_dir::{DirError, open_dir};
-pub use trace_file::Trace;
+#[cfg(test)]
+pub(crate) use show::readable;
+pub(crate) use show::{ShowError, escape_controls, show};
+#[cfg(test)]
+pub(crate) use trace_dir::{DirError, open_dir};
+pub(crate) use trace_file::Trace;
 
 /// How large one trace file grows before it is rotated.
-pub const MAX_FILE: u64 = 16 * 1024 * 1024;
+pub(crate) const MAX_FILE: u64 = 16 * 1024 * 1024;
 
 /// Which hop a record was seen on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use crate::private_fs::Links;
 
 /// Why `acpd trace show` printed nothing (or stopped).
 #[derive(Debug, thiserror::Error)]
-pub enum ShowError {
+pub(crate) enum ShowError {
     #[error("{}: no such trace", .0.display())]
     NoSuchTrace(PathBuf),
     #[error("cannot read the trace {}: {source}", path.display())]
@@ -25,7 +25,7 @@ pub enum ShowError {
 /// result/error summary) and the message itself, compacted. A line that is not UTF-8 is read
 /// lossily, and what a child or a parent wrote is printed with its control characters escaped:
 /// the terminal gets one printable line per record, never an escape sequence from a peer.
-pub fn show(path: &Path, out: &mut impl Write) -> Result<(), ShowError> {
+pub(crate) fn show(path: &Path, out: &mut impl Write) -> Result<(), ShowError> {
     let mut rotated = path.as_os_str().to_owned();
     rotated.push(".1");
     let rotated = PathBuf::from(rotated);
@@ -84,7 +84,7 @@ fn open_trace(path: &Path) -> std::io::Result<File> {
 /// `text` with every control character (C0, DEL, C1) and bidirectional-override character
 /// escaped, so a peer's text cannot move the cursor, retitle the window, ring, erase or
 /// reorder what the terminal shows.
-pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
     fn unsafe_char(c: char) -> bool {
         c.is_control()
             || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
@@ -106,7 +106,7 @@ pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// One record, readably, with its control characters escaped ([`escape_controls`]).
-pub fn readable(line: &str) -> String {
+pub(crate) fn readable(line: &str) -> String {
     escape_controls(&readable_raw(line)).into_owned()
 }
 

@@ -12,7 +12,7 @@ use nix::sys::stat::Mode;
 
 /// Why a trace directory is not used.
 #[derive(Debug, thiserror::Error)]
-pub enum DirError {
+pub(crate) enum DirError {
     #[error("cannot create or open it: {0}")]
     Open(std::io::Error),
     #[error("it is not a directory")]
@@ -34,7 +34,7 @@ pub enum DirError {
 /// Opens `dir` (created 0700 when missing) when it is fit to hold traces: a directory owned by
 /// acpd's effective uid, writable by no one else; one others can read is made 0700. A link at `dir` is followed only when acpd's
 /// uid made it; the directory it reaches is then checked like any other.
-pub fn open_dir(dir: &Path) -> Result<OwnedFd, DirError> {
+pub(crate) fn open_dir(dir: &Path) -> Result<OwnedFd, DirError> {
     let own = nix::unistd::geteuid().as_raw();
     std::fs::DirBuilder::new()
         .recursive(true)

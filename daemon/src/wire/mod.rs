@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Messages queued between a reader and its owner.
-pub const QUEUE_DEPTH: usize = 64;
+pub(crate) const QUEUE_DEPTH: usize = 64;
 /// Lines queued toward one peer, whatever their size (the byte budget bounds the rest).
 const OUT_DEPTH: usize = 256;
 /// Bytes queued toward one peer before senders wait. A larger line takes the whole budget.
@@ -102,14 +102,14 @@ pub enum CallError {
 }
 
 mod outbox;
-mod peer;
+pub(crate) mod peer;
 mod reader;
 #[cfg(test)]
 mod tests;
 
-pub use outbox::Outbox;
-pub use peer::{Admit, Peer, Pending, PendingCall};
-pub use reader::LineReader;
+pub(crate) use outbox::Outbox;
+pub(crate) use peer::{Admit, Peer, Pending};
+pub(crate) use reader::LineReader;
 pub(crate) use reader::sleep_until_opt;
 
 /// A running connection: the sender and the queue of incoming messages (ends at EOF).
@@ -136,7 +136,7 @@ where
 /// Starts a reader task and a writer task over a byte stream pair. The reader completes our
 /// calls itself and queues everything else for the owner (bounded: a flooding peer is slowed
 /// by its own pipe).
-pub fn connect_with<R, W>(reader: R, writer: W, limits: WireLimits) -> Connection
+pub(crate) fn connect_with<R, W>(reader: R, writer: W, limits: WireLimits) -> Connection
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::{LineFault, READ_CHUNK, WireLimits};
 
 /// Reads framed, parsed messages from a byte stream.
-pub struct LineReader<R> {
+pub(crate) struct LineReader<R> {
     reader: R,
     limits: WireLimits,
     decoder: LineDecoder,
@@ -26,7 +26,7 @@ pub struct LineReader<R> {
 pub(crate) type Tap = (std::sync::Arc<crate::trace::Trace>, crate::trace::Hop);
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
-    pub fn new(reader: R, limits: WireLimits) -> Self {
+    pub(crate) fn new(reader: R, limits: WireLimits) -> Self {
         LineReader {
             reader,
             limits,
@@ -40,7 +40,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     }
 
     /// Records every line read in `tap`'s trace.
-    pub fn traced(mut self, tap: Option<Tap>) -> Self {
+    pub(crate) fn traced(mut self, tap: Option<Tap>) -> Self {
         self.tap = tap;
         self
     }
@@ -54,7 +54,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
 
     /// The next message or bad line; `None` at end of input (or a read error). Cancel-safe:
     /// everything read is kept in `self`.
-    pub async fn next(&mut self) -> Option<Result<Message, LineFault>> {
+    pub(crate) async fn next(&mut self) -> Option<Result<Message, LineFault>> {
         loop {
             let item = if self.eof {
                 self.decoder.decode_eof(&mut self.buf)
@@ -103,7 +103,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
 
     /// The next message already in the buffer, without reading: lets an owner handle a burst
     /// in one go (between its other duties) instead of one `select!` round per message.
-    pub fn next_buffered(&mut self) -> Option<Result<Message, LineFault>> {
+    pub(crate) fn next_buffered(&mut self) -> Option<Result<Message, LineFault>> {
         if self.eof {
             return None;
         }

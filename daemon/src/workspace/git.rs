@@ -40,7 +40,7 @@ pub(super) struct Out {
 
 impl Out {
     /// stdout as one trimmed line.
-    pub fn line(&self) -> String {
+    pub(super) fn line(&self) -> String {
         String::from_utf8_lossy(&self.stdout).trim().to_string()
     }
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use acpd_protocol::subagent::WorkspaceReport;
 
 use git::git;
-pub use sweep::sweep;
+pub(crate) use sweep::sweep;
 
 /// Why a workspace could not be made or read.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +55,7 @@ pub enum WorkspaceError {
 }
 
 /// The directory worktrees live in: `<data dir>/worktrees`.
-pub fn worktrees_dir() -> Option<PathBuf> {
+pub(crate) fn worktrees_dir() -> Option<PathBuf> {
     crate::config::presets::data_dir().map(|d| d.join("worktrees"))
 }
 

@@ -52,7 +52,7 @@ fn alive(m: &Marker) -> bool {
 
 /// Removes the worktrees in `dir` (default: [`super::worktrees_dir`]) whose acpd is gone,
 /// keeping their branches; returns how many. Unreadable markers are left alone.
-pub async fn sweep(dir: Option<&Path>) -> usize {
+pub(crate) async fn sweep(dir: Option<&Path>) -> usize {
     let Some(dir) = dir.map(Path::to_path_buf).or_else(super::worktrees_dir) else {
         return 0;
     };
