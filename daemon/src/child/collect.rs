@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::driver::{Driver, LAST_WORDS};
-use super::output::Output;
+use super::turn_output::Output;
 use super::{ChildEvent, PermissionAsk, TurnControl, TurnReport, strict};
 use crate::supervise;
 use crate::wire::sleep_until_opt;

@@ -14,12 +14,12 @@ mod collect;
 mod driver;
 mod handshake;
 mod launch;
-mod output;
 mod relay;
 mod start_failure;
 mod strict;
 #[cfg(test)]
 pub(crate) mod tests;
+mod turn_output;
 
 use std::path::PathBuf;
 use std::sync::Arc;

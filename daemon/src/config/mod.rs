@@ -23,11 +23,11 @@ pub(crate) use crate::durations;
 mod hosts;
 pub(crate) use hosts::{Remote, Via};
 mod load;
-mod parse;
 pub(crate) mod presets;
 mod providers;
 mod schema;
 pub(crate) mod suggest;
+mod top_level;
 pub(crate) mod types;
 mod validate;
 

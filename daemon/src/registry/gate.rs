@@ -134,7 +134,8 @@ impl Registry {
         let root = workspace
             .as_ref()
             .map_or(spec.cwd.clone(), |w| w.path.clone());
-        match super::sandbox::sandbox_for(&provider, &root, &spec.run_id, &mut spec.env).await {
+        match super::sandbox_plan::sandbox_for(&provider, &root, &spec.run_id, &mut spec.env).await
+        {
             Ok(sandbox) => spec.sandbox = sandbox,
             Err(e) => {
                 if let Some(w) = workspace {

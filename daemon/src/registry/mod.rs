@@ -31,7 +31,7 @@ pub(crate) mod run_events;
 mod run_lifecycle;
 pub(crate) mod run_start;
 mod run_table;
-mod sandbox;
+mod sandbox_plan;
 #[cfg(test)]
 mod tests;
 mod warm;
@@ -56,7 +56,7 @@ pub(crate) use registry_error::RegistryError;
 pub(crate) use run_events::RunEvent;
 pub(crate) use run_lifecycle::{Run, RunState};
 pub(crate) use run_start::StartOptions;
-pub(crate) use sandbox::enforced as sandbox_enforced;
+pub(crate) use sandbox_plan::enforced as sandbox_enforced;
 
 /// Who started a run; only its owner may wait on, cancel, send to or dispose it.
 pub(crate) type Owner = u64;
@@ -154,7 +154,7 @@ impl Registry {
                     crate::config::WorkspaceMode::Shared => WorkspaceKind::Shared,
                     crate::config::WorkspaceMode::Worktree => WorkspaceKind::Worktree,
                 }),
-                sandbox: Some(sandbox::enforced(p)),
+                sandbox: Some(sandbox_plan::enforced(p)),
             })
             .collect()
     }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
-mod listing;
+mod list_paging;
 mod map;
 mod on_disk;
 
