@@ -250,12 +250,12 @@ fn zero_limits_are_rejected() {
     fails(
         &codex("budget = { tokens = -5 }"),
         3,
-        "providers.codex.budget",
+        "providers.codex.budget.tokens",
     );
     fails(
         &codex("budget = { dollars = 5 }"),
         3,
-        "providers.codex.budget",
+        "providers.codex.budget.dollars",
     );
 }
 
