@@ -166,6 +166,22 @@ pub struct RunInfo {
     /// `session:<acpd session id>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    /// Tokens spent by this run and every run nested under it (what its budget counts).
+    #[serde(default)]
+    pub tokens: u64,
+    /// The run's budget in force, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<RunBudget>,
+}
+
+/// A run's budget as `_acpd/runs` shows it: tokens, and wall time in seconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunBudget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_s: Option<u64>,
 }
 
 /// `_acpd/reload`'s reply: the config now in force. A rejected file is a CONFIG_REJECTED error
@@ -358,6 +374,11 @@ mod tests {
                     depth: 0,
                     connection: 7,
                     parent: Some("session:acpd-1".into()),
+                    tokens: 1200,
+                    budget: Some(RunBudget {
+                        tokens: Some(5000),
+                        wall_s: None,
+                    }),
                 }],
                 sessions: vec![SessionEntry {
                     session_id: "acpd-1".into(),
@@ -366,7 +387,7 @@ mod tests {
                     state: "detached".into(),
                 }],
             },
-            json!({"runs": [{"runId": "r1", "provider": "echo", "state": "settled", "ageS": 3, "pid": 42, "depth": 0, "connection": 7, "parent": "session:acpd-1"}],
+            json!({"runs": [{"runId": "r1", "provider": "echo", "state": "settled", "ageS": 3, "pid": 42, "depth": 0, "connection": 7, "parent": "session:acpd-1", "tokens": 1200, "budget": {"tokens": 5000}}],
                 "sessions": [{"sessionId": "acpd-1", "provider": "echo", "pid": 43, "state": "detached"}]}),
         );
         round_trip(

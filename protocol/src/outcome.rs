@@ -64,6 +64,8 @@ pub enum TurnEnd {
     },
     /// The run's `run_timeout` was reached.
     RunTimeout,
+    /// The run, or a run above it, spent its budget (tokens or wall time).
+    Budget,
     /// No message and no pending request for `idle_timeout`.
     Idle,
     /// The child sent a line that is not JSON-RPC, not UTF-8, or over the line cap.
@@ -189,6 +191,7 @@ pub fn map_outcome(end: &TurnEnd, cancel_requested: bool) -> Mapped {
             m
         }
         TurnEnd::RunTimeout => fail(Category::Timeout),
+        TurnEnd::Budget => fail(Category::Budget),
         TurnEnd::Idle => fail(Category::Hung),
         TurnEnd::Protocol => fail(Category::Protocol),
         TurnEnd::Abandoned => aborted,
@@ -491,6 +494,7 @@ mod tests {
     fn limits_and_protocol_faults() {
         for (end, c) in [
             (TurnEnd::RunTimeout, "timeout"),
+            (TurnEnd::Budget, "budget"),
             (TurnEnd::Idle, "hung"),
             (TurnEnd::Protocol, "protocol"),
         ] {

@@ -72,6 +72,21 @@ pub struct StartRequest {
     /// The commit a worktree starts from (a branch, tag or sha); absent: the cwd's `HEAD`.
     #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
     pub base_ref: Option<String>,
+    /// What the run (and every run nested under it) may spend; never above the provider's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+}
+
+/// A run's budget: tokens the agent reports (`usage_update`, the prompt result's `usage`) and
+/// wall-clock time from its start, across turns. Runs nested under it spend from it too.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Budget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// A duration such as `"30m"` or `"90s"` (bare digits are seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall: Option<String>,
 }
 
 /// Where a child works: the cwd it is given, or a git worktree of its own.
@@ -177,6 +192,8 @@ pub enum Category {
     Unreachable,
     /// A remote provider's far side has no `acpd` to run `acpd supervise`.
     NoRemoteAcpd,
+    /// The run, or a run above it, spent its `budget` (tokens or wall time).
+    Budget,
     /// A category named by the child's own typed failure record (`_meta.acpd.failure`),
     /// restricted to `[a-z0-9-]`.
     #[serde(untagged)]
@@ -202,6 +219,7 @@ impl Category {
             Category::Pids => "pids",
             Category::Unreachable => "unreachable",
             Category::NoRemoteAcpd => "no-remote-acpd",
+            Category::Budget => "budget",
             Category::Reported(s) => s,
         }
     }
@@ -317,6 +335,21 @@ mod tests {
         .unwrap();
         assert_eq!(r.max_depth, Some(1));
         assert_eq!(r.parent_session_id.as_deref(), Some("p"));
+        let r: StartRequest =
+            serde_json::from_str(r#"{"prompt":[],"budget":{"tokens":100,"wall":"30m"}}"#).unwrap();
+        let budget = r.budget.unwrap();
+        assert_eq!(
+            (budget.tokens, budget.wall.as_deref()),
+            (Some(100), Some("30m"))
+        );
+        assert!(
+            serde_json::from_str::<StartRequest>(r#"{"prompt":[],"budget":{"dollars":1}}"#)
+                .is_err()
+        );
+        assert!(
+            serde_json::from_str::<StartRequest>(r#"{"prompt":[],"budget":{"tokens":-1}}"#)
+                .is_err()
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod common;
 mod auth_failures;
 mod bridge_sessions;
 mod bridge_transparent;
+mod budget;
 mod catalog;
 mod cli;
 mod config_errors;

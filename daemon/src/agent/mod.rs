@@ -57,6 +57,7 @@ PROMPT SCRIPT
   :chunks N SIZE        stream N agent_message_chunks of SIZE bytes of filler text
   :timed N SIZE MS      N chunks of SIZE bytes starting with t=<monotonic ns>; MS ms apart
   :update KIND          send a session/update {\"sessionUpdate\": KIND, \"acpdProbe\": true}
+  :usage TOKENS         send a usage_update saying TOKENS tokens are in context
   :thought TEXT         stream TEXT as an agent_thought_chunk
   :image                stream an agent_message_chunk holding a tiny PNG image block
   :hang                 wait for session/cancel, then end the turn with cancelled

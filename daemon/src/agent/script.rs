@@ -40,6 +40,8 @@ pub(super) enum Step {
         every_ms: u64,
     },
     Update(String),
+    /// A `usage_update` saying this many tokens are in context (what a budget counts).
+    Usage(u64),
     Thought(String),
     Image,
     Hang,
@@ -186,6 +188,7 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
             }
         }
         "update" => Step::Update(required(rest, "KIND")?),
+        "usage" => Step::Usage(number(&single(rest, "TOKENS")?, "TOKENS")?),
         "thought" => Step::Thought(rest.to_string()),
         "image" => no_args(rest, Step::Image)?,
         "hang" => no_args(rest, Step::Hang)?,
@@ -440,6 +443,9 @@ mod tests {
         assert!(explain(":chunks 3").starts_with("malformed directive :chunks: expected N SIZE"));
         assert!(explain(":crash").contains("expected CODE"));
         assert!(explain(":sleep -1").contains("MS must be an integer"));
+        assert!(explain(":usage").contains("expected TOKENS"));
+        assert!(explain(":usage many").contains("TOKENS must be an integer"));
+        assert_eq!(parse(":usage 1500"), vec![Step::Usage(1500)]);
         assert!(explain(":stop").contains("expected REASON"));
         assert!(explain(":signal SIGNOPE").contains("unknown signal"));
         assert!(explain(":hang now").contains("takes no arguments"));

@@ -198,6 +198,14 @@ impl Turn<'_> {
                 self.update(json!({"sessionUpdate": kind, "acpdProbe": true}))
                     .await
             }
+            Step::Usage(used) => {
+                self.update(json!({
+                    "sessionUpdate": "usage_update",
+                    "used": used,
+                    "size": used.max(200_000),
+                }))
+                .await
+            }
             Step::Thought(text) => {
                 self.update(json!({
                     "sessionUpdate": "agent_thought_chunk",

@@ -50,6 +50,9 @@ struct UpdateHead<'a> {
     tool_call_id: Option<String>,
     #[serde(default)]
     status: Option<String>,
+    /// `usage_update`: the tokens in context.
+    #[serde(default)]
+    used: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -58,6 +61,10 @@ struct PromptReply {
     stop_reason: String,
     #[serde(default, rename = "_meta")]
     meta: Option<serde_json::Value>,
+    /// The turn's token usage, when the agent reports it (read leniently: a malformed one is
+    /// no usage, never a protocol fault).
+    #[serde(default)]
+    usage: Option<serde_json::Value>,
 }
 
 type Asked = FuturesUnordered<
@@ -75,6 +82,28 @@ struct Turn {
     pending_asks: HashSet<Id>,
     /// Tool calls the child reported as pending or in progress and not yet as ended.
     open_tools: HashSet<String>,
+    /// Tokens of this turn charged to the run's budget so far.
+    charged: u64,
+}
+
+impl Turn {
+    /// Raises what this turn has spent to `tokens` (never lowers it), charging the difference.
+    fn spent_at_least(&mut self, ctl: &TurnControl, tokens: u64) {
+        if let Some(meter) = &ctl.budget
+            && tokens > self.charged
+        {
+            meter.charge(tokens - self.charged);
+            self.charged = tokens;
+        }
+    }
+}
+
+/// Resolves once the run's budget is spent; never without one.
+async fn budget_spent(ctl: &TurnControl) {
+    match &ctl.budget {
+        Some(meter) => meter.spent().cancelled().await,
+        None => std::future::pending().await,
+    }
 }
 
 pub(super) async fn turn(
@@ -89,6 +118,7 @@ pub(super) async fn turn(
         asks: FuturesUnordered::new(),
         pending_asks: HashSet::new(),
         open_tools: HashSet::new(),
+        charged: 0,
     };
     let (end, child_stop_reason) = drive(d, prompt, &ctl, &mut t).await;
     // Whatever is still waiting for an answer gets `cancelled`: the turn is over.
@@ -118,6 +148,14 @@ async fn drive(
         // Cancelled (a dispose) before the prompt went out: the child never sees it.
         t.cancel_requested = true;
         return (TurnEnd::Abandoned, None);
+    }
+    if ctl
+        .budget
+        .as_ref()
+        .is_some_and(|m| m.spent().is_cancelled())
+    {
+        // Spent before the prompt went out (between turns, or by a run above it).
+        return (TurnEnd::Budget, None);
     }
     let request = PromptRequest::new(d.shared.session_id.clone(), prompt);
     let prompt_id = match d
@@ -164,7 +202,7 @@ async fn drive(
                     }
                     Some(Ok(Message::Response { id, outcome })) if id.as_ref() == Some(&prompt_id) => {
                         return match outcome {
-                            Ok(raw) => stopped(d, &raw, ending),
+                            Ok(raw) => stopped(d, &raw, ending, ctl, t),
                             Err(e) => (ending.unwrap_or(TurnEnd::RpcError { code: e.code }), None),
                         };
                     }
@@ -215,6 +253,10 @@ async fn drive(
                 ending = Some(TurnEnd::RunTimeout);
                 cancel_deadline = Some(send_cancel(d, t).await);
             }
+            _ = budget_spent(ctl), if ending.is_none() && cancel_deadline.is_none() => {
+                ending = Some(TurnEnd::Budget);
+                cancel_deadline = Some(send_cancel(d, t).await);
+            }
             _ = ctl.cancel.cancelled(), if !t.cancel_requested && ending.is_none() => {
                 t.cancel_requested = true;
                 if cancel_deadline.is_none() {
@@ -262,7 +304,13 @@ async fn send_cancel(d: &mut Driver, t: &mut Turn) -> Instant {
     crate::config::durations::deadline(d.shared.provider.cancel_grace)
 }
 
-fn stopped(d: &Driver, raw: &RawValue, ending: Option<TurnEnd>) -> (TurnEnd, Option<String>) {
+fn stopped(
+    d: &Driver,
+    raw: &RawValue,
+    ending: Option<TurnEnd>,
+    ctl: &TurnControl,
+    t: &mut Turn,
+) -> (TurnEnd, Option<String>) {
     let reply: PromptReply = match serde_json::from_str(raw.get()) {
         Ok(r) => r,
         Err(e) => {
@@ -271,6 +319,17 @@ fn stopped(d: &Driver, raw: &RawValue, ending: Option<TurnEnd>) -> (TurnEnd, Opt
             return (ending.unwrap_or(TurnEnd::Protocol), None);
         }
     };
+    let total = reply.usage.as_ref().and_then(|u| u.get("totalTokens"));
+    if let Some(total) = total.and_then(serde_json::Value::as_u64) {
+        t.spent_at_least(ctl, total);
+    }
+    // A turn whose own final count spent the budget ends `budget` too.
+    let ending = ending.or_else(|| {
+        ctl.budget
+            .as_ref()
+            .filter(|m| m.spent().is_cancelled())
+            .map(|_| TurnEnd::Budget)
+    });
     let air = air::agent_supports(&d.shared.agent.meta);
     let reported_failure = reply
         .meta
@@ -308,6 +367,12 @@ async fn on_notification(
     let Ok(head) = serde_json::from_str::<UpdateHead<'_>>(update.get()) else {
         return;
     };
+    if head.session_update == "usage_update" {
+        if let Some(used) = head.used {
+            t.spent_at_least(ctl, used);
+        }
+        return;
+    }
     if matches!(&*head.session_update, "tool_call" | "tool_call_update") {
         track_tool(&mut t.open_tools, &head);
         return;

@@ -164,6 +164,17 @@ pub struct TurnControl {
     pub events: Option<mpsc::Sender<ChildEvent>>,
     pub updates: bool,
     pub asks: bool,
+    /// The run's budget: charged with the tokens the agent reports, and ending the turn
+    /// (`budget`) once spent.
+    pub budget: Option<std::sync::Arc<dyn TokenMeter>>,
+}
+
+/// Where a turn's reported tokens go (a run's budget, kept by the registry).
+pub trait TokenMeter: Send + Sync {
+    /// Adds tokens the agent reported.
+    fn charge(&self, tokens: u64);
+    /// Cancelled once the budget (or one above it) is spent.
+    fn spent(&self) -> &CancellationToken;
 }
 
 /// What happened in a turn, before mapping to a result.

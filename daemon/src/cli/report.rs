@@ -73,6 +73,7 @@ pub(super) fn print_runs(v: &Value) -> std::io::Result<()> {
         ("LABEL", Col::Text(24)),
         ("STATE", Col::Whole),
         ("AGE", Col::Number),
+        ("TOKENS", Col::Number),
         ("PID", Col::Number),
         ("DEPTH", Col::Number),
         ("CONN", Col::Number),
@@ -87,7 +88,11 @@ pub(super) fn print_runs(v: &Value) -> std::io::Result<()> {
             (s("provider"), None),
             (s("label"), None),
             (state, colour),
-            (age(&r["ageS"]), None),
+            (out_of(age(&r["ageS"]), &r["budget"]["wallS"], age), None),
+            (
+                out_of(number(&r["tokens"]), &r["budget"]["tokens"], number),
+                None,
+            ),
             (number(&r["pid"]), None),
             (number(&r["depth"]), None),
             (number(&r["connection"]), None),
@@ -118,6 +123,15 @@ pub(super) fn print_runs(v: &Value) -> std::io::Result<()> {
         ]);
     }
     grid.print()
+}
+
+/// What a run spent, and `/` its budget when it has one (`1200/5000`, `40s/30m`).
+fn out_of(spent: String, budget: &Value, show: fn(&Value) -> String) -> String {
+    if budget.is_null() {
+        spent
+    } else {
+        format!("{spent}/{}", show(budget))
+    }
 }
 
 /// A run's age in seconds as `1m 5s`.

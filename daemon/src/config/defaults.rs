@@ -43,6 +43,7 @@ impl ProviderConfig {
             workspace: Default::default(),
             sandbox: Default::default(),
             network: true,
+            budget: Default::default(),
             builtin: false,
         }
     }

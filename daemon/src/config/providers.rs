@@ -233,5 +233,22 @@ pub(super) fn finish_provider(
         }
         provider.network = network.into_inner();
     }
+    if let Some(budget) = raw.budget {
+        if let Some(tokens) = budget.tokens {
+            if *tokens.get_ref() == 0 {
+                let msg = "must be at least 1 (leave `tokens` out for no token budget)";
+                return Err(at(tokens.span(), &key("budget.tokens"), msg));
+            }
+            provider.budget.tokens = Some(tokens.into_inner());
+        }
+        if let Some(wall) = budget.wall {
+            let d = parse_duration(&wall, &key("budget.wall"), at)?;
+            if d.is_zero() {
+                let msg = "must be longer than 0s (leave `wall` out for no time budget)";
+                return Err(at(wall.span(), &key("budget.wall"), msg));
+            }
+            provider.budget.wall = Some(d);
+        }
+    }
     Ok(provider)
 }

@@ -72,4 +72,15 @@ pub(super) struct RawProvider {
     pub(super) workspace: Option<super::WorkspaceMode>,
     pub(super) sandbox: Option<super::SandboxMode>,
     pub(super) network: Option<Spanned<bool>>,
+    pub(super) budget: Option<RawBudget>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a budget table like { tokens = 100000, wall = \"30m\" }"
+)]
+pub(super) struct RawBudget {
+    pub(super) tokens: Option<Spanned<u64>>,
+    pub(super) wall: Option<Spanned<String>>,
 }

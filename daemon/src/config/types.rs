@@ -55,6 +55,8 @@ pub struct ProviderConfig {
     pub sandbox: SandboxMode,
     /// `network = false`: a sandboxed child may neither bind nor connect TCP (Landlock ABI 4+).
     pub network: bool,
+    /// `budget`: what one run of it (its nested runs included) may spend.
+    pub budget: Budget,
     /// True only for the built-in echo provider, so callers can tell it was not configured.
     pub builtin: bool,
 }
@@ -69,6 +71,16 @@ pub enum WorkspaceMode {
     Shared,
     /// Each child gets its own git worktree of the cwd's repository on a branch of its own.
     Worktree,
+}
+
+/// `budget = { tokens = N, wall = "30m" }`: the most a run may spend, and the most a start
+/// request may ask for. `None`: no limit of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Budget {
+    /// Tokens the agent reports, summed over the run's turns and its nested runs.
+    pub tokens: Option<u64>,
+    /// Wall-clock time from the run's start, across turns.
+    pub wall: Option<Duration>,
 }
 
 /// `sandbox = "none" | "landlock" | "auto"`.

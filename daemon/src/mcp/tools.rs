@@ -43,6 +43,8 @@ pub(super) struct StartArgs {
     pub workspace: Option<acpd_protocol::subagent::WorkspaceKind>,
     #[serde(default, rename = "ref")]
     pub base_ref: Option<String>,
+    #[serde(default)]
+    pub budget: Option<acpd_protocol::subagent::Budget>,
 }
 
 impl StartArgs {
@@ -72,6 +74,7 @@ impl StartArgs {
             output_schema: self.output_schema,
             workspace: self.workspace,
             base_ref: self.base_ref,
+            budget: self.budget,
             ..Default::default()
         })
     }
@@ -177,6 +180,19 @@ fn start_schema(providers: &[ProviderInfo]) -> Arc<JsonObject> {
                 "type": "string",
                 "description": "The commit the worktree starts from (branch, tag or sha); \
                                 default: the cwd's HEAD.",
+            },
+            "budget": {
+                "type": "object",
+                "properties": {
+                    "tokens": { "type": "integer", "minimum": 1 },
+                    "wall": { "type": "string", "description": "Like \"30m\" or \"90s\"." },
+                },
+                "additionalProperties": false,
+                "description": "What the run may spend, the runs it starts in turn included: \
+                                tokens its agent reports, and wall time from its start across \
+                                turns. Past it the run is cancelled and ends error with \
+                                category budget. At most the provider's budget (more is \
+                                refused); default: the provider's.",
             },
         },
         "required": ["prompt"],

@@ -15,11 +15,13 @@
 //! | `offer.rs` | acpd offered to a child as an MCP server | `offer_socket`, `offered_server`, `offer_in` |
 //! | `lineage.rs` | where a connection stands, runs nested under a parent | `run_by_pid`, `lineage_of`, `nest_at`, `cancel_run`, `announce_to_run`, `session_of_run`, `top_session`, `nested_runs`, `cancel_nested`, `dispose_nested` |
 //!
-//! Beside them: a published run and its turns (`run_lifecycle.rs`, [`Run`]), what it reports
+//! Beside them: a published run and its turns (`run_lifecycle.rs`, [`Run`]), its budget
+//! (`budget.rs`, charged up its chain of nested runs), what it reports
 //! to its owner (`run_events.rs`), `outputSchema` (`output_schema.rs`), the errors
 //! (`registry_error.rs`), and the run timers on paused time (`tests.rs`).
 
 mod bridge_child;
+mod budget;
 mod gate;
 pub(crate) mod limits;
 mod lineage;

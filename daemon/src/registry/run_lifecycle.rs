@@ -62,6 +62,7 @@ pub(super) struct RunInit {
     pub parent: Option<super::Parent>,
     pub uid: Option<u32>,
     pub workspace: Option<crate::workspace::Worktree>,
+    pub spend: Arc<super::budget::Spend>,
 }
 
 pub struct Run {
@@ -94,6 +95,8 @@ pub struct Run {
     workspace: Mutex<Option<Arc<crate::workspace::Worktree>>>,
     /// Whether dispose keeps the worktree's branch (`keepBranch`, true unless asked not to).
     keep_branch: std::sync::atomic::AtomicBool,
+    /// What the run (with its nested runs) has spent, against its budget.
+    pub spend: Arc<super::budget::Spend>,
 }
 
 /// What the run holds between and during turns.
@@ -112,6 +115,10 @@ struct Holding {
     /// Why the child is gone, when it is.
     gone: Option<&'static str>,
 }
+
+/// Why a settled run's child is gone.
+const KEEP_ALIVE_ENDED: &str = "keep_alive expired or the child exited";
+const BUDGET_SPENT: &str = "its budget is spent";
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -142,6 +149,7 @@ impl Run {
             slot: Mutex::new(Holding::default()),
             workspace: Mutex::new(init.workspace.map(Arc::new)),
             keep_branch: std::sync::atomic::AtomicBool::new(true),
+            spend: init.spend,
         })
     }
 
@@ -240,6 +248,7 @@ impl Run {
             events: self.events.is_some().then_some(tx),
             updates: self.forward_updates,
             asks: self.forward_permissions,
+            budget: Some(self.spend.clone()),
         };
         // The child's events, mapped in order onto the run's channel; ends with the turn.
         let forward = async {
@@ -326,17 +335,19 @@ impl Run {
         }
     }
 
-    /// Ends an idle child after `keep_alive`, or as soon as it exits by itself.
+    /// Ends an idle child after `keep_alive`, as soon as it exits by itself, or when the
+    /// run's budget (or one above it) is spent.
     async fn keep_alive(self: Arc<Self>, child: Child) {
-        tokio::select! {
-            _ = tokio::time::sleep(self.provider.keep_alive) => {}
-            _ = child.exited() => {}
-            _ = child.ended() => {}
-        }
+        let gone = tokio::select! {
+            _ = tokio::time::sleep(self.provider.keep_alive) => KEEP_ALIVE_ENDED,
+            _ = child.exited() => KEEP_ALIVE_ENDED,
+            _ = child.ended() => KEEP_ALIVE_ENDED,
+            _ = self.spend.spent().cancelled() => BUDGET_SPENT,
+        };
         let child = {
             let mut h = lock(&self.slot);
             h.keep_alive = None;
-            h.gone = Some("keep_alive expired or the child exited");
+            h.gone = Some(gone);
             h.child.take()
         };
         if let Some(child) = child {
@@ -456,6 +467,12 @@ impl Run {
         }
         // An auth failure names what would fix it: the advertised method ids and the
         // environment variable names that satisfy them (names only, never values).
+        if matches!(
+            mapped.failure.as_ref().map(|f| &f.category),
+            Some(Category::Budget)
+        ) {
+            notes.push(self.spend.why());
+        }
         let is_auth = matches!(
             mapped.failure.as_ref().map(|f| &f.category),
             Some(Category::Auth)

@@ -63,6 +63,20 @@ impl Registry {
         let provider = self.provider(&config, req.provider.as_deref())?;
         check_capabilities(&provider, req)?;
         let worktree = wants_worktree(&provider, req)?;
+        let budget = super::budget::resolve(&provider, req.budget.as_ref())?;
+        // The run above this one, whose budget this run spends from too.
+        let above = match opts.nest.as_ref().map(|n| &n.parent) {
+            Some(Parent::Run(parent)) => lock(&self.inner.table)
+                .runs
+                .get(parent)
+                .map(|p| p.spend.clone()),
+            _ => None,
+        };
+        if above.as_ref().is_some_and(|s| s.is_spent()) {
+            return Err(RegistryError::InvalidRequest {
+                reason: "the run this one would be nested under has spent its budget".into(),
+            });
+        }
         if req.persona.is_some() {
             let cwd = resolve_cwd(&provider, req.cwd.as_deref(), opts.caller_cwd.as_deref())?;
             if !self
@@ -133,6 +147,7 @@ impl Registry {
             },
             parent: opts.nest.map(|n| n.parent),
             workspace,
+            spend: super::budget::Spend::new(budget, above),
         });
         {
             // Checked under the table lock: an owner that is going away cancels first and

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use acpd_protocol::envelope::{Id, RpcError};
 use acpd_protocol::errors::ErrorName;
 use acpd_protocol::methods::{
-    ProviderLoad, ReloadReply, RunInfo, RunsReply, StatusLimits, StatusReply,
+    ProviderLoad, ReloadReply, RunBudget, RunInfo, RunsReply, StatusLimits, StatusReply,
 };
 
 use super::Conn;
@@ -48,6 +48,14 @@ pub(super) async fn runs(conn: &Conn, id: Id) {
                 Parent::Run(id) => format!("run:{id}"),
                 Parent::Session(id) => format!("session:{id}"),
             }),
+            tokens: r.spend.tokens(),
+            budget: {
+                let limit = r.spend.limit();
+                (limit.tokens.is_some() || limit.wall.is_some()).then(|| RunBudget {
+                    tokens: limit.tokens,
+                    wall_s: limit.wall.map(|d| d.as_secs()),
+                })
+            },
         })
         .collect();
     let sessions = conn.ctx.sessions.entries(conn.ctx.peer_uid);

@@ -73,6 +73,7 @@ const DURATION_KEYS: &[(&str, bool)] = &[
     ("eof_grace", true),
     ("term_grace", true),
     ("warm_max_age", true),
+    ("budget.wall", true),
 ];
 
 /// A config with `key = "value"` on line 1 (top level) or line 3 (in `[providers.codex]`).
@@ -103,6 +104,7 @@ fn all_durations(c: &Config) -> Vec<Duration> {
         all.extend([p.term_grace, p.warm_max_age]);
         all.extend(p.idle_timeout);
         all.extend(p.run_timeout);
+        all.extend(p.budget.wall);
     }
     all
 }
@@ -233,6 +235,28 @@ fn zero_limits_are_rejected() {
     );
     assert!(err.ends_with("must be at least 1"), "{err}");
     fails("max_children = 0\n", 1, "max_children");
+    let err = fails(
+        &codex("budget = { tokens = 0 }"),
+        3,
+        "providers.codex.budget.tokens",
+    );
+    assert!(err.contains("must be at least 1"), "{err}");
+    let err = fails(
+        &codex("budget = { wall = \"0s\" }"),
+        3,
+        "providers.codex.budget.wall",
+    );
+    assert!(err.contains("longer than 0s"), "{err}");
+    fails(
+        &codex("budget = { tokens = -5 }"),
+        3,
+        "providers.codex.budget.tokens",
+    );
+    fails(
+        &codex("budget = { dollars = 5 }"),
+        3,
+        "providers.codex.budget.dollars",
+    );
 }
 
 #[test]

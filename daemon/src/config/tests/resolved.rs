@@ -34,6 +34,7 @@ pids_max = 100
 workspace = "worktree"
 sandbox = "auto"
 network = false
+budget = { tokens = 200000, wall = "30m" }
 "#;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.toml");
@@ -79,6 +80,10 @@ network = false
         workspace: crate::config::WorkspaceMode::Worktree,
         sandbox: crate::config::SandboxMode::Auto,
         network: false,
+        budget: crate::config::Budget {
+            tokens: Some(200_000),
+            wall: Some(secs(1800)),
+        },
         builtin: false,
     };
     assert_eq!(

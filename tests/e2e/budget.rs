@@ -1,0 +1,225 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
+//! Budgets end to end, with the echo agent under `acpd serve`: its `:usage N` directive
+//! reports N tokens in context (a `usage_update`). A run past its token budget ends `error`
+//! with category `budget` and its tree is reaped; `acpd runs` shows what each run spent
+//! against its budget; a request may not ask more than its provider's; a run nested under
+//! another (the echo agent delegating back through acpd) spends from the run above it and is
+//! cancelled with it; the wall budget counts across turns, idle time included.
+
+use crate::common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::raw::{Raw, Serve, gone_within, subreaper};
+use common::*;
+use serde_json::{Value, json};
+
+/// Long enough for a loaded 2-core machine to run the ladder (3 × 300 ms graces) on a tree
+/// of agents and `acpd mcp` processes.
+const REAPED: Duration = Duration::from_secs(20);
+
+/// Provider `p` has `budget`; `q`, the default (which a delegating child gets), has none.
+fn daemon(budget: &str) -> (Env, Serve) {
+    let echo = format!(
+        "command = [\"{BIN}\", \"agent\", \"echo\"]\noffer_delegation = true\n\
+         cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n"
+    );
+    let env = Env::raw(&format!(
+        "max_depth = 2\ndetach_timeout = \"0s\"\ndefault_provider = \"q\"\n\
+         [providers.p]\n{echo}budget = {budget}\n[providers.q]\n{echo}"
+    ));
+    let serve = Serve::start(&env);
+    (env, serve)
+}
+
+fn editor(serve: &Serve) -> Raw {
+    let mut raw = serve.connect();
+    raw.initialize(json!({"subagents": {}}));
+    raw
+}
+
+fn start(raw: &mut Raw, text: &str, extra: Value) -> Value {
+    let mut params = json!({"provider": "p", "cwd": "/tmp",
+                            "prompt": [{"type": "text", "text": text}]});
+    if let (Some(p), Some(extra)) = (params.as_object_mut(), extra.as_object()) {
+        p.extend(extra.clone());
+    }
+    raw.ok("_acpd/subagent/start", params)
+}
+
+/// The run `run_id` in `_acpd/runs`.
+fn listed(raw: &mut Raw, run_id: &str) -> Value {
+    let runs = raw.ok("_acpd/runs", json!({}));
+    runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["runId"] == run_id)
+        .cloned()
+        .unwrap_or_else(|| panic!("{run_id} not in {runs}"))
+}
+
+#[track_caller]
+fn ended_budget(result: &Value, says: &str) {
+    assert_eq!(result["stopReason"], "error", "{result}");
+    assert_eq!(result["failure"]["category"], "budget", "{result}");
+    let diagnostic = result["diagnostic"].as_str().unwrap_or_default();
+    assert!(
+        diagnostic.contains(says),
+        "{diagnostic:?} should say {says:?}"
+    );
+}
+
+#[test]
+fn a_run_past_its_token_budget_ends_budget_and_runs_shows_what_it_spent() {
+    subreaper();
+    let (env, serve) = daemon("{ tokens = 1000 }");
+    let mut raw = editor(&serve);
+
+    // Within budget: listed with what it spent so far, out of its provider's budget.
+    let run = start(&mut raw, ":usage 400\n:hang", json!({}));
+    let run_id = run["runId"].as_str().unwrap().to_string();
+    assert!(
+        eventually(REAPED, || listed(&mut raw, &run_id)["tokens"] == 400),
+        "{}",
+        listed(&mut raw, &run_id)
+    );
+    let row = listed(&mut raw, &run_id);
+    assert_eq!(row["budget"], json!({"tokens": 1000}), "{row}");
+    let out = env
+        .acpd()
+        .args(["runs", "--socket"])
+        .arg(&serve.socket)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let header = text.lines().next().unwrap_or_default();
+    let at = header.find("TOKENS").unwrap_or_else(|| panic!("{text}"));
+    let line = text.lines().find(|l| l.starts_with(&run_id)).unwrap();
+    assert!(
+        line[..at + "TOKENS".len()].ends_with("400/1000"),
+        "right-aligned under TOKENS:\n{text}"
+    );
+    raw.ok("_acpd/subagent/dispose", json!({"runId": run_id}));
+
+    // Past it: cancelled, torn down, `budget`.
+    let run = start(&mut raw, ":usage 600\n:usage 1500\n:hang", json!({}));
+    let run_id = run["runId"].as_str().unwrap().to_string();
+    let pid = listed(&mut raw, &run_id)["pid"].as_i64();
+    let result = raw.wait_run(&run_id);
+    ended_budget(&result, "token budget is spent");
+    if let Some(pid) = pid {
+        assert!(gone_within(pid as i32, REAPED), "the child is reaped");
+    }
+    assert_eq!(listed(&mut raw, &run_id)["tokens"], 1500);
+}
+
+#[test]
+fn a_request_may_lower_its_providers_budget_but_not_raise_it() {
+    let (_env, serve) = daemon("{ tokens = 1000, wall = \"10m\" }");
+    let mut raw = editor(&serve);
+    for (budget, says) in [
+        (json!({"tokens": 1001}), "budget of 1000 tokens"),
+        (json!({"wall": "1h"}), "budget of 10m"),
+        (json!({"tokens": 5, "bogus": 1}), "bogus"),
+    ] {
+        let answer = raw.call(
+            "_acpd/subagent/start",
+            json!({"provider": "p", "cwd": "/tmp", "budget": budget,
+                   "prompt": [{"type": "text", "text": "hi"}]}),
+        );
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{answer}");
+    }
+    let run = start(
+        &mut raw,
+        ":usage 150\nhi",
+        json!({"budget": {"tokens": 100}}),
+    );
+    let run_id = run["runId"].as_str().unwrap().to_string();
+    ended_budget(&raw.wait_run(&run_id), "token budget is spent");
+    assert_eq!(
+        listed(&mut raw, &run_id)["budget"],
+        json!({"tokens": 100, "wallS": 600})
+    );
+}
+
+#[test]
+fn a_nested_runs_spending_ends_the_run_above_it_and_itself() {
+    subreaper();
+    let (_env, serve) = daemon("{ tokens = 1000 }");
+    let mut raw = editor(&serve);
+    let sid = raw.new_session(Path::new("/tmp"), "p");
+    // The run's child delegates back through acpd (to `q`, which has no budget of its own);
+    // the nested run reports 1500 tokens and waits: 1500 is past the top run's 1000.
+    let run = start(
+        &mut raw,
+        ":delegate :usage 1500\\n:hang",
+        json!({"parentSessionId": sid}),
+    );
+    let run_id = run["runId"].as_str().unwrap().to_string();
+    let run_session = run["sessionId"].as_str().unwrap().to_string();
+    let result = raw.wait_run(&run_id);
+    ended_budget(&result, "token budget is spent");
+    // The nested run, announced under the run's Subagent Session, ended `budget` too, saying
+    // it was a run above it that spent.
+    let ended = loop {
+        let nested = raw
+            .seen
+            .iter()
+            .filter(|l| l.method() == "session/update")
+            .map(|l| l.value["params"].clone())
+            .find(|p| {
+                p["sessionId"] == run_session
+                    && p["update"]["sessionUpdate"] == "subagent_update"
+                    && p["update"]["state"]["stopReason"] == "error"
+            });
+        if let Some(n) = nested {
+            break n;
+        }
+        let line = raw.next();
+        raw.seen.push(line);
+    };
+    let message = ended["update"]["state"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        message.contains("category: budget") && message.contains("a run above this one"),
+        "{ended}"
+    );
+    // Nothing of the tree is left running: only the spent top run is listed, without a child.
+    assert!(
+        eventually(REAPED, || {
+            let runs = raw.ok("_acpd/runs", json!({}));
+            let runs = runs["runs"].as_array().cloned().unwrap_or_default();
+            runs.len() == 1 && runs[0]["pid"].is_null()
+        }),
+        "{}",
+        raw.ok("_acpd/runs", json!({}))
+    );
+    assert_eq!(listed(&mut raw, &run_id)["tokens"], 1500);
+}
+
+#[test]
+fn the_wall_budget_ends_a_run_that_idles_across_turns() {
+    let (_env, serve) = daemon("{ wall = \"10m\" }");
+    let mut raw = editor(&serve);
+    let run = start(&mut raw, "first", json!({"budget": {"wall": "2s"}}));
+    let run_id = run["runId"].as_str().unwrap().to_string();
+    assert_eq!(raw.wait_run(&run_id)["stopReason"], "completed");
+    // The second turn waits for a cancel that only the wall budget sends.
+    let sent = raw.call(
+        "_acpd/subagent/send",
+        json!({"runId": run_id, "prompt": [{"type": "text", "text": ":hang"}]}),
+    );
+    if let Some(error) = sent.get("error") {
+        // A machine slow enough for the 2 s to pass between the turns: the idle child is gone.
+        let message = error["message"].as_str().unwrap_or_default();
+        assert!(message.contains("its budget is spent"), "{sent}");
+        return;
+    }
+    let result = raw.wait_run(&run_id);
+    ended_budget(&result, "wall-time budget is spent");
+    assert_eq!(result["turn"], 2, "{result}");
+}
