@@ -65,7 +65,7 @@ pub struct StartRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_filter: Option<serde_json::Value>,
+    pub tool_filter: Option<crate::tool_filter::ToolFilter>,
     /// `shared` or `worktree` (only where the provider allows it); absent: the provider's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<WorkspaceKind>,
@@ -177,6 +177,9 @@ pub enum Category {
     Unreachable,
     /// A remote provider's far side has no `acpd` to run `acpd supervise`.
     NoRemoteAcpd,
+    /// A tool the run's `toolFilter` forbids ran anyway (the agent reported it in progress or
+    /// completed): acpd cancelled the turn and ended the child.
+    ToolFilter,
     /// A category named by the child's own typed failure record (`_meta.acpd.failure`),
     /// restricted to `[a-z0-9-]`.
     #[serde(untagged)]
@@ -202,6 +205,7 @@ impl Category {
             Category::Pids => "pids",
             Category::Unreachable => "unreachable",
             Category::NoRemoteAcpd => "no-remote-acpd",
+            Category::ToolFilter => "tool-filter",
             Category::Reported(s) => s,
         }
     }

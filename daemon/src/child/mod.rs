@@ -18,6 +18,7 @@ mod output;
 mod relay;
 mod start_failure;
 mod strict;
+mod tool_guard;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -99,6 +100,9 @@ pub struct SessionParams {
     pub mcp_servers: Option<Box<RawValue>>,
     /// Sent as `systemPrompt` (mode `append`); only for agents that advertise it.
     pub system_prompt: Option<String>,
+    /// Sent as `_meta` (an object): what an agent reads from there, such as a run's tool
+    /// filter in claude-agent-acp's `claudeCode.options`.
+    pub meta: Option<serde_json::Value>,
 }
 
 impl SessionParams {
@@ -115,6 +119,9 @@ impl SessionParams {
                 "mode": "append",
                 "content": [{ "type": "text", "text": prompt }],
             });
+        }
+        if let Some(meta) = &self.meta {
+            new["_meta"] = meta.clone();
         }
         new
     }
@@ -164,6 +171,9 @@ pub struct TurnControl {
     pub events: Option<mpsc::Sender<ChildEvent>>,
     pub updates: bool,
     pub asks: bool,
+    /// The run's tool filter, which acpd holds the child to: a permission request for a
+    /// filtered tool is refused, and a filtered tool reported running ends the turn.
+    pub tool_filter: Option<std::sync::Arc<acpd_protocol::tool_filter::ToolFilter>>,
 }
 
 /// What happened in a turn, before mapping to a result.

@@ -205,6 +205,7 @@ pub(crate) fn control() -> TurnControl {
         events: None,
         updates: false,
         asks: false,
+        tool_filter: None,
     }
 }
 

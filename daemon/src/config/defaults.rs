@@ -43,6 +43,7 @@ impl ProviderConfig {
             workspace: Default::default(),
             sandbox: Default::default(),
             network: true,
+            tool_filter: Default::default(),
             builtin: false,
         }
     }

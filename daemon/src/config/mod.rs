@@ -33,7 +33,7 @@ mod validate;
 
 pub use config_error::ConfigError;
 pub use defaults::DEFAULT_REGISTRY_URL;
-pub use types::{Config, ProviderConfig, SandboxMode, WorkspaceMode};
+pub use types::{Config, ProviderConfig, SandboxMode, ToolFilterMode, WorkspaceMode};
 
 /// What acpd does with a child's `session/request_permission` calls (`forward`, `allow`,
 /// `reject`): the pure policy of `acpd_protocol::permission`.

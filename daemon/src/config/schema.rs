@@ -72,4 +72,5 @@ pub(super) struct RawProvider {
     pub(super) workspace: Option<super::WorkspaceMode>,
     pub(super) sandbox: Option<super::SandboxMode>,
     pub(super) network: Option<Spanned<bool>>,
+    pub(super) tool_filter: Option<super::ToolFilterMode>,
 }

@@ -55,6 +55,9 @@ pub struct ProviderConfig {
     pub sandbox: SandboxMode,
     /// `network = false`: a sandboxed child may neither bind nor connect TCP (Landlock ABI 4+).
     pub network: bool,
+    /// How this provider's agent takes a run's `toolFilter` (`tool_filter`); `none`: it does
+    /// not, and a start that asks for one is refused.
+    pub tool_filter: ToolFilterMode,
     /// True only for the built-in echo provider, so callers can tell it was not configured.
     pub builtin: bool,
 }
@@ -69,6 +72,18 @@ pub enum WorkspaceMode {
     Shared,
     /// Each child gets its own git worktree of the cwd's repository on a branch of its own.
     Worktree,
+}
+
+/// `tool_filter = "none" | "claude-meta"`: the mechanism, checked in the agent's own code, by
+/// which acpd hands a run's tool filter to the agent at session creation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ToolFilterMode {
+    #[default]
+    None,
+    /// claude-agent-acp: `session/new`'s `_meta.claudeCode.options` `tools` and
+    /// `disallowedTools`, passed to the Claude Agent SDK.
+    ClaudeMeta,
 }
 
 /// `sandbox = "none" | "landlock" | "auto"`.

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::RunEvent;
 use super::output_schema::OutputSchema;
+use acpd_protocol::tool_filter::ToolFilter;
 use super::{Owner, RegistryError, Slot};
 use crate::child::{Child, ChildEvent, TurnControl, TurnReport};
 use crate::config::ProviderConfig;
@@ -59,6 +60,7 @@ pub(super) struct RunInit {
     pub forward_permissions: bool,
     pub sink: Option<mpsc::Sender<String>>,
     pub schema: Option<Arc<OutputSchema>>,
+    pub tool_filter: Option<Arc<ToolFilter>>,
     pub parent: Option<super::Parent>,
     pub uid: Option<u32>,
     pub workspace: Option<crate::workspace::Worktree>,
@@ -88,6 +90,8 @@ pub struct Run {
     sink: Option<mpsc::Sender<String>>,
     /// Every turn's output must validate against it; its instruction rides on every prompt.
     schema: Option<Arc<OutputSchema>>,
+    /// Every turn holds the child to it (the agent was given it at `session/new`).
+    tool_filter: Option<Arc<ToolFilter>>,
     state: watch::Sender<RunState>,
     slot: Mutex<Holding>,
     /// The run's worktree until dispose removes it.
@@ -138,6 +142,7 @@ impl Run {
             forward_permissions: init.forward_permissions,
             sink: init.sink,
             schema: init.schema,
+            tool_filter: init.tool_filter,
             state,
             slot: Mutex::new(Holding::default()),
             workspace: Mutex::new(init.workspace.map(Arc::new)),
@@ -240,6 +245,7 @@ impl Run {
             events: self.events.is_some().then_some(tx),
             updates: self.forward_updates,
             asks: self.forward_permissions,
+            tool_filter: self.tool_filter.clone(),
         };
         // The child's events, mapped in order onto the run's channel; ends with the turn.
         let forward = async {

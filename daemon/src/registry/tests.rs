@@ -47,6 +47,7 @@ async fn published(p: ProviderConfig) -> (Registry, Fake) {
         forward_permissions: false,
         sink: None,
         schema: None,
+        tool_filter: None,
         parent: None,
         workspace: None,
         uid: None,

@@ -34,6 +34,7 @@ pids_max = 100
 workspace = "worktree"
 sandbox = "auto"
 network = false
+tool_filter = "claude-meta"
 "#;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.toml");
@@ -79,6 +80,7 @@ network = false
         workspace: crate::config::WorkspaceMode::Worktree,
         sandbox: crate::config::SandboxMode::Auto,
         network: false,
+        tool_filter: crate::config::ToolFilterMode::ClaudeMeta,
         builtin: false,
     };
     assert_eq!(
