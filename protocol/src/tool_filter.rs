@@ -54,9 +54,7 @@ impl ToolFilter {
     /// Whether the tool named `name` may run.
     pub fn permits(&self, name: &str) -> bool {
         let listed = |names: &Option<Vec<String>>| {
-            names
-                .as_ref()
-                .map(|ns| ns.iter().any(|n| matches(n, name)))
+            names.as_ref().map(|ns| ns.iter().any(|n| matches(n, name)))
         };
         listed(&self.allow).unwrap_or(true) && !listed(&self.deny).unwrap_or(false)
     }
@@ -157,7 +155,10 @@ mod tests {
     fn empty_unknown_or_rule_shaped_filters_are_refused() {
         assert!(filter(json!({})).check().is_err());
         assert!(filter(json!({"deny": []})).check().is_err());
-        assert!(filter(json!({"allow": []})).check().is_ok(), "allow nothing");
+        assert!(
+            filter(json!({"allow": []})).check().is_ok(),
+            "allow nothing"
+        );
         assert!(filter(json!({"deny": ["Bash(rm:*)"]})).check().is_err());
         assert!(filter(json!({"deny": [""]})).check().is_err());
         let many: Vec<String> = (0..=MAX_NAMES).map(|i| format!("t{i}")).collect();
@@ -181,7 +182,10 @@ mod tests {
         let update = json!({"toolCallId": "t", "title": "Read", "name": "Bash",
             "_meta": {"claudeCode": {"toolName": "Edit"}}});
         assert_eq!(tool_name(&update), Some("Edit"));
-        assert_eq!(tool_name(&json!({"title": "touch x", "name": "Bash"})), Some("Bash"));
+        assert_eq!(
+            tool_name(&json!({"title": "touch x", "name": "Bash"})),
+            Some("Bash")
+        );
         assert_eq!(tool_name(&json!({"title": "Bash"})), None);
         assert!(ran("in_progress") && ran("completed") && !ran("pending") && !ran("failed"));
     }

@@ -18,9 +18,9 @@ mod output;
 mod relay;
 mod start_failure;
 mod strict;
-mod tool_guard;
 #[cfg(test)]
 pub(crate) mod tests;
+mod tool_guard;
 
 use std::path::PathBuf;
 use std::sync::Arc;

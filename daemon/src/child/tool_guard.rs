@@ -41,7 +41,10 @@ impl ToolGuard {
         let id = tool_call.get("toolCallId").and_then(Value::as_str);
         let filtered = match tool_filter::tool_name(tool_call) {
             Some(name) => !self.filter.permits(name),
-            None => id.is_some_and(|id| self.filtered.contains(id)) || new && !self.filter.permits_unnamed(),
+            None => {
+                id.is_some_and(|id| self.filtered.contains(id))
+                    || new && !self.filter.permits_unnamed()
+            }
         };
         if filtered
             && let Some(id) = id
@@ -70,8 +73,7 @@ impl ToolGuard {
 
     /// A `session/request_permission`'s params: true when it asks for a filtered tool.
     pub(super) fn refuses(&mut self, params: Option<&RawValue>) -> bool {
-        let Some(params) = params.and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
-        else {
+        let Some(params) = params.and_then(|p| serde_json::from_str::<Value>(p.get()).ok()) else {
             return false;
         };
         params
@@ -98,17 +100,23 @@ mod tests {
     fn a_filtered_tool_breaks_the_filter_only_once_it_runs() {
         let mut g = guard(json!({"deny": ["Bash"]}));
         let bash = |status: &str| {
-            raw(json!({"sessionUpdate": "tool_call", "toolCallId": "t1", "status": status,
-                "_meta": {"claudeCode": {"toolName": "Bash"}}}))
+            raw(
+                json!({"sessionUpdate": "tool_call", "toolCallId": "t1", "status": status,
+                "_meta": {"claudeCode": {"toolName": "Bash"}}}),
+            )
         };
         assert!(!g.ran(&bash("pending")));
         // The refusal Claude Code reports for a tool it was not offered.
-        let failed = raw(json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1",
-            "status": "failed"}));
+        let failed = raw(
+            json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1",
+            "status": "failed"}),
+        );
         assert!(!g.ran(&failed));
         // A later update of the same id names only the id.
-        let done = raw(json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1",
-            "status": "completed"}));
+        let done = raw(
+            json!({"sessionUpdate": "tool_call_update", "toolCallId": "t1",
+            "status": "completed"}),
+        );
         assert!(g.ran(&done));
         assert!(g.ran(&bash("in_progress")));
         let read = raw(json!({"sessionUpdate": "tool_call", "toolCallId": "t2",

@@ -16,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::RunEvent;
 use super::output_schema::OutputSchema;
-use acpd_protocol::tool_filter::ToolFilter;
 use super::{Owner, RegistryError, Slot};
 use crate::child::{Child, ChildEvent, TurnControl, TurnReport};
 use crate::config::ProviderConfig;
+use acpd_protocol::tool_filter::ToolFilter;
 
 /// Where a run is in its life.
 #[derive(Clone, Debug)]
