@@ -14,6 +14,7 @@ pub mod outcome;
 pub mod permission;
 pub mod session_id;
 pub mod subagent;
+pub mod tool_filter;
 pub mod utf8;
 
 /// ACP's own types, re-exported so both crates name them through one path.

@@ -73,6 +73,8 @@ pub enum TurnEnd {
     /// Cancelled by the parent, by dispose or by Ctrl-C, and the child did not confirm it in
     /// time.
     Abandoned,
+    /// A tool the run's filter forbids ran anyway; acpd cancelled the turn and ends the child.
+    ToolFilter,
 }
 
 /// A cgroup limit a child's tree can run into (`memory_max`, `pids_max`).
@@ -195,6 +197,7 @@ pub fn map_outcome(end: &TurnEnd, cancel_requested: bool) -> Mapped {
         TurnEnd::Idle => fail(Category::Hung),
         TurnEnd::Protocol => fail(Category::Protocol),
         TurnEnd::Abandoned => aborted,
+        TurnEnd::ToolFilter => fail(Category::ToolFilter),
     }
 }
 
@@ -497,6 +500,8 @@ mod tests {
             (TurnEnd::Budget, "budget"),
             (TurnEnd::Idle, "hung"),
             (TurnEnd::Protocol, "protocol"),
+            // A forbidden tool that ran: acpd's cancel does not make it an abort.
+            (TurnEnd::ToolFilter, "tool-filter"),
         ] {
             for cancel in [false, true] {
                 let m = map_outcome(&end, cancel);

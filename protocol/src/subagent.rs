@@ -65,7 +65,7 @@ pub struct StartRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_filter: Option<serde_json::Value>,
+    pub tool_filter: Option<crate::tool_filter::ToolFilter>,
     /// `shared` or `worktree` (only where the provider allows it); absent: the provider's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<WorkspaceKind>,
@@ -194,6 +194,9 @@ pub enum Category {
     NoRemoteAcpd,
     /// The run, or a run above it, spent its `budget` (tokens or wall time).
     Budget,
+    /// A tool the run's `toolFilter` forbids ran anyway (the agent reported it in progress or
+    /// completed): acpd cancelled the turn and ended the child.
+    ToolFilter,
     /// A category named by the child's own typed failure record (`_meta.acpd.failure`),
     /// restricted to `[a-z0-9-]`.
     #[serde(untagged)]
@@ -220,6 +223,7 @@ impl Category {
             Category::Unreachable => "unreachable",
             Category::NoRemoteAcpd => "no-remote-acpd",
             Category::Budget => "budget",
+            Category::ToolFilter => "tool-filter",
             Category::Reported(s) => s,
         }
     }

@@ -18,3 +18,4 @@ mod newcomer;
 mod presets;
 mod real_agent;
 mod real_delegate;
+mod tool_filter;

@@ -25,7 +25,7 @@ const REPLY: &str = "REPLY hello preset";
 const KEY: &str = "sk-ant-mock-presets";
 
 /// One data directory with claude installed, shared by the tests (None when node is missing).
-fn installed() -> Option<&'static Path> {
+pub(crate) fn installed() -> Option<&'static Path> {
     static DATA: OnceLock<Option<tempfile::TempDir>> = OnceLock::new();
     DATA.get_or_init(|| {
         if Command::new("node").arg("--version").output().is_err() {

@@ -25,4 +25,5 @@ mod nested;
 mod run;
 mod stdio;
 mod teardown;
+mod tool_filter;
 mod trace;

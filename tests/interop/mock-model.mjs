@@ -39,6 +39,10 @@
 // query ("[SUGGESTION MODE: …]", with tools), answered as any text turn. With MOCK_TOOLS set,
 // the log line of every request also names the tools it offered and carries its tool results
 // whole, so a test asserts on what reached the model.
+//
+// A scripted Bash call (tests/agents/tool_filter.rs): a turn whose user text is `BASH <command>`
+// is answered with a `tool_use` of `Bash` running that command, whether or not the request
+// offers Bash; its tool_result is answered `RESULT <text>` (`RESULT ERROR <text>`).
 import { createServer } from "node:http";
 import { appendFileSync } from "node:fs";
 import { anyUserText, hang, hangs, other } from "./mock-apis.mjs";
@@ -144,6 +148,23 @@ function freshAsk(body) {
   if (last?.role !== "user") return null;
   const texts = typeof last.content === "string" ? [last.content] : Array.isArray(last.content) ? last.content.filter((b) => b?.type === "text").map((b) => b.text) : [];
   return texts.map((t) => t.trim()).findLast((t) => t.startsWith(DELEGATE)) ?? null;
+}
+
+/** The marker of a user turn that asks for a scripted `Bash` call; the rest is its command. */
+const BASH = "BASH ";
+
+/**
+ * `{name: "Bash", input}` when the last message is a user turn whose text is `BASH <command>`:
+ * asked whether or not the request offers Bash (a model that ignores its tool list, so a test
+ * sees what the agent and acpd do with a tool call that was filtered out). The request that
+ * carries its tool_result is answered `RESULT …` as any other.
+ */
+function bashCallFor(body) {
+  const last = lastTurn(body);
+  if (last?.role !== "user") return null;
+  const texts = typeof last.content === "string" ? [last.content] : Array.isArray(last.content) ? last.content.filter((b) => b?.type === "text").map((b) => b.text) : [];
+  const ask = texts.map((t) => t.trim()).findLast((t) => t.startsWith(BASH));
+  return ask ? { name: "Bash", input: { command: ask.slice(BASH.length), description: "scripted by the mock" } } : null;
 }
 
 /** The last user text that asks for a scripted delegate call, or "". */
@@ -351,7 +372,7 @@ const server = createServer((req, res) => {
     }
     if (req.method === "POST" && path === "/v1/messages") {
       if (hangs(body)) return hang(req, res, () => streamReply(res, body, "late reply"));
-      const call = toolCallFor(body);
+      const call = bashCallFor(body) ?? toolCallFor(body);
       if (call?.name && body.stream) return streamToolUse(res, body, call);
       const text = call?.badInput
         ? "BAD DELEGATE INPUT (not JSON)"

@@ -101,7 +101,7 @@ async fn failed_start_emits_nothing_and_leaves_no_run() {
     let err = reg.start(o).await.unwrap_err();
     assert_eq!(err.name(), ErrorName::NoProvider);
     let mut o = opts("x", None);
-    o.request.tool_filter = Some(serde_json::json!({"allow": ["read"]}));
+    o.request.tool_filter = serde_json::from_value(serde_json::json!({"allow": ["read"]})).ok();
     assert_eq!(
         reg.start(o).await.unwrap_err().name(),
         ErrorName::UnsupportedCapability

@@ -61,6 +61,8 @@ pub(super) struct Session {
     pub file: Option<SessionFile>,
     /// The `mcpServers` of `session/new`, for `:delegate`.
     pub mcp_servers: Vec<serde_json::Value>,
+    /// The `_meta` of `session/new` (null without one), for `:session-meta`.
+    pub meta: serde_json::Value,
 }
 
 struct RunningTurn {
@@ -80,6 +82,7 @@ impl Session {
             system_prompt,
             file,
             mcp_servers: Vec::new(),
+            meta: serde_json::Value::Null,
         }
     }
 

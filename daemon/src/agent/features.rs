@@ -96,6 +96,31 @@ impl Turn<'_> {
         self.text(&format!("client-caps {caps}\n")).await
     }
 
+    /// `:session-meta`: "session-meta <JSON>", the `_meta` of this session's `session/new`.
+    pub(super) async fn session_meta(&self) {
+        let meta = lock(&self.agent.sessions)
+            .get(self.session_id)
+            .map_or(serde_json::Value::Null, |s| s.meta.clone());
+        self.text(&format!("session-meta {meta}\n")).await
+    }
+
+    /// `:tool-call NAME [STATUS]`: the tool call is reported (ids `echo-tool-N`, counted per
+    /// process), never run; then "tool-call NAME STATUS" is streamed.
+    pub(super) async fn tool_call(&self, name: &str, status: &str) {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.update(serde_json::json!({
+            "sessionUpdate": "tool_call",
+            "toolCallId": format!("echo-tool-{n}"),
+            "title": name,
+            "kind": "other",
+            "status": status,
+            "_meta": {"claudeCode": {"toolName": name}},
+        }))
+        .await;
+        self.text(&format!("tool-call {name} {status}\n")).await
+    }
+
     /// `:subagent` and `:subagent-hang`. `Some` ends the turn (a hang cancelled either way).
     pub(super) async fn subagent(&self, text: &str, hang: bool) -> Option<TurnEnd> {
         if !self.agent.args.subagents {

@@ -179,6 +179,8 @@ struct NewSessionParams {
     system_prompt: Option<SystemPrompt>,
     #[serde(default)]
     mcp_servers: Vec<serde_json::Value>,
+    #[serde(default, rename = "_meta")]
+    meta: serde_json::Value,
 }
 
 #[derive(Deserialize)]
@@ -210,6 +212,7 @@ fn new_session(agent: &Agent, params: Option<&RawValue>) -> Reply {
     };
     let mut session = Session::new(system_prompt, file);
     session.mcp_servers = params.mcp_servers;
+    session.meta = params.meta;
     lock(&agent.sessions).insert(session_id.clone(), session);
     Ok(json!({ "sessionId": session_id }))
 }

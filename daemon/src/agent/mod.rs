@@ -119,6 +119,12 @@ PROMPT SCRIPT
   :notify-json METHOD JSON
                         send notification METHOD with params JSON exactly
   :client-caps          stream \"client-caps <JSON>\": the clientCapabilities of initialize
+  :session-meta         stream \"session-meta <JSON>\": the _meta of this session's
+                        session/new (null without one)
+  :tool-call NAME [STATUS]
+                        report a tool call of tool NAME (never run) with STATUS (default
+                        completed) as claude-agent-acp does (_meta.claudeCode.toolName);
+                        stream \"tool-call NAME STATUS\"
   :stderr TEXT          write the line TEXT to stderr
   :stderr-flood N SIZE  write N lines of SIZE bytes to stderr (blocking when nobody reads)
   :subagent TEXT        with --subagents and clientCapabilities.subagents: announce a

@@ -104,6 +104,14 @@ pub(super) enum Step {
     },
     /// The `clientCapabilities` the client sent at `initialize`.
     ClientCaps,
+    /// The `_meta` the client sent with `session/new`.
+    SessionMeta,
+    /// A `tool_call` update for the tool `name` with this status, named the way
+    /// claude-agent-acp names its tools (`_meta.claudeCode.toolName`).
+    ToolCall {
+        name: String,
+        status: String,
+    },
     /// A line of text written to stderr.
     Stderr(String),
     /// `count` lines of `size` bytes written to stderr (blocking, as a real agent would).
@@ -253,6 +261,17 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
             Step::NotifyJson { method, params }
         }
         "client-caps" => no_args(rest, Step::ClientCaps)?,
+        "session-meta" => no_args(rest, Step::SessionMeta)?,
+        "tool-call" => {
+            let mut words = rest.split_whitespace();
+            let (Some(name), status, None) = (words.next(), words.next(), words.next()) else {
+                return Err(Bad::Args("expected NAME [STATUS]".into()));
+            };
+            Step::ToolCall {
+                name: name.to_string(),
+                status: status.unwrap_or("completed").to_string(),
+            }
+        }
         "stderr" => Step::Stderr(rest.to_string()),
         "stderr-flood" => {
             let [count, size] = exact::<2>(rest, "N SIZE")?;

@@ -347,6 +347,8 @@ impl Turn<'_> {
             } => self.request(&method, &params, cancel).await,
             Step::NotifyJson { method, params } => self.notify_json(&method, &params).await,
             Step::ClientCaps => self.client_caps().await,
+            Step::SessionMeta => self.session_meta().await,
+            Step::ToolCall { name, status } => self.tool_call(&name, &status).await,
             Step::Stderr(text) => write_stderr(text.as_bytes(), 1),
             Step::StderrFlood { count, size } => write_stderr(&vec![b'e'; size], count),
             Step::Subagent { text, hang } => return self.subagent(&text, hang).await,

@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::driver::{Driver, LAST_WORDS};
+use super::tool_guard::{self, ToolGuard};
 use super::turn_output::Output;
 use super::{ChildEvent, PermissionAsk, TurnControl, TurnReport, strict};
 use crate::supervise;
@@ -84,6 +85,10 @@ struct Turn {
     open_tools: HashSet<String>,
     /// Tokens of this turn charged to the run's budget so far.
     charged: u64,
+    /// The run's tool filter, held from the outside.
+    guard: Option<ToolGuard>,
+    /// Set when a filtered tool ran: the turn ends `tool-filter`.
+    filter_broken: bool,
 }
 
 impl Turn {
@@ -119,6 +124,8 @@ pub(super) async fn turn(
         pending_asks: HashSet::new(),
         open_tools: HashSet::new(),
         charged: 0,
+        guard: ctl.tool_filter.clone().map(ToolGuard::new),
+        filter_broken: false,
     };
     let (end, child_stop_reason) = drive(d, prompt, &ctl, &mut t).await;
     // Whatever is still waiting for an answer gets `cancelled`: the turn is over.
@@ -215,6 +222,14 @@ async fn drive(
                     }
                     Some(Ok(Message::Notification { method, params })) => {
                         on_notification(d, &method, params.as_deref(), ctl, t).await;
+                        if t.filter_broken && !matches!(ending, Some(TurnEnd::ToolFilter)) {
+                            // A forbidden tool ran: whatever else was ending the turn, this is
+                            // the outcome, and the child is cancelled, then torn down.
+                            ending = Some(TurnEnd::ToolFilter);
+                            if cancel_deadline.is_none() {
+                                cancel_deadline = Some(send_cancel(d, t).await);
+                            }
+                        }
                     }
                     Some(Ok(Message::Request { id, method, params })) => {
                         on_request(d, id, &method, params.as_deref(), ctl, t).await;
@@ -375,6 +390,15 @@ async fn on_notification(
     }
     if matches!(&*head.session_update, "tool_call" | "tool_call_update") {
         track_tool(&mut t.open_tools, &head);
+        if let Some(guard) = t.guard.as_mut()
+            && guard.ran(update)
+            && !t.filter_broken
+        {
+            tracing::warn!(provider = %d.shared.provider.name, run = %d.shared.log_id,
+                "a tool the run's filter forbids ran; ending the turn");
+            t.filter_broken = true;
+            t.notes.push(tool_guard::NOTE_RAN);
+        }
         return;
     }
     if head.session_update != "agent_message_chunk" {
@@ -439,6 +463,18 @@ async fn on_request(
             "refusing a permission request: {why}");
         let e = RpcError::invalid_request(format!("{why} in the params; send it once"));
         let _ = d.wire.respond(&id, Err(&e)).await;
+        return;
+    }
+    if let Some(guard) = t.guard.as_mut()
+        && guard.refuses(params)
+        && let Ok(request) = permission::parse_request(params)
+    {
+        // Nobody is asked: the filter already said no.
+        if !t.notes.contains(&tool_guard::NOTE_REFUSED) {
+            t.notes.push(tool_guard::NOTE_REFUSED);
+        }
+        let answer = permission::decide(&request, Decision::Reject);
+        let _ = d.wire.respond_ok(&id, &answer).await;
         return;
     }
     let request = match permission::answer_by_policy(d.shared.provider.permission, params) {

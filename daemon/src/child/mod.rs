@@ -19,6 +19,7 @@ mod start_failure;
 mod strict;
 #[cfg(test)]
 pub(crate) mod tests;
+mod tool_guard;
 mod turn_output;
 
 use std::path::PathBuf;
@@ -99,6 +100,9 @@ pub struct SessionParams {
     pub mcp_servers: Option<Box<RawValue>>,
     /// Sent as `systemPrompt` (mode `append`); only for agents that advertise it.
     pub system_prompt: Option<String>,
+    /// Sent as `_meta` (an object): what an agent reads from there, such as a run's tool
+    /// filter in claude-agent-acp's `claudeCode.options`.
+    pub meta: Option<serde_json::Value>,
 }
 
 impl SessionParams {
@@ -115,6 +119,9 @@ impl SessionParams {
                 "mode": "append",
                 "content": [{ "type": "text", "text": prompt }],
             });
+        }
+        if let Some(meta) = &self.meta {
+            new["_meta"] = meta.clone();
         }
         new
     }
@@ -167,6 +174,9 @@ pub struct TurnControl {
     /// The run's budget: charged with the tokens the agent reports, and ending the turn
     /// (`budget`) once spent.
     pub budget: Option<std::sync::Arc<dyn TokenMeter>>,
+    /// The run's tool filter, which acpd holds the child to: a permission request for a
+    /// filtered tool is refused, and a filtered tool reported running ends the turn.
+    pub tool_filter: Option<std::sync::Arc<acpd_protocol::tool_filter::ToolFilter>>,
 }
 
 /// Where a turn's reported tokens go (a run's budget, kept by the registry).

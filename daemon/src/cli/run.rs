@@ -40,6 +40,12 @@ pub struct RunArgs {
     /// reached: error, category timeout.
     #[arg(long, value_name = "DURATION", value_parser = super::client::parse_timeout)]
     timeout: Option<Duration>,
+    /// Only these tools (repeatable): a tool filter, for providers that take one.
+    #[arg(long = "allow-tool", value_name = "NAME")]
+    allow_tools: Vec<String>,
+    /// Never these tools (repeatable): a tool filter, for providers that take one.
+    #[arg(long = "deny-tool", value_name = "NAME")]
+    deny_tools: Vec<String>,
     #[command(flatten)]
     pub setup: super::Setup,
     /// The prompt; `-` reads it from stdin.
@@ -117,6 +123,12 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
         provider: args.provider.clone(),
         prompt: vec![ContentBlock::from(prompt)],
         cwd,
+        tool_filter: (!args.allow_tools.is_empty() || !args.deny_tools.is_empty()).then(|| {
+            acpd_protocol::tool_filter::ToolFilter {
+                allow: (!args.allow_tools.is_empty()).then(|| args.allow_tools.clone()),
+                deny: (!args.deny_tools.is_empty()).then(|| args.deny_tools.clone()),
+            }
+        }),
         ..Default::default()
     };
     let started = registry

@@ -44,6 +44,7 @@ impl ProviderConfig {
             sandbox: Default::default(),
             network: true,
             budget: Default::default(),
+            tool_filter: Default::default(),
             builtin: false,
         }
     }

@@ -32,7 +32,9 @@ pub(crate) mod types;
 mod validate;
 
 pub(crate) use config_error::ConfigError;
-pub(crate) use types::{Budget, Config, ProviderConfig, SandboxMode, WorkspaceMode};
+pub(crate) use types::{
+    Budget, Config, ProviderConfig, SandboxMode, ToolFilterMode, WorkspaceMode,
+};
 
 /// What acpd does with a child's `session/request_permission` calls (`forward`, `allow`,
 /// `reject`): the pure policy of `acpd_protocol::permission`.

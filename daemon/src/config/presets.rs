@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::ProviderConfig;
+use super::{ProviderConfig, ToolFilterMode};
 
 /// Where a preset's program comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -67,6 +67,10 @@ pub(crate) struct Preset {
     /// Directories under `$HOME` the agent writes its own config, sessions and caches to: the
     /// only places outside its workspace and tmp a sandboxed child may write.
     pub sandbox_dirs: &'static [&'static str],
+    /// How the agent takes a run's tool filter at session creation; `None` where its code has
+    /// no such mechanism (codex-acp 2.6.0, Gemini CLI 0.61.0 and opencode 1.18.33 read no tool
+    /// list from `session/new`; goose is not checked).
+    pub tool_filter: ToolFilterMode,
 }
 
 const CODEX_AUTH: &[AuthHint] = &[
@@ -179,6 +183,7 @@ pub(crate) const PRESETS: &[Preset] = &[
         root_env: &[("IS_SANDBOX", "1")],
         auth: CLAUDE_AUTH,
         sandbox_dirs: &[".claude", ".cache", ".npm"],
+        tool_filter: ToolFilterMode::ClaudeMeta,
     },
     Preset {
         name: "codex",
@@ -202,6 +207,7 @@ pub(crate) const PRESETS: &[Preset] = &[
         root_env: &[],
         auth: CODEX_AUTH,
         sandbox_dirs: &[".codex", ".cache", ".npm"],
+        tool_filter: ToolFilterMode::None,
     },
     Preset {
         name: "gemini",
@@ -226,6 +232,7 @@ pub(crate) const PRESETS: &[Preset] = &[
         root_env: &[],
         auth: GEMINI_AUTH,
         sandbox_dirs: &[".gemini", ".cache", ".npm"],
+        tool_filter: ToolFilterMode::None,
     },
     Preset {
         name: "goose",
@@ -242,6 +249,7 @@ pub(crate) const PRESETS: &[Preset] = &[
             ".local/state/goose",
             ".cache",
         ],
+        tool_filter: ToolFilterMode::None,
     },
     Preset {
         name: "opencode",
@@ -263,6 +271,7 @@ pub(crate) const PRESETS: &[Preset] = &[
             ".cache",
             ".npm",
         ],
+        tool_filter: ToolFilterMode::None,
     },
 ];
 
@@ -456,6 +465,7 @@ impl Preset {
             p.eof_grace = grace;
         }
         p.preset = Some(self.name.to_owned());
+        p.tool_filter = self.tool_filter;
         p
     }
 }

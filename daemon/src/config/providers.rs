@@ -223,6 +223,9 @@ pub(super) fn finish_provider(
             "cannot sandbox a remote provider (`host`/`launcher`): its agent runs on another kernel",
         ));
     }
+    if let Some(mode) = raw.tool_filter {
+        provider.tool_filter = mode;
+    }
     if let Some(network) = raw.network {
         if !*network.get_ref() && provider.sandbox == super::SandboxMode::None {
             return Err(at(

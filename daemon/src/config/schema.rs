@@ -73,6 +73,7 @@ pub(super) struct RawProvider {
     pub(super) sandbox: Option<super::SandboxMode>,
     pub(super) network: Option<Spanned<bool>>,
     pub(super) budget: Option<RawBudget>,
+    pub(super) tool_filter: Option<super::ToolFilterMode>,
 }
 
 #[derive(Deserialize)]

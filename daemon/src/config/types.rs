@@ -57,6 +57,9 @@ pub struct ProviderConfig {
     pub network: bool,
     /// `budget`: what one run of it (its nested runs included) may spend.
     pub budget: Budget,
+    /// How this provider's agent takes a run's `toolFilter` (`tool_filter`); `none`: it does
+    /// not, and a start that asks for one is refused.
+    pub tool_filter: ToolFilterMode,
     /// True only for the built-in echo provider, so callers can tell it was not configured.
     pub builtin: bool,
 }
@@ -81,6 +84,18 @@ pub struct Budget {
     pub tokens: Option<u64>,
     /// Wall-clock time from the run's start, across turns.
     pub wall: Option<Duration>,
+}
+
+/// `tool_filter = "none" | "claude-meta"`: the mechanism, checked in the agent's own code, by
+/// which acpd hands a run's tool filter to the agent at session creation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ToolFilterMode {
+    #[default]
+    None,
+    /// claude-agent-acp: `session/new`'s `_meta.claudeCode.options` `tools` and
+    /// `disallowedTools`, passed to the Claude Agent SDK.
+    ClaudeMeta,
 }
 
 /// `sandbox = "none" | "landlock" | "auto"`.

@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use acpd_protocol::diagnostic;
 use acpd_protocol::subagent::{Capabilities, Category, StartRequest};
+use acpd_protocol::tool_filter::ToolFilter;
 use tokio_util::sync::CancellationToken;
 
 use super::{Registry, RegistryError, Slot};
 use crate::child::{AgentInfo, Child, ChildSpec, SessionParams, StartFailure};
-use crate::config::{Config, ProviderConfig, WorkspaceMode, presets};
+use crate::config::{Config, ProviderConfig, ToolFilterMode, WorkspaceMode, presets};
 use crate::workspace::{WorkspaceError, Worktree};
 
 /// What a start asks of the gate besides the provider: where its child runs, how deep, under
@@ -225,14 +226,26 @@ pub(super) fn home() -> PathBuf {
 }
 
 /// What acpd can enforce for an ACP child: depth (through `ACPD_DEPTH`), an output schema
-/// (checked by acpd itself), and a persona when the agent takes a `systemPrompt` (known once
-/// probed). Tool filters cannot be enforced across the process boundary.
-pub(super) fn capabilities(persona: bool) -> Capabilities {
+/// (checked by acpd itself), a persona when the agent takes a `systemPrompt` (known once
+/// probed), and a tool filter only where the provider names how its agent takes one
+/// (`tool_filter`): acpd's own backstop alone would let a forbidden tool run once.
+pub(super) fn capabilities(provider: &ProviderConfig, persona: bool) -> Capabilities {
     Capabilities {
         output_schema: true,
         depth_limit: true,
-        tool_filter: false,
+        tool_filter: provider.tool_filter != ToolFilterMode::None,
         persona,
+    }
+}
+
+/// A run's tool filter as the provider's agent takes it in `session/new`'s `_meta`.
+pub(super) fn tool_filter_meta(
+    provider: &ProviderConfig,
+    filter: &ToolFilter,
+) -> Option<serde_json::Value> {
+    match provider.tool_filter {
+        ToolFilterMode::None => None,
+        ToolFilterMode::ClaudeMeta => Some(filter.claude_meta()),
     }
 }
 
@@ -248,7 +261,7 @@ pub(super) fn check_capabilities(
     provider: &ProviderConfig,
     req: &StartRequest,
 ) -> Result<(), RegistryError> {
-    let caps = capabilities(true);
+    let caps = capabilities(provider, true);
     let asked = [
         (
             "outputSchema",
@@ -266,6 +279,11 @@ pub(super) fn check_capabilities(
                 capability,
             });
         }
+    }
+    if let Some(filter) = &req.tool_filter {
+        filter
+            .check()
+            .map_err(|reason| RegistryError::InvalidRequest { reason })?;
     }
     Ok(())
 }

@@ -149,7 +149,7 @@ impl Registry {
             .map(|p| ProviderInfo {
                 name: p.name.clone(),
                 description: p.description.clone(),
-                capabilities: capabilities(self.cached_persona(&p.name)),
+                capabilities: capabilities(p, self.cached_persona(&p.name)),
                 inherits_parent_context: false,
                 default: p.name == config.default_provider,
                 workspace: Some(match p.workspace {

@@ -19,6 +19,7 @@ use super::output_schema::OutputSchema;
 use super::{Owner, RegistryError, Slot};
 use crate::child::{Child, ChildEvent, TurnControl, TurnReport};
 use crate::config::ProviderConfig;
+use acpd_protocol::tool_filter::ToolFilter;
 
 /// Where a run is in its life.
 #[derive(Clone, Debug)]
@@ -59,6 +60,7 @@ pub(super) struct RunInit {
     pub forward_permissions: bool,
     pub sink: Option<mpsc::Sender<String>>,
     pub schema: Option<Arc<OutputSchema>>,
+    pub tool_filter: Option<Arc<ToolFilter>>,
     pub parent: Option<super::Parent>,
     pub uid: Option<u32>,
     pub workspace: Option<crate::workspace::Worktree>,
@@ -89,6 +91,8 @@ pub struct Run {
     sink: Option<mpsc::Sender<String>>,
     /// Every turn's output must validate against it; its instruction rides on every prompt.
     schema: Option<Arc<OutputSchema>>,
+    /// Every turn holds the child to it (the agent was given it at `session/new`).
+    tool_filter: Option<Arc<ToolFilter>>,
     state: watch::Sender<RunState>,
     slot: Mutex<Holding>,
     /// The run's worktree until dispose removes it.
@@ -145,6 +149,7 @@ impl Run {
             forward_permissions: init.forward_permissions,
             sink: init.sink,
             schema: init.schema,
+            tool_filter: init.tool_filter,
             state,
             slot: Mutex::new(Holding::default()),
             workspace: Mutex::new(init.workspace.map(Arc::new)),
@@ -249,6 +254,7 @@ impl Run {
             updates: self.forward_updates,
             asks: self.forward_permissions,
             budget: Some(self.spend.clone()),
+            tool_filter: self.tool_filter.clone(),
         };
         // The child's events, mapped in order onto the run's channel; ends with the turn.
         let forward = async {

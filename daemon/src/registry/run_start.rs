@@ -105,6 +105,10 @@ impl Registry {
             session: Some(SessionParams {
                 mcp_servers: None,
                 system_prompt: req.persona.clone(),
+                meta: req
+                    .tool_filter
+                    .as_ref()
+                    .and_then(|f| super::gate::tool_filter_meta(&provider, f)),
             }),
             worktree: worktree.then_some(req.base_ref.as_deref()),
             ..Admission::new(run_id.clone(), &opts.cancel)
@@ -138,6 +142,7 @@ impl Registry {
             forward_permissions: opts.forward_permissions,
             sink: opts.sink,
             schema,
+            tool_filter: req.tool_filter.clone().map(Arc::new),
             uid: match opts.nest.as_ref().map(|n| &n.parent) {
                 Some(Parent::Run(parent)) => lock(&self.inner.table)
                     .runs

@@ -54,6 +54,7 @@ async fn published_under(p: ProviderConfig, above: Option<Arc<Spend>>) -> (Regis
         forward_permissions: false,
         sink: None,
         schema: None,
+        tool_filter: None,
         parent: None,
         workspace: None,
         uid: None,

@@ -206,6 +206,7 @@ pub(crate) fn control() -> TurnControl {
         updates: false,
         asks: false,
         budget: None,
+        tool_filter: None,
     }
 }
 

@@ -35,6 +35,7 @@ workspace = "worktree"
 sandbox = "auto"
 network = false
 budget = { tokens = 200000, wall = "30m" }
+tool_filter = "claude-meta"
 "#;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.toml");
@@ -84,6 +85,7 @@ budget = { tokens = 200000, wall = "30m" }
             tokens: Some(200_000),
             wall: Some(secs(1800)),
         },
+        tool_filter: crate::config::ToolFilterMode::ClaudeMeta,
         builtin: false,
     };
     assert_eq!(
