@@ -5,11 +5,9 @@
 //! agent reads (passed through by name, never by value), and its known quirks. It is applied
 //! before the provider table's own keys, so anything set in the table wins.
 //!
-//! Every detail here was checked against the agent's own code or a run of its pinned package
-//! (see the README "Agents" section for the sources): the auth method ids each advertises, the
-//! environment variables that satisfy them, and whether it exits on stdin EOF. All five exit on
-//! EOF, so none needs `eof_grace = 0`; codex-acp takes up to 2 s to stop its app-server, so its
-//! grace is longer than the default.
+//! Every detail was checked against the agent's own code or a run of its pinned package (sources
+//! in docs/src/agents.md): auth method ids, the variables that satisfy them, exit on stdin EOF
+//! (all five do; codex-acp takes up to 2 s to stop its app-server, so its grace is longer).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,4 +1,4 @@
-//! Why a tool call failed, with acpd's stable error names and codes (README "Typed start
+//! Why a tool call failed, with acpd's stable error names and codes (docs/src/run.md, "Typed start
 //! errors") and, for the model that called it, what to do about it.
 
 use std::path::PathBuf;

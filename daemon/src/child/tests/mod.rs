@@ -235,6 +235,6 @@ pub(crate) fn prompt() -> Vec<ContentBlock> {
     vec![ContentBlock::from("go".to_string())]
 }
 
-mod handshake;
+mod auth_and_air;
 mod relay;
-mod turn;
+mod turn_clocks;
