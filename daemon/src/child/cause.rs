@@ -245,10 +245,11 @@ fn explain(program: &Program, errno: Option<Errno>) -> (String, String) {
     }
 }
 
-/// The file's first bytes, up to the end of a `#!` line.
+/// The file's first bytes, up to the end of a `#!` line; `None` for anything but a regular
+/// file (a FIFO planted at the command's path must not block this thread).
 fn head(file: &Path) -> Option<Vec<u8>> {
     let mut buf = Vec::with_capacity(SHEBANG_MAX);
-    std::fs::File::open(file)
+    crate::private_fs::open_regular(file, crate::private_fs::Links::Follow)
         .ok()?
         .take(SHEBANG_MAX as u64)
         .read_to_end(&mut buf)

@@ -303,7 +303,9 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
     let env = match &provider.env_file {
         Some(file) => file
             .read()
-            .inspect_err(|e| tracing::warn!(provider = %provider.name, "{e}"))?
+            .inspect_err(
+                |e| tracing::warn!(target: super::FAILURE_LOG, provider = %provider.name, "{e}"),
+            )?
             .over(&spec.env),
         None => spec.env.clone(),
     };

@@ -34,11 +34,7 @@ impl Output {
             text
         } else {
             self.truncated = true;
-            let mut cut = room;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            &text[..cut]
+            acpd_protocol::utf8::head(text, room)
         };
         self.bytes += kept.len();
         self.text.push_str(kept);

@@ -149,9 +149,15 @@ fn write_config(path: &Path, text: &str, force: bool) -> Result<(), InitError> {
         )));
     }
     if meta.mode() & 0o022 != 0 {
+        // A shared sticky directory (/tmp) is meant to stay writable: never advise a chmod.
+        let next = if meta.mode() & 0o1000 != 0 {
+            "give --config a path in a directory of your own"
+        } else {
+            "`chmod go-w` it or give --config another path"
+        };
         return Err(unsafe_dir(format!(
             "is writable by others (mode {:04o}); acpd writes its config only into a directory \
-             nobody else can change: `chmod go-w` it or give --config another path",
+             nobody else can change: {next}",
             meta.mode() & 0o7777
         )));
     }

@@ -88,7 +88,7 @@ fn choose(
             Ok(k) if (1..=n).contains(&k) => return Some(k - 1),
             _ => {
                 let again = format!(
-                    "acpd: {:?} is not one of 1-{n}; type a number, or press Enter to reject: ",
+                    "acpd: \"{}\" is not one of 1-{n}; type a number, or press Enter to reject: ",
                     shown(text)
                 );
                 let _ = out.write_all(again.as_bytes()).and_then(|()| out.flush());

@@ -2,7 +2,7 @@
 //! outcome into a [`SubagentResult`], emits the `started`/`ended` pair of each turn without
 //! loss, and keeps a settled child alive for `keep_alive` so a follow-up can reuse it.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acpd_protocol::acp::ContentBlock;
@@ -14,9 +14,9 @@ use acpd_protocol::subagent::{
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::RunEvent;
 use super::output_schema::OutputSchema;
 use super::{Owner, RegistryError, Slot};
+use super::{RunEvent, lock};
 use crate::child::{Child, ChildEvent, TurnControl, TurnReport};
 use crate::config::ProviderConfig;
 use acpd_protocol::tool_filter::ToolFilter;
@@ -123,10 +123,6 @@ struct Holding {
 /// Why a settled run's child is gone.
 const KEEP_ALIVE_ENDED: &str = "keep_alive expired or the child exited";
 const BUDGET_SPENT: &str = "its budget is spent";
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 impl Run {
     pub(super) fn new(init: RunInit) -> Arc<Run> {
