@@ -124,8 +124,11 @@ fn a_command_that_exits_by_itself_takes_what_it_left_with_it() {
         &[
             "sh",
             "-c",
-            "setsid sh -c 'trap \"\" TERM; sleep 600 & echo esc $!; echo deaf $$; wait' & \
-             sleep 601 & echo gc $!; exit 3",
+            // The command exits only once the setsid'd shell has said who it is (a FIFO,
+            // passed as its $0), so the teardown never races those lines.
+            "f=$(mktemp -u); mkfifo \"$f\"; \
+             setsid sh -c 'trap \"\" TERM; sleep 600 & echo esc $!; echo deaf $$; echo > \"$0\"; wait' \"$f\" & \
+             sleep 601 & echo gc $!; read _ < \"$f\"; rm -f \"$f\"; exit 3",
         ],
     )
     .spawn()
