@@ -14,6 +14,7 @@ mod node;
 
 mod differential;
 mod interop;
+mod isolation_claude;
 mod newcomer;
 mod presets;
 mod real_agent;

@@ -19,7 +19,9 @@
 // - `POST /v1/messages` without `stream` (not seen, answered for safety): the same reply as
 //   one JSON message. `POST /v1/messages/count_tokens` (not seen): `{"input_tokens": 10}`.
 // - Anything else: 404 with an Anthropic-shaped error body.
-// Usage numbers are fixed, so the agent's `usage_update`s are too.
+// Usage numbers are fixed (10 input tokens, a few output), so the agent's `usage_update`s are
+// too, unless a user text of the request says `MOCK_USAGE=<n>` (tests/agents/isolation_claude.rs,
+// a token budget): every reply to it then reports n input tokens.
 //
 // A scripted tool call (delegate.mjs, tests/agents/real_delegate.rs): a turn whose user text is
 // `DELEGATE <json>` is answered with a `tool_use` of the tool whose name ends in `__delegate`
@@ -43,7 +45,15 @@
 // A scripted Bash call (tests/agents/tool_filter.rs): a turn whose user text is `BASH <command>`
 // is answered with a `tool_use` of `Bash` running that command, whether or not the request
 // offers Bash; its tool_result is answered `RESULT <text>` (`RESULT ERROR <text>`).
+//
+// A scripted file edit (tests/agents/isolation_claude.rs): a turn whose user text is
+// `WRITE <path> <content>` (path without spaces; relative to the session's directory, which
+// Claude Code names in its system prompt as `Primary working directory: <dir>`) is answered
+// with a `Read` of the file (Claude Code refuses to overwrite a file it has not read), then,
+// on the Read's tool_result (an error too: the file may not exist yet), a `Write` of
+// `<content>` and a newline; the Write's tool_result is answered `RESULT <text>`.
 import { createServer } from "node:http";
+import { isAbsolute, join } from "node:path";
 import { appendFileSync } from "node:fs";
 import { anyUserText, hang, hangs, other } from "./mock-apis.mjs";
 
@@ -167,6 +177,62 @@ function bashCallFor(body) {
   return ask ? { name: "Bash", input: { command: ask.slice(BASH.length), description: "scripted by the mock" } } : null;
 }
 
+/** The marker of a user turn that asks for a scripted file edit: `WRITE <path> <content>`. */
+const WRITE = "WRITE ";
+
+/** The texts of a message (a string, or its text blocks). */
+function textsOfMessage(m) {
+  if (typeof m?.content === "string") return [m.content];
+  return Array.isArray(m?.content) ? m.content.filter((b) => b?.type === "text").map((b) => b.text) : [];
+}
+
+/** The session's directory, as Claude Code's system prompt names it. */
+function workingDirectory(body) {
+  return allText(body).match(/Primary working directory: (\S+)/)?.[1] ?? null;
+}
+
+/**
+ * The next step of a scripted `WRITE <path> <content>`: a `Read` of the file when the last
+ * message asks, a `Write` of the content when it carries that Read's tool_result; else null.
+ */
+function writeCallFor(body) {
+  const last = lastTurn(body);
+  if (last?.role !== "user") return null;
+  const fresh = textsOfMessage(last).map((t) => t.trim()).findLast((t) => t.startsWith(WRITE));
+  if (!fresh && lastToolResult(body)?.name !== "Read") return null;
+  const ask = fresh ?? lastAsk(body, WRITE);
+  if (!ask) return null;
+  const rest = ask.slice(WRITE.length);
+  const space = rest.indexOf(" ");
+  const path = space < 0 ? rest : rest.slice(0, space);
+  const file_path = isAbsolute(path) ? path : join(workingDirectory(body) ?? "/", path);
+  if (fresh) return { name: "Read", input: { file_path } };
+  return { name: "Write", input: { file_path, content: `${space < 0 ? "" : rest.slice(space + 1)}\n` } };
+}
+
+/** The last user text that starts with `marker`, or "". */
+function lastAsk(body, marker) {
+  const messages = Array.isArray(body.messages) ? body.messages : [];
+  for (let i = messages.length - 1; i >= 0; i--) {
+    if (messages[i].role !== "user") continue;
+    const ask = textsOfMessage(messages[i]).map((t) => t.trim()).findLast((t) => t.startsWith(marker));
+    if (ask) return ask;
+  }
+  return "";
+}
+
+/** The input tokens every reply reports: `MOCK_USAGE=<n>` in a user text, else 10. */
+function inputTokens(body) {
+  for (const m of Array.isArray(body.messages) ? body.messages : []) {
+    if (m?.role !== "user") continue;
+    for (const t of textsOfMessage(m)) {
+      const n = t.match(/\bMOCK_USAGE=(\d+)\b/)?.[1];
+      if (n) return Number(n);
+    }
+  }
+  return 10;
+}
+
 /** The last user text that asks for a scripted delegate call, or "". */
 function lastDelegateText(body) {
   const messages = Array.isArray(body.messages) ? body.messages : [];
@@ -215,9 +281,9 @@ function toolCallFor(body) {
 /** The title every session gets when the agent asks the model for one. */
 const TITLE = "Differential session";
 
-function usage(output) {
+function usage(body, output) {
   return {
-    input_tokens: 10,
+    input_tokens: inputTokens(body),
     output_tokens: output,
     cache_creation_input_tokens: 0,
     cache_read_input_tokens: 0,
@@ -247,7 +313,7 @@ function streamReply(res, body, text) {
       content: [],
       stop_reason: null,
       stop_sequence: null,
-      usage: usage(1),
+      usage: usage(body, 1),
     },
   });
   sse(res, "content_block_start", {
@@ -292,7 +358,7 @@ function streamToolUse(res, body, { name, input }) {
       content: [],
       stop_reason: null,
       stop_sequence: null,
-      usage: usage(1),
+      usage: usage(body, 1),
     },
   });
   sse(res, "content_block_start", {
@@ -330,7 +396,7 @@ function jsonReply(res, body, text) {
       content: [{ type: "text", text }],
       stop_reason: "end_turn",
       stop_sequence: null,
-      usage: usage(5),
+      usage: usage(body, 5),
     }),
   );
 }
@@ -372,7 +438,7 @@ const server = createServer((req, res) => {
     }
     if (req.method === "POST" && path === "/v1/messages") {
       if (hangs(body)) return hang(req, res, () => streamReply(res, body, "late reply"));
-      const call = bashCallFor(body) ?? toolCallFor(body);
+      const call = bashCallFor(body) ?? writeCallFor(body) ?? toolCallFor(body);
       if (call?.name && body.stream) return streamToolUse(res, body, call);
       const text = call?.badInput
         ? "BAD DELEGATE INPUT (not JSON)"

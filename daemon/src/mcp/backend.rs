@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use acpd_protocol::acp::{ContentBlock, RequestPermissionRequest};
 use acpd_protocol::envelope::{Id, RpcError};
 use acpd_protocol::methods::{
-    Empty, ListReply, ProvidersReply, RunRef, RunSummary, SendReply, SendRequest, StartReply, name,
+    DisposeRequest, Empty, ListReply, ProvidersReply, RunRef, RunSummary, SendReply, SendRequest, StartReply, name,
 };
 use acpd_protocol::permission::{Decision, cancelled, decide};
 use acpd_protocol::subagent::{ProviderInfo, StartRequest, SubagentResult};
@@ -115,16 +115,30 @@ impl Backend {
     }
 
     pub(super) async fn dispose(&self, run_id: &str) -> Result<(), Failure> {
+        self.dispose_keeping(run_id, true).await
+    }
+
+    /// [`Backend::dispose`], deleting the run's worktree branch too unless `keep_branch`.
+    pub(super) async fn dispose_keeping(
+        &self,
+        run_id: &str,
+        keep_branch: bool,
+    ) -> Result<(), Failure> {
         match self {
             Backend::Local(l) => {
-                l.registry.dispose(OWNER, run_id).await?;
+                l.registry
+                    .dispose_keeping(OWNER, run_id, keep_branch)
+                    .await?;
                 lock(&l.activity).remove(run_id);
                 Ok(())
             }
-            Backend::Daemon(d) => d
-                .call::<Empty>(name::DISPOSE, &run_ref(run_id))
-                .await
-                .map(drop),
+            Backend::Daemon(d) => {
+                let request = DisposeRequest {
+                    run_id: run_id.to_string(),
+                    keep_branch: (!keep_branch).then_some(false),
+                };
+                d.call::<Empty>(name::DISPOSE, &request).await.map(drop)
+            }
         }
     }
 

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::backend::Backend;
 use super::mcp_error::Failure;
-use super::tools::{self, NoArgs, RunArgs, SendArgs, StartArgs};
+use super::tools::{self, DisposeArgs, NoArgs, RunArgs, SendArgs, StartArgs};
 
 /// How often a waiting call reports progress when nothing else happened.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -102,8 +102,10 @@ impl AcpdMcp {
                 ))
             }
             tools::DISPOSE => {
-                let args: RunArgs = tools::parse(tool, args)?;
-                backend.dispose(&args.run_id).await?;
+                let args: DisposeArgs = tools::parse(tool, args)?;
+                backend
+                    .dispose_keeping(&args.run_id, args.keep_branch.unwrap_or(true))
+                    .await?;
                 Ok(tools::ok_json(
                     json!({ "runId": args.run_id, "disposed": true }),
                 ))

@@ -45,6 +45,8 @@ pub(super) struct StartArgs {
     pub base_ref: Option<String>,
     #[serde(default)]
     pub budget: Option<acpd_protocol::subagent::Budget>,
+    #[serde(default)]
+    pub tool_filter: Option<acpd_protocol::tool_filter::ToolFilter>,
 }
 
 impl StartArgs {
@@ -75,16 +77,27 @@ impl StartArgs {
             workspace: self.workspace,
             base_ref: self.base_ref,
             budget: self.budget,
+            tool_filter: self.tool_filter,
             ..Default::default()
         })
     }
 }
 
-/// `subagent_wait`, `subagent_cancel`, `subagent_dispose`.
+/// `subagent_wait`, `subagent_cancel`.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct RunArgs {
     pub run_id: String,
+}
+
+/// `subagent_dispose`: the run, and whether its worktree's branch stays (it does unless
+/// `keepBranch` is `false`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct DisposeArgs {
+    pub run_id: String,
+    #[serde(default)]
+    pub keep_branch: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -194,6 +207,19 @@ fn start_schema(providers: &[ProviderInfo]) -> Arc<JsonObject> {
                                 category budget. At most the provider's budget (more is \
                                 refused); default: the provider's.",
             },
+            "toolFilter": {
+                "type": "object",
+                "properties": {
+                    "allow": { "type": "array", "items": { "type": "string" } },
+                    "deny": { "type": "array", "items": { "type": "string" } },
+                },
+                "additionalProperties": false,
+                "description": "Which of the subagent's tools it may use, by the agent's own \
+                                tool names (`Bash`, `Write`; `mcp__SERVER` for all of an MCP \
+                                server's): only those in `allow`, never those in `deny`. \
+                                Only for providers whose capabilities say toolFilter \
+                                (UNSUPPORTED_CAPABILITY otherwise).",
+            },
         },
         "required": ["prompt"],
         "additionalProperties": false,
@@ -205,6 +231,22 @@ fn run_schema(description: &str) -> Arc<JsonObject> {
         "type": "object",
         "properties": {
             "runId": { "type": "string", "description": description },
+        },
+        "required": ["runId"],
+        "additionalProperties": false,
+    }))
+}
+
+fn dispose_schema() -> Arc<JsonObject> {
+    object(json!({
+        "type": "object",
+        "properties": {
+            "runId": { "type": "string", "description": "The run to dispose." },
+            "keepBranch": {
+                "type": "boolean",
+                "description": "For a run in a worktree: keep its branch acpd/<runId> with the \
+                                subagent's committed work (default true); false deletes it.",
+            },
         },
         "required": ["runId"],
         "additionalProperties": false,
@@ -316,8 +358,9 @@ pub(super) fn list(providers: &[ProviderInfo]) -> Vec<Tool> {
                 DISPOSE,
                 "End a run for good: its agent and every process it started are stopped, and \
                  the run is forgotten. Dispose runs you no longer need; they count toward the \
-                 limits.",
-                run_schema("The run to dispose."),
+                 limits. A run's worktree is removed; its branch stays unless keepBranch is \
+                 false.",
+                dispose_schema(),
             ),
             false,
             "Dispose a subagent",

@@ -1,0 +1,663 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
+//! Isolation with the real claude-agent-acp 0.101.0 (the `claude` preset, installed by `acpd
+//! install claude`) on tests/interop/mock-model.mjs, through `acpd run` and through `acpd mcp`
+//! (this test as its MCP client: newline-delimited JSON-RPC on its stdio, `initialize`, then
+//! `tools/call`). The mock scripts the model: `WRITE <path> <content>` edits a file with Claude
+//! Code's Read and Write tools, `BASH <command>` runs a command with its Bash tool,
+//! `DELEGATE <json>` calls acpd's offered `delegate` tool, and `MOCK_USAGE=<n>` makes every reply
+//! report n input tokens.
+//!
+//! - A worktree per run: two runs at once edit the same file of one repository differently;
+//!   each lands on its own branch `acpd/<run id>`, the parent's checkout untouched.
+//! - The sandbox: a Bash command that appends to `~/.ssh/authorized_keys` and writes the
+//!   parent's checkout and a file beside it changes nothing under `sandbox = "landlock"`, and
+//!   the run completes; the same command without the sandbox changes all three. The provider
+//!   allows every permission, so it is the kernel that refuses, not Claude Code.
+//! - A tool filter through the MCP `delegate` tool: with `Bash` denied the command never runs.
+//! - A budget: tokens past it end the run `error`, category `budget`; a run nested under it
+//!   (Claude Code delegating back through acpd to the echo agent, whose reported usage pushes
+//!   the root over) is cancelled with it.
+//!
+//! Every scenario ends with no process of its tree left (found by its HOME). One scenario at a
+//! time: each starts Claude Code, and the machine may be small. Skipped, printing why, only
+//! when node is missing (see presets.rs).
+
+use crate::common::raw::Raw;
+use crate::common::{BIN, eventually, output_text, run_json};
+use crate::presets::{Mock, installed};
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const KEY: &str = "sk-ant-mock-isolation";
+/// How long one tool call through `acpd mcp` (Claude Code's whole turn) may take.
+const TURN: Duration = Duration::from_secs(150);
+/// How long a finished scenario's processes may take to go.
+const GONE: Duration = Duration::from_secs(30);
+
+/// One scenario at a time (Claude Code is heavy); a failed one does not stop the others.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A private world for one scenario: a HOME with Claude Code's config dir and an
+/// `~/.ssh/authorized_keys`, a git repository with `notes.txt` committed, the mock model, and a
+/// config of claude providers (each `(name, extra keys)`) plus `extra` TOML.
+struct World {
+    dir: tempfile::TempDir,
+    data: &'static Path,
+    mock: Mock,
+    mock_log: tempfile::NamedTempFile,
+}
+
+impl World {
+    fn new(data: &'static Path, providers: &[(&str, &str)], extra: &str) -> World {
+        let mock_log = tempfile::NamedTempFile::new().unwrap();
+        let mock = Mock::start(mock_log.path());
+        let dir = tempfile::tempdir().unwrap();
+        let w = dir.path();
+        for d in ["home/.ssh", "repo", "state", "xdg/config", "xdg/cache", "run"] {
+            std::fs::create_dir_all(w.join(d)).unwrap();
+        }
+        // Claude Code's config dir inside the one directory of HOME the claude preset may write.
+        let claude_dir = w.join("home/.claude");
+        std::fs::create_dir_all(&claude_dir).unwrap();
+        // Manual permission mode: acpd's provider answers (`permission = "allow"`).
+        std::fs::write(
+            claude_dir.join("settings.json"),
+            r#"{"permissions":{"defaultMode":"default"}}"#,
+        )
+        .unwrap();
+        std::fs::write(w.join("home/.ssh/authorized_keys"), "ssh-ed25519 ORIGINAL\n").unwrap();
+        let repo = w.join("repo");
+        git(&repo, &["init", "-q", "-b", "main"]);
+        std::fs::write(repo.join("notes.txt"), "original\n").unwrap();
+        git(&repo, &["add", "."]);
+        git(&repo, &["commit", "-q", "-m", "first"]);
+        let mut toml = format!("default_provider = \"{}\"\n{extra}\n", providers[0].0);
+        for (name, keys) in providers {
+            toml.push_str(&format!(
+                "[providers.{name}]\npreset = \"claude\"\npermission = \"allow\"\n\
+                 eof_grace = \"5s\"\nterm_grace = \"2s\"\n{keys}\n[providers.{name}.env]\n\
+                 CLAUDE_CONFIG_DIR = {:?}\nDISABLE_AUTOUPDATER = \"1\"\n\
+                 DISABLE_TELEMETRY = \"1\"\nDISABLE_ERROR_REPORTING = \"1\"\n",
+                claude_dir.to_string_lossy()
+            ));
+        }
+        std::fs::write(w.join("config.toml"), toml).unwrap();
+        World {
+            dir,
+            data,
+            mock,
+            mock_log,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn home(&self) -> PathBuf {
+        self.path().join("home")
+    }
+
+    fn repo(&self) -> PathBuf {
+        self.path().join("repo")
+    }
+
+    fn keys(&self) -> String {
+        std::fs::read_to_string(self.home().join(".ssh/authorized_keys")).unwrap()
+    }
+
+    fn notes(&self) -> String {
+        std::fs::read_to_string(self.repo().join("notes.txt")).unwrap()
+    }
+
+    /// What the mock model was asked, for failure messages.
+    fn asked(&self) -> String {
+        std::fs::read_to_string(self.mock_log.path()).unwrap_or_default()
+    }
+
+    /// `acpd --config <ours>` in this world's environment and nothing else of the test's.
+    fn acpd(&self) -> Command {
+        let w = self.path();
+        let mut cmd = Command::new(BIN);
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", self.home())
+            .env("XDG_DATA_HOME", self.data.join("data"))
+            .env("XDG_CONFIG_HOME", w.join("xdg/config"))
+            .env("XDG_CACHE_HOME", w.join("xdg/cache"))
+            .env("XDG_RUNTIME_DIR", w.join("run"))
+            .env("STATE_DIRECTORY", w.join("state"))
+            .env("ACPD_LOG", "warn")
+            .env("ANTHROPIC_API_KEY", KEY)
+            .env(
+                "ANTHROPIC_BASE_URL",
+                format!("http://127.0.0.1:{}", self.mock.port),
+            )
+            .arg("--config")
+            .arg(w.join("config.toml"))
+            .current_dir(w);
+        cmd
+    }
+
+    /// `acpd run --json --provider <provider> --cwd <repo> <prompt>`: result, exit code, stderr.
+    fn run(&self, provider: &str, prompt: &str) -> (Value, i32, String) {
+        let mut cmd = self.acpd();
+        cmd.args(["run", "--json", "--timeout", "120s", "--provider", provider])
+            .arg("--cwd")
+            .arg(self.repo())
+            .arg(prompt);
+        run_json(&mut cmd)
+    }
+
+    /// The processes of this world still alive (those whose HOME is its home), but `except`.
+    fn left(&self, except: &[i32]) -> Vec<String> {
+        let want = format!("HOME={}", self.home().display()).into_bytes();
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if except.contains(&pid) {
+                continue;
+            }
+            let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+                continue;
+            };
+            if environ.split(|b| *b == 0).any(|v| v == want.as_slice()) {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                out.push(format!("{pid} {cmdline}"));
+            }
+        }
+        out
+    }
+
+    /// Nothing of this world is left but `except` (and the sentinels of acpds still running).
+    #[track_caller]
+    fn assert_nothing_left(&self, except: &[i32]) {
+        let others = |l: &String| !l.contains(" sentinel") || except.is_empty();
+        let gone = eventually(GONE, || self.left(except).iter().filter(|l| others(l)).count() == 0);
+        assert!(gone, "processes outlived the scenario: {:?}", self.left(except));
+    }
+}
+
+/// `acpd mcp <args>` in `world`, initialized, with this test as its MCP client.
+struct Mcp {
+    raw: Raw,
+    /// Answers read while waiting for another, by id.
+    answers: HashMap<u64, Value>,
+}
+
+impl Mcp {
+    fn start(world: &World, args: &[&str]) -> Mcp {
+        let mut cmd = world.acpd();
+        cmd.arg("mcp").args(args).env("ACPD_LOG", "info");
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = world.path().join(format!("mcp-{n}.log"));
+        let mut mcp = Mcp {
+            raw: Raw::process(cmd, &log),
+            answers: HashMap::new(),
+        };
+        let id = mcp.raw.send(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "isolation_claude", "version": "0"}}),
+        );
+        let init = mcp.answer(id);
+        assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
+        mcp.raw
+            .line(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        mcp
+    }
+
+    fn pid(&self) -> i32 {
+        self.raw.pid() as i32
+    }
+
+    /// Sends `tools/call` of `tool`; returns the request id.
+    fn send(&mut self, tool: &str, arguments: Value) -> u64 {
+        self.raw
+            .send("tools/call", json!({"name": tool, "arguments": arguments}))
+    }
+
+    /// The whole answer to request `id` (within [`TURN`]).
+    fn answer(&mut self, id: u64) -> Value {
+        let deadline = Instant::now() + TURN;
+        loop {
+            if let Some(answer) = self.answers.remove(&id) {
+                return answer;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(line) = self.raw.next_within(left) else {
+                panic!(
+                    "no answer to {id} (eof: {}); acpd mcp said: {}",
+                    self.raw.eof,
+                    self.raw.log()
+                );
+            };
+            if line.is_response()
+                && let Some(got) = line.value["id"].as_u64()
+            {
+                self.answers.insert(got, line.value);
+            }
+        }
+    }
+
+    /// A tool call's result (`content`, `structuredContent`, `isError`).
+    fn call(&mut self, tool: &str, arguments: Value) -> Value {
+        let id = self.send(tool, arguments);
+        self.result(id)
+    }
+
+    fn result(&mut self, id: u64) -> Value {
+        let answer = self.answer(id);
+        assert!(answer.get("error").is_none(), "{answer}\n{}", self.raw.log());
+        answer["result"].clone()
+    }
+
+    /// The client leaves; `acpd mcp` disposes what it holds and exits 0.
+    fn close(mut self) {
+        self.raw.close_write();
+        let process = self.raw.process.as_mut().unwrap();
+        let exited = eventually(GONE, || process.try_wait().is_ok_and(|s| s.is_some()));
+        assert!(exited, "acpd mcp did not exit after its client left");
+        let status = process.wait().unwrap();
+        assert!(status.success(), "acpd mcp exited {status}: {}", self.raw.log());
+    }
+}
+
+/// The run's result from a `delegate` tool result (its `structuredContent`).
+fn delegated(result: &Value) -> &Value {
+    &result["structuredContent"]
+}
+
+/// A finished delegation's text, as the model would read it.
+fn tool_text(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|b| b["text"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// `acpd serve` in `world` on `<world>/run/acpd.sock`; SIGTERMed and awaited on drop.
+struct Serve {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Serve {
+    fn start(world: &World) -> Serve {
+        let socket = world.path().join("run/acpd.sock");
+        let log = world.path().join("daemon.log");
+        let child = world
+            .acpd()
+            .args(["serve", "--socket"])
+            .arg(&socket)
+            .env("ACPD_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let serve = Serve { child, socket, log };
+        assert!(
+            eventually(Duration::from_secs(10), || serve.socket.exists()),
+            "acpd serve did not listen: {}",
+            serve.log()
+        );
+        serve
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.pid());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        if !eventually(GONE, || self.child.try_wait().is_ok_and(|s| s.is_some())) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+// ---- a worktree per run ----
+
+/// Two results of runs that each wrote `notes.txt` of `world`'s repository: each on its own
+/// branch with its own content, the parent's checkout untouched, the worktrees removed.
+fn assert_two_branches(world: &World, results: [(&Value, &str); 2]) {
+    let mut branches = Vec::new();
+    for (result, content) in results {
+        assert_eq!(result["stopReason"], "completed", "{result}\n{}", world.asked());
+        let ws = &result["workspace"];
+        let branch = ws["branch"].as_str().unwrap_or_else(|| panic!("{result}"));
+        assert_eq!(branch, format!("acpd/{}", result["runId"].as_str().unwrap()));
+        assert_eq!(ws["changed"], json!(["notes.txt"]), "{result}");
+        assert_eq!(
+            git(&world.repo(), &["show", &format!("{branch}:notes.txt")]),
+            format!("{content}\n"),
+            "{result}"
+        );
+        // The run was disposed: its worktree is gone, its branch kept.
+        let path = PathBuf::from(ws["path"].as_str().unwrap());
+        assert!(!path.exists(), "{} outlived its run", path.display());
+        branches.push(branch.to_string());
+    }
+    assert_ne!(branches[0], branches[1]);
+    assert_eq!(world.notes(), "original\n");
+    assert_eq!(git(&world.repo(), &["status", "--porcelain"]), "");
+}
+
+#[test]
+fn two_acpd_runs_at_once_edit_one_file_each_on_a_branch_of_its_own() {
+    let Some(data) = installed() else { return };
+    let _one = one_at_a_time();
+    let world = World::new(data, &[("claude", "workspace = \"worktree\"")], "");
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| world.run("claude", "WRITE notes.txt from run A"));
+        let b = s.spawn(|| world.run("claude", "WRITE notes.txt from run B"));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for (v, code, stderr) in [&a, &b] {
+        assert_eq!(*code, 0, "{v}\n{stderr}\n{}", world.asked());
+    }
+    assert_two_branches(&world, [(&a.0, "from run A"), (&b.0, "from run B")]);
+    world.assert_nothing_left(&[]);
+}
+
+#[test]
+fn two_mcp_delegates_in_flight_edit_one_file_each_on_a_branch_of_its_own() {
+    let Some(data) = installed() else { return };
+    let _one = one_at_a_time();
+    let echo = format!(
+        "[providers.echo]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\nworkspace = \"worktree\"\n"
+    );
+    let world = World::new(data, &[("claude", "workspace = \"worktree\"")], &echo);
+    let mut mcp = Mcp::start(&world, &["--in-process"]);
+    let cwd = world.repo();
+    let ask = |text: &str| json!({"prompt": text, "cwd": cwd, "workspace": "worktree"});
+    let first = mcp.send("delegate", ask("WRITE notes.txt from delegate A"));
+    let second = mcp.send("delegate", ask("WRITE notes.txt from delegate B"));
+    let (a, b) = (mcp.result(first), mcp.result(second));
+    assert_eq!(a["isError"], false, "{a}");
+    assert_eq!(b["isError"], false, "{b}");
+    assert_two_branches(
+        &world,
+        [
+            (delegated(&a), "from delegate A"),
+            (delegated(&b), "from delegate B"),
+        ],
+    );
+
+    // subagent_dispose keeps a run's branch, unless keepBranch is false (the echo agent, for
+    // a quick run that writes a file).
+    for keep in [true, false] {
+        let started = mcp.call(
+            "subagent_start",
+            json!({"provider": "echo", "cwd": cwd, "prompt": ":write notes.txt echo\nok"}),
+        );
+        let run_id = started["structuredContent"]["runId"].as_str().unwrap().to_string();
+        let done = mcp.call("subagent_wait", json!({"runId": run_id}));
+        let branch = delegated(&done)["workspace"]["branch"].as_str().unwrap().to_string();
+        let mut args = json!({"runId": run_id});
+        if !keep {
+            args["keepBranch"] = json!(false);
+        }
+        let disposed = mcp.call("subagent_dispose", args);
+        assert_eq!(disposed["structuredContent"]["disposed"], true, "{disposed}");
+        let listed = git(&world.repo(), &["branch", "--list", &branch]);
+        assert_eq!(!listed.trim().is_empty(), keep, "keepBranch {keep}: {listed:?}");
+    }
+    mcp.close();
+    assert_eq!(world.notes(), "original\n");
+    world.assert_nothing_left(&[]);
+}
+
+// ---- the sandbox ----
+
+/// The Bash command that writes where a sandboxed child may not: `~/.ssh/authorized_keys`,
+/// the parent's checkout (outside the run's worktree) and a file beside it.
+fn intrusion(world: &World) -> String {
+    format!(
+        "BASH echo ssh-ed25519 INTRUDER >> {keys}; echo INTRUDER > {notes}; \
+         echo INTRUDER > {outside}",
+        keys = world.home().join(".ssh/authorized_keys").display(),
+        notes = world.repo().join("notes.txt").display(),
+        outside = world.path().join("outside.txt").display(),
+    )
+}
+
+/// What of the intrusion's targets changed in `world` (nothing, when it was refused).
+fn intruded(world: &World) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    if world.keys() != "ssh-ed25519 ORIGINAL\n" {
+        changed.push("authorized_keys");
+    }
+    if world.notes() != "original\n" {
+        changed.push("the parent's checkout");
+    }
+    if world.path().join("outside.txt").exists() {
+        changed.push("outside.txt");
+    }
+    changed
+}
+
+/// The sandboxed run completed, and Bash told the model its writes were refused.
+#[track_caller]
+fn assert_refused_by_the_kernel(result: &Value, said: &str) {
+    assert_eq!(result["stopReason"], "completed", "{result}");
+    assert!(said.starts_with("RESULT ERROR"), "{said}");
+    assert!(said.contains("Permission denied"), "{said}");
+}
+
+const BOXED: &[(&str, &str)] = &[
+    ("boxed", "workspace = \"worktree\"\nsandbox = \"landlock\""),
+    ("open", "workspace = \"worktree\""),
+];
+
+#[test]
+fn under_landlock_an_acpd_run_writes_neither_authorized_keys_nor_outside_its_worktree() {
+    let Some(data) = installed() else { return };
+    let _one = one_at_a_time();
+    let world = World::new(data, BOXED, "");
+    let (v, code, stderr) = world.run("boxed", &intrusion(&world));
+    eprintln!("sandboxed: {v}");
+    assert_eq!(code, 0, "{v}\n{stderr}\n{}", world.asked());
+    assert_eq!(intruded(&world), Vec::<&str>::new(), "{v}");
+    assert_refused_by_the_kernel(&v, &output_text(&v));
+    world.assert_nothing_left(&[]);
+
+    // Control: the same command, the same provider but for the sandbox, writes all three.
+    let (v, code, stderr) = world.run("open", &intrusion(&world));
+    assert_eq!(code, 0, "{v}\n{stderr}");
+    assert_eq!(
+        intruded(&world),
+        ["authorized_keys", "the parent's checkout", "outside.txt"],
+        "{v}"
+    );
+    world.assert_nothing_left(&[]);
+}
+
+#[test]
+fn under_landlock_an_mcp_delegate_writes_neither_authorized_keys_nor_outside_its_worktree() {
+    let Some(data) = installed() else { return };
+    let _one = one_at_a_time();
+    let world = World::new(data, BOXED, "");
+    let mut mcp = Mcp::start(&world, &["--in-process"]);
+    let ask = |provider: &str| json!({"provider": provider, "prompt": intrusion(&world),
+                                      "cwd": world.repo()});
+    let r = mcp.call("delegate", ask("boxed"));
+    eprintln!("sandboxed: {r}");
+    assert_eq!(r["isError"], false, "{r}\n{}", world.asked());
+    assert_eq!(intruded(&world), Vec::<&str>::new(), "{r}");
+    assert_refused_by_the_kernel(delegated(&r), &tool_text(&r));
+
+    let r = mcp.call("delegate", ask("open"));
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(
+        intruded(&world),
+        ["authorized_keys", "the parent's checkout", "outside.txt"],
+        "{r}"
+    );
+    mcp.close();
+    world.assert_nothing_left(&[]);
+}
+
+// ---- a tool filter ----
+
+#[test]
+fn an_mcp_delegate_whose_filter_forbids_bash_never_runs_the_models_bash_call() {
+    let Some(data) = installed() else { return };
+    let _one = one_at_a_time();
+    let echo = format!("[providers.echo]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n");
+    let world = World::new(data, &[("claude", "")], &echo);
+    let marker = world.path().join("MARKER");
+    let prompt = format!("BASH touch {}", marker.display());
+    let mut mcp = Mcp::start(&world, &["--in-process"]);
+
+    // Control: without a filter the command runs.
+    let r = mcp.call("delegate", json!({"prompt": prompt, "cwd": world.repo()}));
+    assert_eq!(r["isError"], false, "{r}\n{}", world.asked());
+    assert!(marker.exists(), "without a filter Bash should have run: {r}");
+    std::fs::remove_file(&marker).unwrap();
+
+    let r = mcp.call(
+        "delegate",
+        json!({"prompt": prompt, "cwd": world.repo(), "toolFilter": {"deny": ["Bash"]}}),
+    );
+    eprintln!("with toolFilter deny Bash: {r}");
+    assert!(!marker.exists(), "Bash ran under a filter that forbids it: {r}");
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(delegated(&r)["stopReason"], "completed", "{r}");
+    // Claude Code told the model the tool does not exist, and the model said so.
+    let said = tool_text(&r);
+    assert!(said.starts_with("RESULT ERROR") && said.contains("Bash"), "{said}");
+
+    // A provider that cannot enforce a filter refuses it, as a tool error the model can read.
+    let r = mcp.call(
+        "delegate",
+        json!({"provider": "echo", "prompt": "hi", "toolFilter": {"deny": ["Bash"]}}),
+    );
+    assert_eq!(r["isError"], true, "{r}");
+    assert_eq!(r["structuredContent"]["error"]["name"], "UNSUPPORTED_CAPABILITY", "{r}");
+    mcp.close();
+    world.assert_nothing_left(&[]);
+}
+
+// ---- a budget ----
+
+#[track_caller]
+fn assert_budget(result: &Value) {
+    assert_eq!(result["stopReason"], "error", "{result}");
+    assert_eq!(result["failure"]["category"], "budget", "{result}");
+    let diagnostic = result["diagnostic"].as_str().unwrap_or_default();
+    assert!(diagnostic.contains("token budget is spent"), "{diagnostic}");
+}
+
+#[test]
+fn an_acpd_run_past_its_token_budget_ends_budget() {
+    let Some(data) = installed() else { return };
+    let _one = one_at_a_time();
+    let world = World::new(data, &[("claude", "budget = { tokens = 1000 }")], "");
+    // Control: the mock's usual few tokens are within the budget.
+    let (v, code, stderr) = world.run("claude", "hello");
+    assert_eq!(code, 0, "{v}\n{stderr}\n{}", world.asked());
+    assert_eq!(v["stopReason"], "completed", "{v}");
+
+    let (v, code, stderr) = world.run("claude", "hello MOCK_USAGE=50000");
+    eprintln!("past the budget: {v}");
+    assert_eq!(code, 1, "{v}\n{stderr}");
+    assert_budget(&v);
+    world.assert_nothing_left(&[]);
+}
+
+#[test]
+fn an_mcp_delegate_past_its_token_budget_ends_budget() {
+    let Some(data) = installed() else { return };
+    let _one = one_at_a_time();
+    let world = World::new(data, &[("claude", "")], "");
+    let mut mcp = Mcp::start(&world, &["--in-process"]);
+    let ask = |text: &str| json!({"prompt": text, "cwd": world.repo(),
+                                  "budget": {"tokens": 1000}});
+    let r = mcp.call("delegate", ask("hello"));
+    assert_eq!(r["isError"], false, "{r}\n{}", world.asked());
+
+    let r = mcp.call("delegate", ask("hello MOCK_USAGE=50000"));
+    eprintln!("past the budget: {r}");
+    assert_eq!(r["isError"], true, "{r}");
+    assert_budget(delegated(&r));
+    mcp.close();
+    world.assert_nothing_left(&[]);
+}
+
+#[test]
+fn a_run_nested_under_a_claude_run_is_cancelled_when_its_spending_ends_the_root() {
+    let Some(data) = installed() else { return };
+    let _one = one_at_a_time();
+    // The nested run: the echo agent, with a sleeper grandchild that ignores SIGTERM, reports
+    // 1500 tokens (past the root's 1000) and waits for a cancel.
+    let hang = format!(
+        "max_depth = 2\n[providers.hang]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+         cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n"
+    );
+    let world = World::new(data, &[("claude", "offer_delegation = true")], &hang);
+    let serve = Serve::start(&world);
+    let socket = serve.socket.to_str().unwrap().to_string();
+    let mut mcp = Mcp::start(&world, &["--socket", &socket]);
+    let nested = json!({"provider": "hang", "prompt": ":grandchild\n:usage 1500\n:hang"});
+    let r = mcp.call(
+        "delegate",
+        json!({"prompt": format!("DELEGATE {nested}"), "cwd": world.repo(),
+               "budget": {"tokens": 1000}}),
+    );
+    eprintln!("the root: {r}");
+    assert_eq!(r["isError"], true, "{r}\n{}", world.asked());
+    assert_budget(delegated(&r));
+    // The nested run (so the model did call acpd's delegate tool) ended with it, saying why.
+    let log = serve.log();
+    let nested_end = log
+        .lines()
+        .find(|l| l.contains("provider: hang") && l.contains("category: budget"))
+        .unwrap_or_else(|| panic!("no budget end of the nested run: {log}"));
+    assert!(nested_end.contains("a run above this one"), "{nested_end}");
+    // Nothing of either tree is left: only the daemon (and its sentinel) and acpd mcp.
+    world.assert_nothing_left(&[serve.pid(), mcp.pid()]);
+    mcp.close();
+    drop(serve);
+    world.assert_nothing_left(&[]);
+}
