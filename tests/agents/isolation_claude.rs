@@ -625,39 +625,73 @@ fn an_mcp_delegate_past_its_token_budget_ends_budget() {
     world.assert_nothing_left(&[]);
 }
 
-#[test]
-fn a_run_nested_under_a_claude_run_is_cancelled_when_its_spending_ends_the_root() {
-    let Some(data) = installed() else { return };
-    let _one = one_at_a_time();
-    // The nested run: the echo agent, with a sleeper grandchild that ignores SIGTERM, reports
-    // 1500 tokens (past the root's 1000) and waits for a cancel.
-    let hang = format!(
+/// The echo agent as the nested run's provider `hang`; `max_depth` 2 lets a run's child
+/// delegate once.
+fn hang_provider() -> String {
+    format!(
         "max_depth = 2\n[providers.hang]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
          cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n"
-    );
-    let world = World::new(data, &[("claude", "offer_delegation = true")], &hang);
-    let serve = Serve::start(&world);
-    let socket = serve.socket.to_str().unwrap().to_string();
-    let mut mcp = Mcp::start(&world, &["--socket", &socket]);
+    )
+}
+
+/// What the root's model asks: delegate to the echo agent, which starts a sleeper grandchild
+/// that ignores SIGTERM, reports 1500 tokens (past the root's 1000) and waits for a cancel.
+fn delegate_past_the_root() -> String {
     let nested = json!({"provider": "hang", "prompt": ":grandchild\n:usage 1500\n:hang"});
-    let r = mcp.call(
-        "delegate",
-        json!({"prompt": format!("DELEGATE {nested}"), "cwd": world.repo(),
-               "budget": {"tokens": 1000}}),
-    );
-    eprintln!("the root: {r}");
-    assert_eq!(r["isError"], true, "{r}\n{}", world.asked());
-    assert_budget(delegated(&r));
-    // The nested run (so the model did call acpd's delegate tool) ended with it, saying why.
-    let log = serve.log();
+    format!("DELEGATE {nested}")
+}
+
+/// The nested run (so the model did call acpd's delegate tool) ended `budget` too, saying
+/// that a run above it spent its budget, in what acpd logged.
+#[track_caller]
+fn assert_nested_ended_with_it(log: &str) {
     let nested_end = log
         .lines()
         .find(|l| l.contains("provider: hang") && l.contains("category: budget"))
         .unwrap_or_else(|| panic!("no budget end of the nested run: {log}"));
     assert!(nested_end.contains("a run above this one"), "{nested_end}");
-    // Nothing of either tree is left: only the daemon (and its sentinel) and acpd mcp.
-    world.assert_nothing_left(&[serve.pid(), mcp.pid()]);
-    mcp.close();
-    drop(serve);
+}
+
+#[test]
+fn a_run_nested_under_an_acpd_run_is_cancelled_when_its_spending_ends_the_root() {
+    let Some(data) = installed() else { return };
+    let _one = one_at_a_time();
+    let root = "offer_delegation = true\nbudget = { tokens = 1000 }";
+    let world = World::new(data, &[("claude", root)], &hang_provider());
+    let (v, code, stderr) = world.run("claude", &delegate_past_the_root());
+    eprintln!("the root: {v}");
+    assert_eq!(code, 1, "{v}\n{stderr}\n{}", world.asked());
+    assert_budget(&v);
+    assert_nested_ended_with_it(&stderr);
     world.assert_nothing_left(&[]);
+}
+
+#[test]
+fn a_run_nested_under_an_mcp_delegate_is_cancelled_when_its_spending_ends_the_root() {
+    let Some(data) = installed() else { return };
+    let _one = one_at_a_time();
+    let world = World::new(data, &[("claude", "offer_delegation = true")], &hang_provider());
+    let ask = json!({"prompt": delegate_past_the_root(), "cwd": world.repo(),
+                     "budget": {"tokens": 1000}});
+    // Runs in the `acpd mcp` process, then in a daemon `acpd mcp` is a client of.
+    for via in ["in-process", "daemon"] {
+        let serve = (via == "daemon").then(|| Serve::start(&world));
+        let mut mcp = match &serve {
+            Some(serve) => Mcp::start(&world, &["--socket", serve.socket.to_str().unwrap()]),
+            None => Mcp::start(&world, &["--in-process"]),
+        };
+        let r = mcp.call("delegate", ask.clone());
+        eprintln!("the root ({via}): {r}");
+        assert_eq!(r["isError"], true, "{r}\n{}", world.asked());
+        assert_budget(delegated(&r));
+        let log = serve.as_ref().map_or_else(|| mcp.raw.log(), Serve::log);
+        assert_nested_ended_with_it(&log);
+        // Nothing of either tree is left: only acpd mcp and the daemon, with its sentinel.
+        let mut alive = vec![mcp.pid()];
+        alive.extend(serve.as_ref().map(Serve::pid));
+        world.assert_nothing_left(&alive);
+        mcp.close();
+        drop(serve);
+        world.assert_nothing_left(&[]);
+    }
 }

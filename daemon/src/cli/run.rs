@@ -95,6 +95,8 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
     crate::supervise::init();
     crate::supervise::keep_records();
     let registry = Registry::new(config, DepthContext::from_env());
+    // What the child is offered to delegate in turn (`offer_delegation`), nested under this run.
+    let nest = crate::runtime::NestSocket::open_for(&registry);
     // `stop` ends the run early: on a signal (`interrupted`) or when stdout is gone.
     let stop = CancellationToken::new();
     let interrupted = CancellationToken::new();
@@ -177,6 +179,9 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
     let result = registry.wait(0, &published.run_id).await;
     let _ = registry.dispose(0, &published.run_id).await;
     canceller.abort();
+    if let Some(nest) = nest {
+        nest.close().await;
+    }
     // Every sender of the output stream is gone with the run; the printer drains and ends.
     drop(registry);
     let streamed = match printer {

@@ -167,6 +167,10 @@ impl Backend {
             Backend::Local(l) => {
                 l.warm.cancel();
                 l.registry.dispose_owner(OWNER).await;
+                let nest = lock(&l.nest).take();
+                if let Some(nest) = nest {
+                    nest.close().await;
+                }
                 l.registry.drain_spares().await;
                 lock(&l.activity).clear();
             }
@@ -201,11 +205,15 @@ pub(super) struct Local {
     activity: Mutex<HashMap<String, watch::Receiver<Activity>>>,
     /// Stops keeping warm spares (`warm`).
     warm: CancellationToken,
+    /// Where the children's own `acpd mcp` connects when a provider offers delegation.
+    nest: Mutex<Option<crate::runtime::NestSocket>>,
 }
 
 impl Local {
     pub(super) fn new(config: crate::config::Config) -> Local {
         let registry = Registry::new(config, DepthContext::from_env());
+        // Before the spares: the socket is what offers delegation in a session's MCP servers.
+        let nest = crate::runtime::NestSocket::open_for(&registry);
         let warm = CancellationToken::new();
         registry.keep_warm(warm.clone());
         Local {
@@ -213,6 +221,7 @@ impl Local {
             caller_cwd: std::env::current_dir().ok(),
             activity: Mutex::new(HashMap::new()),
             warm,
+            nest: Mutex::new(nest),
         }
     }
 

@@ -1,7 +1,8 @@
-//! The socket `acpd stdio` opens for its own children when a provider offers delegation: the
-//! `acpd mcp` an agent starts connects back here, so its runs are this acpd's (nested under
-//! the session that made them, announced to the editor, reaped with it). `acpd serve` offers
-//! its own socket instead.
+//! The socket `acpd stdio`, `acpd run` and `acpd mcp --in-process` open for their own children
+//! when a provider offers delegation: the `acpd mcp` an agent starts connects back here, so its
+//! runs are this acpd's (nested under the session or run that made them, announced to the
+//! editor, counted against the budget above them, reaped with it). `acpd serve` offers its own
+//! socket instead.
 //!
 //! Private like the daemon's: a fresh directory of mode 0700 with the socket 0600 inside,
 //! every peer checked to be acpd's own uid, both removed when the connection ends.
@@ -16,7 +17,7 @@ use tokio_util::task::TaskTracker;
 use crate::server::{self, ServerContext};
 
 /// The listening socket; its directory goes when this drops.
-pub(super) struct NestSocket {
+pub(crate) struct NestSocket {
     dir: PathBuf,
     stop: CancellationToken,
     tasks: TaskTracker,
@@ -37,6 +38,22 @@ impl NestSocket {
                 None
             }
         }
+    }
+
+    /// [`NestSocket::open`] for a process that serves no editor (`acpd run`, `acpd mcp
+    /// --in-process`): its children's connections share `registry`, and none of them may
+    /// open a bridge session, so no session is stored.
+    pub(crate) fn open_for(registry: &crate::registry::Registry) -> Option<NestSocket> {
+        let ctx = ServerContext {
+            registry: registry.clone(),
+            caller_cwd: None,
+            daemon: Default::default(),
+            shutdown: CancellationToken::new(),
+            sessions: crate::server::Sessions::new(crate::store::Store::in_memory(), None),
+            peer_uid: None,
+            origin: None,
+        };
+        Self::open(&ctx)
     }
 
     fn bind(ctx: &ServerContext) -> std::io::Result<NestSocket> {
@@ -76,7 +93,7 @@ impl NestSocket {
     }
 
     /// Stops accepting and ends the connections it serves (each disposes its runs first).
-    pub(super) async fn close(self) {
+    pub(crate) async fn close(self) {
         self.stop.cancel();
         self.tasks.close();
         self.tasks.wait().await;
