@@ -78,7 +78,14 @@ impl World {
         let mock = Mock::start(mock_log.path());
         let dir = tempfile::tempdir().unwrap();
         let w = dir.path();
-        for d in ["home/.ssh", "repo", "state", "xdg/config", "xdg/cache", "run"] {
+        for d in [
+            "home/.ssh",
+            "repo",
+            "state",
+            "xdg/config",
+            "xdg/cache",
+            "run",
+        ] {
             std::fs::create_dir_all(w.join(d)).unwrap();
         }
         // Claude Code's config dir inside the one directory of HOME the claude preset may write.
@@ -90,7 +97,11 @@ impl World {
             r#"{"permissions":{"defaultMode":"default"}}"#,
         )
         .unwrap();
-        std::fs::write(w.join("home/.ssh/authorized_keys"), "ssh-ed25519 ORIGINAL\n").unwrap();
+        std::fs::write(
+            w.join("home/.ssh/authorized_keys"),
+            "ssh-ed25519 ORIGINAL\n",
+        )
+        .unwrap();
         let repo = w.join("repo");
         git(&repo, &["init", "-q", "-b", "main"]);
         std::fs::write(repo.join("notes.txt"), "original\n").unwrap();
@@ -179,7 +190,10 @@ impl World {
         let want = format!("HOME={}", self.home().display()).into_bytes();
         let mut out = Vec::new();
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok())
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
             else {
                 continue;
             };
@@ -202,8 +216,14 @@ impl World {
     #[track_caller]
     fn assert_nothing_left(&self, except: &[i32]) {
         let others = |l: &String| !l.contains(" sentinel") || except.is_empty();
-        let gone = eventually(GONE, || self.left(except).iter().filter(|l| others(l)).count() == 0);
-        assert!(gone, "processes outlived the scenario: {:?}", self.left(except));
+        let gone = eventually(GONE, || {
+            self.left(except).iter().filter(|l| others(l)).count() == 0
+        });
+        assert!(
+            gone,
+            "processes outlived the scenario: {:?}",
+            self.left(except)
+        );
     }
 }
 
@@ -231,7 +251,10 @@ impl Mcp {
                    "clientInfo": {"name": "isolation_claude", "version": "0"}}),
         );
         let init = mcp.answer(id);
-        assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
+        assert!(
+            init["result"]["capabilities"]["tools"].is_object(),
+            "{init}"
+        );
         mcp.raw
             .line(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
         mcp
@@ -278,7 +301,11 @@ impl Mcp {
 
     fn result(&mut self, id: u64) -> Value {
         let answer = self.answer(id);
-        assert!(answer.get("error").is_none(), "{answer}\n{}", self.raw.log());
+        assert!(
+            answer.get("error").is_none(),
+            "{answer}\n{}",
+            self.raw.log()
+        );
         answer["result"].clone()
     }
 
@@ -289,7 +316,11 @@ impl Mcp {
         let exited = eventually(GONE, || process.try_wait().is_ok_and(|s| s.is_some()));
         assert!(exited, "acpd mcp did not exit after its client left");
         let status = process.wait().unwrap();
-        assert!(status.success(), "acpd mcp exited {status}: {}", self.raw.log());
+        assert!(
+            status.success(),
+            "acpd mcp exited {status}: {}",
+            self.raw.log()
+        );
     }
 }
 
@@ -363,10 +394,18 @@ impl Drop for Serve {
 fn assert_two_branches(world: &World, results: [(&Value, &str); 2]) {
     let mut branches = Vec::new();
     for (result, content) in results {
-        assert_eq!(result["stopReason"], "completed", "{result}\n{}", world.asked());
+        assert_eq!(
+            result["stopReason"],
+            "completed",
+            "{result}\n{}",
+            world.asked()
+        );
         let ws = &result["workspace"];
         let branch = ws["branch"].as_str().unwrap_or_else(|| panic!("{result}"));
-        assert_eq!(branch, format!("acpd/{}", result["runId"].as_str().unwrap()));
+        assert_eq!(
+            branch,
+            format!("acpd/{}", result["runId"].as_str().unwrap())
+        );
         assert_eq!(ws["changed"], json!(["notes.txt"]), "{result}");
         assert_eq!(
             git(&world.repo(), &["show", &format!("{branch}:notes.txt")]),
@@ -431,17 +470,30 @@ fn two_mcp_delegates_in_flight_edit_one_file_each_on_a_branch_of_its_own() {
             "subagent_start",
             json!({"provider": "echo", "cwd": cwd, "prompt": ":write notes.txt echo\nok"}),
         );
-        let run_id = started["structuredContent"]["runId"].as_str().unwrap().to_string();
+        let run_id = started["structuredContent"]["runId"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let done = mcp.call("subagent_wait", json!({"runId": run_id}));
-        let branch = delegated(&done)["workspace"]["branch"].as_str().unwrap().to_string();
+        let branch = delegated(&done)["workspace"]["branch"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let mut args = json!({"runId": run_id});
         if !keep {
             args["keepBranch"] = json!(false);
         }
         let disposed = mcp.call("subagent_dispose", args);
-        assert_eq!(disposed["structuredContent"]["disposed"], true, "{disposed}");
+        assert_eq!(
+            disposed["structuredContent"]["disposed"], true,
+            "{disposed}"
+        );
         let listed = git(&world.repo(), &["branch", "--list", &branch]);
-        assert_eq!(!listed.trim().is_empty(), keep, "keepBranch {keep}: {listed:?}");
+        assert_eq!(
+            !listed.trim().is_empty(),
+            keep,
+            "keepBranch {keep}: {listed:?}"
+        );
     }
     mcp.close();
     assert_eq!(world.notes(), "original\n");
@@ -519,8 +571,10 @@ fn under_landlock_an_mcp_delegate_writes_neither_authorized_keys_nor_outside_its
     let _one = one_at_a_time();
     let world = World::new(data, BOXED, "");
     let mut mcp = Mcp::start(&world, &["--in-process"]);
-    let ask = |provider: &str| json!({"provider": provider, "prompt": intrusion(&world),
-                                      "cwd": world.repo()});
+    let ask = |provider: &str| {
+        json!({"provider": provider, "prompt": intrusion(&world),
+                                      "cwd": world.repo()})
+    };
     let r = mcp.call("delegate", ask("boxed"));
     eprintln!("sandboxed: {r}");
     assert_eq!(r["isError"], false, "{r}\n{}", world.asked());
@@ -553,7 +607,10 @@ fn an_mcp_delegate_whose_filter_forbids_bash_never_runs_the_models_bash_call() {
     // Control: without a filter the command runs.
     let r = mcp.call("delegate", json!({"prompt": prompt, "cwd": world.repo()}));
     assert_eq!(r["isError"], false, "{r}\n{}", world.asked());
-    assert!(marker.exists(), "without a filter Bash should have run: {r}");
+    assert!(
+        marker.exists(),
+        "without a filter Bash should have run: {r}"
+    );
     std::fs::remove_file(&marker).unwrap();
 
     let r = mcp.call(
@@ -561,12 +618,18 @@ fn an_mcp_delegate_whose_filter_forbids_bash_never_runs_the_models_bash_call() {
         json!({"prompt": prompt, "cwd": world.repo(), "toolFilter": {"deny": ["Bash"]}}),
     );
     eprintln!("with toolFilter deny Bash: {r}");
-    assert!(!marker.exists(), "Bash ran under a filter that forbids it: {r}");
+    assert!(
+        !marker.exists(),
+        "Bash ran under a filter that forbids it: {r}"
+    );
     assert_eq!(r["isError"], false, "{r}");
     assert_eq!(delegated(&r)["stopReason"], "completed", "{r}");
     // Claude Code told the model the tool does not exist, and the model said so.
     let said = tool_text(&r);
-    assert!(said.starts_with("RESULT ERROR") && said.contains("Bash"), "{said}");
+    assert!(
+        said.starts_with("RESULT ERROR") && said.contains("Bash"),
+        "{said}"
+    );
 
     // A provider that cannot enforce a filter refuses it, as a tool error the model can read.
     let r = mcp.call(
@@ -574,7 +637,35 @@ fn an_mcp_delegate_whose_filter_forbids_bash_never_runs_the_models_bash_call() {
         json!({"provider": "echo", "prompt": "hi", "toolFilter": {"deny": ["Bash"]}}),
     );
     assert_eq!(r["isError"], true, "{r}");
-    assert_eq!(r["structuredContent"]["error"]["name"], "UNSUPPORTED_CAPABILITY", "{r}");
+    assert_eq!(
+        r["structuredContent"]["error"]["name"], "UNSUPPORTED_CAPABILITY",
+        "{r}"
+    );
+    // A filter that names nothing, a permission rule for a name, a list that is no list, and
+    // a keepBranch that is no boolean are refused before anything starts.
+    for filter in [
+        json!({}),
+        json!({"deny": ["Bash(rm:*)"]}),
+        json!({"deny": "Bash"}),
+    ] {
+        let r = mcp.call(
+            "delegate",
+            json!({"prompt": prompt, "cwd": world.repo(), "toolFilter": filter}),
+        );
+        assert_eq!(
+            r["structuredContent"]["error"]["name"], "INVALID_REQUEST",
+            "{r}"
+        );
+    }
+    let r = mcp.call(
+        "subagent_dispose",
+        json!({"runId": "x", "keepBranch": "no"}),
+    );
+    assert_eq!(
+        r["structuredContent"]["error"]["name"], "INVALID_REQUEST",
+        "{r}"
+    );
+    assert!(!marker.exists());
     mcp.close();
     world.assert_nothing_left(&[]);
 }
@@ -612,8 +703,10 @@ fn an_mcp_delegate_past_its_token_budget_ends_budget() {
     let _one = one_at_a_time();
     let world = World::new(data, &[("claude", "")], "");
     let mut mcp = Mcp::start(&world, &["--in-process"]);
-    let ask = |text: &str| json!({"prompt": text, "cwd": world.repo(),
-                                  "budget": {"tokens": 1000}});
+    let ask = |text: &str| {
+        json!({"prompt": text, "cwd": world.repo(),
+                                  "budget": {"tokens": 1000}})
+    };
     let r = mcp.call("delegate", ask("hello"));
     assert_eq!(r["isError"], false, "{r}\n{}", world.asked());
 
@@ -670,7 +763,11 @@ fn a_run_nested_under_an_acpd_run_is_cancelled_when_its_spending_ends_the_root()
 fn a_run_nested_under_an_mcp_delegate_is_cancelled_when_its_spending_ends_the_root() {
     let Some(data) = installed() else { return };
     let _one = one_at_a_time();
-    let world = World::new(data, &[("claude", "offer_delegation = true")], &hang_provider());
+    let world = World::new(
+        data,
+        &[("claude", "offer_delegation = true")],
+        &hang_provider(),
+    );
     let ask = json!({"prompt": delegate_past_the_root(), "cwd": world.repo(),
                      "budget": {"tokens": 1000}});
     // Runs in the `acpd mcp` process, then in a daemon `acpd mcp` is a client of.

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use acpd_protocol::acp::{ContentBlock, RequestPermissionRequest};
 use acpd_protocol::envelope::{Id, RpcError};
 use acpd_protocol::methods::{
-    DisposeRequest, Empty, ListReply, ProvidersReply, RunRef, RunSummary, SendReply, SendRequest, StartReply, name,
+    DisposeRequest, Empty, ListReply, ProvidersReply, RunRef, RunSummary, SendReply, SendRequest,
+    StartReply, name,
 };
 use acpd_protocol::permission::{Decision, cancelled, decide};
 use acpd_protocol::subagent::{ProviderInfo, StartRequest, SubagentResult};

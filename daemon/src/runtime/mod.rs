@@ -9,8 +9,8 @@ mod shutdown;
 mod socket;
 mod stdio;
 
+pub(crate) use nest_socket::NestSocket;
 pub(crate) use serve::{ServeError, ServeOptions, serve};
 pub(crate) use shutdown::{Shutdown, bound as shutdown_bound};
-pub(crate) use nest_socket::NestSocket;
 pub(crate) use socket::default_socket_path;
 pub(crate) use stdio::{Reader, Writer, serve_stdio, stdio};
