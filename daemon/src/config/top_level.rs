@@ -125,8 +125,10 @@ impl Config {
             config.trace_dir = Some(PathBuf::from(dir.into_inner()));
         }
         if let Some(addr) = raw.metrics_listen {
-            config.metrics_listen =
-                Some(metrics_address(addr.get_ref()).map_err(|m| at(addr.span(), "metrics_listen", &m))?);
+            config.metrics_listen = Some(
+                metrics_address(addr.get_ref())
+                    .map_err(|m| at(addr.span(), "metrics_listen", &m))?,
+            );
         }
         if let Some(wait) = raw.detach_timeout {
             let d = parse_duration(&wait, "detach_timeout", &at)?;

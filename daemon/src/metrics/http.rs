@@ -56,7 +56,9 @@ pub(crate) async fn serve(listener: TcpListener, render: Render, stop: Cancellat
             },
         };
         let Ok(permit) = room.clone().try_acquire_owned() else {
-            tracing::debug!("metrics_listen: {MAX_CONNECTIONS} scrapers connected; closing one more");
+            tracing::debug!(
+                "metrics_listen: {MAX_CONNECTIONS} scrapers connected; closing one more"
+            );
             continue;
         };
         let render = render.clone();
@@ -89,10 +91,9 @@ pub(crate) async fn serve(listener: TcpListener, render: Render, stop: Cancellat
 fn respond(req: &Request<Incoming>, render: &Render) -> Response<Full<Bytes>> {
     if req.method() == Method::GET && req.uri().path() == "/metrics" {
         let mut answer = Response::new(Full::new(Bytes::from(render())));
-        answer.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static(super::CONTENT_TYPE),
-        );
+        answer
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(super::CONTENT_TYPE));
         return answer;
     }
     let mut answer = Response::new(Full::new(Bytes::from_static(

@@ -7,6 +7,9 @@
 //! than an event (live children, sessions, spares) is not tracked here at all: whoever renders
 //! reads it from the registry at scrape time ([`Gauges`]), so it can never drift.
 //!
+//! A family whose labels name a provider has no series until its first event; the others
+//! (by kind, direction, limit, step) are all there, at 0, from the start.
+//!
 //! Every label value is bounded: fixed words of this module, or provider names from the
 //! config (a child's own words, such as a reported failure category, never become a label).
 
@@ -238,7 +241,10 @@ impl Metrics {
             [("direction", "parent_to_child")],
             [("direction", "child_to_parent")],
         ];
-        let (m, b) = (dirs.map(|l| member(&messages, l)), dirs.map(|l| member(&bytes, l)));
+        let (m, b) = (
+            dirs.map(|l| member(&messages, l)),
+            dirs.map(|l| member(&bytes, l)),
+        );
         registry.register(
             "forwarded_messages",
             "Messages a bridge session passed between its editor and its agent, by direction",
@@ -260,7 +266,8 @@ impl Metrics {
             limits,
         );
         let steps = Family::<Fixed<1>, Counter>::default();
-        let step_counters = ["eof", "term", "kill", "cgroup_kill"].map(|s| member(&steps, [("step", s)]));
+        let step_counters =
+            ["eof", "term", "kill", "cgroup_kill"].map(|s| member(&steps, [("step", s)]));
         registry.register(
             "teardown_steps",
             "Rungs of the teardown ladder reached: eof (every teardown), term, kill, cgroup_kill",
@@ -382,7 +389,10 @@ pub(crate) fn render(gauges: &Gauges) -> String {
     let mut now = Registry::with_prefix("acpd");
     let children = Family::<Named, Gauge>::default();
     for (provider, state, n) in &gauges.children {
-        let labels = vec![("provider", provider.clone()), ("state", (*state).to_owned())];
+        let labels = vec![
+            ("provider", provider.clone()),
+            ("state", (*state).to_owned()),
+        ];
         children.get_or_create(&labels).set(gauge_value(*n));
     }
     now.register(
@@ -396,7 +406,9 @@ pub(crate) fn render(gauges: &Gauges) -> String {
         ("attached", gauges.sessions_attached),
         ("detached", gauges.sessions_detached),
     ] {
-        sessions.get_or_create(&[("state", state)]).set(gauge_value(n));
+        sessions
+            .get_or_create(&[("state", state)])
+            .set(gauge_value(n));
     }
     now.register(
         "sessions",

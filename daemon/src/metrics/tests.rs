@@ -28,7 +28,11 @@ fn ended(provider: &str, stop: StopReason, category: Option<Category>) -> Subage
 #[test]
 fn a_category_the_child_names_is_one_label_whatever_it_said() {
     for said in ["made-up-1", "made-up-2"] {
-        let r = ended("unit-reported", StopReason::Error, Some(Category::Reported(said.into())));
+        let r = ended(
+            "unit-reported",
+            StopReason::Error,
+            Some(Category::Reported(said.into())),
+        );
         get().turn_ended(&r, Duration::from_millis(5));
     }
     let text = render(&Gauges::default());
@@ -43,10 +47,19 @@ fn a_category_the_child_names_is_one_label_whatever_it_said() {
 
 #[test]
 fn every_family_has_help_and_type_and_the_gauges_read_at_render() {
-    get().limit_hit(Limit::MaxOutput);
-    get().forwarded(Direction::ChildToParent, 272);
+    // A family labelled by provider appears with its first event.
+    get().turn_started("unit-families");
+    get().turn_ended(
+        &ended("unit-families", StopReason::Completed, None),
+        Duration::ZERO,
+    );
+    get().child_started("unit-families", Duration::from_millis(30));
+    get().start_failed("unit-families", &Category::Spawn);
     let gauges = Gauges {
-        children: vec![("echo".into(), "running", 2), ("echo".into(), "starting", 0)],
+        children: vec![
+            ("echo".into(), "running", 2),
+            ("echo".into(), "starting", 0),
+        ],
         sessions_attached: 1,
         sessions_detached: 3,
         spares: vec![("echo".into(), 1)],
@@ -70,8 +83,14 @@ fn every_family_has_help_and_type_and_the_gauges_read_at_render() {
         "acpd_spares",
         "acpd_queued_starts",
     ] {
-        assert!(text.contains(&format!("# HELP {family} ")), "{family}: {text}");
-        assert!(text.contains(&format!("# TYPE {family} ")), "{family}: {text}");
+        assert!(
+            text.contains(&format!("# HELP {family} ")),
+            "{family}: {text}"
+        );
+        assert!(
+            text.contains(&format!("# TYPE {family} ")),
+            "{family}: {text}"
+        );
     }
     for line in [
         r#"acpd_children{provider="echo",state="running"} 2"#,

@@ -123,7 +123,11 @@ impl Registry {
             };
             if waiting.is_none() {
                 let max_children = matches!(&err, RegistryError::Capacity { scope, .. } if scope == "max_children");
-                crate::metrics::get().limit_hit(if max_children { crate::metrics::Limit::MaxChildren } else { crate::metrics::Limit::MaxConcurrent });
+                crate::metrics::get().limit_hit(if max_children {
+                    crate::metrics::Limit::MaxChildren
+                } else {
+                    crate::metrics::Limit::MaxConcurrent
+                });
             }
             let Some(deadline) = deadline else {
                 return Err(err);

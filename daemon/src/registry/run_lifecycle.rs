@@ -240,7 +240,10 @@ impl Run {
         prompt: Vec<ContentBlock>,
         cancel: CancellationToken,
     ) {
-        let (began, ()) = (std::time::Instant::now(), crate::metrics::get().turn_started(&self.provider.name));
+        let (began, ()) = (
+            std::time::Instant::now(),
+            crate::metrics::get().turn_started(&self.provider.name),
+        );
         let (tx, mut rx) = mpsc::channel::<ChildEvent>(crate::wire::QUEUE_DEPTH);
         let ctl = TurnControl {
             cancel,

@@ -138,7 +138,11 @@ pub(crate) async fn serve(
     if let Some(listener) = metrics {
         let scraped = ctx.clone();
         let render: crate::metrics::http::Render = Arc::new(move || server::metrics_text(&scraped));
-        tokio::spawn(crate::metrics::http::serve(listener, render, cancel_all.clone()));
+        tokio::spawn(crate::metrics::http::serve(
+            listener,
+            render,
+            cancel_all.clone(),
+        ));
     }
     let tracker = TaskTracker::new();
     let own_uid = Uid::effective();

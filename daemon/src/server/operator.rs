@@ -107,11 +107,19 @@ fn gauges(ctx: &super::ServerContext) -> crate::metrics::Gauges {
     providers.sort();
     providers.dedup();
     for provider in providers {
-        let filed: u64 = by.iter().filter(|((p, _), _)| *p == provider).map(|(_, n)| n).sum();
+        let filed: u64 = by
+            .iter()
+            .filter(|((p, _), _)| *p == provider)
+            .map(|(_, n)| n)
+            .sum();
         let live = registry.live_children_of(&provider) as u64;
         by.insert((provider, "starting"), live.saturating_sub(filed));
     }
     let sessions = ctx.sessions.counts();
+    let mut spares = spares;
+    for provider in registry.config().providers.keys() {
+        spares.entry(provider.clone()).or_default();
+    }
     crate::metrics::Gauges {
         children: by.into_iter().map(|((p, s), n)| (p, s, n)).collect(),
         sessions_attached: sessions.attached as u64,

@@ -262,7 +262,12 @@ impl ProcessTree {
             .unwrap_or_else(|p| p.into_inner());
         if seen.is_none() {
             *seen = hit;
-            hit.inspect(|h| crate::metrics::get().limit_hit(match h { LimitHit::Memory => crate::metrics::Limit::MemoryMax, LimitHit::Pids => crate::metrics::Limit::PidsMax }));
+            hit.inspect(|h| {
+                crate::metrics::get().limit_hit(match h {
+                    LimitHit::Memory => crate::metrics::Limit::MemoryMax,
+                    LimitHit::Pids => crate::metrics::Limit::PidsMax,
+                })
+            });
         }
     }
 

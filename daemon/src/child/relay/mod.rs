@@ -393,7 +393,10 @@ impl Relay {
         self.trace(Hop::AcpdToParent, || {
             envelope::encode_reply(&pid, outcome.as_ref().map(|r| &**r))
         });
-        crate::metrics::get().forwarded(crate::metrics::Direction::ChildToParent, outcome.as_ref().map_or(0, |r| r.get().len()));
+        crate::metrics::get().forwarded(
+            crate::metrics::Direction::ChildToParent,
+            outcome.as_ref().map_or(0, |r| r.get().len()),
+        );
         let _ = self
             .t
             .parent
@@ -476,7 +479,8 @@ impl Relay {
             }
             Cmd::Notify { method, params } => {
                 if let Ok(p) = self.to_child(&params, &d.shared.session_id) {
-                    crate::metrics::get().forwarded(crate::metrics::Direction::ParentToChild, p.get().len());
+                    crate::metrics::get()
+                        .forwarded(crate::metrics::Direction::ParentToChild, p.get().len());
                     let _ = d.wire.notify(&method, &p).await;
                 }
                 return;
@@ -518,7 +522,10 @@ impl Relay {
                 }
             },
         };
-        crate::metrics::get().forwarded(crate::metrics::Direction::ParentToChild, params.as_ref().map_or(0, |p| p.get().len()));
+        crate::metrics::get().forwarded(
+            crate::metrics::Direction::ParentToChild,
+            params.as_ref().map_or(0, |p| p.get().len()),
+        );
         if let (Some(child_id), Some(record)) =
             (self.send_call(d, id, method, params).await, after_ok)
         {
