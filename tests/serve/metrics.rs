@@ -167,6 +167,13 @@ fn status_metrics_is_prometheus_text_and_the_port_serves_only_get_metrics() {
         refused["error"]["data"]["code"], "START_FAILED",
         "{refused}"
     );
+    // A bridge session: one prompt through the relay, the session left attached.
+    let session = raw.new_session(Path::new("/tmp"), "fast");
+    let prompt = raw.send_prompt(&session, "through the relay");
+    assert_eq!(
+        raw.answer(&json!(prompt)).value["result"]["stopReason"],
+        "end_turn"
+    );
     let out = d.cli(&["status", "--metrics"]);
     assert!(
         out.status.success(),
@@ -189,6 +196,20 @@ fn status_metrics_is_prometheus_text_and_the_port_serves_only_get_metrics() {
     );
     let failed = "acpd_child_start_failures_total{provider=\"broken\",category=\"spawn\"} 1";
     assert!(text.contains(failed), "{text}");
+    for line in [
+        "acpd_sessions{state=\"attached\"} 1",
+        "acpd_children{provider=\"fast\",state=\"attached\"} 1",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+    let forwarded = |direction: &str| {
+        let series = format!("acpd_forwarded_messages_total{{direction=\"{direction}\"}} ");
+        let n = text.split(&series).nth(1).and_then(|r| r.lines().next());
+        n.and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)
+    };
+    // The prompt and its answer, the updates between: at least one each way.
+    assert!(forwarded("parent_to_child") >= 1, "{text}");
+    assert!(forwarded("child_to_parent") >= 2, "{text}");
     if which("promtool") {
         let mut check = Command::new("promtool")
             .args(["check", "metrics"])
@@ -463,6 +484,9 @@ fn prometheus_scrapes_the_runs_this_test_made() {
     );
     let started = prometheus.query(api, "sum(acpd_runs_started_total{provider=\"fast\"})");
     assert_eq!(started.first().map(|s| s.1), Some(7.0), "{started:?}");
+    // The crashed run's child was torn down: its ladder began by closing stdin.
+    let eof = prometheus.query(api, "acpd_teardown_steps_total{step=\"eof\"}");
+    assert!(eof.first().is_some_and(|s| s.1 >= 1.0), "{eof:?}");
     let up = prometheus.query(api, "up{job=\"acpd\"}");
     assert_eq!(up.first().map(|s| s.1), Some(1.0), "{up:?}");
 }

@@ -351,6 +351,46 @@ impl Metrics {
     }
 }
 
+/// A bridge session passed one message to its editor, of `bytes`.
+#[inline]
+pub(crate) fn to_parent(bytes: usize) {
+    get().forwarded(Direction::ChildToParent, bytes);
+}
+
+/// A bridge session passed one message to its agent, of `bytes`.
+#[inline]
+pub(crate) fn to_child(bytes: usize) {
+    get().forwarded(Direction::ParentToChild, bytes);
+}
+
+/// The bytes of a message's params or result as the relay holds them; 0 when it has none.
+pub(crate) fn size(payload: &impl Payload) -> usize {
+    payload.payload_len()
+}
+
+/// What the relay passes on: params or a result (raw JSON), maybe absent, maybe an error.
+pub(crate) trait Payload {
+    fn payload_len(&self) -> usize;
+}
+
+impl Payload for Box<serde_json::value::RawValue> {
+    fn payload_len(&self) -> usize {
+        self.get().len()
+    }
+}
+
+impl<T: Payload> Payload for Option<T> {
+    fn payload_len(&self) -> usize {
+        self.as_ref().map_or(0, Payload::payload_len)
+    }
+}
+
+impl<T: Payload, E> Payload for Result<T, E> {
+    fn payload_len(&self) -> usize {
+        self.as_ref().map_or(0, Payload::payload_len)
+    }
+}
+
 /// A failure category as a label: acpd's own words; a category the child named itself is
 /// `reported`, whatever it said.
 fn category_label(category: &Category) -> &str {
