@@ -251,6 +251,31 @@ fn status_metrics_is_prometheus_text_and_the_port_serves_only_get_metrics() {
     assert_eq!(get(addr, "/metrics").0, 200);
 }
 
+/// A `metrics_listen` port that is taken stops `acpd serve` at start with one line naming the
+/// address, the key and the OS error, and leaves no socket behind.
+#[test]
+fn a_taken_port_stops_serve_and_leaves_no_socket() {
+    // Held by the test for its whole length: nothing can free it in between.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let env = Env::new(&format!("metrics_listen = \"{addr}\""));
+    let socket = env.path().join("acpd.sock");
+    let out = env
+        .acpd()
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("cannot serve metrics on {addr} (metrics_listen)"))
+            && err.contains("in use"),
+        "{err}"
+    );
+    assert!(!socket.exists(), "the socket was left behind");
+}
+
 /// `_acpd/metrics` is open to whoever may call `_acpd/status`, on the same terms: only after
 /// `initialize`, params an object; the answer carries the text and its content type.
 #[test]

@@ -6,11 +6,13 @@
 //! that lives at most [`MAX_AGE`] (then it finishes what it is answering, for at most
 //! [`CLOSE_GRACE`], and is closed: a scraper that stops reading its answer is dropped). The
 //! accept loop never waits on a connection, so none of this can stall it, and nothing here
-//! touches the daemon's ACP socket or its children.
+//! touches the daemon's ACP socket or its children. However fast scrapers ask, the text is
+//! rendered (the registry's tables read) at most once per [`FRESH`]: a flood of requests costs
+//! copies of the same bytes, not the daemon's locks.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -34,6 +36,8 @@ pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(120);
 /// How long a connection past its age may take to finish the answer it is writing.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// How long one rendering answers every scrape.
+pub(crate) const FRESH: Duration = Duration::from_millis(250);
 /// A pause after a failed accept (EMFILE keeps the backlog readable: no spinning).
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 
@@ -43,6 +47,10 @@ pub(crate) type Render = Arc<dyn Fn() -> String + Send + Sync>;
 /// Serves `listener` until `stop`.
 pub(crate) async fn serve(listener: TcpListener, render: Render, stop: CancellationToken) {
     let room = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let cache = Arc::new(Cache {
+        render,
+        last: std::sync::Mutex::new(None),
+    });
     loop {
         let stream = tokio::select! {
             () = stop.cancelled() => return,
@@ -61,12 +69,12 @@ pub(crate) async fn serve(listener: TcpListener, render: Render, stop: Cancellat
             );
             continue;
         };
-        let render = render.clone();
+        let cache = cache.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let service = service_fn(move |req| {
-                let answer = respond(&req, &render);
+                let answer = respond(&req, &cache);
                 async move { Ok::<_, Infallible>(answer) }
             });
             let mut builder = http1::Builder::new();
@@ -87,10 +95,30 @@ pub(crate) async fn serve(listener: TcpListener, render: Render, stop: Cancellat
     }
 }
 
+/// The last rendering, and when it was made.
+struct Cache {
+    render: Render,
+    last: std::sync::Mutex<Option<(Instant, Bytes)>>,
+}
+
+impl Cache {
+    fn text(&self) -> Bytes {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, text)) = last.as_ref()
+            && at.elapsed() < FRESH
+        {
+            return text.clone();
+        }
+        let text = Bytes::from((self.render)());
+        *last = Some((Instant::now(), text.clone()));
+        text
+    }
+}
+
 /// `GET /metrics` (any query string) is the exposition; everything else is 404.
-fn respond(req: &Request<Incoming>, render: &Render) -> Response<Full<Bytes>> {
+fn respond(req: &Request<Incoming>, cache: &Cache) -> Response<Full<Bytes>> {
     if req.method() == Method::GET && req.uri().path() == "/metrics" {
-        let mut answer = Response::new(Full::new(Bytes::from(render())));
+        let mut answer = Response::new(Full::new(cache.text()));
         answer
             .headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static(super::CONTENT_TYPE));

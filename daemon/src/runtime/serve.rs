@@ -106,6 +106,11 @@ pub(crate) async fn serve(
     let metrics = match bind_metrics(config.metrics_listen).await {
         Ok(m) => m,
         Err(e) => {
+            // The socket was bound by this process a moment ago: nobody else's to keep.
+            drop(listener);
+            if let Some(path) = &bound_path {
+                let _ = std::fs::remove_file(path);
+            }
             supervise::forget_records();
             return Err(e);
         }
