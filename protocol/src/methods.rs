@@ -26,6 +26,8 @@ pub mod name {
     pub const LIST: &str = "_acpd/subagent/list";
     /// The operator's: re-read the daemon's config (only acpd's own user may).
     pub const RELOAD: &str = "_acpd/reload";
+    /// The operator's: the daemon's metrics in Prometheus text format ([`super::MetricsReply`]).
+    pub const METRICS: &str = "_acpd/metrics";
     /// Notification: a turn started ([`crate::subagent::Started`]).
     pub const STARTED: &str = "_acpd/subagent/started";
     /// Notification: a turn settled ([`crate::subagent::Ended`]).
@@ -34,8 +36,8 @@ pub mod name {
     pub const PREFIX: &str = "_acpd/";
 
     /// The requests a parent may call (not the notifications acpd sends).
-    pub const REQUESTS: [&str; 10] = [
-        PROVIDERS, STATUS, RUNS, START, WAIT, CANCEL, DISPOSE, SEND, LIST, RELOAD,
+    pub const REQUESTS: [&str; 11] = [
+        PROVIDERS, STATUS, RUNS, START, WAIT, CANCEL, DISPOSE, SEND, LIST, RELOAD, METRICS,
     ];
 }
 
@@ -194,6 +196,16 @@ pub struct ReloadReply {
     /// Provider names.
     pub providers: Vec<String>,
     pub default_provider: String,
+}
+
+/// `_acpd/metrics`'s reply: what `metrics_listen` serves at `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricsReply {
+    /// The `Content-Type` of `text`.
+    pub content_type: String,
+    /// The exposition, in Prometheus text format 0.0.4.
+    pub text: String,
 }
 
 /// `_acpd/status`'s reply.

@@ -1,6 +1,7 @@
 //! `acpd serve` end to end, one module per concern: the daemon itself (socket activation,
-//! sd_notify, SIGHUP, SIGTERM, strays), `acpd reload`, `acpd mcp` through a daemon, and sessions
-//! that outlive their connection. Every module starts its daemon with `common::daemon::Daemon`.
+//! sd_notify, SIGHUP, SIGTERM, strays), `acpd reload`, `acpd mcp` through a daemon, sessions
+//! that outlive their connection, and its metrics scraped by a real Prometheus. Every module
+//! starts its daemon with `common::daemon::Daemon`.
 //!
 //! One test binary (each binary links the whole crate, so fewer binaries build and link
 //! faster); filter a module with `cargo test --test serve <module>::`. Modules run in parallel
@@ -14,4 +15,5 @@ mod common;
 mod bridge_detach;
 mod daemon;
 mod mcp;
+mod metrics;
 mod reload;

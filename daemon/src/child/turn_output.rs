@@ -61,6 +61,9 @@ impl Output {
     }
 
     pub(super) fn finish(mut self) -> (Vec<ContentBlock>, bool) {
+        if self.truncated {
+            crate::metrics::get().limit_hit(crate::metrics::Limit::MaxOutput)
+        }
         self.flush_text();
         (self.blocks, self.truncated)
     }

@@ -57,6 +57,16 @@ pub struct QueryArgs {
     pub timeout: super::client::TimeoutArg,
 }
 
+/// `acpd status`: the daemon's status, or its metrics.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub query: QueryArgs,
+    /// Print the daemon's metrics in Prometheus text format (what `metrics_listen` serves).
+    #[arg(long, conflicts_with = "json")]
+    pub metrics: bool,
+}
+
 fn socket_path(arg: &SocketArg) -> Result<PathBuf, u8> {
     match &arg.socket {
         Some(p) => Ok(p.clone()),
@@ -334,7 +344,18 @@ async fn ask(args: &QueryArgs, method: &'static str) -> Result<Option<Value>, u8
     Ok(Some(v))
 }
 
-pub(super) async fn status(args: QueryArgs) -> u8 {
+pub(super) async fn status(args: StatusArgs) -> u8 {
+    if args.metrics {
+        return match ask(&args.query, acpd_protocol::methods::name::METRICS).await {
+            Ok(Some(v)) => printed(super::write_stdout(format_args!(
+                "{}",
+                v["text"].as_str().unwrap_or_default()
+            ))),
+            Ok(None) => 0,
+            Err(code) => code,
+        };
+    }
+    let args = args.query;
     let v = match ask(&args, "_acpd/status").await {
         Ok(Some(v)) => v,
         Ok(None) => return 0,

@@ -160,7 +160,7 @@ pub enum Command {
     Mcp(McpCommand),
     /// Show the daemon's status.
     #[command(after_help = help::STATUS)]
-    Status(daemon::QueryArgs),
+    Status(daemon::StatusArgs),
     /// List the daemon's runs.
     #[command(after_help = help::RUNS)]
     Runs(daemon::QueryArgs),

@@ -75,6 +75,7 @@ impl Config {
             detach_timeout: Some(Duration::from_secs(600)),
             registry_url: DEFAULT_REGISTRY_URL.to_owned(),
             trace_dir: None,
+            metrics_listen: None,
             containment: Default::default(),
             child_stderr: None,
             providers: BTreeMap::from([(ECHO.to_owned(), Arc::new(echo))]),

@@ -30,6 +30,7 @@ pub(super) struct RawConfig {
     pub(super) detach_timeout: Option<Spanned<String>>,
     pub(super) registry_url: Option<Spanned<String>>,
     pub(super) trace_dir: Option<Spanned<String>>,
+    pub(super) metrics_listen: Option<Spanned<String>>,
     pub(super) containment: Option<crate::supervise::ContainmentSetting>,
     pub(super) child_stderr: Option<crate::supervise::ChildStderrMode>,
     #[serde(default)]

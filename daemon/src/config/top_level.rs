@@ -124,6 +124,12 @@ impl Config {
             }
             config.trace_dir = Some(PathBuf::from(dir.into_inner()));
         }
+        if let Some(addr) = raw.metrics_listen {
+            config.metrics_listen = Some(
+                metrics_address(addr.get_ref())
+                    .map_err(|m| at(addr.span(), "metrics_listen", &m))?,
+            );
+        }
         if let Some(wait) = raw.detach_timeout {
             let d = parse_duration(&wait, "detach_timeout", &at)?;
             config.detach_timeout = (!d.is_zero()).then_some(d);
@@ -153,4 +159,13 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+/// `metrics_listen`: an IP address and a port, never a host name (nothing is resolved).
+fn metrics_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    text.parse().map_err(|_| {
+        format!(
+            "must be an IP address and port like \"127.0.0.1:9464\" or \"[::1]:9464\", got {text:?}"
+        )
+    })
 }

@@ -149,6 +149,9 @@ pub struct Config {
     pub registry_url: String,
     /// Where traffic traces are written (`trace_dir`, `--trace DIR`); `None`: no traces.
     pub trace_dir: Option<PathBuf>,
+    /// (`acpd serve`) Where `/metrics` is served over HTTP (`metrics_listen`); `None`: nowhere.
+    /// Read at start only.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// How children are contained (`containment`): cgroups, process groups, or `auto`. Read
     /// at start only; a reload that changes it takes effect at the next start.
     pub containment: crate::supervise::ContainmentSetting,

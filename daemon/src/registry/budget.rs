@@ -92,7 +92,9 @@ impl Spend {
     }
 
     fn exhaust(&self, why: &'static str) {
-        let _ = self.why.set(why);
+        if self.why.set(why).is_ok() {
+            crate::metrics::get().limit_hit(crate::metrics::Limit::Budget)
+        }
         self.spent.cancel();
     }
 

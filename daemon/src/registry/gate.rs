@@ -152,7 +152,12 @@ impl Registry {
             }
             spec.session = session;
         }
-        match start(spec).await {
+        let began = std::time::Instant::now();
+        let started = start(spec).await;
+        if started.is_ok() {
+            crate::metrics::get().child_started(&provider.name, began.elapsed());
+        }
+        match started {
             Ok(child) => Ok(Launched {
                 child,
                 slot,
@@ -362,6 +367,7 @@ pub(super) fn start_failed(provider: &ProviderConfig, e: StartFailure) -> Regist
         };
     }
     let failure = e.failure();
+    crate::metrics::get().start_failed(&provider.name, &failure.category);
 
     let far = e.far();
     // A remote auth refusal is ssh's, not the agent's: no agent auth facts for it.

@@ -88,6 +88,7 @@ impl Registry {
         let depth = base.saturating_add(1);
         let max = max_depth_of(config, &self.inner.depth, requested).min(limit);
         if depth > max {
+            crate::metrics::get().limit_hit(crate::metrics::Limit::MaxDepth);
             return Err(RegistryError::DepthExceeded { depth, max });
         }
         Ok((depth, max))
@@ -120,13 +121,24 @@ impl Registry {
                 Ok(slot) => return Ok(slot),
                 Err(e) => e,
             };
+            if waiting.is_none() {
+                let max_children = matches!(&err, RegistryError::Capacity { scope, .. } if scope == "max_children");
+                crate::metrics::get().limit_hit(if max_children {
+                    crate::metrics::Limit::MaxChildren
+                } else {
+                    crate::metrics::Limit::MaxConcurrent
+                });
+            }
             let Some(deadline) = deadline else {
                 return Err(err);
             };
             waiting.get_or_insert_with(|| Queued::new(&self.inner.queued));
             tokio::select! {
                 _ = &mut freed => {}
-                _ = tokio::time::sleep_until(deadline) => return Err(err),
+                _ = tokio::time::sleep_until(deadline) => {
+                    crate::metrics::get().limit_hit(crate::metrics::Limit::QueueTimeout);
+                    return Err(err);
+                }
                 _ = cancel.cancelled() => return Err(err),
             }
         }

@@ -240,6 +240,10 @@ impl Run {
         prompt: Vec<ContentBlock>,
         cancel: CancellationToken,
     ) {
+        let (began, ()) = (
+            std::time::Instant::now(),
+            crate::metrics::get().turn_started(&self.provider.name),
+        );
         let (tx, mut rx) = mpsc::channel::<ChildEvent>(crate::wire::QUEUE_DEPTH);
         let ctl = TurnControl {
             cancel,
@@ -276,6 +280,7 @@ impl Run {
             }
         }
         let result = Arc::new(result);
+        crate::metrics::get().turn_ended(&result, began.elapsed());
         if let Some(trace) = child.trace() {
             let ended =
                 serde_json::json!({ "runId": self.run_id, "turn": turn, "result": *result });

@@ -48,6 +48,14 @@ pub(crate) enum ServeError {
     Activation(std::io::Error),
     #[error("cannot set up signal handling: {0}")]
     Signals(std::io::Error),
+    #[error(
+        "cannot serve metrics on {addr} (metrics_listen): {source}; pick a free port, or remove \
+         metrics_listen from the config"
+    )]
+    MetricsBind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// How `acpd serve` was started.
@@ -95,6 +103,18 @@ pub(crate) async fn serve(
         }
     };
 
+    let metrics = match bind_metrics(config.metrics_listen).await {
+        Ok(m) => m,
+        Err(e) => {
+            // The socket was bound by this process a moment ago: nobody else's to keep.
+            drop(listener);
+            if let Some(path) = &bound_path {
+                let _ = std::fs::remove_file(path);
+            }
+            supervise::forget_records();
+            return Err(e);
+        }
+    };
     let detach = config.detach_timeout;
     let registry = Registry::new(config, DepthContext::from_env());
     let offered = bound_path.clone().or_else(|| {
@@ -120,6 +140,15 @@ pub(crate) async fn serve(
         origin: None,
     };
     registry.keep_warm(cancel_all.clone());
+    if let Some(listener) = metrics {
+        let scraped = ctx.clone();
+        let render: crate::metrics::http::Render = Arc::new(move || server::metrics_text(&scraped));
+        tokio::spawn(crate::metrics::http::serve(
+            listener,
+            render,
+            cancel_all.clone(),
+        ));
+    }
     let tracker = TaskTracker::new();
     let own_uid = Uid::effective();
     // Connections being served, counted here (not in the connection task) so a burst of
@@ -239,6 +268,20 @@ fn listen(
     Ok((listener, bound_path, hup))
 }
 
+/// The `metrics_listen` listener, when configured; its address (the port the kernel chose,
+/// for port 0) logged.
+async fn bind_metrics(
+    addr: Option<std::net::SocketAddr>,
+) -> Result<Option<tokio::net::TcpListener>, ServeError> {
+    let Some(addr) = addr else { return Ok(None) };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::MetricsBind { addr, source })?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    tracing::info!("metrics on http://{bound}/metrics");
+    Ok(Some(listener))
+}
+
 /// A peer of acpd's own user, or of `allow_group`; others are logged and dropped.
 fn admitted(stream: &UnixStream, own_uid: Uid, allow: Option<nix::unistd::Gid>) -> bool {
     let admitted = stream.peer_cred().is_ok_and(|c| {
@@ -281,6 +324,7 @@ impl Drop for Slot {
 /// line.
 pub(super) fn refuse_over_limit(stream: UnixStream, limit: &'static str, max: usize) {
     tracing::warn!(limit, max, "refused a connection over {limit}");
+    crate::metrics::get().limit_hit(crate::metrics::Limit::of_connection(limit));
     let error = acpd_protocol::envelope::RpcError::limit(limit, max as u64);
     let mut line = acpd_protocol::envelope::encode_error(None, &error);
     line.push(b'\n');
@@ -334,6 +378,9 @@ fn reloader(
                 let source = config.source.clone();
                 if config.detach_timeout != registry.config().detach_timeout {
                     tracing::warn!("detach_timeout changed: it takes effect at the next restart");
+                }
+                if config.metrics_listen != registry.config().metrics_listen {
+                    tracing::warn!("metrics_listen changed: it takes effect at the next restart");
                 }
                 registry.reload(config);
                 tracing::info!(source = ?source, "config reloaded");

@@ -65,6 +65,8 @@ pub(super) enum Request {
     Runs,
     /// `_acpd/reload`.
     Reload,
+    /// `_acpd/metrics`.
+    Metrics,
     /// An `_acpd/*` request whose params do not read as its body: why.
     Invalid(String),
     /// An `_acpd/*` method acpd does not serve.
@@ -123,6 +125,7 @@ impl Request {
             name::STATUS => empty(params, Request::Status),
             name::RUNS => empty(params, Request::Runs),
             name::RELOAD => empty(params, Request::Reload),
+            name::METRICS => empty(params, Request::Metrics),
             _ => Request::UnknownAcpd,
         }
     }
@@ -188,6 +191,7 @@ pub(super) async fn request(conn: &Arc<Conn>, id: Id, method: String, params: Pa
     match conn.peer.admit(&id) {
         wire::Admit::Yes => {}
         wire::Admit::Full => {
+            crate::metrics::get().limit_hit(crate::metrics::Limit::MaxPendingRequests);
             let max = conn.ctx.registry.config().max_pending_requests;
             let e = RpcError::limit("max_pending_requests", max as u64);
             let _ = conn.peer.respond_err(Some(&id), &e).await;
@@ -282,6 +286,7 @@ async fn handle(conn: &Arc<Conn>, id: Id, method: String, request: Request) {
         Request::ListRuns => delegation::list(conn, id).await,
         Request::Status => operator::status(conn, id).await,
         Request::Runs => operator::runs(conn, id).await,
+        Request::Metrics => operator::metrics(conn, id).await,
         Request::Reload => {
             // In its own task, like every method that waits: the read may block.
             tracker.spawn(operator::reload(conn.clone(), id));

@@ -287,6 +287,14 @@ impl Sessions {
         }
     }
 
+    /// Every live session's provider and whether it is attached, for the metrics.
+    pub(crate) fn provider_states(&self) -> Vec<(String, bool)> {
+        let live = lock(&self.live);
+        live.values()
+            .map(|l| (l.child.provider().name.clone(), l.attached))
+            .collect()
+    }
+
     /// The live sessions of `uid`, for `acpd runs`.
     pub(crate) fn entries(&self, uid: Option<u32>) -> Vec<acpd_protocol::methods::SessionEntry> {
         let live = lock(&self.live);

@@ -43,6 +43,7 @@ mod session_delete;
 mod session_list;
 
 pub(crate) use live_sessions::{Sessions, open_store};
+pub(crate) use operator::metrics_text;
 pub(crate) use reloader::Reloader;
 
 use std::collections::HashMap;
@@ -127,6 +128,16 @@ impl Default for DaemonInfo {
 }
 
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+
+/// Where a connection comes from, for the metrics: no peer process (`acpd stdio`), or the
+/// tree its process was in when it connected.
+fn connection_kind(origin: Option<&crate::registry::Origin>) -> crate::metrics::ConnKind {
+    match origin.map(crate::registry::Origin::tree) {
+        None => crate::metrics::ConnKind::Stdio,
+        Some(crate::registry::Tree::Outside) => crate::metrics::ConnKind::Parent,
+        Some(_) => crate::metrics::ConnKind::Child,
+    }
+}
 
 /// What `acpd connect --provider NAME` sends first (see [`capabilities::connect`]).
 pub(crate) const CONNECT: &str = "_acpd/connect";
@@ -217,6 +228,7 @@ where
     });
     conn.tracker.spawn(events::pump(conn.clone(), events_rx));
     conn.ctx.daemon.connections.fetch_add(1, Ordering::Relaxed);
+    let _counted = crate::metrics::get().connection(connection_kind(conn.ctx.origin.as_deref()));
     let broken = conn.peer.broken();
     let shutdown = conn.ctx.shutdown.clone();
     loop {
@@ -339,6 +351,7 @@ impl Conn {
     }
 
     fn seat_limit(&self) -> RpcError {
+        crate::metrics::get().limit_hit(crate::metrics::Limit::MaxSessionsPerConnection);
         RpcError::limit("max_sessions_per_connection", self.max_seats as u64)
     }
 

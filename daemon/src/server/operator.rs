@@ -65,6 +65,70 @@ pub(super) async fn runs(conn: &Conn, id: Id) {
         .await;
 }
 
+/// `_acpd/metrics`: what `metrics_listen` serves, to any connection `_acpd/status` answers.
+pub(super) async fn metrics(conn: &Conn, id: Id) {
+    let reply = acpd_protocol::methods::MetricsReply {
+        content_type: crate::metrics::CONTENT_TYPE.to_owned(),
+        text: metrics_text(&conn.ctx),
+    };
+    let _ = conn.peer.respond_ok(&id, &reply).await;
+}
+
+/// The exposition: the process's counters, and the levels read now from `ctx`'s registry and
+/// live sessions.
+pub(crate) fn metrics_text(ctx: &super::ServerContext) -> String {
+    crate::metrics::render(&gauges(ctx))
+}
+
+/// Live children by provider and state, sessions, spares and queued starts, read now. A
+/// child not yet (or no longer) filed as a run's, a session's or a spare is `starting`.
+fn gauges(ctx: &super::ServerContext) -> crate::metrics::Gauges {
+    let registry = &ctx.registry;
+    let mut by: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
+    for run in registry.runs() {
+        if run.pid().is_some() {
+            let state = match run.state() {
+                crate::registry::RunState::Running { .. } => "running",
+                _ => "idle",
+            };
+            *by.entry((run.provider.name.clone(), state)).or_default() += 1;
+        }
+    }
+    for (provider, attached) in ctx.sessions.provider_states() {
+        let state = if attached { "attached" } else { "detached" };
+        *by.entry((provider, state)).or_default() += 1;
+    }
+    let spares = registry.spare_counts();
+    for (provider, n) in &spares {
+        *by.entry((provider.clone(), "spare")).or_default() += n;
+    }
+    let mut providers: Vec<String> = registry.config().providers.keys().cloned().collect();
+    providers.extend(by.keys().map(|(p, _)| p.clone()));
+    providers.sort();
+    providers.dedup();
+    for provider in providers {
+        let filed: u64 = by
+            .iter()
+            .filter(|((p, _), _)| *p == provider)
+            .map(|(_, n)| n)
+            .sum();
+        let live = registry.live_children_of(&provider) as u64;
+        by.insert((provider, "starting"), live.saturating_sub(filed));
+    }
+    let sessions = ctx.sessions.counts();
+    let mut spares = spares;
+    for provider in registry.config().providers.keys() {
+        spares.entry(provider.clone()).or_default();
+    }
+    crate::metrics::Gauges {
+        children: by.into_iter().map(|((p, s), n)| (p, s, n)).collect(),
+        sessions_attached: sessions.attached as u64,
+        sessions_detached: sessions.detached as u64,
+        spares: spares.into_iter().collect(),
+        queued: registry.queued() as u64,
+    }
+}
+
 /// What `_acpd/status` answers.
 fn status_reply(conn: &Conn) -> StatusReply {
     let registry = &conn.ctx.registry;

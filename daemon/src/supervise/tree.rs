@@ -161,6 +161,7 @@ impl ProcessTree {
 
     async fn ladder(&self, close_stdin: impl FnOnce(), graces: Graces) -> TeardownOutcome {
         let started = Instant::now();
+        crate::metrics::get().teardown_step(crate::metrics::Step::Eof);
         close_stdin();
         let outcome = if self
             .wait_tree(crate::durations::deadline_from(started, graces.eof))
@@ -168,6 +169,7 @@ impl ProcessTree {
         {
             TeardownOutcome::Exited
         } else {
+            crate::metrics::get().teardown_step(crate::metrics::Step::Term);
             self.signal(Signal::SIGTERM);
             if self
                 .wait_tree(crate::durations::deadline(graces.term))
@@ -175,6 +177,7 @@ impl ProcessTree {
             {
                 TeardownOutcome::Terminated
             } else {
+                crate::metrics::get().teardown_step(crate::metrics::Step::Kill);
                 self.signal(Signal::SIGKILL);
                 if !self.wait_tree(Instant::now() + KILL_WAIT).await {
                     tracing::warn!(
@@ -201,6 +204,7 @@ impl ProcessTree {
             Contained::Descendants(group) => self.end_descendants(term, group.as_ref()).await,
             Contained::Cgroup(group) => {
                 self.note_limit_hit();
+                crate::metrics::get().teardown_step(crate::metrics::Step::CgroupKill);
                 if let Err(e) = group.kill_and_remove(KILL_WAIT).await {
                     tracing::warn!(pgid = self.pid(), "cannot remove the child's cgroup: {e}");
                 }
@@ -258,6 +262,12 @@ impl ProcessTree {
             .unwrap_or_else(|p| p.into_inner());
         if seen.is_none() {
             *seen = hit;
+            hit.inspect(|h| {
+                crate::metrics::get().limit_hit(match h {
+                    LimitHit::Memory => crate::metrics::Limit::MemoryMax,
+                    LimitHit::Pids => crate::metrics::Limit::PidsMax,
+                })
+            });
         }
     }
 

@@ -66,7 +66,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 self.shrink();
                 return Some(match item {
                     Ok(line) => self.parse(&line),
-                    Err(e) => Err(LineFault::from(e)),
+                    Err(e) => Err(LineFault::from(counted(e))),
                 });
             }
             if self.eof {
@@ -112,7 +112,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         self.shrink();
         Some(match item {
             Ok(line) => self.parse(&line),
-            Err(e) => Err(LineFault::from(e)),
+            Err(e) => Err(LineFault::from(counted(e))),
         })
     }
 
@@ -135,6 +135,14 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             self.buf.extend_from_slice(&rest);
         }
     }
+}
+
+/// A line over `max_line` counts as that limit's hit.
+fn counted(e: acpd_protocol::codec::FrameError) -> acpd_protocol::codec::FrameError {
+    if let acpd_protocol::codec::FrameError::Oversized { .. } = e {
+        crate::metrics::get().limit_hit(crate::metrics::Limit::MaxLine);
+    }
+    e
 }
 
 /// Sleeps until `deadline`, or forever without one: a `select!` branch for an optional timer.

@@ -192,6 +192,7 @@ impl Relay {
         self.trace(Hop::AcpdToParent, || {
             envelope::encode_notification(method, params.as_deref())
         });
+        crate::metrics::to_parent(crate::metrics::size(&params));
         let call = self.t.parent.call_raw(method, params.as_deref()).await;
         if let Ok(call) = &call {
             self.parent_ids.insert(id.clone(), call.id.clone());
@@ -230,6 +231,7 @@ impl Relay {
             Err(CallError::Rpc(e)) => envelope::encode_reply(&id, Err(e)),
             Err(CallError::Closed) => b"\"the parent is gone\"".to_vec(),
         });
+        crate::metrics::to_child(crate::metrics::size(&result));
         let _ = match result {
             Ok(raw) => d.wire.respond(&id, Ok(&raw)).await,
             Err(CallError::Rpc(e)) => d.wire.respond(&id, Err(&e)).await,

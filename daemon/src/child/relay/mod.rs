@@ -311,6 +311,7 @@ impl Relay {
     }
 
     async fn to_parent(&self, line: Vec<u8>) {
+        crate::metrics::to_parent(line.len());
         self.trace(Hop::AcpdToParent, || line.clone());
         let _ = self.t.parent.send_line(line).await;
     }
@@ -392,6 +393,7 @@ impl Relay {
         self.trace(Hop::AcpdToParent, || {
             envelope::encode_reply(&pid, outcome.as_ref().map(|r| &**r))
         });
+        crate::metrics::to_parent(crate::metrics::size(&outcome));
         let _ = self
             .t
             .parent
@@ -474,6 +476,7 @@ impl Relay {
             }
             Cmd::Notify { method, params } => {
                 if let Ok(p) = self.to_child(&params, &d.shared.session_id) {
+                    crate::metrics::to_child(p.get().len());
                     let _ = d.wire.notify(&method, &p).await;
                 }
                 return;
@@ -515,6 +518,7 @@ impl Relay {
                 }
             },
         };
+        crate::metrics::to_child(crate::metrics::size(&params));
         if let (Some(child_id), Some(record)) =
             (self.send_call(d, id, method, params).await, after_ok)
         {

@@ -203,6 +203,38 @@ fn containment_takes_three_values() {
 }
 
 #[test]
+fn metrics_listen_is_an_ip_address_and_port() {
+    assert_eq!(parse("").map(|c| c.metrics_listen).ok(), Some(None));
+    for (text, want) in [("127.0.0.1:9464", "127.0.0.1:9464"), ("[::1]:0", "[::1]:0")] {
+        let c = parse(&format!("metrics_listen = \"{text}\"\n")).map(|c| c.metrics_listen);
+        assert_eq!(
+            c.ok().flatten().map(|a| a.to_string()).as_deref(),
+            Some(want)
+        );
+    }
+    for bad in [
+        "localhost:9464",
+        "127.0.0.1",
+        ":9464",
+        "127.0.0.1:99999",
+        "",
+    ] {
+        let err = fails(
+            &format!("\nmetrics_listen = \"{bad}\"\n"),
+            2,
+            "metrics_listen",
+        );
+        assert!(
+            err.ends_with(&format!(
+                "like \"127.0.0.1:9464\" or \"[::1]:9464\", got {bad:?}"
+            )),
+            "{err}"
+        );
+    }
+    fails("metrics_listen = 9464\n", 1, "metrics_listen");
+}
+
+#[test]
 fn bad_names_are_rejected() {
     let bad_provider = "[providers.\"a b\"]\ncommand = [\"x\"]\n";
     fails(bad_provider, 1, "providers.\"a b\"");
