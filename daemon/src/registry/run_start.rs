@@ -17,6 +17,7 @@ use super::output_schema::OutputSchema;
 use super::run_lifecycle::RunInit;
 use super::{Launched, Nest, Owner, Parent, Registry, RegistryError, Run, RunEvent, lock};
 use crate::child::{Child, SessionParams};
+use crate::workspace::Base;
 
 /// Everything a start needs besides the request itself.
 #[derive(Default)]
@@ -62,7 +63,7 @@ impl Registry {
         let req = &opts.request;
         let provider = self.provider(&config, req.provider.as_deref())?;
         check_capabilities(&provider, req)?;
-        let worktree = wants_worktree(&provider, req)?;
+        let worktree = wants_worktree(&provider, req.workspace, req.base_ref.as_deref(), true)?;
         let budget = super::budget::resolve(&provider, req.budget.as_ref())?;
         // The run above this one, whose budget this run spends from too.
         let above = match opts.nest.as_ref().map(|n| &n.parent) {
@@ -110,7 +111,7 @@ impl Registry {
                     .as_ref()
                     .and_then(|f| super::gate::tool_filter_meta(&provider, f)),
             }),
-            worktree: worktree.then_some(req.base_ref.as_deref()),
+            worktree: worktree.then_some(Base::Commit(req.base_ref.as_deref())),
             ..Admission::new(run_id.clone(), &opts.cancel)
         };
         let Launched {

@@ -15,11 +15,12 @@ use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::live_sessions::{RELEASE_WAIT, Taken, held_elsewhere};
+use super::live_sessions::{RELEASE_WAIT, SessionWorkspace, Taken, held_elsewhere};
 use super::{Conn, Seat, SessionRef, bridge_error, lock, raw, session_not_found};
 use crate::child::{Child, First, Open, ParentServes, RelayTarget};
-use crate::registry::{BridgeRequest, advertises};
+use crate::registry::{BridgeRequest, WorkspaceAsk, advertises};
 use crate::store::{Claim, SessionRow};
+use acpd_protocol::subagent::WorkspaceKind;
 
 /// The router's handle on a bridge session.
 #[derive(Clone)]
@@ -110,6 +111,43 @@ impl Reopen {
     }
 }
 
+/// What an editor asks of acpd itself in a session's `_meta.acpd` besides the provider: a
+/// worktree (`workspace`, `ref`).
+#[derive(Deserialize, Default)]
+struct WorkspaceMeta {
+    #[serde(default)]
+    workspace: Option<WorkspaceKind>,
+    #[serde(default, rename = "ref")]
+    base_ref: Option<String>,
+}
+
+impl WorkspaceMeta {
+    /// Read from a request's params; a bad value is the editor's to fix.
+    fn of(params: Option<&RawValue>) -> Result<WorkspaceMeta, RpcError> {
+        let value: Option<serde_json::Value> =
+            params.and_then(|p| serde_json::from_str(p.get()).ok());
+        let Some(acpd) = value.as_ref().and_then(|v| v.pointer("/_meta/acpd")) else {
+            return Ok(WorkspaceMeta::default());
+        };
+        let pick = |key: &str| acpd.get(key).cloned().unwrap_or(serde_json::Value::Null);
+        let meta = json!({"workspace": pick("workspace"), "ref": pick("ref")});
+        serde_json::from_value(meta).map_err(|e| {
+            RpcError::invalid_params(format!(
+                "_meta.acpd: {e} (workspace is \"shared\" or \"worktree\", ref a string)"
+            ))
+        })
+    }
+
+    fn ask<'a>(&'a self, name: &'a str, resume: bool) -> WorkspaceAsk<'a> {
+        WorkspaceAsk {
+            kind: self.workspace,
+            base_ref: self.base_ref.as_deref(),
+            name,
+            resume,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct NewSession {
@@ -135,6 +173,10 @@ pub(super) async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>)
         .and_then(|m| m.pointer("/acpd/provider"))
         .and_then(|p| p.as_str())
         .map(str::to_string);
+    let workspace = match WorkspaceMeta::of(params.as_deref()) {
+        Ok(w) => w,
+        Err(e) => return conn.reply_err(&id, &e).await,
+    };
     let params = forwarded_params(params.as_deref());
     let opened = Opening {
         provider: provider.as_deref(),
@@ -142,6 +184,7 @@ pub(super) async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>)
         method: "session/new",
         params,
         needs: None,
+        workspace,
     };
     create(conn, id, opened).await;
 }
@@ -185,6 +228,7 @@ pub(super) async fn fork(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>)
         method: "session/fork",
         params: forwarded_params(Some(&params)),
         needs: Some("/sessionCapabilities/fork"),
+        workspace: WorkspaceMeta::default(),
     };
     create(conn, id, opened).await;
 }
@@ -197,6 +241,7 @@ async fn open_child(
     cwd: &std::path::Path,
     open: Open,
     needs: Option<&'static str>,
+    workspace: WorkspaceAsk<'_>,
 ) -> Result<crate::registry::Launched, RpcError> {
     let default = conn.default_provider();
     let name = provider.unwrap_or(&default);
@@ -212,6 +257,7 @@ async fn open_child(
             client_capabilities: conn.child_capabilities(),
             auth: auth.as_deref(),
             cancel: &conn.closing,
+            workspace,
         })
         .await
         .map_err(|e| bridge_error(&e))
@@ -224,6 +270,7 @@ struct Opening<'a> {
     method: &'static str,
     params: serde_json::Value,
     needs: Option<&'static str>,
+    workspace: WorkspaceMeta,
 }
 
 async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
@@ -234,12 +281,15 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
         method: o.method,
         params: o.params,
     };
-    let launched = match open_child(&conn, o.provider, &o.cwd, open, o.needs).await {
+    // Minted first: a worktree is named after the session.
+    let minted = format!("acpd-{}", uuid::Uuid::new_v4());
+    let ask = o.workspace.ask(&minted, false);
+    let launched = match open_child(&conn, o.provider, &o.cwd, open, o.needs, ask).await {
         Ok(l) => l,
         Err(e) => return conn.reply_err(&id, &e).await,
     };
-    let minted = format!("acpd-{}", uuid::Uuid::new_v4());
     let child = launched.child;
+    let workspace = launched.workspace;
     let row = SessionRow {
         acpd_id: minted.clone(),
         provider: launched.provider.name.clone(),
@@ -257,14 +307,18 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
     if lasting && let Err(e) = conn.ctx.sessions.store.insert(row).await {
         tracing::warn!(session = %minted, "the session map cannot keep this session: {e}");
     }
-    let reply = with_session_id(child.session_reply(), &minted)
+    let mut reply = with_session_id(child.session_reply(), &minted)
         .unwrap_or_else(|| raw(&json!({ "sessionId": minted })));
+    if let Some(w) = &workspace {
+        reply = with_workspace(&reply, &SessionWorkspace::of_worktree(w));
+    }
     conn.ctx.sessions.file(
         &minted,
         child.clone(),
         launched.slot,
         conn.ctx.peer_uid,
         conn.ctx.registry.clone(),
+        workspace,
     );
     attach(conn, minted, child, First::Answer(id, reply), seat).await;
 }
@@ -284,7 +338,7 @@ pub(super) async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option
         _ => None,
     };
     if let Some(b) = open_here {
-        return again(&conn, b, id, reopen, params.as_deref()).await;
+        return again(&conn, b, id, &sid, reopen, params.as_deref()).await;
     }
     let sessions = conn.ctx.sessions.clone();
     let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
@@ -313,6 +367,10 @@ pub(super) async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option
     let Some((req, row)) = existing(&conn, &id, params.as_deref()).await else {
         return;
     };
+    let workspace = match WorkspaceMeta::of(params.as_deref()) {
+        Ok(w) => w,
+        Err(e) => return conn.reply_err(&id, &e).await,
+    };
     let Some(seat) = conn.take_seat() else {
         return conn.reply_err(&id, &conn.seat_limit()).await;
     };
@@ -334,7 +392,9 @@ pub(super) async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option
     let open = Open::Existing {
         child_session_id: row.child_session_id.clone(),
     };
-    let launched = match open_child(&conn, Some(&row.provider), &cwd, open, Some(needs)).await {
+    let ask = workspace.ask(&row.acpd_id, true);
+    let opened = open_child(&conn, Some(&row.provider), &cwd, open, Some(needs), ask).await;
+    let launched = match opened {
         Ok(l) => l,
         Err(e) => {
             if let Err(e) = store.release(&row.acpd_id, me).await {
@@ -344,14 +404,18 @@ pub(super) async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option
         }
     };
     let child = launched.child;
+    let mut params = forwarded_params(params.as_deref());
+    if let Some(w) = &launched.workspace {
+        params["cwd"] = json!(w.cwd.to_string_lossy());
+    }
     conn.ctx.sessions.file(
         &row.acpd_id,
         child.clone(),
         launched.slot,
         conn.ctx.peer_uid,
         conn.ctx.registry.clone(),
+        launched.workspace,
     );
-    let mut params = forwarded_params(params.as_deref());
     let depth = launched.depth;
     conn.ctx
         .registry
@@ -373,6 +437,7 @@ async fn again(
     conn: &Arc<Conn>,
     b: BridgeHandle,
     id: Id,
+    sid: &str,
     reopen: Reopen,
     params: Option<&RawValue>,
 ) {
@@ -398,6 +463,9 @@ async fn again(
     // What the first open sent the agent: the editor's params without `_meta.acpd`, with
     // acpd's MCP server when it is offered.
     let mut forwarded = forwarded_params(params);
+    if let Some(w) = conn.ctx.sessions.workspace(sid) {
+        forwarded["cwd"] = json!(w.cwd.to_string_lossy());
+    }
     let registry = &conn.ctx.registry;
     registry.offer_in(&mut forwarded, child.provider(), registry.bridge_depth());
     let method = reopen.method().to_string();
@@ -421,7 +489,11 @@ async fn reattach(conn: Arc<Conn>, id: Id, sid: String, child: Child) {
     if let Some(obj) = reply.as_object_mut() {
         obj.remove("sessionId");
     }
-    attach(conn, sid, child, First::Answer(id, raw(&reply)), seat).await;
+    let mut reply = raw(&reply);
+    if let Some(w) = conn.ctx.sessions.workspace(&sid) {
+        reply = with_workspace(&reply, &w);
+    }
+    attach(conn, sid, child, First::Answer(id, reply), seat).await;
 }
 
 /// The acpd id a request names and its row in the session map; answers the parent when
@@ -466,6 +538,26 @@ async fn existing(
             None
         }
     }
+}
+
+/// An answer to the editor with `_meta.acpd.workspace` (`{branch, path, base}`) added beside
+/// whatever `_meta` the agent gave it.
+fn with_workspace(reply: &RawValue, w: &SessionWorkspace) -> Box<RawValue> {
+    let mut value: serde_json::Value =
+        serde_json::from_str(reply.get()).unwrap_or_else(|_| json!({}));
+    let Some(obj) = value.as_object_mut() else {
+        return reply.to_owned();
+    };
+    let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    let acpd = &mut meta["acpd"];
+    if !acpd.is_object() {
+        *acpd = json!({});
+    }
+    acpd["workspace"] = w.meta();
+    raw(&value)
 }
 
 /// The editor's params as the agent gets them: acpd's own `_meta.acpd` taken out.
