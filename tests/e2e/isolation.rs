@@ -397,6 +397,62 @@ fn a_bridge_session_in_a_worktree_writes_there_and_its_close_keeps_the_branch() 
     );
     assert_eq!(git(&s.repo, &["worktree", "list"]).lines().count(), 1);
     assert!(!s.worktrees().join(format!("{sid}.owner")).exists());
+    // Loaded again, the session's worktree is made again on its branch, its work there.
+    raw.ok(
+        "session/load",
+        json!({"sessionId": sid, "cwd": sub, "mcpServers": []}),
+    );
+    let text = say(&mut raw, &sid, ":cwd");
+    assert!(
+        text.contains(&format!("cwd {}", path.join("sub").display())),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(path.join("sub/new.txt")).unwrap(),
+        "from the session\n"
+    );
+    raw.ok("session/close", json!({"sessionId": sid}));
+    assert!(eventually(GONE, || !path.exists()), "the worktree stayed");
+}
+
+#[test]
+fn a_sigkilled_acpd_s_sandbox_tmp_is_removed_by_the_next_start() {
+    let s = Setup::new("sandbox = \"landlock\"");
+    let mut raw = s.acpd();
+    let sid = raw.new_session(&s.repo, "wt");
+    let text = say(&mut raw, &sid, ":env TMPDIR\n:pid");
+    let tmp = text
+        .lines()
+        .find_map(|l| l.strip_prefix("TMPDIR="))
+        .map(PathBuf::from)
+        .expect("TMPDIR set");
+    let child: i32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("pid "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {text}"));
+    assert!(tmp.is_dir());
+    let pid = raw.pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(eventually(GONE, || !exists(pid as i32) || is_zombie(pid)));
+    assert!(
+        eventually(GONE, || !exists(child) || is_zombie(child as u32)),
+        "the child lives on"
+    );
+    assert!(tmp.is_dir(), "nothing removed it yet");
+    let _next = s.acpd();
+    assert!(
+        eventually(GONE, || !tmp.exists()),
+        "the next acpd left {}",
+        tmp.display()
+    );
+    let mut marker = tmp.clone().into_os_string();
+    marker.push(".owner");
+    assert!(eventually(GONE, || !Path::new(&marker).exists()));
 }
 
 #[test]
