@@ -63,6 +63,8 @@ impl Registry {
         let req = &opts.request;
         let provider = self.provider(&config, req.provider.as_deref())?;
         check_capabilities(&provider, req)?;
+        let tool_filter =
+            self.nested_filter(&provider, opts.nest.as_ref(), req.tool_filter.as_ref())?;
         let worktree = wants_worktree(&provider, req.workspace, req.base_ref.as_deref(), true)?;
         let budget = super::budget::resolve(&provider, req.budget.as_ref())?;
         // The run above this one, whose budget this run spends from too.
@@ -106,8 +108,7 @@ impl Registry {
             session: Some(SessionParams {
                 mcp_servers: None,
                 system_prompt: req.persona.clone(),
-                meta: req
-                    .tool_filter
+                meta: tool_filter
                     .as_ref()
                     .and_then(|f| super::gate::tool_filter_meta(&provider, f)),
             }),
@@ -143,7 +144,7 @@ impl Registry {
             forward_permissions: opts.forward_permissions,
             sink: opts.sink,
             schema,
-            tool_filter: req.tool_filter.clone().map(Arc::new),
+            tool_filter: tool_filter.map(Arc::new),
             uid: match opts.nest.as_ref().map(|n| &n.parent) {
                 Some(Parent::Run(parent)) => lock(&self.inner.table)
                     .runs
