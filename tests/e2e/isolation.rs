@@ -396,7 +396,8 @@ fn a_bridge_session_in_a_worktree_writes_there_and_its_close_keeps_the_branch() 
         "from the session"
     );
     assert_eq!(git(&s.repo, &["worktree", "list"]).lines().count(), 1);
-    assert!(!s.worktrees().join(format!("{sid}.owner")).exists());
+    let marker = s.worktrees().join(format!("{sid}.owner"));
+    assert!(eventually(GONE, || !marker.exists()), "the marker stayed");
     // Loaded again, the session's worktree is made again on its branch, its work there.
     raw.ok(
         "session/load",
@@ -410,6 +411,17 @@ fn a_bridge_session_in_a_worktree_writes_there_and_its_close_keeps_the_branch() 
     assert_eq!(
         std::fs::read_to_string(path.join("sub/new.txt")).unwrap(),
         "from the session\n"
+    );
+    // Closed and loaded at once, as an editor does: the load waits for the old worktree to go.
+    raw.ok("session/close", json!({"sessionId": sid}));
+    raw.ok(
+        "session/load",
+        json!({"sessionId": sid, "cwd": sub, "mcpServers": []}),
+    );
+    let text = say(&mut raw, &sid, ":cwd");
+    assert!(
+        text.contains(&format!("cwd {}", path.join("sub").display())),
+        "{text}"
     );
     raw.ok("session/close", json!({"sessionId": sid}));
     assert!(eventually(GONE, || !path.exists()), "the worktree stayed");

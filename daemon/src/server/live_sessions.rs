@@ -173,6 +173,20 @@ impl Sessions {
         self.tasks.spawn(async move {
             let end = child.ended().await;
             tracing::info!(provider = %child.provider().name, session = %id, ?end, "bridge session ended");
+            let nested = crate::registry::Parent::Session(id.clone());
+            // A worktree goes before the session is free to load again: an editor's load
+            // right after its close makes the worktree again, at the same path.
+            let had_workspace = workspace.is_some();
+            if let Some(w) = workspace {
+                tokio::join!(child.shut(), registry.dispose_nested(&nested));
+                match w.commit_all(&format!("acpd: session {id}")).await {
+                    Ok(()) => w.remove(true).await,
+                    // Never removed with work nobody saved: the next acpd's sweep takes it.
+                    Err(e) => tracing::warn!(session = %id,
+                        "cannot commit the session's work, so its worktree {} stays: {e}",
+                        w.path.display()),
+                }
+            }
             // No longer live here: another acpd may load it now. Released before the entry
             // goes, so a load of it in this process (which waits for the entry) claims after
             // this release, never before it. Not while a delete of it runs: the delete took
@@ -186,16 +200,8 @@ impl Sessions {
             lock(&me.live).remove(&id);
             // A load waiting for it (a close then a load, as an editor does) goes on now.
             me.released.notify_waiters();
-            let nested = crate::registry::Parent::Session(id.clone());
-            tokio::join!(child.shut(), registry.dispose_nested(&nested));
-            if let Some(w) = workspace {
-                match w.commit_all(&format!("acpd: session {id}")).await {
-                    Ok(()) => w.remove(true).await,
-                    // Never removed with work nobody saved: the next acpd's sweep takes it.
-                    Err(e) => tracing::warn!(session = %id,
-                        "cannot commit the session's work, so its worktree {} stays: {e}",
-                        w.path.display()),
-                }
+            if !had_workspace {
+                tokio::join!(child.shut(), registry.dispose_nested(&nested));
             }
             drop(slot);
         });
