@@ -65,6 +65,51 @@ impl ToolFilter {
         self.allow.is_none()
     }
 
+    /// This filter (a run's) narrowed by `inner` (what a run nested under it asks): a tool is
+    /// permitted only where both permit it. The `deny` lists are joined; the `allow` lists
+    /// meet, a name of one kept where the other's covers it (so `mcp__S` and `mcp__S__T`
+    /// meet at `mcp__S__T`).
+    pub fn narrowed_by(&self, inner: &ToolFilter) -> ToolFilter {
+        let covered = |by: &[String], name: &String| by.iter().any(|b| matches(b, name));
+        let allow = match (&self.allow, &inner.allow) {
+            (None, None) => None,
+            (Some(a), None) | (None, Some(a)) => Some(a.clone()),
+            (Some(outer), Some(asked)) => {
+                let mut met: Vec<String> = Vec::new();
+                let both = asked
+                    .iter()
+                    .filter(|n| covered(outer, n))
+                    .chain(outer.iter().filter(|n| covered(asked, n)));
+                for name in both {
+                    if !met.contains(name) {
+                        met.push(name.clone());
+                    }
+                }
+                Some(met)
+            }
+        };
+        let deny = match (&self.deny, &inner.deny) {
+            (None, None) => None,
+            (a, b) => {
+                let mut joined: Vec<String> = Vec::new();
+                for name in a.iter().chain(b).flatten() {
+                    if !joined.contains(name) {
+                        joined.push(name.clone());
+                    }
+                }
+                Some(joined)
+            }
+        };
+        ToolFilter { allow, deny }
+    }
+
+    /// Whether an `allow` list leaves no named tool the `deny` list does not take away.
+    pub fn permits_nothing(&self) -> bool {
+        self.allow
+            .as_ref()
+            .is_some_and(|allow| allow.iter().all(|n| !self.permits(n)))
+    }
+
     /// The filter as claude-agent-acp takes it, `session/new`'s `_meta`: it spreads
     /// `_meta.claudeCode.options` into the Claude Agent SDK's options, where `tools` is the set
     /// of built-in tools the model is offered and `disallowedTools` are removed from its
@@ -165,6 +210,34 @@ mod tests {
         assert!(filter(json!({ "allow": many })).check().is_err());
         assert!(serde_json::from_value::<ToolFilter>(json!({"block": ["x"]})).is_err());
         assert!(serde_json::from_value::<ToolFilter>(json!({"deny": "Bash"})).is_err());
+    }
+
+    #[test]
+    fn a_nested_filter_only_narrows_its_ancestor_s() {
+        let above = filter(json!({"allow": ["Read", "Bash", "mcp__srv"], "deny": ["Write"]}));
+        // Nothing asked: the ancestor's filter as it is.
+        assert_eq!(above.narrowed_by(&ToolFilter::default()), above);
+        // Denies are joined; allows meet (a tool of a server-level name included).
+        let asked = filter(json!({"allow": ["Bash", "Grep", "mcp__srv__run"], "deny": ["Bash"]}));
+        let n = above.narrowed_by(&asked);
+        assert_eq!(
+            n,
+            filter(json!({"allow": ["Bash", "mcp__srv__run"], "deny": ["Write", "Bash"]}))
+        );
+        assert!(!n.permits("Bash") && !n.permits("Grep") && !n.permits("Read"));
+        assert!(n.permits("mcp__srv__run") && !n.permits("mcp__srv__other"));
+        assert!(!n.permits_nothing());
+        // Allowing only what the ancestor forbids permits nothing.
+        let denied =
+            filter(json!({"deny": ["Bash"]})).narrowed_by(&filter(json!({"allow": ["Bash"]})));
+        assert!(denied.permits_nothing());
+        let apart =
+            filter(json!({"allow": ["Read"]})).narrowed_by(&filter(json!({"allow": ["Write"]})));
+        assert_eq!(apart.allow, Some(vec![]));
+        assert!(apart.permits_nothing());
+        // A deny-only ancestor and a deny-only request: every tool but both lists.
+        let d = filter(json!({"deny": ["Bash"]})).narrowed_by(&filter(json!({"deny": ["Write"]})));
+        assert!(!d.permits("Bash") && !d.permits("Write") && d.permits("Read"));
     }
 
     #[test]

@@ -1088,6 +1088,47 @@ fn a_session_reopened_right_after_its_close_answer_opens_again() {
     finish(raw);
 }
 
+/// Issue 22: a prompt still running when the editor closes its session ends `cancelled`, as
+/// ACP has a prompt ended by a cancel end — never an internal error — even when the agent
+/// answers the close and never the prompt (`:hang-deaf`).
+#[test]
+fn a_prompt_running_when_its_session_closes_ends_cancelled() {
+    let env = env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
+    });
+    let cwd = env.path().to_path_buf();
+    let (mut raw, _) = connect(&env, json!({}));
+    let s = new_in(&mut raw, &cwd, "main");
+    for script in [":hang-deaf", ":hang"] {
+        let prompt = raw.send_prompt(&s, &format!("started\n{script}"));
+        // The turn runs: its first line reached the editor.
+        while !raw.seen.iter().any(|l| {
+            l.method() == "session/update"
+                && l.value["params"]["update"]["content"]["text"] == "started\n"
+        }) {
+            let line = raw.next();
+            raw.seen.push(line);
+        }
+        let closed = raw.call("session/close", json!({"sessionId": s}));
+        assert_eq!(closed["result"], json!({}), "session/close: {closed}");
+        let answered = raw
+            .seen
+            .iter()
+            .find(|l| l.is_response() && l.value["id"] == json!(prompt))
+            .map(|l| l.value.clone())
+            .unwrap_or_else(|| raw.answer(&json!(prompt)).value);
+        assert_eq!(
+            answered["result"],
+            json!({"stopReason": "cancelled"}),
+            "{script}: {answered}"
+        );
+        raw.seen.clear();
+        raw.ok("session/load", load_params(&s, &cwd));
+    }
+    finish(raw);
+}
+
 /// Issue 19: `session/delete` of an id acpd never gave is answered as the agent answers a
 /// delete of a session it does not have (`{}`: deleting is idempotent), and the id is never
 /// passed on — here the agent's own id of a session (which an editor could learn or guess)

@@ -41,9 +41,14 @@ struct Setup {
 
 impl Setup {
     fn new(extra: &str) -> Setup {
+        Setup::with("", extra)
+    }
+
+    /// With top-level keys `top` too.
+    fn with(top: &str, extra: &str) -> Setup {
         let env = Env::raw("");
         let toml = format!(
-            "default_provider = \"wt\"\n[providers.wt]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+            "default_provider = \"wt\"\n{top}\n[providers.wt]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
              workspace = \"worktree\"\ncancel_grace = \"300ms\"\neof_grace = \"300ms\"\n\
              term_grace = \"300ms\"\n{extra}\n"
         );
@@ -66,10 +71,19 @@ impl Setup {
     }
 
     fn acpd(&self) -> Raw {
+        let mut cmd = self.command();
+        cmd.arg("stdio");
+        let log = self.env.path().join("acpd.log");
+        let mut raw = Raw::process(cmd, &log);
+        raw.initialize(json!({}));
+        raw
+    }
+
+    /// acpd with this setup's config, home and data dir; the subcommand is the caller's.
+    fn command(&self) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.arg("--config")
             .arg(&self.env.config)
-            .arg("stdio")
             .current_dir(self.env.path())
             .env_remove("ACPD_CONFIG")
             .env_remove("ACPD_DEPTH")
@@ -79,10 +93,7 @@ impl Setup {
             .env("XDG_DATA_HOME", &self.data)
             .env("ACPD_LOG", "warn")
             .env("STATE_DIRECTORY", self.env.path().join("state"));
-        let log = self.env.path().join("acpd.log");
-        let mut raw = Raw::process(cmd, &log);
-        raw.initialize(json!({}));
-        raw
+        cmd
     }
 
     fn worktrees(&self) -> PathBuf {
@@ -299,4 +310,271 @@ fn providers_report_the_sandbox_the_kernel_enforces() {
             .starts_with("landlock (ABI "),
         "{wt}"
     );
+}
+
+/// `session/new` asking for a worktree (`_meta.acpd.workspace`) in `cwd`; the answer.
+fn new_in_worktree(raw: &mut Raw, cwd: &Path, acpd: serde_json::Value) -> serde_json::Value {
+    raw.call(
+        "session/new",
+        json!({"cwd": cwd, "mcpServers": [], "_meta": {"acpd": acpd}}),
+    )
+}
+
+/// Prompts `sid` with `text`; the agent text streamed before the answer.
+fn say(raw: &mut Raw, sid: &str, text: &str) -> String {
+    let start = raw.seen.len();
+    let answer = raw.call(
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]}),
+    );
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    raw.seen[start..]
+        .iter()
+        .filter(|l| l.method() == "session/update")
+        .filter_map(|l| l.value["params"]["update"]["content"]["text"].as_str())
+        .collect()
+}
+
+/// A repository with a committed subdirectory `sub`, where the editor's cwd is.
+fn with_sub(s: &Setup) -> PathBuf {
+    let sub = s.repo.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::write(sub.join("keep.txt"), "k\n").unwrap();
+    git(&s.repo, &["add", "."]);
+    git(&s.repo, &["commit", "-q", "-m", "sub"]);
+    sub
+}
+
+/// The echo agent keeps its sessions (so they can be closed, loaded and deleted).
+fn keeping_sessions(s: &Setup) {
+    let sessions = s.env.path().join("echo-sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    let config = std::fs::read_to_string(&s.env.config).unwrap().replace(
+        "\"agent\", \"echo\"]",
+        &format!(
+            "\"agent\", \"echo\", \"--sessions\", \"{}\"]",
+            sessions.display()
+        ),
+    );
+    std::fs::write(&s.env.config, config).unwrap();
+}
+
+#[test]
+fn a_bridge_session_in_a_worktree_writes_there_and_its_close_keeps_the_branch() {
+    let s = Setup::new("");
+    keeping_sessions(&s);
+    let sub = with_sub(&s);
+    let head = git(&s.repo, &["rev-parse", "HEAD"]);
+    let mut raw = s.acpd();
+    let r = new_in_worktree(&mut raw, &sub, json!({"workspace": "worktree"}));
+    let sid = r["result"]["sessionId"]
+        .as_str()
+        .expect("a session")
+        .to_string();
+    let w = &r["result"]["_meta"]["acpd"]["workspace"];
+    assert_eq!(w["branch"], format!("acpd/{sid}"), "{r}");
+    assert_eq!(w["base"], head, "{r}");
+    let path = PathBuf::from(w["path"].as_str().unwrap());
+    assert!(path.starts_with(s.worktrees()), "{r}");
+    // The child's cwd is the worktree, at the editor's cwd's place in the repository.
+    let text = say(&mut raw, &sid, ":write new.txt from the session\n:cwd");
+    assert!(text.contains("wrote new.txt"), "{text}");
+    assert!(
+        text.contains(&format!("cwd {}", path.join("sub").display())),
+        "{text}"
+    );
+    assert!(path.join("sub/new.txt").is_file());
+    assert!(
+        !sub.join("new.txt").exists(),
+        "the editor's checkout was written"
+    );
+    assert_eq!(git(&s.repo, &["status", "--porcelain"]), "");
+    raw.ok("session/close", json!({"sessionId": sid}));
+    assert!(eventually(GONE, || !path.exists()), "the worktree stayed");
+    assert_eq!(
+        git(&s.repo, &["show", &format!("acpd/{sid}:sub/new.txt")]),
+        "from the session"
+    );
+    assert_eq!(git(&s.repo, &["worktree", "list"]).lines().count(), 1);
+    let marker = s.worktrees().join(format!("{sid}.owner"));
+    assert!(eventually(GONE, || !marker.exists()), "the marker stayed");
+    // Loaded again, the session's worktree is made again on its branch, its work there.
+    raw.ok(
+        "session/load",
+        json!({"sessionId": sid, "cwd": sub, "mcpServers": []}),
+    );
+    let text = say(&mut raw, &sid, ":cwd");
+    assert!(
+        text.contains(&format!("cwd {}", path.join("sub").display())),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(path.join("sub/new.txt")).unwrap(),
+        "from the session\n"
+    );
+    // Closed and loaded at once, as an editor does: the load waits for the old worktree to go.
+    raw.ok("session/close", json!({"sessionId": sid}));
+    raw.ok(
+        "session/load",
+        json!({"sessionId": sid, "cwd": sub, "mcpServers": []}),
+    );
+    let text = say(&mut raw, &sid, ":cwd");
+    assert!(
+        text.contains(&format!("cwd {}", path.join("sub").display())),
+        "{text}"
+    );
+    raw.ok("session/close", json!({"sessionId": sid}));
+    assert!(eventually(GONE, || !path.exists()), "the worktree stayed");
+}
+
+#[test]
+fn a_sigkilled_acpd_s_sandbox_tmp_is_removed_by_the_next_start() {
+    let s = Setup::new("sandbox = \"landlock\"");
+    let mut raw = s.acpd();
+    let sid = raw.new_session(&s.repo, "wt");
+    let text = say(&mut raw, &sid, ":env TMPDIR\n:pid");
+    let tmp = text
+        .lines()
+        .find_map(|l| l.strip_prefix("TMPDIR="))
+        .map(PathBuf::from)
+        .expect("TMPDIR set");
+    let child: i32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("pid "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {text}"));
+    assert!(tmp.is_dir());
+    let pid = raw.pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(eventually(GONE, || !exists(pid as i32) || is_zombie(pid)));
+    assert!(
+        eventually(GONE, || !exists(child) || is_zombie(child as u32)),
+        "the child lives on"
+    );
+    assert!(tmp.is_dir(), "nothing removed it yet");
+    let _next = s.acpd();
+    assert!(
+        eventually(GONE, || !tmp.exists()),
+        "the next acpd left {}",
+        tmp.display()
+    );
+    let mut marker = tmp.clone().into_os_string();
+    marker.push(".owner");
+    assert!(eventually(GONE, || !Path::new(&marker).exists()));
+}
+
+#[test]
+fn a_bridge_worktree_is_refused_before_anything_is_made() {
+    let s = Setup::new("\n[providers.plain]\ncommand = [\"/nonexistent/agent\"]\n");
+    let mut raw = s.acpd();
+    let code = |r: &serde_json::Value| r["error"]["data"]["code"].clone();
+    // A provider that does not allow worktrees (its agent is never started).
+    let r = new_in_worktree(
+        &mut raw,
+        &s.repo,
+        json!({"provider": "plain", "workspace": "worktree"}),
+    );
+    assert_eq!(code(&r), "UNSUPPORTED_CAPABILITY", "{r}");
+    // A cwd outside any repository.
+    let r = new_in_worktree(&mut raw, &s.home, json!({"workspace": "worktree"}));
+    assert_eq!(code(&r), "INVALID_CWD", "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not a git repository"), "{message}");
+    // A ref without a worktree, a ref git does not know, a workspace that is no kind.
+    let r = new_in_worktree(&mut raw, &s.repo, json!({"ref": "main"}));
+    assert_eq!(code(&r), "INVALID_REQUEST", "{r}");
+    let r = new_in_worktree(
+        &mut raw,
+        &s.repo,
+        json!({"workspace": "worktree", "ref": "no-such-ref"}),
+    );
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-ref"),
+        "{r}"
+    );
+    let r = new_in_worktree(&mut raw, &s.repo, json!({"workspace": "sideways"}));
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    let left: Vec<_> = std::fs::read_dir(s.worktrees())
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    assert_eq!(git(&s.repo, &["branch", "--list", "acpd/*"]), "");
+    // Without `workspace` the session works in the editor's cwd, as before.
+    let r = new_in_worktree(&mut raw, &s.repo, json!({}));
+    assert!(r["result"]["_meta"]["acpd"].is_null(), "{r}");
+}
+
+/// `acpd serve` on this setup's socket, logging to `serve.log`; killed on drop.
+struct Served(std::process::Child, PathBuf);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(s: &Setup) -> Served {
+    let socket = s.env.path().join("run/acpd.sock");
+    let log = std::fs::File::create(s.env.path().join("serve.log")).unwrap();
+    let child = s
+        .command()
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    assert!(
+        eventually(GONE, || socket.exists()),
+        "acpd serve did not listen"
+    );
+    Served(child, socket)
+}
+
+fn editor(served: &Served) -> Raw {
+    let mut raw = Raw::socket(&served.1);
+    raw.initialize(json!({}));
+    raw
+}
+
+#[test]
+fn a_detached_worktree_session_is_loaded_in_the_same_worktree_and_deleted_with_it() {
+    let s = Setup::with("detach_timeout = \"60s\"", "");
+    keeping_sessions(&s);
+    let served = serve(&s);
+    let mut first = editor(&served);
+    let r = new_in_worktree(&mut first, &s.repo, json!({"workspace": "worktree"}));
+    let sid = r["result"]["sessionId"]
+        .as_str()
+        .expect("a session")
+        .to_string();
+    let workspace = r["result"]["_meta"]["acpd"]["workspace"].clone();
+    let path = PathBuf::from(workspace["path"].as_str().unwrap());
+    say(&mut first, &sid, ":write one.txt before the detach");
+    drop(first);
+    // Detached: the worktree stays with its live child, and the next editor finds it.
+    let mut second = editor(&served);
+    let loaded = second.ok(
+        "session/load",
+        json!({"sessionId": sid, "cwd": s.repo, "mcpServers": []}),
+    );
+    assert_eq!(loaded["_meta"]["acpd"]["workspace"], workspace, "{loaded}");
+    let text = say(&mut second, &sid, ":write two.txt after it\n:cwd");
+    assert!(text.contains(&format!("cwd {}", path.display())), "{text}");
+    assert!(path.join("one.txt").is_file() && path.join("two.txt").is_file());
+    second.ok("session/delete", json!({"sessionId": sid}));
+    assert!(eventually(GONE, || !path.exists()), "the worktree stayed");
+    for f in ["one.txt", "two.txt"] {
+        git(&s.repo, &["show", &format!("acpd/{sid}:{f}")]);
+    }
+    assert!(!s.repo.join("one.txt").exists());
 }

@@ -162,3 +162,40 @@ fn only_a_provider_with_a_mechanism_takes_a_filter_and_a_bad_filter_is_refused()
         assert_eq!(v["error"]["name"], "INVALID_REQUEST", "{args:?}: {v}");
     }
 }
+
+/// A run's child that delegates (`:delegate`, through the `acpd` MCP server offered to it and
+/// acpd stdio's nest socket) starts a run that inherits the filter: the grandchild's agent is
+/// given the same `disallowedTools`, though the delegating child asked for no filter at all.
+#[test]
+fn a_nested_run_inherits_its_ancestor_s_filter() {
+    let env = Env::new(&format!(
+        "default_provider = \"claudish\"\nmax_depth = 3\n\
+         [providers.claudish]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+         tool_filter = \"claude-meta\"\npermission = \"allow\"\noffer_delegation = true\n\
+         cancel_grace = \"2s\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n"
+    ));
+    let mut raw = crate::common::raw::Raw::stdio(&env);
+    raw.initialize(json!({}));
+    let run = raw.ok(
+        "_acpd/subagent/start",
+        json!({"provider": "claudish", "cwd": env.path(), "toolFilter": {"deny": ["Bash"]},
+               "prompt": [{"type": "text", "text": ":delegate :session-meta"}]}),
+    )["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = raw.wait_run(&run);
+    let text = output_text(&r);
+    assert!(text.starts_with("delegated: session-meta "), "{r}");
+    let meta: Value = serde_json::from_str(
+        text.trim()
+            .strip_prefix("delegated: session-meta ")
+            .unwrap(),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(
+        meta,
+        json!({"claudeCode": {"options": {"disallowedTools": ["Bash"]}}}),
+        "{text}"
+    );
+}

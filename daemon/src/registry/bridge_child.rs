@@ -10,10 +10,24 @@ use acpd_protocol::acp::ClientCapabilities;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
-use super::gate::{Admission, home, start_failed};
+use super::gate::{Admission, home, start_failed, wants_worktree};
 use super::{Launched, Registry, RegistryError, Slot};
 use crate::child::{self, AgentInfo, Initialized, Open};
-use crate::config::{Config, ProviderConfig};
+use crate::config::{Config, ProviderConfig, WorkspaceMode};
+use crate::workspace::{Base, has_own_branch};
+use acpd_protocol::subagent::WorkspaceKind;
+
+/// The worktree a bridge session asks for (`_meta.acpd.workspace` and `ref`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WorkspaceAsk<'a> {
+    pub kind: Option<WorkspaceKind>,
+    pub base_ref: Option<&'a str>,
+    /// The acpd session id: the worktree's name and its branch's (`acpd/<id>`).
+    pub name: &'a str,
+    /// A session opened again (`session/load`, `session/resume`) whose worktree is gone: the
+    /// branch its earlier worktree left is checked out again, when the repository has it.
+    pub resume: bool,
+}
 
 /// What a bridge session asks for.
 pub struct BridgeRequest<'a> {
@@ -27,6 +41,7 @@ pub struct BridgeRequest<'a> {
     /// The `authenticate` params the editor's connection used with this provider.
     pub auth: Option<&'a RawValue>,
     pub cancel: &'a CancellationToken,
+    pub workspace: WorkspaceAsk<'a>,
 }
 
 /// An initialized child with no session, holding its claim on the limits.
@@ -142,9 +157,35 @@ impl Registry {
         let config = self.config();
         let chosen = self.provider(&config, req.provider)?;
         let depth = self.bridge_depth();
+        // Refused before anything is made: a worktree the provider does not allow.
+        let fresh = wants_worktree(&chosen, req.workspace.kind, req.workspace.base_ref, false)?;
         let mut open = req.open;
         if let Open::Create { params, .. } = &mut open {
             self.offer_in(params, &chosen, depth);
+        }
+        let ask = req.workspace;
+        let resumed = ask.resume
+            && ask.kind != Some(WorkspaceKind::Shared)
+            && ask.base_ref.is_none()
+            && chosen.workspace == WorkspaceMode::Worktree
+            && has_own_branch(req.cwd, ask.name).await;
+        let base = match (resumed, fresh) {
+            (true, _) => Some(Base::OwnBranch),
+            (false, true) => Some(Base::Commit(ask.base_ref)),
+            (false, false) => None,
+        };
+        if let Some(base) = base {
+            let opening = Opening {
+                cwd: req.cwd,
+                open,
+                needs: req.needs,
+                client_capabilities: req.client_capabilities,
+                auth: req.auth,
+                cancel: req.cancel,
+            };
+            return self
+                .open_in_worktree(&config, chosen, opening, ask.name, base)
+                .await;
         }
         if let Open::Create {
             method: "session/new",
@@ -211,5 +252,103 @@ impl Registry {
             max_depth: self.max_depth(None),
             workspace: None,
         })
+    }
+}
+
+/// A bridge session's open, once its provider is chosen.
+struct Opening<'a> {
+    cwd: &'a Path,
+    open: Open,
+    needs: Option<&'static str>,
+    client_capabilities: ClientCapabilities,
+    auth: Option<&'a RawValue>,
+    cancel: &'a CancellationToken,
+}
+
+impl Registry {
+    /// A bridge session's child in a worktree of its own, named `name` (never a warm spare:
+    /// a spare runs elsewhere): its process and its session (`cwd` in `session/new`) start
+    /// in the worktree, at the editor's cwd's place in the repository. Whatever fails after
+    /// the worktree was made removes it again (a new branch with it, a resumed one kept).
+    async fn open_in_worktree(
+        &self,
+        config: &Config,
+        provider: Arc<ProviderConfig>,
+        o: Opening<'_>,
+        name: &str,
+        base: Base<'_>,
+    ) -> Result<Launched, RegistryError> {
+        let home = home();
+        let admission = Admission {
+            cwd: Some(o.cwd),
+            fallback_cwd: Some(&home),
+            relay: true,
+            worktree: Some(base),
+            ..Admission::new(name.to_string(), o.cancel)
+        };
+        let caps = o.client_capabilities;
+        let launched = self
+            .gate(config, provider, admission, |spec| {
+                child::initialize(spec, caps, o.cancel)
+            })
+            .await?;
+        self.learned(&launched.provider, launched.child.agent());
+        let Launched {
+            child,
+            slot,
+            provider,
+            workspace,
+            ..
+        } = launched;
+        let mut open = o.open;
+        if let (Open::Create { params, .. }, Some(w)) = (&mut open, &workspace) {
+            params["cwd"] = serde_json::json!(w.cwd.to_string_lossy());
+        }
+        let mut ready = Ready { child, slot };
+        let opened = async {
+            if let Some(auth) = o.auth {
+                ready.call("authenticate", auth, o.cancel).await?;
+            }
+            if let Some(needs) = o.needs
+                && !advertises(ready.child.agent(), needs)
+            {
+                return Err(RegistryError::UnsupportedCapability {
+                    provider: provider.name.clone(),
+                    capability: needs.trim_start_matches('/'),
+                });
+            }
+            Ok(())
+        }
+        .await;
+        let opened = match opened {
+            Ok(()) => {
+                let Ready { child, slot } = ready;
+                child
+                    .open(open, o.cancel)
+                    .await
+                    .map(|child| (child, slot))
+                    .map_err(|e| start_failed(&provider, e))
+            }
+            Err(e) => {
+                ready.close().await;
+                Err(e)
+            }
+        };
+        match opened {
+            Ok((child, slot)) => Ok(Launched {
+                child,
+                slot,
+                provider,
+                depth: self.bridge_depth(),
+                max_depth: self.max_depth(None),
+                workspace,
+            }),
+            Err(e) => {
+                if let Some(w) = workspace {
+                    w.remove(matches!(base, Base::OwnBranch)).await;
+                }
+                Err(e)
+            }
+        }
     }
 }

@@ -9,14 +9,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use acpd_protocol::diagnostic;
-use acpd_protocol::subagent::{Capabilities, Category, StartRequest};
+use acpd_protocol::subagent::{Capabilities, Category, StartRequest, WorkspaceKind};
 use acpd_protocol::tool_filter::ToolFilter;
 use tokio_util::sync::CancellationToken;
 
 use super::{Registry, RegistryError, Slot};
 use crate::child::{AgentInfo, Child, ChildSpec, SessionParams, StartFailure};
 use crate::config::{Config, ProviderConfig, ToolFilterMode, WorkspaceMode, presets};
-use crate::workspace::{WorkspaceError, Worktree};
+use crate::workspace::{Base, WorkspaceError, Worktree};
 
 /// What a start asks of the gate besides the provider: where its child runs, how deep, under
 /// which name, and what its spec carries beyond the provider's own.
@@ -38,9 +38,9 @@ pub(super) struct Admission<'a> {
     pub relay: bool,
     /// Abandons the start (the registry agent's resolution, the wait for a slot, the handshake).
     pub cancel: &'a CancellationToken,
-    /// `Some(ref)`: the child works in a new git worktree of the cwd's repository at `ref`
-    /// (`None`: `HEAD`), named by `log_id`; made once a slot is claimed.
-    pub worktree: Option<Option<&'a str>>,
+    /// The child works in a git worktree of the cwd's repository, named by `log_id` (its
+    /// branch `acpd/<log_id>`), checked out as the base says; made once a slot is claimed.
+    pub worktree: Option<Base<'a>>,
 }
 
 impl<'a> Admission<'a> {
@@ -117,8 +117,8 @@ impl Registry {
             .map_err(RegistryError::from)?;
         let slot = self.claim(config, &provider, a.cancel).await?;
         let workspace = match a.worktree {
-            Some(base_ref) => Some(
-                Worktree::create(&cwd, &a.log_id, base_ref)
+            Some(base) => Some(
+                Worktree::create(&cwd, &a.log_id, base)
                     .await
                     .map_err(|e| workspace_failed(&provider, e))?,
             ),
@@ -191,26 +191,31 @@ fn workspace_failed(provider: &ProviderConfig, e: WorkspaceError) -> RegistryErr
     }
 }
 
-/// Whether a run of `provider` gets a worktree: the request's `workspace`, else the
-/// provider's; a worktree only where the provider allows it (`workspace = "worktree"`).
+/// Whether a child of `provider` gets a worktree: the request's `workspace` (`asked`), else
+/// the provider's when `by_default` (a run; a bridge session only when its editor asks); a
+/// worktree only where the provider allows it (`workspace = "worktree"`), and a `ref` only
+/// with one.
 pub(super) fn wants_worktree(
     provider: &ProviderConfig,
-    req: &StartRequest,
+    asked: Option<WorkspaceKind>,
+    base_ref: Option<&str>,
+    by_default: bool,
 ) -> Result<bool, RegistryError> {
-    use acpd_protocol::subagent::WorkspaceKind;
     let allowed = provider.workspace == WorkspaceMode::Worktree;
-    let worktree = match req.workspace {
+    let worktree = match asked {
         Some(WorkspaceKind::Worktree) if !allowed => Err(RegistryError::UnsupportedCapability {
             provider: provider.name.clone(),
             capability: "workspace",
         }),
         Some(WorkspaceKind::Worktree) => Ok(true),
         Some(WorkspaceKind::Shared) => Ok(false),
-        None => Ok(allowed),
+        None => Ok(allowed && by_default),
     }?;
-    if req.base_ref.is_some() && !worktree {
+    if base_ref.is_some() && !worktree {
         return Err(RegistryError::InvalidRequest {
-            reason: "`ref` names a worktree's base commit, and this run has no worktree".into(),
+            reason: "`ref` names a worktree's base commit, and this child has no worktree \
+                     (ask for `workspace: \"worktree\"`)"
+                .into(),
         });
     }
     Ok(worktree)

@@ -7,7 +7,10 @@
 
 use std::sync::Arc;
 
-use super::{Registry, Run, lock};
+use acpd_protocol::tool_filter::ToolFilter;
+
+use super::{Registry, RegistryError, Run, lock};
+use crate::config::ProviderConfig;
 
 /// Whose child started a nested run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +152,54 @@ impl Registry {
             depth: self.inner.depth.depth.saturating_add(1),
             max_depth: self.max_depth(None),
         })
+    }
+
+    /// The tool filter of a run nested under `nest` that asked for `asked`: its ancestor's,
+    /// only ever narrowed (denies joined, allows met, see [`ToolFilter::narrowed_by`]), so a
+    /// child cannot shed its filter by delegating. Refused when the result permits nothing
+    /// the request allowed, when the provider cannot take a filter it inherits, and when the
+    /// run it would be nested under is gone (it could not be held to its filter).
+    pub(super) fn nested_filter(
+        &self,
+        provider: &ProviderConfig,
+        nest: Option<&Nest>,
+        asked: Option<&ToolFilter>,
+    ) -> Result<Option<ToolFilter>, RegistryError> {
+        let Some(Parent::Run(parent)) = nest.map(|n| &n.parent) else {
+            return Ok(asked.cloned());
+        };
+        let Some(run) = lock(&self.inner.table).runs.get(parent).cloned() else {
+            return Err(RegistryError::InvalidRequest {
+                reason: format!("the run {parent} this one would be nested under has ended"),
+            });
+        };
+        let Some(above) = run.tool_filter() else {
+            return Ok(asked.cloned());
+        };
+        let Some(asked) = asked else {
+            if !super::gate::capabilities(provider, false).tool_filter {
+                return Err(RegistryError::UnsupportedCapability {
+                    provider: provider.name.clone(),
+                    capability: "toolFilter (inherited from the run this one is nested under)",
+                });
+            }
+            return Ok(Some((*above).clone()));
+        };
+        let narrowed = above.narrowed_by(asked);
+        if narrowed.permits_nothing() {
+            let list = |names: &Option<Vec<String>>| {
+                names.as_ref().map_or("-".to_string(), |n| n.join(", "))
+            };
+            return Err(RegistryError::InvalidRequest {
+                reason: format!(
+                    "toolFilter allows only tools the run it is nested under forbids (that run \
+                     allows: {}; denies: {}); a nested run can only narrow its ancestor's filter",
+                    list(&above.allow),
+                    list(&above.deny)
+                ),
+            });
+        }
+        Ok(Some(narrowed))
     }
 
     /// Cancels a run's turn whoever owns it, and the runs nested under it (a parent's cancel).

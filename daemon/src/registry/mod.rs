@@ -50,7 +50,7 @@ use crate::child::AgentInfo;
 use crate::config::{Config, ProviderConfig};
 use gate::capabilities;
 
-pub(crate) use bridge_child::{BridgeRequest, Ready, advertises};
+pub(crate) use bridge_child::{BridgeRequest, Ready, WorkspaceAsk, advertises};
 pub(crate) use gate::{GateError, Launched, auth_env_names};
 pub(crate) use limits::{DepthContext, Slot};
 pub(crate) use lineage::{Lineage, Nest, Origin, Parent, Tree};
@@ -106,11 +106,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Registry {
     pub fn new(config: Config, depth: DepthContext) -> Self {
-        // Worktrees of an acpd that was killed go before this one makes its own.
-        if crate::workspace::worktrees_dir().is_some_and(|d| d.is_dir())
+        // Worktrees and children's tmps of an acpd that was killed go before this one makes
+        // its own.
+        let leftovers = [
+            crate::workspace::worktrees_dir(),
+            crate::workspace::tmps_dir(),
+        ];
+        if leftovers.iter().flatten().any(|d| d.is_dir())
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            runtime.spawn(crate::workspace::sweep(None));
+            runtime.spawn(crate::workspace::sweep(None, None));
         }
         Registry {
             inner: Arc::new(Inner {

@@ -125,6 +125,12 @@ const KEEP_ALIVE_ENDED: &str = "keep_alive expired or the child exited";
 const BUDGET_SPENT: &str = "its budget is spent";
 
 impl Run {
+    /// The tool filter every turn of this run holds its child to (and every run nested
+    /// under it inherits, see [`super::lineage`]).
+    pub(super) fn tool_filter(&self) -> Option<Arc<ToolFilter>> {
+        self.tool_filter.clone()
+    }
+
     pub(super) fn new(init: RunInit) -> Arc<Run> {
         let (state, _) = watch::channel(RunState::Running { turn: 1 });
         Arc::new(Run {

@@ -17,6 +17,7 @@ use super::output_schema::OutputSchema;
 use super::run_lifecycle::RunInit;
 use super::{Launched, Nest, Owner, Parent, Registry, RegistryError, Run, RunEvent, lock};
 use crate::child::{Child, SessionParams};
+use crate::workspace::Base;
 
 /// Everything a start needs besides the request itself.
 #[derive(Default)]
@@ -62,7 +63,9 @@ impl Registry {
         let req = &opts.request;
         let provider = self.provider(&config, req.provider.as_deref())?;
         check_capabilities(&provider, req)?;
-        let worktree = wants_worktree(&provider, req)?;
+        let tool_filter =
+            self.nested_filter(&provider, opts.nest.as_ref(), req.tool_filter.as_ref())?;
+        let worktree = wants_worktree(&provider, req.workspace, req.base_ref.as_deref(), true)?;
         let budget = super::budget::resolve(&provider, req.budget.as_ref())?;
         // The run above this one, whose budget this run spends from too.
         let above = match opts.nest.as_ref().map(|n| &n.parent) {
@@ -105,12 +108,11 @@ impl Registry {
             session: Some(SessionParams {
                 mcp_servers: None,
                 system_prompt: req.persona.clone(),
-                meta: req
-                    .tool_filter
+                meta: tool_filter
                     .as_ref()
                     .and_then(|f| super::gate::tool_filter_meta(&provider, f)),
             }),
-            worktree: worktree.then_some(req.base_ref.as_deref()),
+            worktree: worktree.then_some(Base::Commit(req.base_ref.as_deref())),
             ..Admission::new(run_id.clone(), &opts.cancel)
         };
         let Launched {
@@ -142,7 +144,7 @@ impl Registry {
             forward_permissions: opts.forward_permissions,
             sink: opts.sink,
             schema,
-            tool_filter: req.tool_filter.clone().map(Arc::new),
+            tool_filter: tool_filter.map(Arc::new),
             uid: match opts.nest.as_ref().map(|n| &n.parent) {
                 Some(Parent::Run(parent)) => lock(&self.inner.table)
                     .runs

@@ -84,7 +84,7 @@ pub(super) async fn sandbox_for(
         .filter(|h| h.is_absolute());
     let data = presets::data_dir();
     let tmp = match &data {
-        Some(d) => d.join("tmp").join(id),
+        Some(d) => d.join("tmp").join(tmp_name(id)),
         None => {
             return Err(failed(
                 "no data directory for the child's tmp (set HOME)".into(),
@@ -98,10 +98,21 @@ pub(super) async fn sandbox_for(
         data.as_deref(),
         tmp.clone(),
     );
-    if let Some(parent) = tmp.parent() {
-        crate::private_fs::private_dir(parent).map_err(|e| failed(e.to_string()))?;
+    let marker = match tmp.parent() {
+        Some(parent) => {
+            crate::private_fs::private_dir(parent).map_err(|e| failed(e.to_string()))?;
+            // Before the tmp: an acpd killed in between leaves the marker to the sweep.
+            let name = tmp.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            Some(crate::workspace::mark_tmp(parent, name).map_err(|e| failed(e.to_string()))?)
+        }
+        None => None,
+    };
+    if let Err(e) = crate::private_fs::private_dir(&tmp) {
+        if let Some(m) = &marker {
+            let _ = std::fs::remove_file(m);
+        }
+        return Err(failed(e.to_string()));
     }
-    crate::private_fs::private_dir(&tmp).map_err(|e| failed(e.to_string()))?;
     let built = tokio::task::spawn_blocking(move || Sandbox::build(&plan)).await;
     match built {
         Ok(Ok(sandbox)) => {
@@ -110,13 +121,40 @@ pub(super) async fn sandbox_for(
             Ok(Some(Arc::new(sandbox)))
         }
         Ok(Err(e)) => {
-            let _ = std::fs::remove_dir_all(&tmp);
+            discard(&tmp, marker.as_deref());
             Err(failed(e.to_string()))
         }
         Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
+            discard(&tmp, marker.as_deref());
             Err(failed(e.to_string()))
         }
+    }
+}
+
+/// The name of a child's tmp: its id (a run or session id, `probe-<provider>`) cut to what a
+/// marker may be named, and a random tail, so two children of one id (two probes of a
+/// provider at once) never share one, nor does one's removal take the other's.
+fn tmp_name(id: &str) -> String {
+    let head: String = id
+        .chars()
+        .take(60)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let tail = uuid::Uuid::new_v4().simple().to_string();
+    format!("{head}-{}", &tail[..12])
+}
+
+/// A tmp no sandbox came to own, and its marker.
+fn discard(tmp: &Path, marker: Option<&Path>) {
+    let _ = std::fs::remove_dir_all(tmp);
+    if let Some(m) = marker {
+        let _ = std::fs::remove_file(m);
     }
 }
 

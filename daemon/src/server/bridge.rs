@@ -15,10 +15,11 @@ use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::live_sessions::{RELEASE_WAIT, Taken, held_elsewhere};
+use super::bridge_workspace::{WorkspaceMeta, with_workspace};
+use super::live_sessions::{RELEASE_WAIT, SessionWorkspace, Taken, held_elsewhere};
 use super::{Conn, Seat, SessionRef, bridge_error, lock, raw, session_not_found};
 use crate::child::{Child, First, Open, ParentServes, RelayTarget};
-use crate::registry::{BridgeRequest, advertises};
+use crate::registry::{BridgeRequest, WorkspaceAsk, advertises};
 use crate::store::{Claim, SessionRow};
 
 /// The router's handle on a bridge session.
@@ -135,6 +136,10 @@ pub(super) async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>)
         .and_then(|m| m.pointer("/acpd/provider"))
         .and_then(|p| p.as_str())
         .map(str::to_string);
+    let workspace = match WorkspaceMeta::of(params.as_deref()) {
+        Ok(w) => w,
+        Err(e) => return conn.reply_err(&id, &e).await,
+    };
     let params = forwarded_params(params.as_deref());
     let opened = Opening {
         provider: provider.as_deref(),
@@ -142,6 +147,7 @@ pub(super) async fn open(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>)
         method: "session/new",
         params,
         needs: None,
+        workspace,
     };
     create(conn, id, opened).await;
 }
@@ -185,6 +191,7 @@ pub(super) async fn fork(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>>)
         method: "session/fork",
         params: forwarded_params(Some(&params)),
         needs: Some("/sessionCapabilities/fork"),
+        workspace: WorkspaceMeta::default(),
     };
     create(conn, id, opened).await;
 }
@@ -197,6 +204,7 @@ async fn open_child(
     cwd: &std::path::Path,
     open: Open,
     needs: Option<&'static str>,
+    workspace: WorkspaceAsk<'_>,
 ) -> Result<crate::registry::Launched, RpcError> {
     let default = conn.default_provider();
     let name = provider.unwrap_or(&default);
@@ -212,6 +220,7 @@ async fn open_child(
             client_capabilities: conn.child_capabilities(),
             auth: auth.as_deref(),
             cancel: &conn.closing,
+            workspace,
         })
         .await
         .map_err(|e| bridge_error(&e))
@@ -224,6 +233,7 @@ struct Opening<'a> {
     method: &'static str,
     params: serde_json::Value,
     needs: Option<&'static str>,
+    workspace: WorkspaceMeta,
 }
 
 async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
@@ -234,12 +244,15 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
         method: o.method,
         params: o.params,
     };
-    let launched = match open_child(&conn, o.provider, &o.cwd, open, o.needs).await {
+    // Minted first: a worktree is named after the session.
+    let minted = format!("acpd-{}", uuid::Uuid::new_v4());
+    let ask = o.workspace.ask(&minted, false);
+    let launched = match open_child(&conn, o.provider, &o.cwd, open, o.needs, ask).await {
         Ok(l) => l,
         Err(e) => return conn.reply_err(&id, &e).await,
     };
-    let minted = format!("acpd-{}", uuid::Uuid::new_v4());
     let child = launched.child;
+    let workspace = launched.workspace;
     let row = SessionRow {
         acpd_id: minted.clone(),
         provider: launched.provider.name.clone(),
@@ -257,14 +270,18 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
     if lasting && let Err(e) = conn.ctx.sessions.store.insert(row).await {
         tracing::warn!(session = %minted, "the session map cannot keep this session: {e}");
     }
-    let reply = with_session_id(child.session_reply(), &minted)
+    let mut reply = with_session_id(child.session_reply(), &minted)
         .unwrap_or_else(|| raw(&json!({ "sessionId": minted })));
+    if let Some(w) = &workspace {
+        reply = with_workspace(&reply, &SessionWorkspace::of_worktree(w));
+    }
     conn.ctx.sessions.file(
         &minted,
         child.clone(),
         launched.slot,
         conn.ctx.peer_uid,
         conn.ctx.registry.clone(),
+        workspace,
     );
     attach(conn, minted, child, First::Answer(id, reply), seat).await;
 }
@@ -284,7 +301,7 @@ pub(super) async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option
         _ => None,
     };
     if let Some(b) = open_here {
-        return again(&conn, b, id, reopen, params.as_deref()).await;
+        return again(&conn, b, id, &sid, reopen, params.as_deref()).await;
     }
     let sessions = conn.ctx.sessions.clone();
     let deadline = tokio::time::Instant::now() + RELEASE_WAIT;
@@ -313,6 +330,10 @@ pub(super) async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option
     let Some((req, row)) = existing(&conn, &id, params.as_deref()).await else {
         return;
     };
+    let workspace = match WorkspaceMeta::of(params.as_deref()) {
+        Ok(w) => w,
+        Err(e) => return conn.reply_err(&id, &e).await,
+    };
     let Some(seat) = conn.take_seat() else {
         return conn.reply_err(&id, &conn.seat_limit()).await;
     };
@@ -334,7 +355,9 @@ pub(super) async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option
     let open = Open::Existing {
         child_session_id: row.child_session_id.clone(),
     };
-    let launched = match open_child(&conn, Some(&row.provider), &cwd, open, Some(needs)).await {
+    let ask = workspace.ask(&row.acpd_id, true);
+    let opened = open_child(&conn, Some(&row.provider), &cwd, open, Some(needs), ask).await;
+    let launched = match opened {
         Ok(l) => l,
         Err(e) => {
             if let Err(e) = store.release(&row.acpd_id, me).await {
@@ -344,14 +367,18 @@ pub(super) async fn load(conn: Arc<Conn>, id: Id, reopen: Reopen, params: Option
         }
     };
     let child = launched.child;
+    let mut params = forwarded_params(params.as_deref());
+    if let Some(w) = &launched.workspace {
+        params["cwd"] = json!(w.cwd.to_string_lossy());
+    }
     conn.ctx.sessions.file(
         &row.acpd_id,
         child.clone(),
         launched.slot,
         conn.ctx.peer_uid,
         conn.ctx.registry.clone(),
+        launched.workspace,
     );
-    let mut params = forwarded_params(params.as_deref());
     let depth = launched.depth;
     conn.ctx
         .registry
@@ -373,6 +400,7 @@ async fn again(
     conn: &Arc<Conn>,
     b: BridgeHandle,
     id: Id,
+    sid: &str,
     reopen: Reopen,
     params: Option<&RawValue>,
 ) {
@@ -398,6 +426,9 @@ async fn again(
     // What the first open sent the agent: the editor's params without `_meta.acpd`, with
     // acpd's MCP server when it is offered.
     let mut forwarded = forwarded_params(params);
+    if let Some(w) = conn.ctx.sessions.workspace(sid) {
+        forwarded["cwd"] = json!(w.cwd.to_string_lossy());
+    }
     let registry = &conn.ctx.registry;
     registry.offer_in(&mut forwarded, child.provider(), registry.bridge_depth());
     let method = reopen.method().to_string();
@@ -421,7 +452,11 @@ async fn reattach(conn: Arc<Conn>, id: Id, sid: String, child: Child) {
     if let Some(obj) = reply.as_object_mut() {
         obj.remove("sessionId");
     }
-    attach(conn, sid, child, First::Answer(id, raw(&reply)), seat).await;
+    let mut reply = raw(&reply);
+    if let Some(w) = conn.ctx.sessions.workspace(&sid) {
+        reply = with_workspace(&reply, &w);
+    }
+    attach(conn, sid, child, First::Answer(id, reply), seat).await;
 }
 
 /// The acpd id a request names and its row in the session map; answers the parent when

@@ -48,9 +48,36 @@ pub(crate) struct Sessions {
 
 struct Live {
     child: Child,
+    workspace: Option<SessionWorkspace>,
     /// The uid of the connection that opened it: only that user may attach it again.
     uid: Option<u32>,
     attached: bool,
+}
+
+/// Where a live session's work lands when it has a worktree: what its editor is told
+/// (`_meta.acpd.workspace`), and the cwd its agent is given instead of the editor's.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionWorkspace {
+    pub branch: String,
+    pub path: std::path::PathBuf,
+    pub base: String,
+    pub cwd: std::path::PathBuf,
+}
+
+impl SessionWorkspace {
+    pub(crate) fn of_worktree(w: &crate::workspace::Worktree) -> SessionWorkspace {
+        SessionWorkspace {
+            branch: w.branch.clone(),
+            path: w.path.clone(),
+            base: w.base.clone(),
+            cwd: w.cwd.clone(),
+        }
+    }
+
+    /// `{branch, path, base}`, as the `session/new` answer's `_meta.acpd.workspace`.
+    pub(crate) fn meta(&self) -> serde_json::Value {
+        json!({"branch": self.branch, "path": self.path, "base": self.base})
+    }
 }
 
 /// What a load found (see [`Sessions::take_for_load`]).
@@ -120,7 +147,9 @@ impl Sessions {
 
     /// Files a live session (attached) and watches it: when its driver ends it is forgotten,
     /// its tree reaped (the runs its child started with it) and its claim on the limits
-    /// released.
+    /// released. Its worktree, if it has one, lives as long as its child — detached and
+    /// attached again included — and then goes with whatever the child left in it
+    /// committed on its branch, which stays.
     pub(crate) fn file(
         self: &Arc<Self>,
         id: &str,
@@ -128,10 +157,12 @@ impl Sessions {
         slot: Slot,
         uid: Option<u32>,
         registry: crate::registry::Registry,
+        workspace: Option<crate::workspace::Worktree>,
     ) {
         lock(&self.live).insert(
             id.to_string(),
             Live {
+                workspace: workspace.as_ref().map(SessionWorkspace::of_worktree),
                 child: child.clone(),
                 uid,
                 attached: true,
@@ -142,6 +173,20 @@ impl Sessions {
         self.tasks.spawn(async move {
             let end = child.ended().await;
             tracing::info!(provider = %child.provider().name, session = %id, ?end, "bridge session ended");
+            let nested = crate::registry::Parent::Session(id.clone());
+            // A worktree goes before the session is free to load again: an editor's load
+            // right after its close makes the worktree again, at the same path.
+            let had_workspace = workspace.is_some();
+            if let Some(w) = workspace {
+                tokio::join!(child.shut(), registry.dispose_nested(&nested));
+                match w.commit_all(&format!("acpd: session {id}")).await {
+                    Ok(()) => w.remove(true).await,
+                    // Never removed with work nobody saved: the next acpd's sweep takes it.
+                    Err(e) => tracing::warn!(session = %id,
+                        "cannot commit the session's work, so its worktree {} stays: {e}",
+                        w.path.display()),
+                }
+            }
             // No longer live here: another acpd may load it now. Released before the entry
             // goes, so a load of it in this process (which waits for the entry) claims after
             // this release, never before it. Not while a delete of it runs: the delete took
@@ -155,8 +200,9 @@ impl Sessions {
             lock(&me.live).remove(&id);
             // A load waiting for it (a close then a load, as an editor does) goes on now.
             me.released.notify_waiters();
-            let nested = crate::registry::Parent::Session(id.clone());
-            tokio::join!(child.shut(), registry.dispose_nested(&nested));
+            if !had_workspace {
+                tokio::join!(child.shut(), registry.dispose_nested(&nested));
+            }
             drop(slot);
         });
     }
@@ -253,6 +299,11 @@ impl Sessions {
             }
             None => false,
         }
+    }
+
+    /// The worktree of live session `id`, when it has one.
+    pub(crate) fn workspace(&self, id: &str) -> Option<SessionWorkspace> {
+        lock(&self.live).get(id).and_then(|l| l.workspace.clone())
     }
 
     /// The live session whose child is process `pid`.

@@ -31,6 +31,7 @@
 //! - `reloader.rs`: [`Reloader`], config reloads coalesced (SIGHUP and `_acpd/reload`).
 
 mod bridge;
+mod bridge_workspace;
 mod capabilities;
 mod delegation;
 mod dispatch;

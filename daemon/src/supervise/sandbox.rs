@@ -50,13 +50,20 @@ pub struct Sandbox {
 }
 
 impl Drop for Sandbox {
+    /// Removes the tmp, then the owner marker beside it (`<tmp>.owner`, which the startup
+    /// sweep reads when an acpd dies before this runs).
     fn drop(&mut self) {
-        if let Some(tmp) = &self.tmp
-            && let Err(e) = std::fs::remove_dir_all(tmp)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!("cannot remove a child's tmp {}: {e}", tmp.display());
+        let Some(tmp) = &self.tmp else { return };
+        match std::fs::remove_dir_all(tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!("cannot remove a child's tmp {}: {e}", tmp.display());
+                return;
+            }
+            _ => {}
         }
+        let mut marker = tmp.clone().into_os_string();
+        marker.push(".owner");
+        let _ = std::fs::remove_file(marker);
     }
 }
 

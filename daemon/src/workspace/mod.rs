@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use acpd_protocol::subagent::WorkspaceReport;
 
 use git::git;
-pub(crate) use sweep::sweep;
+pub(crate) use sweep::{mark_tmp, sweep, tmps_dir};
 
 /// Why a workspace could not be made or read.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +37,15 @@ pub enum WorkspaceError {
         "the ref {0:?} is not a ref name or commit acpd passes to git (it may not start with '-' or contain control characters)"
     )]
     BadRef(String),
+    #[error(
+        "the ref {wanted:?} names no commit of the repository at {}: {message}; give a branch, tag or commit it has",
+        repo.display()
+    )]
+    UnknownRef {
+        wanted: String,
+        repo: PathBuf,
+        message: String,
+    },
     #[error("acpd has no data directory for worktrees (set XDG_DATA_HOME or HOME)")]
     NoDataDir,
     #[error("cannot prepare {}: {source}", path.display())]
@@ -88,23 +97,63 @@ fn safe_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
+/// What a new worktree checks out.
+#[derive(Debug, Clone, Copy)]
+pub enum Base<'a> {
+    /// A new branch `acpd/<id>` at this ref (`None`: the cwd's `HEAD`).
+    Commit(Option<&'a str>),
+    /// The branch `acpd/<id>` an earlier worktree of the same id left (a bridge session
+    /// opened again after its worktree was removed): its work goes on where it stopped.
+    OwnBranch,
+}
+
+/// Whether `cwd` is in a repository that has the branch `acpd/<id>` (false when it is not
+/// in a repository at all).
+pub(crate) async fn has_own_branch(cwd: &Path, id: &str) -> bool {
+    if !safe_id(id) {
+        return false;
+    }
+    let branch = format!("refs/heads/acpd/{id}");
+    let a = |s: &'static str| OsStr::new(s);
+    git(
+        cwd,
+        None,
+        &[
+            a("rev-parse"),
+            a("--verify"),
+            a("--quiet"),
+            a("--end-of-options"),
+            OsStr::new(&branch),
+        ],
+        "look for a session's branch",
+    )
+    .await
+    .is_ok()
+}
+
 impl Worktree {
-    /// Makes a worktree of `cwd`'s repository at `base_ref` (else `HEAD`) on a new branch
-    /// `acpd/<id>`, under [`worktrees_dir`].
-    pub async fn create(
-        cwd: &Path,
-        id: &str,
-        base_ref: Option<&str>,
-    ) -> Result<Worktree, WorkspaceError> {
+    /// Makes a worktree of `cwd`'s repository, as `base` says, on the branch `acpd/<id>`,
+    /// under [`worktrees_dir`].
+    pub async fn create(cwd: &Path, id: &str, base: Base<'_>) -> Result<Worktree, WorkspaceError> {
         let dir = worktrees_dir().ok_or(WorkspaceError::NoDataDir)?;
-        Self::create_in(&dir, cwd, id, base_ref).await
+        Self::create_at(&dir, cwd, id, base).await
     }
 
+    /// [`Worktree::create`] in `dir`, on a new branch at `base_ref` (else `HEAD`).
     pub async fn create_in(
         dir: &Path,
         cwd: &Path,
         id: &str,
         base_ref: Option<&str>,
+    ) -> Result<Worktree, WorkspaceError> {
+        Self::create_at(dir, cwd, id, Base::Commit(base_ref)).await
+    }
+
+    pub async fn create_at(
+        dir: &Path,
+        cwd: &Path,
+        id: &str,
+        base: Base<'_>,
     ) -> Result<Worktree, WorkspaceError> {
         if !safe_id(id) {
             return Err(WorkspaceError::BadRef(id.to_string()));
@@ -133,12 +182,17 @@ impl Worktree {
         )
         .await?
         .line();
-        let wanted = base_ref.unwrap_or("HEAD");
+        let branch = format!("acpd/{id}");
+        let own_ref = format!("refs/heads/{branch}");
+        let wanted = match base {
+            Base::Commit(base_ref) => base_ref.unwrap_or("HEAD"),
+            Base::OwnBranch => &own_ref,
+        };
         if wanted.starts_with('-') || wanted.chars().any(char::is_control) || wanted.is_empty() {
             return Err(WorkspaceError::BadRef(wanted.to_string()));
         }
         let spec = format!("{wanted}^{{commit}}");
-        let base = git(
+        let base_commit = git(
             &repo,
             None,
             &[
@@ -149,31 +203,32 @@ impl Worktree {
             ],
             "find the base commit",
         )
-        .await?
+        .await
+        .map_err(|e| match e {
+            WorkspaceError::Git { message, .. } => WorkspaceError::UnknownRef {
+                wanted: wanted.to_string(),
+                repo: repo.clone(),
+                message,
+            },
+            e => e,
+        })?
         .line();
         crate::private_fs::private_dir(dir).map_err(|source| WorkspaceError::Dir {
             path: dir.to_path_buf(),
             source,
         })?;
         let path = dir.join(id);
-        let branch = format!("acpd/{id}");
         // The marker first: an acpd killed during `worktree add` leaves it to be swept.
         let marker = sweep::mark(dir, id, &repo)?;
-        let added = git(
-            &repo,
-            None,
-            &[
-                arg("worktree"),
-                arg("add"),
-                arg("--quiet"),
-                arg("-b"),
-                OsStr::new(&branch),
-                path.as_os_str(),
-                OsStr::new(&base),
-            ],
-            "add a worktree",
-        )
-        .await;
+        let mut add = vec![arg("worktree"), arg("add"), arg("--quiet")];
+        match base {
+            Base::Commit(_) => add.extend([arg("-b"), OsStr::new(&branch), path.as_os_str()]),
+            Base::OwnBranch => add.extend([path.as_os_str(), OsStr::new(&branch)]),
+        }
+        if let Base::Commit(_) = base {
+            add.push(OsStr::new(&base_commit));
+        }
+        let added = git(&repo, None, &add, "add a worktree").await;
         if let Err(e) = added {
             let _ = std::fs::remove_file(&marker);
             return Err(e);
@@ -191,7 +246,7 @@ impl Worktree {
             branch,
             cwd: path.join(&prefix),
             path,
-            base,
+            base: base_commit,
             repo,
             git_dir: PathBuf::new(),
             marker,
@@ -225,6 +280,14 @@ impl Worktree {
     /// Commits whatever the child left in the worktree (untracked files too, not ignored
     /// ones) on its branch, then reports the branch against the base.
     pub async fn settle(&self, turn: u32) -> Result<WorkspaceReport, WorkspaceError> {
+        self.commit_all(&format!("acpd: run {} turn {turn}", self.id))
+            .await?;
+        self.report().await
+    }
+
+    /// Commits whatever the child left in the worktree (untracked files too, not ignored
+    /// ones) on its branch as `message`; nothing when nothing changed.
+    pub async fn commit_all(&self, message: &str) -> Result<(), WorkspaceError> {
         let a = |s: &'static str| OsStr::new(s);
         self.git(&[a("add"), a("--all")], "stage the child's changes")
             .await?;
@@ -235,7 +298,6 @@ impl Worktree {
             )
             .await?;
         if !staged.stdout.is_empty() {
-            let message = format!("acpd: run {} turn {turn}", self.id);
             self.git(
                 &[
                     a("-c"),
@@ -246,12 +308,18 @@ impl Worktree {
                     a("--quiet"),
                     a("--no-verify"),
                     a("-m"),
-                    OsStr::new(&message),
+                    OsStr::new(message),
                 ],
                 "commit the child's changes",
             )
             .await?;
         }
+        Ok(())
+    }
+
+    /// The branch against the base: every path changed, and git's diffstat.
+    async fn report(&self) -> Result<WorkspaceReport, WorkspaceError> {
+        let a = |s: &'static str| OsStr::new(s);
         let range = format!("{}..HEAD", self.base);
         let names = self
             .git(

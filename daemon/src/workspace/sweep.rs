@@ -1,8 +1,10 @@
-//! Worktrees outliving their acpd. Each worktree has a marker beside it, `<id>.owner`, naming
-//! the acpd that made it (pid and start time, as the crash records do) and its repository; a
-//! starting acpd removes the worktrees whose owner is gone (their branches stay, with every
-//! turn's work committed on them). Several acpd processes share the directory: a live owner's
-//! worktrees are never touched, and a pid reused by another process has another start time.
+//! Per-child directories outliving their acpd: worktrees (`<data dir>/worktrees/<id>`) and
+//! sandboxed children's private tmps (`<data dir>/tmp/<id>`). Each has a marker beside it,
+//! `<id>.owner`, naming the acpd that made it (pid, start time and boot id, as the session
+//! map's leases do) and, for a worktree, its repository; a starting acpd removes the
+//! directories whose owner is gone (a worktree's branch stays, with every turn's work
+//! committed on it). Several acpd processes share the directories: a live owner's are never
+//! touched, and a pid reused by another process has another start time, or another boot.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -11,22 +13,73 @@ use serde::{Deserialize, Serialize};
 
 use super::WorkspaceError;
 
+/// The acpd process that made a directory.
 #[derive(Serialize, Deserialize)]
-struct Marker {
+struct Owner {
     pid: i32,
     start: u64,
+    /// Absent in markers written before it was kept: those are judged by pid and start only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    boot: Option<String>,
+}
+
+impl Owner {
+    fn me() -> Owner {
+        let pid = std::process::id() as i32;
+        Owner {
+            pid,
+            start: crate::supervise::start_time(pid).unwrap_or(0),
+            boot: Some(crate::supervise::procfs::boot_id()).filter(|b| !b.is_empty()),
+        }
+    }
+
+    /// Whether that process still runs: same boot, and a process with that pid and start
+    /// time that is not a zombie (one only waits for its parent to reap it).
+    fn alive(&self) -> bool {
+        let boot = crate::supervise::procfs::boot_id();
+        if self
+            .boot
+            .as_ref()
+            .is_some_and(|b| !boot.is_empty() && *b != boot)
+        {
+            return false;
+        }
+        self.start != 0
+            && crate::supervise::procfs::stat(self.pid)
+                .is_some_and(|s| s.start == self.start && s.state != 'Z')
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Marker {
+    #[serde(flatten)]
+    owner: Owner,
     repo: PathBuf,
 }
 
 /// Writes the marker for worktree `id` of `repo`, owned by this process.
 pub(super) fn mark(dir: &Path, id: &str, repo: &Path) -> Result<PathBuf, WorkspaceError> {
+    write_marker(
+        dir,
+        id,
+        &Marker {
+            owner: Owner::me(),
+            repo: repo.to_path_buf(),
+        },
+    )
+}
+
+/// Writes the marker for a child's private tmp `<dir>/<id>`, owned by this process; made
+/// before the directory, so an acpd killed in between leaves it to be swept.
+pub(crate) fn mark_tmp(dir: &Path, id: &str) -> Result<PathBuf, WorkspaceError> {
+    if !super::safe_id(id) {
+        return Err(WorkspaceError::BadRef(id.to_string()));
+    }
+    write_marker(dir, id, &Owner::me())
+}
+
+fn write_marker(dir: &Path, id: &str, marker: &impl Serialize) -> Result<PathBuf, WorkspaceError> {
     let path = dir.join(format!("{id}.owner"));
-    let pid = std::process::id() as i32;
-    let marker = Marker {
-        pid,
-        start: crate::supervise::start_time(pid).unwrap_or(0),
-        repo: repo.to_path_buf(),
-    };
     let io = |what, source| WorkspaceError::Io {
         what,
         path: path.clone(),
@@ -37,59 +90,90 @@ pub(super) fn mark(dir: &Path, id: &str, repo: &Path) -> Result<PathBuf, Workspa
             path: path.clone(),
             source,
         })?;
-    let text = serde_json::to_vec(&marker).map_err(|e| io("write", std::io::Error::other(e)))?;
+    let text = serde_json::to_vec(marker).map_err(|e| io("write", std::io::Error::other(e)))?;
     file.write_all(&text).map_err(|e| io("write", e))?;
     Ok(path)
 }
 
-/// Whether the owner recorded in a marker still runs (a zombie does not: it only waits for
-/// its parent to reap it).
-fn alive(m: &Marker) -> bool {
-    m.start != 0
-        && crate::supervise::procfs::stat(m.pid)
-            .is_some_and(|s| s.start == m.start && s.state != 'Z')
-}
-
-/// Removes the worktrees in `dir` (default: [`super::worktrees_dir`]) whose acpd is gone,
-/// keeping their branches; returns how many. Unreadable markers are left alone.
-pub(crate) async fn sweep(dir: Option<&Path>) -> usize {
-    let Some(dir) = dir.map(Path::to_path_buf).or_else(super::worktrees_dir) else {
-        return 0;
+/// The markers in `dir` (`<id>.owner`, regular files, ids acpd makes): the id, the marker's
+/// path, and what it says. Unreadable markers are left alone.
+fn markers<M: for<'de> Deserialize<'de>>(dir: &Path) -> Vec<(String, PathBuf, M)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
     };
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return 0;
-    };
-    let mut swept = 0;
+    let mut found = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".owner")) else {
             continue;
         };
+        // The entry's own type (never followed): a symlink planted as a marker is no marker.
         if !super::safe_id(id) || !entry.file_type().is_ok_and(|t| t.is_file()) {
             continue;
         }
         let Ok(text) = std::fs::read(entry.path()) else {
             continue;
         };
-        let Ok(marker) = serde_json::from_slice::<Marker>(&text) else {
-            tracing::warn!(
-                "{}: not an acpd worktree marker; left alone",
+        match serde_json::from_slice::<M>(&text) {
+            Ok(m) => found.push((id.to_string(), entry.path(), m)),
+            Err(_) => tracing::warn!(
+                "{}: not an acpd owner marker; left alone",
                 entry.path().display()
-            );
-            continue;
-        };
-        if alive(&marker) {
-            continue;
+            ),
         }
-        let path = dir.join(id);
-        tracing::info!(
-            "removing the worktree {} of a stopped acpd (pid {}); its branch acpd/{id} stays",
-            path.display(),
-            marker.pid
-        );
-        super::remove(&marker.repo, &path, &format!("acpd/{id}"), true).await;
-        let _ = std::fs::remove_file(entry.path());
-        swept += 1;
+    }
+    found
+}
+
+/// Removes the worktrees in `dir` (default: [`super::worktrees_dir`]) whose acpd is gone,
+/// keeping their branches, then the private tmps of children whose acpd is gone (in
+/// `<data dir>/tmp`, or `tmp_dir`); returns how many directories went.
+pub(crate) async fn sweep(dir: Option<&Path>, tmp_dir: Option<&Path>) -> usize {
+    let mut swept = 0;
+    if let Some(dir) = dir.map(Path::to_path_buf).or_else(super::worktrees_dir) {
+        for (id, marker_path, marker) in markers::<Marker>(&dir) {
+            if marker.owner.alive() {
+                continue;
+            }
+            let path = dir.join(&id);
+            tracing::info!(
+                "removing the worktree {} of a stopped acpd (pid {}); its branch acpd/{id} stays",
+                path.display(),
+                marker.owner.pid
+            );
+            super::remove(&marker.repo, &path, &format!("acpd/{id}"), true).await;
+            let _ = std::fs::remove_file(marker_path);
+            swept += 1;
+        }
+    }
+    let tmps = tmp_dir.map(Path::to_path_buf).or_else(tmps_dir);
+    if let Some(dir) = tmps {
+        for (id, marker_path, owner) in markers::<Owner>(&dir) {
+            if owner.alive() {
+                continue;
+            }
+            let path = dir.join(&id);
+            tracing::info!(
+                "removing the tmp {} of a child of a stopped acpd (pid {})",
+                path.display(),
+                owner.pid
+            );
+            // Not followed: a symlink at the tmp's path is removed itself.
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => swept += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!("cannot remove the tmp {}: {e}", path.display());
+                    continue;
+                }
+            }
+            let _ = std::fs::remove_file(marker_path);
+        }
     }
     swept
+}
+
+/// Where sandboxed children's private tmps live: `<data dir>/tmp`.
+pub(crate) fn tmps_dir() -> Option<PathBuf> {
+    crate::config::presets::data_dir().map(|d| d.join("tmp"))
 }

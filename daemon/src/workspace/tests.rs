@@ -118,7 +118,10 @@ async fn the_sweep_removes_a_dead_owner_s_worktree_and_keeps_a_live_one() {
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v["start"] = serde_json::json!(1);
     std::fs::write(trees.join("dead.owner"), v.to_string()).unwrap();
-    assert_eq!(sweep(Some(&trees)).await, 1);
+    assert_eq!(
+        sweep(Some(&trees), Some(&tmp.path().join("no-tmps"))).await,
+        1
+    );
     assert!(!dead.path.exists());
     assert!(live.path.exists());
     sh_git(tmp.path(), &["rev-parse", "--verify", "acpd/dead"]).await;
@@ -128,4 +131,73 @@ async fn the_sweep_removes_a_dead_owner_s_worktree_and_keeps_a_live_one() {
             .await
             .is_empty()
     );
+}
+
+/// A child's tmp whose acpd is gone goes at the next start: the pid and start time of a live
+/// process under another boot id (a reboot reused them) is no owner, nor is a zombie's; a
+/// live owner's tmp and a symlink planted as a marker stay.
+#[tokio::test]
+async fn the_sweep_removes_a_dead_owner_s_tmp_by_pid_start_and_boot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tmps = tmp.path().join("tmp");
+    std::fs::create_dir(&tmps).unwrap();
+    let trees = tmp.path().join("no-trees");
+    for id in ["live", "rebooted", "old"] {
+        mark_tmp(&tmps, id).unwrap();
+        std::fs::create_dir(tmps.join(id)).unwrap();
+        std::fs::write(tmps.join(id).join("f"), "x").unwrap();
+    }
+    let marker = |id: &str| tmps.join(format!("{id}.owner"));
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(marker("rebooted")).unwrap()).unwrap();
+    assert!(v["boot"].is_string(), "{v}");
+    v["boot"] = serde_json::json!("another-boot");
+    std::fs::write(marker("rebooted"), v.to_string()).unwrap();
+    // A marker from before the boot id was kept, naming a start time this pid never had.
+    let old = serde_json::json!({"pid": std::process::id(), "start": 1});
+    std::fs::write(marker("old"), old.to_string()).unwrap();
+    // A symlink posing as a marker, and one posing as a tmp: neither is followed.
+    let victim = tmp.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("keep"), "x").unwrap();
+    std::os::unix::fs::symlink(&victim, tmps.join("evil")).unwrap();
+    std::fs::write(tmp.path().join("m"), old.to_string()).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("m"), marker("evil")).unwrap();
+    assert_eq!(sweep(Some(&trees), Some(&tmps)).await, 2);
+    assert!(tmps.join("live").is_dir() && marker("live").exists());
+    for id in ["rebooted", "old"] {
+        assert!(!tmps.join(id).exists(), "{id} stayed");
+        assert!(!marker(id).exists(), "{id}'s marker stayed");
+    }
+    assert!(victim.join("keep").exists());
+}
+
+/// A worktree made again for the same id checks out the branch its earlier one left, with
+/// that one's work on it.
+#[tokio::test]
+async fn a_worktree_made_again_resumes_its_own_branch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo_dir = tmp.path().join("repo");
+    std::fs::create_dir(&repo_dir).unwrap();
+    repo(&repo_dir).await;
+    let trees = tmp.path().join("trees");
+    assert!(!has_own_branch(&repo_dir, "s-1").await);
+    let first = Worktree::create_in(&trees, &repo_dir, "s-1", None)
+        .await
+        .unwrap();
+    std::fs::write(first.path.join("work.txt"), "done\n").unwrap();
+    first.commit_all("acpd: session s-1").await.unwrap();
+    first.remove(true).await;
+    assert!(has_own_branch(&repo_dir, "s-1").await);
+    assert!(!has_own_branch(tmp.path(), "s-1").await, "not a repository");
+    let again = Worktree::create_at(&trees, &repo_dir.join("sub"), "s-1", Base::OwnBranch)
+        .await
+        .unwrap();
+    assert_eq!(again.cwd, trees.join("s-1/sub"));
+    assert_eq!(
+        std::fs::read_to_string(again.path.join("work.txt")).unwrap(),
+        "done\n"
+    );
+    again.remove(false).await;
+    assert!(!has_own_branch(&repo_dir, "s-1").await);
 }

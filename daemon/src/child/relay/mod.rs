@@ -291,20 +291,26 @@ impl Relay {
             let e = RpcError::internal("the session is closed");
             let _ = d.wire.respond(&id, Err(&e)).await;
         }
-        let mut ids: Vec<Id> = self.open.drain().map(|(_, (pid, _))| pid).collect();
+        let mut calls: Vec<(Id, String)> = self.open.drain().map(|(_, call)| call).collect();
         d.cmds.close();
         while let Ok(cmd) = d.cmds.try_recv() {
-            if let Cmd::Call { id, .. } = cmd {
-                ids.push(id);
+            if let Cmd::Call { id, method, .. } = cmd {
+                calls.push((id, method));
             }
         }
         if matches!(end, RelayEnd::ParentGone | RelayEnd::Expired) {
             return;
         }
-        for id in ids {
+        // A prompt the editor's own close ended ends as ACP has a cancelled turn end.
+        let cancelled = envelope::to_raw(&json!({ "stopReason": "cancelled" }));
+        for (id, method) in calls {
+            let outcome = match end {
+                RelayEnd::Closed if method == "session/prompt" => Ok(&*cancelled),
+                _ => Err(&error),
+            };
             tokio::select! {
                 biased;
-                _ = parent.respond_err(Some(&id), &error) => {}
+                _ = parent.respond(&id, outcome) => {}
                 _ = stop.cancelled() => return,
             }
         }
