@@ -404,7 +404,9 @@ impl Run {
 
     /// Cancels the current turn, waits for it to settle, tears the tree down. Idempotent:
     /// concurrent and repeated calls all return once the tree is gone.
-    pub(super) async fn dispose(&self) {
+    /// Ends the run; returns how its last turn settled (a running turn is cancelled and
+    /// waited for), `None` when it never settled.
+    pub(super) async fn dispose(&self) -> Option<Arc<SubagentResult>> {
         let (handle, idle_child) = {
             let mut h = lock(&self.slot);
             h.disposed = true;
@@ -414,7 +416,7 @@ impl Run {
             }
             (h.handle.clone(), h.child.take())
         };
-        let _ = self.wait().await;
+        let settled = self.wait().await.ok();
         if let Some(handle) = handle {
             handle.shut().await;
         }
@@ -424,6 +426,7 @@ impl Run {
         self.state.send_replace(RunState::Disposed);
         let keep = self.keep_branch.load(std::sync::atomic::Ordering::Acquire);
         self.drop_workspace(keep).await;
+        settled
     }
 
     /// Asks dispose to delete the worktree's branch too (`keepBranch: false`).

@@ -101,16 +101,22 @@ impl Registry {
     }
 
     /// Disposes every run of `owner` in parallel (its connection ended) and forgets them.
-    pub async fn dispose_owner(&self, owner: Owner) {
+    /// Disposes every run of `owner` (and what is nested under each); returns how each run's
+    /// last turn settled, by run id, so the owner's editor can be told the truth about runs
+    /// whose own `ended` event it will no longer pump.
+    pub async fn dispose_owner(
+        &self,
+        owner: Owner,
+    ) -> std::collections::HashMap<String, Arc<SubagentResult>> {
         let runs: Vec<Arc<Run>> = lock(&self.inner.table)
             .runs
             .values()
             .filter(|r| r.owner == owner)
             .cloned()
             .collect();
-        futures::future::join_all(runs.iter().map(|r| async move {
+        let settled = futures::future::join_all(runs.iter().map(|r| async move {
             self.dispose_nested(&Parent::Run(r.run_id.clone())).await;
-            r.dispose().await;
+            r.dispose().await.map(|result| (r.run_id.clone(), result))
         }))
         .await;
         let mut table = lock(&self.inner.table);
@@ -122,6 +128,7 @@ impl Registry {
             ..
         } = &mut *table;
         tombstone_order.retain(|id| tombstones.contains_key(id));
+        settled.into_iter().flatten().collect()
     }
 
     /// Every run in the table.

@@ -190,14 +190,22 @@ async fn on_event(conn: &Arc<Conn>, event: RunEvent, answered: &mpsc::Sender<Str
 }
 
 /// The connection of a child's `acpd mcp` ended (the child cancelled its tool call, or died)
-/// while a nested run's turn was running: its editor is told the nested session went idle,
-/// since the run's own `ended` event may never be pumped now.
-pub(super) fn settle_nested(conn: &Conn) {
-    let idle = json!({ "state": "idle", "stopReason": "cancelled" });
-    for meta in lock(&conn.runs).values().filter(|m| m.running) {
+/// while a nested run's turn was running: its editor is told how the nested session went
+/// idle, since the run's own `ended` event may never be pumped now. `settled` holds how the
+/// disposed runs' last turns ended (a budget spent above them ends them `budget`, whoever
+/// noticed first); a run that never settled is `cancelled`.
+pub(super) fn settle_nested(
+    conn: &Conn,
+    settled: &std::collections::HashMap<String, Arc<SubagentResult>>,
+) {
+    let cancelled = json!({ "state": "idle", "stopReason": "cancelled" });
+    for (run_id, meta) in lock(&conn.runs).iter().filter(|(_, m)| m.running) {
         let (Some(under), Some(child)) = (&meta.nested_under, &meta.session_id) else {
             continue;
         };
+        let idle = settled
+            .get(run_id)
+            .map_or_else(|| cancelled.clone(), |result| idle_state(result));
         let update =
             json!({ "sessionUpdate": "subagent_update", "sessionId": child, "state": idle });
         match under {

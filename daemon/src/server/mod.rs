@@ -426,8 +426,8 @@ impl Conn {
                 .map(|(sid, b)| sessions.release(sid, b.child(), shutting)),
         );
         let disposing_runs = self.ctx.registry.dispose_owner(self.owner);
-        futures::join!(closing_bridges, disposing_runs);
-        events::settle_nested(self);
+        let (_, settled) = futures::join!(closing_bridges, disposing_runs);
+        events::settle_nested(self, &settled);
         self.tracker.close();
         // Tasks still holding the parent's peer end once they notice the closed connection.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), self.tracker.wait()).await;
