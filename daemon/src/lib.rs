@@ -26,6 +26,7 @@ mod cli;
 mod config;
 mod durations;
 mod mcp;
+mod otel;
 mod private_fs;
 mod registry;
 mod remote;

@@ -83,6 +83,8 @@ struct Relay {
     /// Another connection's attach that arrived before this relay saw its own go.
     attach_next: Option<RelayTarget>,
     tracer: Option<std::sync::Arc<crate::trace::Trace>>,
+    /// acpd's span of each call forwarded with trace context, ended by its answer.
+    hops: HashMap<Id, crate::otel::Span>,
 }
 
 pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
@@ -106,6 +108,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         subs_back: HashMap::new(),
         attach_next: None,
         tracer: d.shared.trace.clone(),
+        hops: HashMap::new(),
     };
     if let Some(trace) = &r.tracer {
         trace.note(
@@ -338,6 +341,14 @@ impl Relay {
             return None;
         };
         let after_ok = self.after_ok.remove(&id);
+        if !self.hops.is_empty()
+            && let Some(hop) = self.hops.remove(&id)
+        {
+            if let Err(e) = &outcome {
+                hop.fail(e.message.clone());
+            }
+            hop.end();
+        }
         if method == "session/prompt"
             && let Ok(r) = &outcome
         {
@@ -474,7 +485,9 @@ impl Relay {
             }
             Cmd::Notify { method, params } => {
                 if let Ok(p) = self.to_child(&params, &d.shared.session_id) {
+                    let (p, hop) = self.hop(d, &method, p);
                     let _ = d.wire.notify(&method, &p).await;
+                    hop.map(crate::otel::Span::end);
                 }
                 return;
             }
@@ -505,19 +518,26 @@ impl Relay {
             let _ = self.t.parent.respond_err(Some(&id), &e).await;
             return;
         }
-        let params = match params.as_deref() {
-            None => None,
+        let (params, hop) = match params.as_deref() {
+            None => (None, None),
             Some(p) => match self.to_child(p, &d.shared.session_id) {
-                Ok(p) => Some(p),
+                Ok(p) => {
+                    let (p, hop) = self.hop(d, &method, p);
+                    (Some(p), hop)
+                }
                 Err(e) => {
                     let _ = self.t.parent.respond_err(Some(&id), &e).await;
                     return;
                 }
             },
         };
-        if let (Some(child_id), Some(record)) =
-            (self.send_call(d, id, method, params).await, after_ok)
-        {
+        let Some(child_id) = self.send_call(d, id, method, params).await else {
+            return;
+        };
+        if let Some(hop) = hop {
+            self.hops.insert(child_id.clone(), hop);
+        }
+        if let Some(record) = after_ok {
             self.after_ok.insert(child_id, record);
         }
     }
