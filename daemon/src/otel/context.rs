@@ -34,9 +34,48 @@ impl Injector for Write<'_> {
 /// The parent a span continues: the remote span `meta` names, or none (a new trace).
 pub(super) fn parent(meta: Option<&Map<String, Value>>) -> Context {
     match meta {
-        Some(m) => TraceContextPropagator::new().extract_with_context(&Context::new(), &Read(m)),
-        None => Context::new(),
+        Some(m)
+            if m.get(TRACEPARENT)
+                .and_then(Value::as_str)
+                .is_some_and(valid) =>
+        {
+            TraceContextPropagator::new().extract_with_context(&Context::new(), &Read(m))
+        }
+        _ => Context::new(),
     }
+}
+
+/// A `traceparent` as W3C Trace Context level 1 has it (the SDK's parser takes short ids and
+/// pads them): `version-traceid-parentid-flags`, lowercase hex of exactly 2, 32, 16 and 2
+/// digits, neither id all zeros, version not `ff`; a later version may append `-` and more.
+fn valid(tp: &str) -> bool {
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    let (Some(head), rest) = (tp.get(..55), tp.get(55..).unwrap_or("")) else {
+        return false;
+    };
+    let mut parts = head.split('-');
+    let (Some(version), Some(trace), Some(parent), Some(flags), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return false;
+    };
+    hex(version, 2)
+        && version != "ff"
+        && (rest.is_empty() || (version != "00" && rest.starts_with('-')))
+        && hex(trace, 32)
+        && nonzero(trace)
+        && hex(parent, 16)
+        && nonzero(parent)
+        && hex(flags, 2)
 }
 
 /// Writes `cx`'s span into `meta` as `traceparent` (and `tracestate`, which the span carries
@@ -45,6 +84,9 @@ pub(super) fn parent(meta: Option<&Map<String, Value>>) -> Context {
 pub(super) fn inject(cx: &Context, meta: &mut Map<String, Value>) {
     meta.remove(TRACESTATE);
     TraceContextPropagator::new().inject_context(cx, &mut Write(meta));
+    if meta.get(TRACESTATE).and_then(Value::as_str) == Some("") {
+        meta.remove(TRACESTATE);
+    }
 }
 
 #[cfg(test)]
@@ -74,6 +116,9 @@ mod tests {
         );
         assert_eq!(sc.span_id().to_string(), "b7ad6b7169203331");
         assert_eq!(sc.trace_state().header(), "vendor=opaque");
+        // A later version's longer form is read by its level-1 prefix.
+        let later = "cc-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-follows";
+        assert!(valid(later));
     }
 
     #[test]
@@ -84,6 +129,10 @@ mod tests {
             "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
             "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
             "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-1",
+            "00_0af7651916cd43dd8448eb211c80319c_b7ad6b7169203331_01",
+            "",
         ] {
             let m = meta(serde_json::json!({"traceparent": bad, "tracestate": "v=1"}));
             let cx = parent(Some(&m));
