@@ -146,9 +146,13 @@ impl Registry {
             for span in [&start_span, &run_span].into_iter().flatten() {
                 span.fail(e.to_string());
             }
-            run_span.clone().map(crate::otel::Span::end);
+            if let Some(run) = run_span.clone() {
+                run.end();
+            }
         }
-        start_span.map(crate::otel::Span::end);
+        if let Some(start) = start_span {
+            start.end();
+        }
         let Launched {
             child,
             slot,

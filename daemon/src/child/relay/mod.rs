@@ -487,7 +487,9 @@ impl Relay {
                 if let Ok(p) = self.to_child(&params, &d.shared.session_id) {
                     let (p, hop) = self.hop(d, &method, p);
                     let _ = d.wire.notify(&method, &p).await;
-                    hop.map(crate::otel::Span::end);
+                    if let Some(hop) = hop {
+                        hop.end();
+                    }
                 }
                 return;
             }
