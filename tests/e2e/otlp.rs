@@ -345,3 +345,36 @@ fn without_export_trace_context_passes_untouched() {
     let result = raw.wait_run(r["runId"].as_str().unwrap());
     assert_eq!(printed(&output_text(&result), "prompt-meta"), Value::Null);
 }
+
+#[test]
+fn a_collector_that_takes_connections_and_never_answers_holds_no_turn() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    // Accepted and held, never read: every export waits for its timeout.
+    std::thread::spawn(move || {
+        let held: Vec<TcpStream> = listener.incoming().flatten().collect();
+        drop(held);
+    });
+    let env = Env::new("");
+    let otel = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "500"),
+    ];
+    let mut raw = stdio(&env, &otel);
+    let s = new_session(&mut raw, &env, json!({}));
+    for n in 0..20 {
+        let (pm, _) = prompt(
+            &mut raw,
+            &s,
+            json!({"traceparent": traceparent("6666666666666666")}),
+        );
+        assert_eq!(parts(&pm).0, TRACE, "turn {n}");
+    }
+    raw.close_write();
+    assert!(
+        raw.drain_to_eof(Duration::from_secs(20)),
+        "acpd did not exit"
+    );
+    let log = raw.log();
+    assert_eq!(log.matches("cannot export spans to").count(), 1, "{log}");
+}

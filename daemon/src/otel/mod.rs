@@ -223,30 +223,45 @@ impl Otel {
     /// acpd's hop of a parent's message to a child: when its params carry
     /// `_meta.traceparent`, a span for the hop (a child of the parent's span, or a new trace's
     /// root when that `traceparent` is invalid) and the params with the hop in its place.
-    /// Params without one are not touched.
+    /// Params without one are not touched; in those with one only the two keys change (every
+    /// other value is kept as raw text, numbers beyond `f64` included).
     pub(crate) fn hop(
         &self,
         method: &str,
         params: &RawValue,
         attributes: Vec<KeyValue>,
     ) -> Option<(Box<RawValue>, Span)> {
+        type RawMap = std::collections::BTreeMap<String, Box<RawValue>>;
         memchr::memmem::find(params.get().as_bytes(), b"\"traceparent\"")?;
-        let mut value: Value = serde_json::from_str(params.get()).ok()?;
-        let meta = value.get_mut("_meta")?.as_object_mut()?;
+        let mut top: RawMap = serde_json::from_str(params.get()).ok()?;
+        let mut meta: RawMap = serde_json::from_str(top.get("_meta")?.get()).ok()?;
         if !meta.contains_key(context::TRACEPARENT) {
             return None;
         }
+        let trace: Map<String, Value> = [context::TRACEPARENT, context::TRACESTATE]
+            .into_iter()
+            .filter_map(|k| {
+                Some((
+                    k.to_string(),
+                    serde_json::from_str(meta.get(k)?.get()).ok()?,
+                ))
+            })
+            .collect();
         let mut attributes = attributes;
         attributes.push(KeyValue::new("rpc.system", "jsonrpc"));
         attributes.push(KeyValue::new("rpc.method", method.to_string()));
         let span = self.start(
             Cow::Owned(method.to_string()),
             SpanKind::Client,
-            &context::parent(Some(meta)),
+            &context::parent(Some(&trace)),
             attributes,
         );
-        span.inject(meta);
-        let raw = serde_json::value::to_raw_value(&value).ok()?;
+        meta.remove(context::TRACESTATE);
+        for (k, v) in span.meta() {
+            meta.insert(k, serde_json::value::to_raw_value(&v).ok()?);
+        }
+        top.insert("_meta".into(), serde_json::value::to_raw_value(&meta).ok()?);
+        let raw = serde_json::value::to_raw_value(&top).ok()?;
         Some((raw, span))
     }
 }

@@ -42,6 +42,39 @@ fn a_hop_keeps_the_trace_and_flags_with_its_own_span_id() {
 }
 
 #[test]
+fn a_hop_changes_nothing_but_the_trace_keys() {
+    let text = format!(
+        r#"{{"n":123456789012345678901234567890,"f":1.0000000000000000001,"_meta":{{"traceparent":"{PARENT}","big":18446744073709551616}}}}"#
+    );
+    let params: Box<RawValue> = serde_json::from_str(&text).unwrap();
+    let (p, _) = otel().hop("x", &params, Vec::new()).unwrap();
+    let p = p.get();
+    assert!(p.contains(r#""n":123456789012345678901234567890"#), "{p}");
+    assert!(p.contains(r#""f":1.0000000000000000001"#), "{p}");
+    assert!(p.contains(r#""big":18446744073709551616"#), "{p}");
+}
+
+#[test]
+fn trace_context_of_another_type_is_replaced() {
+    for odd in [
+        json!(7),
+        json!({"a": 1}),
+        json!("x".repeat(100_000)),
+        json!(null),
+    ] {
+        let (p, span) = hopped(json!({"_meta": {"traceparent": odd, "tracestate": 5}})).unwrap();
+        let (trace, id) = span.ids();
+        assert_eq!(
+            p["_meta"],
+            json!({"traceparent": format!("00-{trace}-{id}-01")})
+        );
+    }
+    // `_meta` that is not an object is not trace context.
+    assert!(hopped(json!({"_meta": ["traceparent"]})).is_none());
+    assert!(hopped(json!({"_meta": "\"traceparent\""})).is_none());
+}
+
+#[test]
 fn an_unsampled_parent_stays_unsampled() {
     let unsampled = PARENT.replace("-01", "-00");
     let (p, span) = hopped(json!({"_meta": {"traceparent": unsampled}})).unwrap();
