@@ -313,6 +313,18 @@ fn an_unreachable_collector_never_holds_a_turn_and_is_named_once() {
         );
         assert_eq!(parts(&pm).0, TRACE, "turn {n}");
     }
+    // acpd's OTEL_* are not the child's (its environment is an allowlist).
+    let id = raw.send_prompt(
+        &s,
+        ":env OTEL_EXPORTER_OTLP_ENDPOINT OTEL_BSP_SCHEDULE_DELAY",
+    );
+    raw.answer(&json!(id));
+    let text = raw.chunk_text(&s);
+    assert!(
+        text.contains("OTEL_EXPORTER_OTLP_ENDPOINT unset\n"),
+        "{text}"
+    );
+    assert!(text.contains("OTEL_BSP_SCHEDULE_DELAY unset\n"), "{text}");
     raw.close_write();
     assert!(raw.drain_to_eof(Duration::from_secs(20)));
     let failed = format!("cannot export spans to {endpoint}/v1/traces: ");
