@@ -283,6 +283,7 @@ fn acpd_continues_the_editors_trace_and_exports_its_spans() {
     assert_eq!(run.attrs["acpd.run.id"], run_id);
     assert_eq!(run.attrs["acpd.provider"], "fast");
     assert_eq!(run.attrs["acpd.stop_reason"], "completed");
+    assert_eq!(run.attrs["acpd.category"], "none");
     let rstart = collector.until("the run's acpd.start", |x| x.id == run_start);
     assert_eq!(
         (rstart.name.as_str(), rstart.parent.as_str()),

@@ -277,9 +277,8 @@ impl Run {
         }
         let result = Arc::new(result);
         child.note_span("acpd.stop_reason", result.stop_reason.as_str());
-        if let Some(f) = &result.failure {
-            child.note_span("acpd.category", f.category.as_str());
-        }
+        let category = result.failure.as_ref().map(|f| f.category.as_str());
+        child.note_span("acpd.category", category.unwrap_or("none"));
         if let Some(trace) = child.trace() {
             let ended =
                 serde_json::json!({ "runId": self.run_id, "turn": turn, "result": *result });
