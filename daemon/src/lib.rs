@@ -11,7 +11,7 @@
 //! vocabulary and every pure rule live in the `acpd-protocol` crate.
 //!
 //! Layers, each using only those before it: `acpd-protocol` → `config`, `private_fs`,
-//! `trace`, `store` → `wire`, `supervise`, `remote` → `child` → `catalog`,
+//! `trace`, `otel`, `store` → `wire`, `supervise`, `remote` → `child` → `catalog`,
 //! `registry` → `server` → `runtime`, `mcp` → `cli`. `agent` (the echo agent) is a
 //! separate ACP program that needs only `wire`.
 //!
@@ -27,6 +27,7 @@ mod config;
 mod durations;
 mod mcp;
 mod metrics;
+mod otel;
 mod private_fs;
 mod registry;
 mod remote;

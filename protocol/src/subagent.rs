@@ -75,6 +75,10 @@ pub struct StartRequest {
     /// What the run (and every run nested under it) may spend; never above the provider's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// ACP's `_meta`: W3C trace context here (`traceparent`, `tracestate`) is what the run's
+    /// spans continue when acpd exports them.
+    #[serde(default, rename = "_meta", skip_serializing_if = "Option::is_none")]
+    pub meta: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// A run's budget: tokens the agent reports (`usage_update`, the prompt result's `usage`) and

@@ -22,6 +22,7 @@ mod echo_sessions;
 mod failures;
 mod isolation;
 mod nested;
+mod otlp;
 mod run;
 mod stdio;
 mod teardown;

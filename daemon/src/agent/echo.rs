@@ -73,6 +73,8 @@ struct RunningTurn {
     request: Id,
     /// Set by `$/cancel_request`: the prompt is answered -32800 instead of a stop reason.
     by_request: Arc<AtomicBool>,
+    /// The `_meta` of the `session/prompt` (null without one), for `:prompt-meta`.
+    meta: serde_json::Value,
 }
 
 impl Session {
@@ -84,6 +86,13 @@ impl Session {
             mcp_servers: Vec::new(),
             meta: serde_json::Value::Null,
         }
+    }
+
+    /// The `_meta` of the running turn's `session/prompt` (null without one).
+    pub(super) fn prompt_meta(&self) -> serde_json::Value {
+        self.turn
+            .as_ref()
+            .map_or(serde_json::Value::Null, |t| t.meta.clone())
     }
 
     /// Cancels the running turn, if any (the session is being closed or deleted).
@@ -261,6 +270,8 @@ pub(super) fn parse_params<T: for<'de> Deserialize<'de>>(
 struct PromptParams {
     session_id: String,
     prompt: Vec<serde_json::Value>,
+    #[serde(default, rename = "_meta")]
+    meta: serde_json::Value,
 }
 
 /// The text blocks of `blocks`, joined. Only text carries script; other content is accepted and
@@ -300,6 +311,7 @@ fn start_prompt(agent: &Arc<Agent>, id: &Id, params: Option<&RawValue>) -> Resul
             cancel: cancel.clone(),
             request: id.clone(),
             by_request: by_request.clone(),
+            meta: params.meta.clone(),
         });
         session.system_prompt.clone()
     };

@@ -104,6 +104,14 @@ impl Turn<'_> {
         self.text(&format!("session-meta {meta}\n")).await
     }
 
+    /// `:prompt-meta`: "prompt-meta <JSON>", the `_meta` of this turn's `session/prompt`.
+    pub(super) async fn prompt_meta(&self) {
+        let meta = lock(&self.agent.sessions)
+            .get(self.session_id)
+            .map_or(serde_json::Value::Null, |s| s.prompt_meta());
+        self.text(&format!("prompt-meta {meta}\n")).await
+    }
+
     /// `:tool-call NAME [STATUS]`: the tool call is reported (ids `echo-tool-N`, counted per
     /// process), never run; then "tool-call NAME STATUS" is streamed.
     pub(super) async fn tool_call(&self, name: &str, status: &str) {

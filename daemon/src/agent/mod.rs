@@ -121,6 +121,8 @@ PROMPT SCRIPT
   :client-caps          stream \"client-caps <JSON>\": the clientCapabilities of initialize
   :session-meta         stream \"session-meta <JSON>\": the _meta of this session's
                         session/new (null without one)
+  :prompt-meta          stream \"prompt-meta <JSON>\": the _meta of this turn's
+                        session/prompt (null without one)
   :tool-call NAME [STATUS]
                         report a tool call of tool NAME (never run) with STATUS (default
                         completed) as claude-agent-acp does (_meta.claudeCode.toolName);
@@ -388,6 +390,8 @@ mod tests {
             "cancel-request",
             "notify-json",
             "client-caps",
+            "session-meta",
+            "prompt-meta",
             "stderr",
             "stderr-flood",
             "subagent",

@@ -106,6 +106,8 @@ pub(super) enum Step {
     ClientCaps,
     /// The `_meta` the client sent with `session/new`.
     SessionMeta,
+    /// `:prompt-meta`: the `_meta` of this turn's `session/prompt`.
+    PromptMeta,
     /// A `tool_call` update for the tool `name` with this status, named the way
     /// claude-agent-acp names its tools (`_meta.claudeCode.toolName`).
     ToolCall {
@@ -262,6 +264,7 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
         }
         "client-caps" => no_args(rest, Step::ClientCaps)?,
         "session-meta" => no_args(rest, Step::SessionMeta)?,
+        "prompt-meta" => no_args(rest, Step::PromptMeta)?,
         "tool-call" => {
             let mut words = rest.split_whitespace();
             let (Some(name), status, None) = (words.next(), words.next(), words.next()) else {

@@ -348,6 +348,7 @@ impl Turn<'_> {
             Step::NotifyJson { method, params } => self.notify_json(&method, &params).await,
             Step::ClientCaps => self.client_caps().await,
             Step::SessionMeta => self.session_meta().await,
+            Step::PromptMeta => self.prompt_meta().await,
             Step::ToolCall { name, status } => self.tool_call(&name, &status).await,
             Step::Stderr(text) => write_stderr(text.as_bytes(), 1),
             Step::StderrFlood { count, size } => write_stderr(&vec![b'e'; size], count),

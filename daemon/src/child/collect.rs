@@ -164,7 +164,9 @@ async fn drive(
         // Spent before the prompt went out (between turns, or by a run above it).
         return (TurnEnd::Budget, None);
     }
-    let request = PromptRequest::new(d.shared.session_id.clone(), prompt);
+    // A run's turn continues the run's trace, when spans are exported.
+    let request =
+        PromptRequest::new(d.shared.session_id.clone(), prompt).meta(d.shared.span_meta());
     let prompt_id = match d
         .wire
         .request("session/prompt", Some(&envelope::to_raw(&request)))

@@ -276,6 +276,7 @@ impl Initialized {
             relay_end: std::sync::Mutex::new(None),
             early: std::sync::Mutex::new(h.early),
             trace: h.spec.trace.clone(),
+            span: std::sync::Mutex::new(None),
         });
         tokio::spawn(Driver::new(shared.clone(), h.wire, rx).run());
         Ok(Child { cmds: tx, shared })

@@ -345,6 +345,9 @@ struct Shared {
     /// Notifications sent during the handshake, for a bridge's parent.
     early: std::sync::Mutex<Vec<(String, Option<Box<RawValue>>)>>,
     trace: Option<Arc<crate::trace::Trace>>,
+    /// The span of the run or bridge session that owns the child, when spans are exported:
+    /// ended by the teardown (see [`Child::hold_span`]).
+    span: std::sync::Mutex<Option<crate::otel::Span>>,
 }
 
 /// The owner's handle on a live, initialized child with one ACP session.
@@ -491,6 +494,21 @@ impl Child {
         self.shared.teardown().await
     }
 
+    /// Hands the child its owner's span: a run's prompts name it as their parent, the
+    /// teardown is its last child, and it ends with the teardown.
+    pub(crate) fn hold_span(&self, span: crate::otel::Span) {
+        *lock(&self.shared.span) = Some(span);
+    }
+
+    /// Sets an attribute of the owner's span (a run's stop reason), when spans are exported.
+    pub(crate) fn note_span(&self, key: &'static str, value: &str) {
+        if crate::otel::exporting().is_some()
+            && let Some(span) = lock(&self.shared.span).as_ref()
+        {
+            span.set(key, value.to_string());
+        }
+    }
+
     /// Resolves when the driver has ended; in relay mode, says why.
     pub async fn ended(&self) -> Option<RelayEnd> {
         self.shared.done.cancelled().await;
@@ -541,7 +559,29 @@ impl Shared {
             eof: self.provider.eof_grace,
             term: self.provider.term_grace,
         };
-        self.tree.teardown(move || out.close(), graces).await
+        let ladder = self.tree.teardown(move || out.close(), graces);
+        let Some(owner) = crate::otel::exporting().and_then(|_| lock(&self.span).take()) else {
+            return ladder.await;
+        };
+        let span = owner.child("acpd.teardown", Vec::new());
+        let outcome = ladder.await;
+        if let Some(span) = span {
+            let step = match outcome {
+                TeardownOutcome::Exited => "eof",
+                TeardownOutcome::Terminated => "term",
+                TeardownOutcome::Killed => "kill",
+            };
+            span.set("acpd.teardown.step", step);
+            span.end();
+        }
+        owner.end();
+        outcome
+    }
+
+    /// The `_meta` naming the owner's span, for the child's `session/prompt` in a run.
+    fn span_meta(&self) -> Option<serde_json::Map<String, serde_json::Value>> {
+        crate::otel::exporting()?;
+        lock(&self.span).as_ref().map(crate::otel::Span::meta)
     }
 }
 

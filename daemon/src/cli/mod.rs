@@ -287,6 +287,22 @@ impl Command {
 /// Runs a command that needs the runtime. `activated` is the listener systemd passed, taken
 /// before the runtime started.
 pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListener>) -> u8 {
+    // Spans are exported by the commands that serve, never by a child (`acpd agent echo`).
+    let serves = matches!(
+        cli.command,
+        Command::Run(_) | Command::Stdio(_) | Command::Serve(_) | Command::Mcp(_)
+    );
+    if serves {
+        crate::otel::init();
+    }
+    let code = command(cli, activated).await;
+    if serves {
+        crate::otel::shutdown().await;
+    }
+    code
+}
+
+async fn command(cli: Cli, activated: Option<std::os::unix::net::UnixListener>) -> u8 {
     let (own_config, own_trace) = cli.command.own_options();
     // After the command wins over before it.
     let config_path: Option<PathBuf> = own_config.or(cli.config.as_ref()).cloned();

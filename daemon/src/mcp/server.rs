@@ -129,9 +129,16 @@ impl AcpdMcp {
     /// Starts a run, and disposes it again when the call was cancelled meanwhile.
     async fn start(
         &self,
-        request: StartRequest,
+        mut request: StartRequest,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<StartReply, Failure> {
+        // The tool call's W3C trace context (MCP's `_meta` has the same keys) is the run's.
+        for key in ["traceparent", "tracestate"] {
+            if let Some(v) = ctx.meta.get(key) {
+                let meta = request.meta.get_or_insert_with(Default::default);
+                meta.insert(key.to_string(), v.clone());
+            }
+        }
         let started = self.backend.start(request, &ctx.ct).await?;
         if ctx.ct.is_cancelled() {
             let _ = self.backend.dispose(&started.run_id).await;

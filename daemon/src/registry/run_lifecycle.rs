@@ -287,6 +287,9 @@ impl Run {
         }
         let result = Arc::new(result);
         crate::metrics::get().turn_ended(&result, began.elapsed());
+        child.note_span("acpd.stop_reason", result.stop_reason.as_str());
+        let category = result.failure.as_ref().map(|f| f.category.as_str());
+        child.note_span("acpd.category", category.unwrap_or("none"));
         if let Some(trace) = child.trace() {
             let ended =
                 serde_json::json!({ "runId": self.run_id, "turn": turn, "result": *result });

@@ -3,6 +3,7 @@
 //! publication — filed in the run table and its first turn begun, or torn down if the start
 //! was cancelled meanwhile.
 
+use opentelemetry::KeyValue;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,6 +101,31 @@ impl Registry {
             .run_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        // When spans are exported: the run's (continuing the caller's trace context, if it
+        // sent one) and its start's, which the child's `session/new` names.
+        let run_span = crate::otel::exporting().map(|o| {
+            let attributes = vec![
+                KeyValue::new("acpd.run.id", run_id.clone()),
+                KeyValue::new("acpd.provider", provider.name.clone()),
+            ];
+            o.span("acpd.run", req.meta.as_ref(), attributes)
+        });
+        let start_span = run_span.as_ref().and_then(|r| {
+            r.child(
+                "acpd.start",
+                vec![KeyValue::new("acpd.provider", provider.name.clone())],
+            )
+        });
+        let mut session_meta = tool_filter
+            .as_ref()
+            .and_then(|f| super::gate::tool_filter_meta(&provider, f));
+        if let Some(s) = &start_span
+            && let Some(meta) = session_meta
+                .get_or_insert_with(|| serde_json::json!({}))
+                .as_object_mut()
+        {
+            s.inject(meta);
+        }
         let admission = Admission {
             max_depth: req.max_depth,
             nested_in: opts.nest.as_ref().map(|n| (n.depth, n.max_depth)),
@@ -108,13 +134,27 @@ impl Registry {
             session: Some(SessionParams {
                 mcp_servers: None,
                 system_prompt: req.persona.clone(),
-                meta: tool_filter
-                    .as_ref()
-                    .and_then(|f| super::gate::tool_filter_meta(&provider, f)),
+                meta: session_meta,
             }),
             worktree: worktree.then_some(Base::Commit(req.base_ref.as_deref())),
             ..Admission::new(run_id.clone(), &opts.cancel)
         };
+        let launched = self
+            .gate(&config, provider, admission, |spec| {
+                Child::start(spec, opts.client_capabilities.clone(), &opts.cancel)
+            })
+            .await;
+        if let Err(e) = &launched {
+            for span in [&start_span, &run_span].into_iter().flatten() {
+                span.fail(e.to_string());
+            }
+            if let Some(run) = run_span.clone() {
+                run.end();
+            }
+        }
+        if let Some(start) = start_span {
+            start.end();
+        }
         let Launched {
             child,
             slot,
@@ -122,11 +162,11 @@ impl Registry {
             depth,
             max_depth,
             workspace,
-        } = self
-            .gate(&config, provider, admission, |spec| {
-                Child::start(spec, opts.client_capabilities.clone(), &opts.cancel)
-            })
-            .await?;
+        } = launched?;
+        if let Some(span) = run_span {
+            // Ended with the child's teardown.
+            child.hold_span(span);
+        }
 
         let session_id = format!("sub-{}", uuid::Uuid::new_v4());
         let run = Run::new(RunInit {

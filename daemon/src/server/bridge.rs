@@ -240,14 +240,33 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
     let Some(seat) = conn.take_seat() else {
         return conn.reply_err(&id, &conn.seat_limit()).await;
     };
+    let minted = format!("acpd-{}", uuid::Uuid::new_v4());
+    let mut params = o.params;
+    let spans = crate::otel::exporting().map(|otel| session_spans(otel, &minted, &mut params));
     let open = Open::Create {
         method: o.method,
-        params: o.params,
+        params,
     };
-    // Minted first: a worktree is named after the session.
-    let minted = format!("acpd-{}", uuid::Uuid::new_v4());
+    // A worktree is named after the session, minted above.
     let ask = o.workspace.ask(&minted, false);
-    let launched = match open_child(&conn, o.provider, &o.cwd, open, o.needs, ask).await {
+    let launched = open_child(&conn, o.provider, &o.cwd, open, o.needs, ask).await;
+    if let Some((session, start)) = spans {
+        match &launched {
+            Ok(l) => {
+                for span in [&session, &start] {
+                    span.set("acpd.provider", l.provider.name.clone());
+                }
+                l.child.hold_span(session);
+            }
+            Err(e) => {
+                session.fail(e.message.clone());
+                start.fail(e.message.clone());
+                session.end();
+            }
+        }
+        start.end();
+    }
+    let launched = match launched {
         Ok(l) => l,
         Err(e) => return conn.reply_err(&id, &e).await,
     };
@@ -284,6 +303,33 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
         workspace,
     );
     attach(conn, minted, child, First::Answer(id, reply), seat).await;
+}
+
+/// A bridge session's span (continuing the trace context of the editor's `session/new`, or a
+/// new trace) and its start's, which the agent's `session/new` names in `params`.
+fn session_spans(
+    otel: &crate::otel::Otel,
+    minted: &str,
+    params: &mut serde_json::Value,
+) -> (crate::otel::Span, crate::otel::Span) {
+    let attributes = vec![opentelemetry::KeyValue::new(
+        "acpd.session.id",
+        minted.to_string(),
+    )];
+    let meta = params.get("_meta").and_then(|m| m.as_object());
+    let session = otel.span("acpd.session", meta, attributes);
+    let start = session
+        .child("acpd.start", Vec::new())
+        .unwrap_or_else(|| session.clone());
+    if let Some(obj) = params.as_object_mut()
+        && let Some(meta) = obj
+            .entry("_meta")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+    {
+        start.inject(meta);
+    }
+    (session, start)
 }
 
 /// `session/load` and `session/resume` of an acpd id.

@@ -77,4 +77,25 @@ impl Relay {
         }
         self.to_parent_params(params, own)
     }
+
+    /// acpd's hop of a parent's message to the child (`otel::Otel::hop`): only when spans are
+    /// exported and the params carry trace context; otherwise they go as they came.
+    pub(super) fn hop(
+        &self,
+        d: &super::Driver,
+        method: &str,
+        params: Box<RawValue>,
+    ) -> (Box<RawValue>, Option<crate::otel::Span>) {
+        let Some(o) = crate::otel::exporting() else {
+            return (params, None);
+        };
+        let attributes = vec![
+            opentelemetry::KeyValue::new("acpd.provider", d.shared.provider.name.clone()),
+            opentelemetry::KeyValue::new("acpd.session.id", self.t.session_id.clone()),
+        ];
+        match o.hop(method, &params, attributes) {
+            Some((p, span)) => (p, Some(span)),
+            None => (params, None),
+        }
+    }
 }

@@ -83,6 +83,8 @@ struct Relay {
     /// Another connection's attach that arrived before this relay saw its own go.
     attach_next: Option<RelayTarget>,
     tracer: Option<std::sync::Arc<crate::trace::Trace>>,
+    /// acpd's span of each call forwarded with trace context, ended by its answer.
+    hops: HashMap<Id, crate::otel::Span>,
 }
 
 pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
@@ -106,6 +108,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         subs_back: HashMap::new(),
         attach_next: None,
         tracer: d.shared.trace.clone(),
+        hops: HashMap::new(),
     };
     if let Some(trace) = &r.tracer {
         trace.note(
@@ -345,6 +348,14 @@ impl Relay {
             return None;
         };
         let after_ok = self.after_ok.remove(&id);
+        if !self.hops.is_empty()
+            && let Some(hop) = self.hops.remove(&id)
+        {
+            if let Err(e) = &outcome {
+                hop.fail(e.message.clone());
+            }
+            hop.end();
+        }
         if method == "session/prompt"
             && let Ok(r) = &outcome
         {
@@ -482,8 +493,12 @@ impl Relay {
             }
             Cmd::Notify { method, params } => {
                 if let Ok(p) = self.to_child(&params, &d.shared.session_id) {
+                    let (p, hop) = self.hop(d, &method, p);
                     crate::metrics::to_child(p.get().len());
                     let _ = d.wire.notify(&method, &p).await;
+                    if let Some(hop) = hop {
+                        hop.end();
+                    }
                 }
                 return;
             }
@@ -514,10 +529,13 @@ impl Relay {
             let _ = self.t.parent.respond_err(Some(&id), &e).await;
             return;
         }
-        let params = match params.as_deref() {
-            None => None,
+        let (params, hop) = match params.as_deref() {
+            None => (None, None),
             Some(p) => match self.to_child(p, &d.shared.session_id) {
-                Ok(p) => Some(p),
+                Ok(p) => {
+                    let (p, hop) = self.hop(d, &method, p);
+                    (Some(p), hop)
+                }
                 Err(e) => {
                     let _ = self.t.parent.respond_err(Some(&id), &e).await;
                     return;
@@ -525,9 +543,13 @@ impl Relay {
             },
         };
         crate::metrics::to_child(crate::metrics::size(&params));
-        if let (Some(child_id), Some(record)) =
-            (self.send_call(d, id, method, params).await, after_ok)
-        {
+        let Some(child_id) = self.send_call(d, id, method, params).await else {
+            return;
+        };
+        if let Some(hop) = hop {
+            self.hops.insert(child_id.clone(), hop);
+        }
+        if let Some(record) = after_ok {
             self.after_ok.insert(child_id, record);
         }
     }
