@@ -396,8 +396,7 @@ async fn scale_row(host: Host, k: usize) -> Value {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (base, base_threads, base_fds) = (ctl.rss_kib(), ctl.threads(), ctl.fds());
     let started = Instant::now();
-    let runs: Vec<String> =
-        futures::future::join_all((0..k).map(|_| ctl.start("echo", "x"))).await;
+    let runs: Vec<String> = futures::future::join_all((0..k).map(|_| ctl.start("echo", "x"))).await;
     let start_all = started.elapsed();
     futures::future::join_all(
         runs.iter()

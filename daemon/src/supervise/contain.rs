@@ -4,8 +4,10 @@
 //!
 //! The token (`ACPD_TREE=<acpd pid>-<acpd start>-<n>`) is how the fallback finds the
 //! descendants that left the process group: a `setsid` + double fork keeps the environment,
-//! and acpd, as subreaper, adopts the orphans; at teardown every live process carrying the
-//! run's token is killed. A process that replaces its whole environment escapes it — the
+//! and acpd, as subreaper, adopts the orphans; at teardown every live process below acpd
+//! carrying the run's token is killed (found by walking down from acpd's children, so the cost
+//! does not grow with the host's processes; a kernel that does not list children gets a scan of
+//! all of `/proc`). A process that replaces its whole environment escapes it — the
 //! documented limit of the fallback, which cgroups do not have.
 
 use std::path::PathBuf;

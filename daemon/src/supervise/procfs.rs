@@ -77,7 +77,10 @@ pub(crate) fn children(pid: i32) -> Option<Vec<i32>> {
     let mut found = Vec::new();
     for task in tasks.flatten() {
         match std::fs::read_to_string(task.path().join("children")) {
-            Ok(text) => found.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok())),
+            Ok(text) => found.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            ),
             // A thread that ended meanwhile: its task directory went with it.
             Err(_) if !task.path().exists() => {}
             Err(_) => return None,

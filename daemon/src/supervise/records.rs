@@ -415,7 +415,11 @@ mod tests {
                     let barrier = barrier.clone();
                     std::thread::spawn(move || {
                         barrier.wait();
-                        if round { add(pgid).wait() } else { remove(pgid, 0).wait() }
+                        if round {
+                            add(pgid).wait()
+                        } else {
+                            remove(pgid, 0).wait()
+                        }
                     })
                 })
                 .collect();

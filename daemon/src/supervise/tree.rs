@@ -188,7 +188,7 @@ impl ProcessTree {
         self.end_escapees(graces.term).await;
         // Not awaited: a gone group left in the record a moment longer is skipped by the sweep
         // (its leader's start time no longer matches).
-        drop(super::records::remove(self.pid(), self.inner.start));
+        let _ = super::records::remove(self.pid(), self.inner.start);
         reaper::churned();
         tracing::debug!(pgid = self.pid(), ?outcome, elapsed = ?started.elapsed(), "child tree torn down");
         outcome
