@@ -30,6 +30,8 @@ pub struct Opts {
     pub only: Option<String>,
     /// `--sizes 64,1024`: the scale rows' K values instead of the defaults.
     pub sizes: Option<Vec<usize>>,
+    /// `--host stdio` or `--host serve`: the scale rows of that one only.
+    pub host: Option<String>,
 }
 
 impl Opts {
@@ -94,6 +96,7 @@ async fn bench() {
         readme: false,
         only: None,
         sizes: None,
+        host: None,
     };
     let mut soak = false;
     let mut args = std::env::args().skip(1);
@@ -107,6 +110,7 @@ async fn bench() {
                     .next()
                     .map(|s| s.split(',').filter_map(|k| k.parse().ok()).collect())
             }
+            "--host" => opts.host = args.next(),
             "--readme" => opts.readme = true,
             // Relative to the workspace root (cargo runs benches from the package directory).
             "--json" => {

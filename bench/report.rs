@@ -84,20 +84,21 @@ pub fn markdown(r: &Value) -> String {
     );
     let _ = writeln!(
         md,
-        "**Scale** (K live `echo` children, each idle after one turn, in one `acpd serve`; per child = (RSS with K − RSS of the same warm daemon with none) / K; dispose of all K at once against one cooperative dispose in the same daemon):\n"
+        "**Scale** (K live `echo` children, each idle after one turn, all runs of one parent, in one `acpd stdio` and in one `acpd serve`; per child = (RSS with K − RSS of the same warm acpd with none) / K; dispose of all K at once, per child, against one cooperative dispose alone in the same acpd; targets: ≤ 48 KiB per child, flat from 64 to 1 024, dispose ≤ 2 ms each):\n"
     );
     let _ = writeln!(
         md,
-        "| K | start all | RSS with 0 | RSS with K | per child | dispose all | per child | one alone | threads | fds | left after |"
+        "| acpd | K | start all | RSS with 0 | RSS with K | per child | dispose all | per child | one alone | ratio | threads | fds | left after |"
     );
     let _ = writeln!(
         md,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for k in r["scale"].as_array().into_iter().flatten() {
         let _ = writeln!(
             md,
-            "| {} | {} ms | {:.1} MiB | {:.1} MiB | **{} KiB** | {} ms | **{} ms** | {} ms | {} | {} | {} |",
+            "| {} | {} | {} ms | {:.1} MiB | {:.1} MiB | **{} KiB** | {} ms | **{} ms** | {} ms | {}× | {} | {} | {} |",
+            k["host"].as_str().unwrap_or("serve"),
             k["children"],
             f(&k["startAllMs"], 0),
             k["baseRssKiB"].as_f64().unwrap_or(0.0) / 1024.0,
@@ -106,6 +107,7 @@ pub fn markdown(r: &Value) -> String {
             f(&k["disposeAllMs"], 0),
             f(&k["disposePerChildMs"], 2),
             f(&k["disposeAloneMs"], 2),
+            f(&k["disposeRatio"], 2),
             k["threads"],
             k["fds"],
             k["leftAfterDispose"]

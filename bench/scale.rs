@@ -259,6 +259,14 @@ pub async fn start(opts: &Opts) -> Value {
     json!({ "directMs": d, "acpdMs": v, "addedMs": v - d })
 }
 
+/// The config of the scale rows: room for `max` children, all of them runs of one connection.
+fn scale_config(max: usize) -> String {
+    format!(
+        "max_children = {max}\nmax_sessions_per_connection = {max}\nmax_pending_requests = {max}\n\
+         [providers.echo]\ncommand = [\"{ACPD}\", \"agent\", \"echo\"]\nmax_concurrent = {max}\nkeep_alive = \"1h\"\n"
+    )
+}
+
 fn serve_config(max: usize) -> String {
     format!(
         "max_children = {max}\n[providers.echo]\ncommand = [\"{ACPD}\", \"agent\", \"echo\"]\nmax_concurrent = {max}\nkeep_alive = \"1h\"\n"
@@ -294,19 +302,56 @@ pub async fn settle_children(ctl: &Ctl, secs: u64) -> (usize, usize) {
     }
 }
 
-/// (3) Scale and (5) memory under it: K live children idle after one turn in one `acpd serve`,
-/// against the same daemon warm with none, and one cooperative dispose as the baseline.
+/// Where the scale rows' children live: one `acpd stdio` (the parent is its stdin/stdout), or
+/// one `acpd serve` daemon over one socket connection.
+#[derive(Clone, Copy)]
+enum Host {
+    Stdio,
+    Serve,
+}
+
+impl Host {
+    fn name(self) -> &'static str {
+        match self {
+            Host::Stdio => "stdio",
+            Host::Serve => "serve",
+        }
+    }
+
+    async fn start(self, max: usize) -> Ctl {
+        match self {
+            Host::Stdio => Ctl::spawn(&scale_config(max)).await,
+            Host::Serve => Ctl::serve(&serve_config(max), max).await,
+        }
+    }
+}
+
+/// (3) Scale and (5) memory under it: K live children idle after one turn in one `acpd stdio`
+/// and in one `acpd serve`, against the same process warm with none, and one cooperative
+/// dispose in it as the baseline. acpd raises its own `RLIMIT_NOFILE` to the hard limit (about
+/// four descriptors per child); the config raises `max_children`,
+/// `max_sessions_per_connection`, `max_pending_requests` and the provider's `max_concurrent`
+/// (defaults 256, 16, 64, 64) to K + 8.
 pub async fn scale(opts: &Opts) -> Value {
     let sizes: &[usize] = match &opts.sizes {
         Some(sizes) => sizes,
         None if opts.quick => &[16],
         None => &[64, 256, 1024],
     };
+    let nofile = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(0, |(_, hard)| hard);
+    let needed = sizes.iter().max().copied().unwrap_or(0) as u64 * 5 + 64;
+    if nofile < needed {
+        println!(
+            "\n(3) scale: RLIMIT_NOFILE hard limit {nofile} is below the {needed} descriptors the largest K needs; raise it (ulimit -Hn)"
+        );
+    }
     println!(
-        "\n(3) scale: K live children (idle after one turn) in one acpd serve; baseline: the same daemon with 0, and one cooperative dispose"
+        "\n(3) scale: K live children (idle after one turn) in one acpd; baseline: the same acpd with 0, and one cooperative dispose"
     );
     println!(
-        "{:>5} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12} {:>10} {:>9} {:>7} {:>6} {:>10}",
+        "{:>5} {:>5} {:>11} {:>11} {:>11} {:>11} {:>12} {:>12} {:>10} {:>9} {:>9} {:>6} {:>10}",
+        "host",
         "K",
         "start all",
         "RSS 0",
@@ -321,79 +366,89 @@ pub async fn scale(opts: &Opts) -> Value {
         "reaper CPU"
     );
     let mut out = Vec::new();
-    for &k in sizes {
-        let ctl = Ctl::serve(&serve_config(k + 8), k + 8).await;
-        // Warm the daemon with a few cooperative runs: their dispose is the baseline, and the
-        // one-time costs of the first run stay out of the per-child figure.
-        let mut alone = Vec::new();
-        for _ in 0..5 {
-            let run = ctl.start("echo", "x").await;
-            ctl.call("_acpd/subagent/wait", json!({"runId": run})).await;
-            let started = Instant::now();
-            ctl.call("_acpd/subagent/dispose", json!({"runId": run}))
-                .await;
-            alone.push(started.elapsed().as_secs_f64() * 1e3);
+    for host in [Host::Stdio, Host::Serve] {
+        if opts.host.as_deref().is_some_and(|h| h != host.name()) {
+            continue;
         }
-        let alone = median(alone);
-        settle_children(&ctl, 5).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let (base, base_threads, base_fds) = (ctl.rss_kib(), ctl.threads(), ctl.fds());
-        let started = Instant::now();
-        let runs: Vec<String> =
-            futures::future::join_all((0..k).map(|_| ctl.start("echo", "x"))).await;
-        let start_all = started.elapsed();
-        futures::future::join_all(
-            runs.iter()
-                .map(|r| ctl.call("_acpd/subagent/wait", json!({"runId": r}))),
-        )
-        .await;
-        // Idle: measured after a second with nothing going on.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let (rss, threads, fds) = (ctl.rss_kib(), ctl.threads(), ctl.fds());
-        let per_child = rss.saturating_sub(base) as f64 / k as f64;
-        let reaper_before = thread_cpu_ms(ctl.pid(), "acpd-reaper");
-        let started = Instant::now();
-        futures::future::join_all(
-            runs.iter()
-                .map(|r| ctl.call("_acpd/subagent/dispose", json!({"runId": r}))),
-        )
-        .await;
-        let dispose_all = started.elapsed().as_secs_f64() * 1e3;
-        let reaper_ms = thread_cpu_ms(ctl.pid(), "acpd-reaper") - reaper_before;
-        let per_dispose = dispose_all / k as f64;
-        let peak = peak_rss_kib(ctl.pid()).unwrap_or_default();
-        let (left, zombies) = settle_children(&ctl, 5).await;
-        // What the daemon gives back once idle again.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let rss_after = ctl.rss_kib();
-        println!(
-            "{:>5} {:>8.0} ms {:>7} KiB {:>7} KiB {:>7.1} KiB {:>9.0} ms {:>9.2} ms {:>7.2} ms {:>8.2}x {:>3}/{:<4} {:>5} {:>7.0} ms",
-            k,
-            start_all.as_secs_f64() * 1e3,
-            base,
-            rss,
-            per_child,
-            dispose_all,
-            per_dispose,
-            alone,
-            per_dispose / alone,
-            threads,
-            fds,
-            left,
-            reaper_ms
-        );
-        assert_eq!(left, 0, "every child of acpd is gone after dispose");
-        out.push(json!({
-            "children": k, "startAllMs": start_all.as_secs_f64() * 1e3,
-            "baseRssKiB": base, "rssKiB": rss, "perChildKiB": per_child,
-            "rssAfterDisposeKiB": rss_after, "peakRssKiB": peak,
-            "disposeAllMs": dispose_all, "disposePerChildMs": per_dispose,
-            "disposeAloneMs": alone, "disposeRatio": per_dispose / alone,
-            "threads": threads, "baseThreads": base_threads, "fds": fds, "baseFds": base_fds,
-            "leftAfterDispose": left, "zombies": zombies, "reaperCpuMs": reaper_ms,
-        }));
+        for &k in sizes {
+            out.push(scale_row(host, k).await);
+        }
     }
     Value::Array(out)
+}
+
+/// One row of (3): K children in a fresh acpd of `host`.
+async fn scale_row(host: Host, k: usize) -> Value {
+    let ctl = host.start(k + 8).await;
+    // Warm acpd with a few cooperative runs: their dispose is the baseline, and the one-time
+    // costs of the first run stay out of the per-child figure.
+    let mut alone = Vec::new();
+    for _ in 0..5 {
+        let run = ctl.start("echo", "x").await;
+        ctl.call("_acpd/subagent/wait", json!({"runId": run})).await;
+        let started = Instant::now();
+        ctl.call("_acpd/subagent/dispose", json!({"runId": run}))
+            .await;
+        alone.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    let alone = median(alone);
+    settle_children(&ctl, 5).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (base, base_threads, base_fds) = (ctl.rss_kib(), ctl.threads(), ctl.fds());
+    let started = Instant::now();
+    let runs: Vec<String> = futures::future::join_all((0..k).map(|_| ctl.start("echo", "x"))).await;
+    let start_all = started.elapsed();
+    futures::future::join_all(
+        runs.iter()
+            .map(|r| ctl.call("_acpd/subagent/wait", json!({"runId": r}))),
+    )
+    .await;
+    // Idle: measured after a second with nothing going on.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (rss, threads, fds) = (ctl.rss_kib(), ctl.threads(), ctl.fds());
+    let per_child = rss.saturating_sub(base) as f64 / k as f64;
+    let reaper_before = thread_cpu_ms(ctl.pid(), "acpd-reaper");
+    let started = Instant::now();
+    futures::future::join_all(
+        runs.iter()
+            .map(|r| ctl.call("_acpd/subagent/dispose", json!({"runId": r}))),
+    )
+    .await;
+    let dispose_all = started.elapsed().as_secs_f64() * 1e3;
+    let reaper_ms = thread_cpu_ms(ctl.pid(), "acpd-reaper") - reaper_before;
+    let per_dispose = dispose_all / k as f64;
+    let peak = peak_rss_kib(ctl.pid()).unwrap_or_default();
+    let (left, zombies) = settle_children(&ctl, 5).await;
+    // What acpd gives back once idle again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_after = ctl.rss_kib();
+    println!(
+        "{:>5} {:>5} {:>8.0} ms {:>7} KiB {:>7} KiB {:>7.1} KiB {:>9.0} ms {:>9.2} ms {:>7.2} ms {:>8.2}x {:>4}/{:<4} {:>5} {:>7.0} ms",
+        host.name(),
+        k,
+        start_all.as_secs_f64() * 1e3,
+        base,
+        rss,
+        per_child,
+        dispose_all,
+        per_dispose,
+        alone,
+        per_dispose / alone,
+        threads,
+        fds,
+        left,
+        reaper_ms
+    );
+    assert_eq!(left, 0, "every child of acpd is gone after dispose");
+    json!({
+        "host": host.name(), "children": k, "startAllMs": start_all.as_secs_f64() * 1e3,
+        "baseRssKiB": base, "rssKiB": rss, "perChildKiB": per_child,
+        "rssAfterDisposeKiB": rss_after, "peakRssKiB": peak,
+        "disposeAllMs": dispose_all, "disposePerChildMs": per_dispose,
+        "disposeAloneMs": alone, "disposeRatio": per_dispose / alone,
+        "threads": threads, "baseThreads": base_threads, "fds": fds, "baseFds": base_fds,
+        "leftAfterDispose": left, "zombies": zombies, "reaperCpuMs": reaper_ms,
+    })
 }
 
 /// (4) Teardown: dispose of a cooperative child, and of an EOF-deaf, SIGTERM-ignoring one

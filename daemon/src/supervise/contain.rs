@@ -4,8 +4,10 @@
 //!
 //! The token (`ACPD_TREE=<acpd pid>-<acpd start>-<n>`) is how the fallback finds the
 //! descendants that left the process group: a `setsid` + double fork keeps the environment,
-//! and acpd, as subreaper, adopts the orphans; at teardown every live process carrying the
-//! run's token is killed. A process that replaces its whole environment escapes it — the
+//! and acpd, as subreaper, adopts the orphans; at teardown every live process below acpd
+//! carrying the run's token is killed (found by walking down from acpd's children, so the cost
+//! does not grow with the host's processes; a kernel that does not list children gets a scan of
+//! all of `/proc`). A process that replaces its whole environment escapes it — the
 //! documented limit of the fallback, which cgroups do not have.
 
 use std::path::PathBuf;
@@ -369,6 +371,49 @@ pub(super) fn kill_all() {
 pub(super) fn token_bearers(token: &str, since: u64, skip: i32) -> Vec<i32> {
     let needle = format!("{TREE_VAR}={token}");
     scan_environ(|value| value == needle.as_bytes(), since, skip)
+}
+
+/// [`token_bearers`] among this process's descendants only, found by walking down from its
+/// children past the leaders of its other live trees. As a subreaper, acpd holds below it
+/// everything its children started, however it detached: once a tree's process group is gone,
+/// each of its escapees is a child of acpd or below one of them. So the walk costs one read
+/// per child of acpd plus one per stray, where a scan of `/proc` reads every process on the
+/// host — at each of K teardowns, with K trees live. Falls back to that scan where the kernel
+/// does not list children.
+pub(super) fn token_bearers_below(token: &str, since: u64, own_leader: i32, skip: i32) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Some(top) = procfs::children(me) else {
+        return token_bearers(token, since, skip);
+    };
+    let needle = format!("{TREE_VAR}={token}");
+    let mut queue: Vec<i32> = {
+        let leaders = super::reaper::leaders();
+        top.into_iter()
+            .filter(|p| *p == own_leader || !leaders.contains(p))
+            .collect()
+    };
+    let mut found = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    while let Some(pid) = queue.pop() {
+        if !seen.insert(pid) {
+            continue;
+        }
+        if pid != skip
+            && procfs::stat(pid).is_some_and(|s| s.state != 'Z' && s.start >= since)
+            && std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
+        {
+            found.push(pid);
+        }
+        match procfs::children(pid) {
+            Some(kids) => queue.extend(kids),
+            // Gone, or exited meanwhile: nothing below it is left to reach from here. A pid
+            // whose children cannot be listed while it lives is the case the scan covers.
+            None if procfs::stat(pid).is_none() => {}
+            None => return token_bearers(token, since, skip),
+        }
+    }
+    found
 }
 
 /// Every live process whose token starts with `prefix` (a whole acpd's trees).

@@ -70,6 +70,25 @@ pub(crate) fn descendants() -> Vec<i32> {
     found
 }
 
+/// `pid`'s children, from every one of its threads' `/proc/PID/task/TID/children`; `None` when
+/// the kernel does not offer those files (`CONFIG_PROC_CHILDREN`) or `pid` is gone.
+pub(crate) fn children(pid: i32) -> Option<Vec<i32>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut found = Vec::new();
+    for task in tasks.flatten() {
+        match std::fs::read_to_string(task.path().join("children")) {
+            Ok(text) => found.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            ),
+            // A thread that ended meanwhile: its task directory went with it.
+            Err(_) if !task.path().exists() => {}
+            Err(_) => return None,
+        }
+    }
+    Some(found)
+}
+
 /// A process's ancestors as read from `/proc`.
 #[derive(Debug, Clone, Default)]
 pub struct Ancestry {

@@ -14,10 +14,12 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use tokio::sync::watch;
 
 use super::procfs;
 use super::record_sweep::{Sweep, sweep};
@@ -77,29 +79,36 @@ pub(super) fn enable(dir: &Path) -> Result<Sweep, PrivateError> {
     let start = start_time(me).unwrap_or(0);
     let _ = FILE.set(dir.join(format!("acpd-{me}-{start}.json")));
     write();
+    start_writer();
     Ok(sweep)
 }
 
-pub(super) fn add(pgid: i32) {
+/// Files a new group. The returned [`Written`] resolves once a write covering it was tried.
+pub(super) fn add(pgid: i32) -> Written {
     let start = start_time(pgid).unwrap_or(0);
-    live().insert(pgid, start);
+    let generation = {
+        let mut live = live();
+        live.insert(pgid, start);
+        next_generation()
+    };
     super::sentinel::add_group(pgid, start);
-    write();
+    changed(generation)
 }
 
 /// Forgets the group whose leader started at `start`. A pgid is freed when its group is
 /// reaped, before this runs, so a new child may already hold it: that child's entry (another
 /// start time) stays.
-pub(super) fn remove(pgid: i32, start: u64) {
-    {
+pub(super) fn remove(pgid: i32, start: u64) -> Written {
+    let generation = {
         let mut live = live();
         if live.get(&pgid).is_some_and(|s| *s != start) {
-            return;
+            return Written(None);
         }
         live.remove(&pgid);
-    }
+        next_generation()
+    };
     super::sentinel::remove_group(pgid);
-    write();
+    changed(generation)
 }
 
 /// Whether `pid`, started at `start`, is a child this process spawned and has not reaped: the
@@ -136,81 +145,182 @@ pub(crate) fn forget() {
 static WRITER: Mutex<()> = Mutex::new(());
 /// Makes each temp file name unique even if two processes ever shared a record name.
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+/// Set by [`forget`]: the process is exiting cleanly and its record is gone for good.
+static FORGOTTEN: AtomicBool = AtomicBool::new(false);
 
-fn write() {
-    let Some(path) = FILE.get() else { return };
-    let _writer = WRITER.lock().unwrap_or_else(|p| p.into_inner());
-    if FORGOTTEN.load(Ordering::Acquire) {
-        DIRTY.store(false, Ordering::Release);
-        return;
+/// The generation of `LIVE`: bumped under its lock by every change, so a snapshot taken under
+/// that lock holds exactly the changes up to the generation read with it.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// Set when a change awaits the writer thread; it waits on `WAKE`.
+static PENDING: Mutex<bool> = Mutex::new(false);
+static WAKE: Condvar = Condvar::new();
+/// The newest generation a write attempt covered (landed, or failed and left to the retries).
+static SETTLED: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::Sender::new(0));
+/// Whether the writer thread runs (started by [`enable`]); without it changes are written
+/// by whoever made them.
+static WRITER_THREAD: OnceLock<bool> = OnceLock::new();
+
+/// A change to the record, pending until a write attempt covers it. Dropping it does not undo
+/// or hurry anything: a group missing from the record only for a moment, or a gone group still
+/// in it (the sweep checks each group's start time), is harmless.
+pub(crate) struct Written(Option<u64>);
+
+impl Written {
+    /// Waits, blocking the thread, until a write attempt covered this change.
+    #[cfg(test)]
+    pub(crate) fn wait(self) {
+        if let Some(generation) = self.0 {
+            let mut settled = SETTLED.subscribe();
+            let _ = futures::executor::block_on(settled.wait_for(|s| *s >= generation));
+        }
     }
-    // The snapshot is taken under the writer lock: any change made before this point is in it.
-    let groups: Vec<serde_json::Value> = live()
-        .iter()
-        .map(|(pgid, start)| serde_json::json!({ "pgid": pgid, "start": start }))
-        .collect();
+
+    /// Waits, without blocking the thread, until a write attempt covered this change.
+    pub(crate) async fn landed(self) {
+        if let Some(generation) = self.0 {
+            let mut settled = SETTLED.subscribe();
+            let _ = settled.wait_for(|s| *s >= generation).await;
+        }
+    }
+}
+
+/// Called under `LIVE`'s lock by every change: the generation that includes it.
+fn next_generation() -> u64 {
+    GENERATION.fetch_add(1, Ordering::AcqRel) + 1
+}
+
+/// Hands the change of `generation` to the writer thread (or, without one, writes it here).
+fn changed(generation: u64) -> Written {
+    if FILE.get().is_none() {
+        return Written(None);
+    }
+    if WRITER_THREAD.get() == Some(&true) {
+        *PENDING.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        WAKE.notify_one();
+    } else {
+        write();
+    }
+    Written(Some(generation))
+}
+
+/// How long the writer waits before trying a failed write again, at first and at most.
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Starts the thread that writes the record after changes: one write covers every change made
+/// before its snapshot, so a burst of K starts or ends costs a few writes instead of K whole
+/// rewrites one after another (each as long as the number of live groups), and no async
+/// worker thread waits on the file system. A failed write is tried again, backing off from
+/// 50 ms to 2 s, until one lands.
+fn start_writer() {
+    WRITER_THREAD.get_or_init(|| {
+        let spawned = std::thread::Builder::new()
+            .name("acpd-records".into())
+            .spawn(|| {
+                let mut retry: Option<Duration> = None;
+                loop {
+                    {
+                        let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+                        match retry {
+                            None => {
+                                while !*pending {
+                                    pending = WAKE.wait(pending).unwrap_or_else(|p| p.into_inner());
+                                }
+                            }
+                            Some(wait) if !*pending => {
+                                pending = WAKE
+                                    .wait_timeout(pending, wait)
+                                    .map_or_else(|p| p.into_inner().0, |(g, _)| g);
+                            }
+                            Some(_) => {}
+                        }
+                        *pending = false;
+                    }
+                    retry = match write() {
+                        true => None,
+                        false => Some(retry.map_or(RETRY_FIRST, |w| (w * 2).min(RETRY_MAX))),
+                    };
+                }
+            });
+        if let Err(e) = &spawned {
+            tracing::warn!("cannot start the child record writer: {e}; writing in place");
+        }
+        spawned.is_ok()
+    });
+}
+
+/// One group as the record holds it.
+#[derive(serde::Serialize)]
+struct Group {
+    pgid: i32,
+    start: u64,
+}
+
+/// The record: read by `record_sweep.rs` of the next acpd.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Record<'a> {
+    boot_id: &'a str,
+    sid: i32,
+    groups: Vec<Group>,
+}
+
+/// Writes the newest snapshot (up to [`WRITE_ATTEMPTS`] tries), then publishes the generation
+/// it covered; false when it did not land (the caller tries again later).
+fn write() -> bool {
+    let Some(path) = FILE.get() else { return true };
+    let _writer = WRITER.lock().unwrap_or_else(|p| p.into_inner());
+    // The snapshot and its generation, taken together under the live lock, after the writer
+    // lock: any change made before this point is in it.
+    let (groups, generation) = {
+        let live = live();
+        let groups: Vec<Group> = live
+            .iter()
+            .map(|(&pgid, &start)| Group { pgid, start })
+            .collect();
+        (groups, GENERATION.load(Ordering::Acquire))
+    };
+    if FORGOTTEN.load(Ordering::Acquire) {
+        SETTLED.send_replace(generation);
+        return true;
+    }
+    static BOOT_ID: LazyLock<String> = LazyLock::new(procfs::boot_id);
     let session = nix::unistd::getsid(None).map_or(0, |s| s.as_raw());
-    let body = serde_json::json!({ "bootId": procfs::boot_id(), "sid": session, "groups": groups })
-        .to_string();
+    let record = Record {
+        boot_id: &BOOT_ID,
+        sid: session,
+        groups,
+    };
+    let body = serde_json::to_vec(&record).unwrap_or_default();
     // A failed write (no fd or inode left for the temp file, an obstacle at the name) is
-    // tried again at once with a fresh temp file, then in the background until it lands:
+    // tried again at once with a fresh temp file, then by the writer thread until it lands:
     // a group missing from the record is a group the next acpd never sweeps.
-    let mut result = replace(path, body.as_bytes());
+    let mut result = replace(path, &body);
     for _ in 1..WRITE_ATTEMPTS {
         if result.is_ok() {
             break;
         }
-        result = replace(path, body.as_bytes());
+        result = replace(path, &body);
     }
+    SETTLED.send_if_modified(|s| {
+        let newer = generation > *s;
+        *s = (*s).max(generation);
+        newer
+    });
     match result {
-        Ok(()) => DIRTY.store(false, Ordering::Release),
+        Ok(()) => true,
         Err(e) => {
             tracing::warn!(
                 "cannot write the child record {}: {e}; retrying in the background",
                 path.display()
             );
-            DIRTY.store(true, Ordering::Release);
-            start_retrier();
+            false
         }
     }
 }
 
-/// Immediate attempts per write before the background retrier takes over.
+/// Immediate attempts per write before the writer thread tries again later.
 const WRITE_ATTEMPTS: usize = 3;
-/// Set while the record on disk may lack a change (its last write failed).
-static DIRTY: AtomicBool = AtomicBool::new(false);
-/// Set by [`forget`]: the process is exiting cleanly and its record is gone for good.
-static FORGOTTEN: AtomicBool = AtomicBool::new(false);
-static RETRYING: AtomicBool = AtomicBool::new(false);
-
-/// A thread, started at a failed write, that rewrites the record (backing off from 50 ms to
-/// 2 s) until a write lands, then ends.
-fn start_retrier() {
-    if RETRYING.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("acpd-records".into())
-        .spawn(|| {
-            let mut wait = std::time::Duration::from_millis(50);
-            loop {
-                while DIRTY.load(Ordering::Acquire) {
-                    std::thread::sleep(wait);
-                    write();
-                    wait = (wait * 2).min(std::time::Duration::from_secs(2));
-                }
-                RETRYING.store(false, Ordering::Release);
-                // A write that failed after the check above found no retrier running.
-                if !DIRTY.load(Ordering::Acquire) || RETRYING.swap(true, Ordering::AcqRel) {
-                    return;
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        RETRYING.store(false, Ordering::Release);
-        tracing::warn!("cannot start the child record retrier: {e}");
-    }
-}
 
 /// Atomic replace: a unique temp file in the same directory (not named `acpd-*.json`, so a
 /// sweeper never mistakes it for a record), then rename over the record. A sweeper reads the
@@ -305,7 +415,11 @@ mod tests {
                     let barrier = barrier.clone();
                     std::thread::spawn(move || {
                         barrier.wait();
-                        if round { add(pgid) } else { remove(pgid, 0) }
+                        if round {
+                            add(pgid).wait()
+                        } else {
+                            remove(pgid, 0).wait()
+                        }
                     })
                 })
                 .collect();
@@ -340,7 +454,7 @@ mod tests {
         std::fs::create_dir(&path).unwrap();
         std::fs::write(path.join("obstacle"), b"").unwrap();
         let pgid = 0x7000_1000;
-        add(pgid);
+        add(pgid).wait();
         assert!(path.is_dir(), "the write cannot land yet");
         std::fs::remove_dir_all(&path).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -361,7 +475,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         };
         assert!(landed, "the live group never reached the record");
-        remove(pgid, 0);
+        remove(pgid, 0).wait();
         assert!(!recorded(&path).contains(&i64::from(pgid)));
     }
 
@@ -374,9 +488,9 @@ mod tests {
         let pgid = 0x7000_2000;
         live().insert(pgid, 7);
         write();
-        remove(pgid, 3);
+        remove(pgid, 3).wait();
         assert!(recorded(&path).contains(&i64::from(pgid)));
-        remove(pgid, 7);
+        remove(pgid, 7).wait();
         assert!(!recorded(&path).contains(&i64::from(pgid)));
     }
 

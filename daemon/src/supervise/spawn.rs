@@ -184,7 +184,7 @@ async fn spawn_placed(
         contained => contained,
     };
     if let Some(pid) = child.id() {
-        super::records::add(pid as i32);
+        super::records::add(pid as i32).landed().await;
     }
     reaper::churned();
     let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());

@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::io::AsyncReadExt;
+use tokio::io::AsyncRead as _;
 use tokio::process::ChildStderr;
 
 const TAIL_LINES: usize = 40;
@@ -60,7 +60,6 @@ impl StderrTail {
         tokio::spawn(async move {
             let _ended = ended.drop_guard();
             let mut splitter = Splitter::default();
-            let mut buf = vec![0u8; 4096];
             let mut emit = |line: String| {
                 tracing::debug!(target: "acpd::child", run = %label, "stderr: {line}");
                 if let Some(trace) = &trace {
@@ -77,9 +76,21 @@ impl StderrTail {
                 q.push_back(tail_line);
             };
             loop {
-                match stderr.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => splitter.push(&buf[..n], &mut emit),
+                // The bytes land on the stack of the poll that finds them: a quiet child's
+                // stderr holds no buffer (a 4 KiB one per idle child before).
+                let read = std::future::poll_fn(|cx| {
+                    let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+                    let mut read = tokio::io::ReadBuf::uninit(&mut stack);
+                    std::pin::Pin::new(&mut stderr)
+                        .poll_read(cx, &mut read)
+                        .map_ok(|()| {
+                            splitter.push(read.filled(), &mut emit);
+                            read.filled().len()
+                        })
+                })
+                .await;
+                if !matches!(read, Ok(1..)) {
+                    break;
                 }
             }
             splitter.finish(&mut emit);

@@ -189,7 +189,9 @@ impl ProcessTree {
             }
         };
         self.end_escapees(graces.term).await;
-        super::records::remove(self.pid(), self.inner.start);
+        // Not awaited: a gone group left in the record a moment longer is skipped by the sweep
+        // (its leader's start time no longer matches).
+        let _ = super::records::remove(self.pid(), self.inner.start);
         reaper::churned();
         tracing::debug!(pgid = self.pid(), ?outcome, elapsed = ?started.elapsed(), "child tree torn down");
         outcome
@@ -213,7 +215,12 @@ impl ProcessTree {
                 // Again until a scan finds none: an escapee may fork while it is being killed.
                 let mut killed = 0;
                 for _ in 0..TOKEN_ROUNDS {
-                    let escapees = super::contain::token_bearers(token, self.inner.start, -1);
+                    let escapees = super::contain::token_bearers_below(
+                        token,
+                        self.inner.start,
+                        self.pid(),
+                        -1,
+                    );
                     if escapees.is_empty() {
                         break;
                     }
@@ -329,7 +336,12 @@ impl ProcessTree {
                 }
             }
             Contained::Token(token) => {
-                for pid in super::contain::token_bearers(token, self.inner.start, self.pid()) {
+                for pid in super::contain::token_bearers_below(
+                    token,
+                    self.inner.start,
+                    self.pid(),
+                    self.pid(),
+                ) {
                     let _ = nix::sys::signal::kill(Pid::from_raw(pid), sig);
                 }
             }

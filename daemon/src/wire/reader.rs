@@ -81,12 +81,11 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             let stall = self
                 .partial_since
                 .map(|t| crate::durations::deadline_from(t, self.limits.line_timeout));
-            self.buf.reserve(READ_CHUNK);
             tokio::select! {
                 // Bytes that are already there always win over the deadline: the owner may
                 // have been busy elsewhere while the rest of the line arrived.
                 biased;
-                read = self.reader.read_buf(&mut self.buf) => match read {
+                read = read_into(&mut self.reader, &mut self.buf) => match read {
                     Ok(0) | Err(_) => self.eof = true,
                     Ok(_) => {}
                 },
@@ -143,6 +142,32 @@ fn counted(e: acpd_protocol::codec::FrameError) -> acpd_protocol::codec::FrameEr
         crate::metrics::get().limit_hit(crate::metrics::Limit::MaxLine);
     }
     e
+}
+
+/// Reads once into `buf`. An empty `buf` holds no allocation while it waits: the bytes land in
+/// a buffer on the stack of the poll that finds them ready and only what arrived is copied
+/// in. An idle peer so costs no read buffer; reserving one before waiting kept 16 KiB per idle
+/// child, resident wherever it landed on a reused heap page. Cancel-safe: bytes read are in
+/// `buf` before the poll returns.
+pub(crate) async fn read_into<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+) -> std::io::Result<usize> {
+    if !buf.is_empty() {
+        buf.reserve(READ_CHUNK);
+        return reader.read_buf(buf).await;
+    }
+    std::future::poll_fn(|cx| {
+        let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
+        let mut read = tokio::io::ReadBuf::uninit(&mut stack);
+        std::pin::Pin::new(&mut *reader)
+            .poll_read(cx, &mut read)
+            .map_ok(|()| {
+                buf.extend_from_slice(read.filled());
+                read.filled().len()
+            })
+    })
+    .await
 }
 
 /// Sleeps until `deadline`, or forever without one: a `select!` branch for an optional timer.
