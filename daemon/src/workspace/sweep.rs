@@ -1,5 +1,5 @@
 //! Worktrees outliving their acpd. Each worktree has a marker beside it, `<id>.owner`, naming
-//! the acpd that made it (pid and start time, as the crash records do) and its repository; a
+//! the acpd that made it ([`Owner`]: pid, start time and boot) and its repository; a
 //! starting acpd removes the worktrees whose owner is gone (their branches stay, with every
 //! turn's work committed on them). Several acpd processes share the directory: a live owner's
 //! worktrees are never touched, and a pid reused by another process has another start time.
@@ -10,21 +10,20 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::WorkspaceError;
+use crate::supervise::Owner;
 
 #[derive(Serialize, Deserialize)]
 struct Marker {
-    pid: i32,
-    start: u64,
+    #[serde(flatten)]
+    owner: Owner,
     repo: PathBuf,
 }
 
 /// Writes the marker for worktree `id` of `repo`, owned by this process.
 pub(super) fn mark(dir: &Path, id: &str, repo: &Path) -> Result<PathBuf, WorkspaceError> {
     let path = dir.join(format!("{id}.owner"));
-    let pid = std::process::id() as i32;
     let marker = Marker {
-        pid,
-        start: crate::supervise::start_time(pid).unwrap_or(0),
+        owner: Owner::me(),
         repo: repo.to_path_buf(),
     };
     let io = |what, source| WorkspaceError::Io {
@@ -40,14 +39,6 @@ pub(super) fn mark(dir: &Path, id: &str, repo: &Path) -> Result<PathBuf, Workspa
     let text = serde_json::to_vec(&marker).map_err(|e| io("write", std::io::Error::other(e)))?;
     file.write_all(&text).map_err(|e| io("write", e))?;
     Ok(path)
-}
-
-/// Whether the owner recorded in a marker still runs (a zombie does not: it only waits for
-/// its parent to reap it).
-fn alive(m: &Marker) -> bool {
-    m.start != 0
-        && crate::supervise::procfs::stat(m.pid)
-            .is_some_and(|s| s.start == m.start && s.state != 'Z')
 }
 
 /// Removes the worktrees in `dir` (default: [`super::worktrees_dir`]) whose acpd is gone,
@@ -78,14 +69,14 @@ pub(crate) async fn sweep(dir: Option<&Path>) -> usize {
             );
             continue;
         };
-        if alive(&marker) {
+        if !marker.owner.gone() {
             continue;
         }
         let path = dir.join(id);
         tracing::info!(
             "removing the worktree {} of a stopped acpd (pid {}); its branch acpd/{id} stays",
             path.display(),
-            marker.pid
+            marker.owner.pid
         );
         super::remove(&marker.repo, &path, &format!("acpd/{id}"), true).await;
         let _ = std::fs::remove_file(entry.path());
