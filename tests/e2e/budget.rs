@@ -229,7 +229,10 @@ fn the_wall_budget_ends_a_run_that_idles_across_turns() {
 fn run_with_budget(budget: &str, args: &[&str]) -> (Value, i32, String, bool) {
     let env = Env::raw("");
     let started = env.path().join("started");
-    let script = format!("echo started >> '{}'; exec '{BIN}' agent echo", started.display());
+    let script = format!(
+        "echo started >> '{}'; exec '{BIN}' agent echo",
+        started.display()
+    );
     let argv = serde_json::to_string(&["/bin/sh", "-c", &script]).unwrap();
     std::fs::write(
         &env.config,
@@ -259,7 +262,13 @@ fn acpd_run_budget_tokens_below_what_the_agent_reports_ends_budget_exit_1() {
     // Within it, the same run completes.
     let (v, code, _, _) = run_with_budget(
         "{ tokens = 1000 }",
-        &["--budget-tokens", "200", "--budget-wall", "1m", ":usage 150\nhi"],
+        &[
+            "--budget-tokens",
+            "200",
+            "--budget-wall",
+            "1m",
+            ":usage 150\nhi",
+        ],
     );
     assert_eq!((code, &v["stopReason"]), (0, &json!("completed")), "{v}");
 }
@@ -275,7 +284,10 @@ fn acpd_run_budget_wall_ends_a_run_that_hangs() {
 #[test]
 fn acpd_run_budget_above_the_providers_is_refused_and_nothing_starts() {
     for (flags, says) in [
-        (["--budget-tokens", "5000"], "budget of 1000 tokens; ask for at most 1000"),
+        (
+            ["--budget-tokens", "5000"],
+            "budget of 1000 tokens; ask for at most 1000",
+        ),
         (["--budget-wall", "1h"], "budget of 10m"),
     ] {
         let (v, code, stderr, started) = run_with_budget(

@@ -289,7 +289,10 @@ fn acpd_run_workspace_worktree_where_the_provider_does_not_allow_it_exits_3() {
     // `fast` works in its cwd (workspace = "shared", the default); it leaves a line in
     // `started` whenever its agent is started.
     let started = s.env.path().join("started");
-    let script = format!("echo started >> '{}'; exec '{BIN}' agent echo", started.display());
+    let script = format!(
+        "echo started >> '{}'; exec '{BIN}' agent echo",
+        started.display()
+    );
     let argv = serde_json::to_string(&["/bin/sh", "-c", &script]).unwrap();
     let toml = std::fs::read_to_string(&s.env.config).unwrap();
     std::fs::write(
@@ -308,7 +311,10 @@ fn acpd_run_workspace_worktree_where_the_provider_does_not_allow_it_exits_3() {
     // `--ref` without a worktree names what it needs.
     let (r, code, stderr) = s.run(&["--provider", "fast", "--ref", "main", "hi"]);
     assert_eq!((code, &r["error"]["name"]), (3, &json!("INVALID_REQUEST")));
-    assert!(stderr.contains("--ref needs --workspace worktree"), "{stderr}");
+    assert!(
+        stderr.contains("--ref needs --workspace worktree"),
+        "{stderr}"
+    );
     assert!(!started.exists(), "the agent was started");
     // The same provider and flags otherwise start it (the check above could not be vacuous).
     let (r, code, _) = s.run(&["--provider", "fast", "--workspace", "shared", "hi"]);

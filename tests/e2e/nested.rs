@@ -684,3 +684,67 @@ time.sleep(600)
     let init = other.initialize(json!({}));
     assert!(init.get("protocolVersion").is_some(), "{init}");
 }
+
+/// Each `acpd-nest-*` directory in `tmp`.
+fn nest_dirs(tmp: &Path) -> Vec<std::path::PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir(tmp)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("acpd-nest-"))
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn a_sigkilled_acpd_s_socket_directory_is_removed_at_the_next_start_and_a_live_one_s_kept() {
+    subreaper();
+    let env = Env::raw("");
+    std::fs::write(&env.config, config(env.path(), false)).unwrap();
+    let tmp = env.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let stdio = |log: &str| {
+        let mut cmd = env.acpd();
+        cmd.arg("stdio")
+            .env("TMPDIR", &tmp)
+            .env_remove("XDG_RUNTIME_DIR")
+            .env("ACPD_LOG", "info");
+        let mut raw = Raw::process(cmd, &env.path().join(log));
+        raw.initialize(json!({"subagents": {}}));
+        raw
+    };
+    let delegates = |raw: &mut Raw, text: &str| {
+        let sid = raw.new_session(Path::new("/tmp"), "p");
+        let id = raw.send_prompt(&sid, &format!(":delegate {text}"));
+        raw.answer(&json!(id));
+        assert_eq!(raw.chunk_text(&sid), format!("delegated: {text}\n"));
+    };
+    // An acpd stdio whose child delegated through its socket, then SIGKILLed.
+    let mut killed = stdio("killed.log");
+    delegates(&mut killed, "before the kill");
+    let dead = nest_dirs(&tmp);
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let dead = dead[0].clone();
+    assert!(dead.join("s").exists() && dead.join("owner").exists());
+    let mut live = stdio("live.log");
+    assert!(eventually(REAPED, || nest_dirs(&tmp).len() == 2));
+    let live_dir = nest_dirs(&tmp).into_iter().find(|d| *d != dead).unwrap();
+    let pid = nix::unistd::Pid::from_raw(killed.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert!(
+        gone_within(pid.as_raw(), REAPED),
+        "the killed acpd is reaped"
+    );
+    assert!(dead.is_dir(), "nothing removed it yet");
+    // The next acpd's sweep removes the dead one's directory and keeps the live one's.
+    let next = stdio("next.log");
+    assert!(
+        eventually(REAPED, || next.log().contains("1 removed from")),
+        "{}",
+        next.log()
+    );
+    assert!(!dead.exists(), "the dead acpd's directory stayed");
+    assert!(live_dir.join("s").exists() && live_dir.join("owner").exists());
+    delegates(&mut live, "after the sweep");
+}

@@ -92,7 +92,9 @@ fn parse_tokens(text: &str) -> Result<u64, String> {
     match text.trim().parse::<u64>() {
         Ok(0) => Err("the token budget must be at least 1".into()),
         Ok(n) => Ok(n),
-        Err(e) => Err(format!("{text:?} is not a count of tokens ({e}); write e.g. 200000")),
+        Err(e) => Err(format!(
+            "{text:?} is not a count of tokens ({e}); write e.g. 200000"
+        )),
     }
 }
 
@@ -385,9 +387,9 @@ fn flag_hint(e: &RegistryError, args: &RunArgs) -> Option<String> {
                 .into(),
             )
         }
-        RegistryError::InvalidRequest { reason } if reason.starts_with("`ref`") => {
-            Some("--ref needs --workspace worktree (or a provider whose workspace is worktree)".into())
-        }
+        RegistryError::InvalidRequest { reason } if reason.starts_with("`ref`") => Some(
+            "--ref needs --workspace worktree (or a provider whose workspace is worktree)".into(),
+        ),
         _ => None,
     }
 }

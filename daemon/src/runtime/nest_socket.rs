@@ -45,7 +45,14 @@ impl NestSocket {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn_blocking(|| {
                 for base in bases() {
-                    sweep(&base);
+                    let swept = sweep(&base);
+                    if swept > 0 {
+                        tracing::info!(
+                            "delegation socket directories of stopped acpd processes: \
+                             {swept} removed from {}",
+                            base.display()
+                        );
+                    }
                 }
             });
         }
@@ -245,7 +252,7 @@ pub(crate) fn sweep(base: &Path) -> usize {
         };
         match sweep_one(&base_dir, name) {
             Ok(true) => {
-                tracing::info!(
+                tracing::debug!(
                     "removed {}, the delegation socket of a stopped acpd",
                     base.join(name).display()
                 );
@@ -306,8 +313,7 @@ fn sweep_one(base_dir: &std::fs::File, name: &str) -> Result<bool, String> {
         return Ok(false);
     }
     // Listed through the open descriptor, so a directory renamed meanwhile is not the one read.
-    let listed = std::fs::read_dir(fd_path(&dir))
-        .map_err(|e| format!("cannot list it: {e}"))?;
+    let listed = std::fs::read_dir(fd_path(&dir)).map_err(|e| format!("cannot list it: {e}"))?;
     for entry in listed {
         let entry = entry.map_err(|e| format!("cannot list it: {e}"))?;
         let other = entry.file_name();
@@ -342,4 +348,86 @@ fn read_marker(dir: &std::fs::File) -> Option<Owner> {
     let mut text = Vec::new();
     file.take(4096).read_to_end(&mut text).ok()?;
     serde_json::from_slice(&text).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    /// A nest directory `name` in `base` holding a socket and a marker of `owner`.
+    fn plant(base: &Path, name: &str, owner: &Owner) -> PathBuf {
+        let dir = base.join(name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::net::UnixListener::bind(dir.join(SOCKET)).unwrap();
+        std::fs::write(dir.join(MARKER), serde_json::to_vec(owner).unwrap()).unwrap();
+        dir
+    }
+
+    fn dead() -> Owner {
+        let me = Owner::me();
+        Owner {
+            start: me.start + 1,
+            ..me
+        }
+    }
+
+    #[test]
+    fn only_a_gone_owner_s_own_private_directory_is_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path();
+        let gone = plant(base, "acpd-nest-aaaaaa", &dead());
+        let live = plant(base, "acpd-nest-bbbbbb", &Owner::me());
+        // Dead owners, but not acpd's to remove as they are: opened up, holding something
+        // else, without a marker, named otherwise, or reached through a link.
+        let open = plant(base, "acpd-nest-cccccc", &dead());
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let full = plant(base, "acpd-nest-dddddd", &dead());
+        std::fs::write(full.join("keep.txt"), "mine").unwrap();
+        let unmarked = plant(base, "acpd-nest-eeeeee", &dead());
+        std::fs::remove_file(unmarked.join(MARKER)).unwrap();
+        let other_name = plant(base, "acpd-nest-ffffff-x", &dead());
+        let elsewhere = tempfile::tempdir().unwrap();
+        let target = plant(elsewhere.path(), "acpd-nest-tttttt", &dead());
+        let link = base.join("acpd-nest-gggggg");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let marker_link = plant(base, "acpd-nest-hhhhhh", &dead());
+        std::fs::remove_file(marker_link.join(MARKER)).unwrap();
+        std::os::unix::fs::symlink(gone.join(MARKER), marker_link.join(MARKER)).unwrap();
+
+        assert_eq!(sweep(base), 1);
+        assert!(!gone.exists());
+        for kept in [
+            &live,
+            &open,
+            &full,
+            &unmarked,
+            &other_name,
+            &target,
+            &marker_link,
+        ] {
+            assert!(kept.join(SOCKET).exists(), "{} was touched", kept.display());
+        }
+        assert!(full.join("keep.txt").exists() && full.join(MARKER).exists());
+        assert!(link.is_symlink());
+    }
+
+    #[test]
+    fn the_directory_is_marked_before_anyone_can_sweep_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("acpd-nest-iiiiii");
+        std::fs::create_dir(&dir).unwrap();
+        mark(&dir).unwrap();
+        let text = std::fs::read(dir.join(MARKER)).unwrap();
+        assert_eq!(serde_json::from_slice::<Owner>(&text).unwrap(), Owner::me());
+        let mode = std::fs::metadata(dir.join(MARKER))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A marker already there (planted) is an error, never overwritten.
+        assert!(mark(&dir).is_err());
+    }
 }
