@@ -223,3 +223,104 @@ fn the_wall_budget_ends_a_run_that_idles_across_turns() {
     ended_budget(&result, "wall-time budget is spent");
     assert_eq!(result["turn"], 2, "{result}");
 }
+
+/// `acpd run --json ARGS` with provider `p` (its agent leaves a line in `started` each time it
+/// is started) having `budget`.
+fn run_with_budget(budget: &str, args: &[&str]) -> (Value, i32, String, bool) {
+    let env = Env::raw("");
+    let started = env.path().join("started");
+    let script = format!(
+        "echo started >> '{}'; exec '{BIN}' agent echo",
+        started.display()
+    );
+    let argv = serde_json::to_string(&["/bin/sh", "-c", &script]).unwrap();
+    std::fs::write(
+        &env.config,
+        format!(
+            "[providers.p]\ncommand = {argv}\nbudget = {budget}\ncancel_grace = \"300ms\"\n\
+             eof_grace = \"300ms\"\nterm_grace = \"300ms\"\n"
+        ),
+    )
+    .unwrap();
+    let (v, code, stderr) = run_json(
+        env.acpd()
+            .args(["run", "--json", "--provider", "p"])
+            .args(args),
+    );
+    (v, code, stderr, started.exists())
+}
+
+#[test]
+fn acpd_run_budget_tokens_below_what_the_agent_reports_ends_budget_exit_1() {
+    let (v, code, stderr, started) = run_with_budget(
+        "{ tokens = 1000 }",
+        &["--budget-tokens", "100", ":usage 150\n:hang"],
+    );
+    assert!(started);
+    assert_eq!(code, 1, "{v}\n{stderr}");
+    ended_budget(&v, "token budget is spent");
+    // Within it, the same run completes.
+    let (v, code, _, _) = run_with_budget(
+        "{ tokens = 1000 }",
+        &[
+            "--budget-tokens",
+            "200",
+            "--budget-wall",
+            "1m",
+            ":usage 150\nhi",
+        ],
+    );
+    assert_eq!((code, &v["stopReason"]), (0, &json!("completed")), "{v}");
+}
+
+#[test]
+fn acpd_run_budget_wall_ends_a_run_that_hangs() {
+    let (v, code, stderr, _) =
+        run_with_budget("{ wall = \"10m\" }", &["--budget-wall", "1s", ":hang"]);
+    assert_eq!(code, 1, "{v}\n{stderr}");
+    ended_budget(&v, "wall-time budget is spent");
+}
+
+#[test]
+fn acpd_run_budget_above_the_providers_is_refused_and_nothing_starts() {
+    for (flags, says) in [
+        (
+            ["--budget-tokens", "5000"],
+            "budget of 1000 tokens; ask for at most 1000",
+        ),
+        (["--budget-wall", "1h"], "budget of 10m"),
+    ] {
+        let (v, code, stderr, started) = run_with_budget(
+            "{ tokens = 1000, wall = \"10m\" }",
+            &[flags[0], flags[1], "hi"],
+        );
+        assert_eq!(code, 3, "{v}\n{stderr}");
+        assert_eq!(v["error"]["name"], "INVALID_REQUEST", "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(says) && message.contains("provider \"p\""),
+            "{message}"
+        );
+        assert!(
+            stderr.contains("may lower the provider's budget, never raise it"),
+            "{stderr}"
+        );
+        assert!(!started, "the agent was started");
+    }
+    // Bad values are usage errors, before anything is read or started.
+    for flags in [
+        ["--budget-tokens", "0"],
+        ["--budget-tokens", "lots"],
+        ["--budget-wall", "0s"],
+        ["--budget-wall", "soon"],
+    ] {
+        let out = Env::new("")
+            .acpd()
+            .args(["run", "--provider", "fast", flags[0], flags[1], "hi"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 2, "{flags:?}: {stderr}");
+        assert!(stderr.contains(flags[0]), "{stderr}");
+    }
+}

@@ -96,6 +96,20 @@ impl Setup {
         cmd
     }
 
+    /// `acpd run --json ARGS` in the repository, with the same home and data dir.
+    fn run(&self, args: &[&str]) -> (serde_json::Value, i32, String) {
+        let mut cmd = base();
+        cmd.arg("--config")
+            .arg(&self.env.config)
+            .args(["run", "--json"])
+            .args(args)
+            .current_dir(&self.repo)
+            .env("HOME", &self.home)
+            .env("XDG_DATA_HOME", &self.data)
+            .env("STATE_DIRECTORY", self.env.path().join("state"));
+        run_json(&mut cmd)
+    }
+
     fn worktrees(&self) -> PathBuf {
         self.data.join("acpd/worktrees")
     }
@@ -230,6 +244,93 @@ fn a_sigkilled_acpd_s_worktree_is_pruned_by_the_next_start() {
         "behind"
     );
     assert_eq!(git(&s.repo, &["worktree", "list"]).lines().count(), 1);
+}
+
+#[test]
+fn acpd_run_workspace_worktree_works_on_its_own_branch_from_ref() {
+    let s = Setup::new("");
+    let first = git(&s.repo, &["rev-parse", "HEAD"]);
+    std::fs::write(s.repo.join("notes.txt"), "second\n").unwrap();
+    git(&s.repo, &["commit", "-q", "-am", "second"]);
+    // From the first commit, named by a tag.
+    git(&s.repo, &["tag", "v1", &first]);
+    let (r, code, stderr) = s.run(&[
+        "--workspace",
+        "worktree",
+        "--ref",
+        "v1",
+        ":write notes.txt from acpd run",
+    ]);
+    assert_eq!(code, 0, "{r}\n{stderr}");
+    assert_eq!(r["stopReason"], "completed", "{r}");
+    let run = r["runId"].as_str().unwrap();
+    let w = &r["workspace"];
+    assert_eq!(w["branch"], format!("acpd/{run}"), "{r}");
+    assert_eq!(w["base"], first, "{r}");
+    assert_eq!(w["changed"], json!(["notes.txt"]), "{r}");
+    assert_eq!(
+        git(&s.repo, &["show", &format!("acpd/{run}:notes.txt")]),
+        "from acpd run"
+    );
+    // The parent's checkout is untouched, and the run's worktree went with the run.
+    assert_eq!(
+        std::fs::read_to_string(s.repo.join("notes.txt")).unwrap(),
+        "second\n"
+    );
+    assert_eq!(git(&s.repo, &["status", "--porcelain"]), "");
+    assert!(!Path::new(w["path"].as_str().unwrap()).exists(), "{r}");
+    assert_eq!(git(&s.repo, &["worktree", "list"]).lines().count(), 1);
+}
+
+#[test]
+fn acpd_run_workspace_shared_works_in_the_checkout_itself() {
+    let s = Setup::new("");
+    let (r, code, stderr) = s.run(&["--workspace", "shared", ":write notes.txt in place"]);
+    assert_eq!(code, 0, "{r}\n{stderr}");
+    assert!(r.get("workspace").is_none(), "{r}");
+    assert_eq!(
+        std::fs::read_to_string(s.repo.join("notes.txt")).unwrap(),
+        "in place\n"
+    );
+}
+
+#[test]
+fn acpd_run_workspace_worktree_where_the_provider_does_not_allow_it_exits_3() {
+    let s = Setup::new("");
+    // `fast` works in its cwd (workspace = "shared", the default); it leaves a line in
+    // `started` whenever its agent is started.
+    let started = s.env.path().join("started");
+    let script = format!(
+        "echo started >> '{}'; exec '{BIN}' agent echo",
+        started.display()
+    );
+    let argv = serde_json::to_string(&["/bin/sh", "-c", &script]).unwrap();
+    let toml = std::fs::read_to_string(&s.env.config).unwrap();
+    std::fs::write(
+        &s.env.config,
+        format!("{toml}\n[providers.fast]\ncommand = {argv}\n"),
+    )
+    .unwrap();
+    let (r, code, stderr) = s.run(&["--provider", "fast", "--workspace", "worktree", "hi"]);
+    assert_eq!(code, 3, "{r}\n{stderr}");
+    assert_eq!(r["error"]["name"], "UNSUPPORTED_CAPABILITY", "{r}");
+    assert!(
+        stderr.contains("workspace = \"worktree\" under [providers.fast]"),
+        "{stderr}"
+    );
+    assert!(!started.exists(), "the agent was started");
+    // `--ref` without a worktree names what it needs.
+    let (r, code, stderr) = s.run(&["--provider", "fast", "--ref", "main", "hi"]);
+    assert_eq!((code, &r["error"]["name"]), (3, &json!("INVALID_REQUEST")));
+    assert!(
+        stderr.contains("--ref needs --workspace worktree"),
+        "{stderr}"
+    );
+    assert!(!started.exists(), "the agent was started");
+    // The same provider and flags otherwise start it (the check above could not be vacuous).
+    let (r, code, _) = s.run(&["--provider", "fast", "--workspace", "shared", "hi"]);
+    assert_eq!(code, 0, "{r}");
+    assert!(started.exists());
 }
 
 fn is_zombie(pid: u32) -> bool {

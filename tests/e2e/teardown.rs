@@ -1,13 +1,18 @@
 //! The teardown ladder end to end: after `acpd run` returns, no process of the child's tree is
-//! left — a zombie counts as a survivor — and each rung took about as long as its grace.
+//! left — a zombie counts as a survivor — and each rung took about as long as its grace. And
+//! what a SIGKILLed acpd leaves on disk: its delegation socket's directory goes at the next
+//! start.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 use crate::common;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::raw::{Raw, gone_within, subreaper};
 use common::*;
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal};
+use serde_json::json;
 
 const GRACE: Duration = Duration::from_millis(300);
 /// Generous: catches a missing SIGKILL (which would hang for ever), not a slow machine.
@@ -404,4 +409,76 @@ fn stdio_sigterm_with_a_parent_that_stopped_reading() {
     for pid in [leader, grandchild] {
         assert!(!exists(pid), "process {pid} outlived acpd stdio");
     }
+}
+
+/// Each `acpd-nest-*` directory in `tmp`.
+fn nest_dirs(tmp: &Path) -> Vec<std::path::PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir(tmp)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("acpd-nest-"))
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn a_sigkilled_acpd_s_socket_directory_is_removed_at_the_next_start_and_a_live_one_s_kept() {
+    subreaper();
+    let env = Env::raw("");
+    std::fs::write(
+        &env.config,
+        format!(
+            "default_provider = \"p\"\n[providers.p]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+             offer_delegation = true\ncancel_grace = \"300ms\"\neof_grace = \"300ms\"\n\
+             term_grace = \"300ms\"\n"
+        ),
+    )
+    .unwrap();
+    let tmp = env.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let stdio = |log: &str| {
+        let mut cmd = env.acpd();
+        cmd.arg("stdio")
+            .env("TMPDIR", &tmp)
+            .env_remove("XDG_RUNTIME_DIR")
+            .env("ACPD_LOG", "info");
+        let mut raw = Raw::process(cmd, &env.path().join(log));
+        raw.initialize(json!({"subagents": {}}));
+        raw
+    };
+    let delegates = |raw: &mut Raw, text: &str| {
+        let sid = raw.new_session(Path::new("/tmp"), "p");
+        let id = raw.send_prompt(&sid, &format!(":delegate {text}"));
+        raw.answer(&json!(id));
+        assert_eq!(raw.chunk_text(&sid), format!("delegated: {text}\n"));
+    };
+    // An acpd stdio whose child delegated through its socket, then SIGKILLed.
+    let mut killed = stdio("killed.log");
+    delegates(&mut killed, "before the kill");
+    let dead = nest_dirs(&tmp);
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let dead = dead[0].clone();
+    assert!(dead.join("s").exists() && dead.join("owner").exists());
+    let mut live = stdio("live.log");
+    assert!(eventually(MARGIN, || nest_dirs(&tmp).len() == 2));
+    let live_dir = nest_dirs(&tmp).into_iter().find(|d| *d != dead).unwrap();
+    let pid = nix::unistd::Pid::from_raw(killed.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert!(
+        gone_within(pid.as_raw(), MARGIN),
+        "the killed acpd is reaped"
+    );
+    assert!(dead.is_dir(), "nothing removed it yet");
+    // The next acpd's sweep removes the dead one's directory and keeps the live one's.
+    let next = stdio("next.log");
+    assert!(
+        eventually(MARGIN, || next.log().contains("1 removed from")),
+        "{}",
+        next.log()
+    );
+    assert!(!dead.exists(), "the dead acpd's directory stayed");
+    assert!(live_dir.join("s").exists() && live_dir.join("owner").exists());
+    delegates(&mut live, "after the sweep");
 }

@@ -13,9 +13,12 @@ Examples:
   acpd run --provider claude --cwd ~/project 'fix the failing test'
   git diff | acpd run --json -               the prompt from stdin, the result as JSON
   acpd run --timeout 5m 'long task'          durations: 30, 30s, 1m30s, 500ms
+  acpd run --workspace worktree --budget-tokens 200000 --budget-wall 30m 'fix the bug'
+                                             on a branch acpd/<run id>, within a budget
 
-Exit codes: 0 completed, 1 error, 2 usage or config, 3 the agent did not start, 4 refusal,
-5 max tokens, 6 aborted, 74 stdout closed, 130 interrupted.";
+Exit codes: 0 completed, 1 error (a spent budget too: category budget), 2 usage or config,
+3 the agent did not start (a flag the provider refuses too), 4 refusal, 5 max tokens,
+6 aborted, 7 the agent needs credentials, 74 stdout closed, 130 interrupted.";
 
 pub(super) const STDIO: &str = "\
 Examples:

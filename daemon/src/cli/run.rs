@@ -5,13 +5,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use acpd_protocol::acp::ContentBlock;
-use acpd_protocol::subagent::{Category, StartRequest, StopReason, SubagentResult};
+use acpd_protocol::subagent::{
+    Budget, Category, StartRequest, StopReason, SubagentResult, WorkspaceKind,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::progress::Progress;
 use super::{EXIT_IO, EXIT_USAGE, config_or_usage, stdout_failed};
-use crate::registry::{DepthContext, Registry, RunEvent, StartOptions};
+use crate::registry::{DepthContext, Registry, RegistryError, RunEvent, StartOptions};
 
 const EXIT_ERROR: u8 = 1;
 const EXIT_START_FAILED: u8 = 3;
@@ -46,11 +48,73 @@ pub struct RunArgs {
     /// Never these tools (repeatable): a tool filter, for providers that take one.
     #[arg(long = "deny-tool", value_name = "NAME")]
     deny_tools: Vec<String>,
+    /// Where the child works: `shared` (the cwd itself) or `worktree` (a git worktree of the
+    /// cwd's repository on branch acpd/<run id>, where the provider allows it); default: the
+    /// provider's `workspace`.
+    #[arg(long, value_enum, value_name = "KIND")]
+    workspace: Option<Workspace>,
+    /// The commit the worktree starts from (a branch, tag or sha; default: the cwd's HEAD).
+    #[arg(long = "ref", value_name = "REF")]
+    base_ref: Option<String>,
+    /// At most N tokens as the agent reports them, nested runs included; at most the
+    /// provider's `budget.tokens`. Spent: error, category budget.
+    #[arg(long, value_name = "N", value_parser = parse_tokens)]
+    budget_tokens: Option<u64>,
+    /// At most this long from the start, across turns: `30m`, `90s`, or bare seconds; at most
+    /// the provider's `budget.wall`. Spent: error, category budget.
+    #[arg(long, value_name = "DURATION", value_parser = parse_wall)]
+    budget_wall: Option<String>,
     #[command(flatten)]
     pub setup: super::Setup,
     /// The prompt; `-` reads it from stdin.
     #[arg(required = true, num_args = 1.., value_name = "PROMPT")]
     prompt: Vec<String>,
+}
+
+/// `--workspace`: the start request's `workspace`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Workspace {
+    Shared,
+    Worktree,
+}
+
+impl From<Workspace> for WorkspaceKind {
+    fn from(w: Workspace) -> WorkspaceKind {
+        match w {
+            Workspace::Shared => WorkspaceKind::Shared,
+            Workspace::Worktree => WorkspaceKind::Worktree,
+        }
+    }
+}
+
+/// `--budget-tokens`: a count of at least one.
+fn parse_tokens(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(0) => Err("the token budget must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!(
+            "{text:?} is not a count of tokens ({e}); write e.g. 200000"
+        )),
+    }
+}
+
+/// `--budget-wall`: checked here with the one duration parser, above zero, and sent as the
+/// user wrote it, so the registry reads the same duration and its errors quote the same text.
+fn parse_wall(text: &str) -> Result<String, String> {
+    if crate::durations::parse_flag(text)?.is_zero() {
+        return Err("the wall budget must be above zero".into());
+    }
+    Ok(text.trim().to_string())
+}
+
+impl RunArgs {
+    /// The request's `budget`, when a `--budget-*` flag asks for one.
+    fn budget(&self) -> Option<Budget> {
+        (self.budget_tokens.is_some() || self.budget_wall.is_some()).then(|| Budget {
+            tokens: self.budget_tokens,
+            wall: self.budget_wall.clone(),
+        })
+    }
 }
 
 pub(super) async fn run(config_path: Option<&Path>, args: RunArgs) -> u8 {
@@ -131,6 +195,9 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
                 deny: (!args.deny_tools.is_empty()).then(|| args.deny_tools.clone()),
             }
         }),
+        workspace: args.workspace.map(WorkspaceKind::from),
+        base_ref: args.base_ref.clone(),
+        budget: args.budget(),
         ..Default::default()
     };
     let started = registry
@@ -156,6 +223,9 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
                 }
             } else {
                 errln!("acpd: {e}");
+            }
+            if let Some(hint) = flag_hint(&e, &args) {
+                errln!("acpd: {hint}");
             }
             return if interrupted.is_cancelled() {
                 EXIT_INTERRUPTED
@@ -295,6 +365,33 @@ fn watch_stdout(closed: CancellationToken, stop: CancellationToken) {
             stop.cancel();
         }
     });
+}
+
+/// What to do about a start error one of the isolation flags caused, in the flags' terms
+/// (the registry's message names the request's fields).
+fn flag_hint(e: &RegistryError, args: &RunArgs) -> Option<String> {
+    match e {
+        RegistryError::UnsupportedCapability {
+            provider,
+            capability: "workspace",
+        } => Some(format!(
+            "--workspace worktree needs a provider that allows worktrees: set workspace = \
+             \"worktree\" under [providers.{provider}] in the config, or leave --workspace out"
+        )),
+        RegistryError::InvalidRequest { reason }
+            if reason.starts_with("budget") && args.budget().is_some() =>
+        {
+            Some(
+                "--budget-tokens and --budget-wall may lower the provider's budget, never raise \
+                 it"
+                .into(),
+            )
+        }
+        RegistryError::InvalidRequest { reason } if reason.starts_with("`ref`") => Some(
+            "--ref needs --workspace worktree (or a provider whose workspace is worktree)".into(),
+        ),
+        _ => None,
+    }
 }
 
 /// Whether a start error's `failure.category` is `auth`.

@@ -7,6 +7,7 @@ pub(crate) mod cgroup;
 mod contain;
 mod env;
 mod helper;
+mod owner;
 pub(crate) mod procfs;
 pub(crate) mod reaper;
 mod record_sweep;
@@ -25,6 +26,7 @@ pub(crate) use sentinel::run_sentinel;
 
 pub(crate) use env::{DEPTH_VAR, MAX_DEPTH_VAR, child_env};
 pub(crate) use helper::run_helper;
+pub(crate) use owner::Owner;
 pub(crate) use procfs::{Ancestry, ancestry};
 pub(crate) use reaper::init;
 pub(crate) use records::default_state_dir;

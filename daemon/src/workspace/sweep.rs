@@ -1,7 +1,7 @@
 //! Per-child directories outliving their acpd: worktrees (`<data dir>/worktrees/<id>`) and
 //! sandboxed children's private tmps (`<data dir>/tmp/<id>`). Each has a marker beside it,
-//! `<id>.owner`, naming the acpd that made it (pid, start time and boot id, as the session
-//! map's leases do) and, for a worktree, its repository; a starting acpd removes the
+//! `<id>.owner`, naming the acpd that made it ([`Owner`]: pid, start time, boot id and pid
+//! namespace) and, for a worktree, its repository; a starting acpd removes the
 //! directories whose owner is gone (a worktree's branch stays, with every turn's work
 //! committed on it). Several acpd processes share the directories: a live owner's are never
 //! touched, and a pid reused by another process has another start time, or another boot.
@@ -12,43 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::WorkspaceError;
-
-/// The acpd process that made a directory.
-#[derive(Serialize, Deserialize)]
-struct Owner {
-    pid: i32,
-    start: u64,
-    /// Absent in markers written before it was kept: those are judged by pid and start only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    boot: Option<String>,
-}
-
-impl Owner {
-    fn me() -> Owner {
-        let pid = std::process::id() as i32;
-        Owner {
-            pid,
-            start: crate::supervise::start_time(pid).unwrap_or(0),
-            boot: Some(crate::supervise::procfs::boot_id()).filter(|b| !b.is_empty()),
-        }
-    }
-
-    /// Whether that process still runs: same boot, and a process with that pid and start
-    /// time that is not a zombie (one only waits for its parent to reap it).
-    fn alive(&self) -> bool {
-        let boot = crate::supervise::procfs::boot_id();
-        if self
-            .boot
-            .as_ref()
-            .is_some_and(|b| !boot.is_empty() && *b != boot)
-        {
-            return false;
-        }
-        self.start != 0
-            && crate::supervise::procfs::stat(self.pid)
-                .is_some_and(|s| s.start == self.start && s.state != 'Z')
-    }
-}
+use crate::supervise::Owner;
 
 #[derive(Serialize, Deserialize)]
 struct Marker {
@@ -132,7 +96,7 @@ pub(crate) async fn sweep(dir: Option<&Path>, tmp_dir: Option<&Path>) -> usize {
     let mut swept = 0;
     if let Some(dir) = dir.map(Path::to_path_buf).or_else(super::worktrees_dir) {
         for (id, marker_path, marker) in markers::<Marker>(&dir) {
-            if marker.owner.alive() {
+            if !marker.owner.gone() {
                 continue;
             }
             let path = dir.join(&id);
@@ -149,7 +113,7 @@ pub(crate) async fn sweep(dir: Option<&Path>, tmp_dir: Option<&Path>) -> usize {
     let tmps = tmp_dir.map(Path::to_path_buf).or_else(tmps_dir);
     if let Some(dir) = tmps {
         for (id, marker_path, owner) in markers::<Owner>(&dir) {
-            if owner.alive() {
+            if !owner.gone() {
                 continue;
             }
             let path = dir.join(&id);
