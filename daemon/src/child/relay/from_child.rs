@@ -13,11 +13,10 @@ impl Relay {
         params: Option<&RawValue>,
     ) {
         if method == "session/update"
-            && let Some(params) = params
-            && strict::fast_own(params.get(), &self.child_prefix)
+            && let Some(rest) = params.and_then(|p| strict::fast_own(p.get(), &self.own_json))
             && self.t.serves.takes(method)
         {
-            return self.forward_own_update(params.get()).await;
+            return self.forward_own_update(rest).await;
         }
         let session = self.t.session_id.clone();
         let log = |why: &str| {
@@ -88,9 +87,10 @@ impl Relay {
     }
 
     /// The hot path: an update that names exactly the child's own session, spliced as text
-    /// (the minted id in place of the child's) with no parse beyond the envelope's.
-    async fn forward_own_update(&self, params: &str) {
-        let rest = &params.as_bytes()[self.child_prefix.len()..];
+    /// (the minted id in place of the child's) with no parse beyond the envelope's; `rest` is
+    /// the params after the child's id.
+    async fn forward_own_update(&self, rest: &str) {
+        let rest = rest.as_bytes();
         let mut line = Vec::with_capacity(self.line_prefix.len() + rest.len() + 2);
         line.extend_from_slice(&self.line_prefix);
         line.extend_from_slice(rest);

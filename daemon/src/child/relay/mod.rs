@@ -57,8 +57,8 @@ struct Relay {
     t: RelayTarget,
     /// The child's own session id.
     own: String,
-    /// `{"sessionId":"<child's>"` — what nearly every update's params start with.
-    child_prefix: String,
+    /// The child's session id as a JSON string: what nearly every update's params start with.
+    own_json: String,
     /// The forwarded line up to the rest of the params, with the minted id.
     line_prefix: Vec<u8>,
     /// The child's `session/new` result and capabilities: which optional methods it has.
@@ -88,11 +88,11 @@ struct Relay {
 
 pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
     let own = d.shared.session_id.clone();
-    let child_prefix = format!("{{\"sessionId\":{}", envelope::json_string(&own));
+    let own_json = envelope::json_string(&own).into_owned();
     let mut r = Relay {
         line_prefix: line_prefix(&t.session_id),
         t,
-        child_prefix,
+        own_json,
         own,
         reply: serde_json::from_str(d.shared.session_reply.get()).unwrap_or_default(),
         caps: d.shared.agent.capabilities.clone(),
