@@ -227,7 +227,8 @@ fn c_relay() -> Result<Vec<String>, String> {
     let bin = tools_dir().join("relay");
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     if modified(&bin).is_none() || modified(&bin) < modified(&src) {
-        std::fs::create_dir_all(tools_dir()).map_err(|e| format!("{}: {e}", tools_dir().display()))?;
+        std::fs::create_dir_all(tools_dir())
+            .map_err(|e| format!("{}: {e}", tools_dir().display()))?;
         let out = Command::new("cc")
             .args(["-O2", "-pthread", "-o"])
             .arg(&bin)
@@ -267,7 +268,11 @@ pub fn cpu_row(opts: &Opts, setup: &Setup<'_>) -> Value {
     let c_relay = c_relay()
         .inspect_err(|why| println!("\nC relay skipped: {why}; the baseline is the Rust relay"))
         .ok();
-    let baseline = if c_relay.is_some() { "C relay" } else { "Rust relay" };
+    let baseline = if c_relay.is_some() {
+        "C relay"
+    } else {
+        "Rust relay"
+    };
     println!(
         "\n(0) hot path, {}: CPU per forwarded session/update (utime+stime from /proc/PID/stat; schedstat in brackets), {n} updates of {CHUNK} B text, {rounds} interleaved rounds; ratio to the {baseline}",
         setup.label

@@ -118,14 +118,12 @@ pub(super) fn own_update<'a>(
 /// anywhere, any `\u` escape that could spell one) is `None` and goes the slow way through
 /// [`own_update`].
 pub(super) fn fast_own<'a>(params: &'a str, own: &str) -> Option<&'a str> {
-    let after = |text: &'a str, token: &str| {
-        text.trim_start_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'))
-            .strip_prefix(token)
-    };
+    const WS: [char; 4] = [' ', '\t', '\n', '\r'];
+    let after = |text: &'a str, token: &str| text.trim_start_matches(WS).strip_prefix(token);
     let value = after(after(after(params, "{")?, "\"sessionId\"")?, ":")?;
     // `own` is a whole string token: its closing quote is the value's.
     let rest = after(value, own)?;
-    let next = rest.trim_start_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
+    let next = rest.trim_start_matches(WS);
     (matches!(next.as_bytes().first(), Some(b',' | b'}'))
         && acpd_protocol::session_id::surely_no_session_id_key(rest)
         && at_most_once(rest, &UPDATE)

@@ -256,7 +256,8 @@ impl Relay {
     /// it for its own id of that request (the rest of the params, `_meta` included, as sent).
     /// One for a request acpd answered itself, or never saw, is dropped.
     async fn child_cancels(&mut self, d: &Driver, params: Option<&RawValue>) {
-        let remapped = params.and_then(|p| remap_request_id(p, |child| self.parent_ids.get(child).cloned()));
+        let remapped =
+            params.and_then(|p| remap_request_id(p, |child| self.parent_ids.get(child).cloned()));
         match remapped {
             Some(p) => {
                 self.to_parent(envelope::encode_notification(CANCEL_REQUEST, Some(&p)))
