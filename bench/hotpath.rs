@@ -1,11 +1,15 @@
 //! (0) The hot path's CPU: acpd's own utime + stime (from `/proc/PID/stat`) per forwarded
-//! `session/update`, next to a plain byte relay (the bench's `--relay`: two threads copying
-//! read → write, no parsing) in the same position on the same stream, in the same run.
+//! `session/update`, next to a plain byte relay in the same position on the same stream, in the
+//! same run: the baseline is `bench/relay.c` (two threads copying read → write, no parsing),
+//! compiled with `cc -O2` into `target/bench-tools/` when the bench starts; the bench's own
+//! Rust `--relay` is measured too. Without a C compiler the C relay is skipped (the reason is
+//! printed) and the ratio is against the Rust relay.
 //!
 //! The parent here is raw: it reads acpd's stdout in large chunks and only counts newlines, so
 //! it is never the bottleneck and spends nothing acpd would be charged for.
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
@@ -174,69 +178,174 @@ fn measure(argv: &[String], n: u64) -> Sample {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
+/// How `acpd stdio` is configured in a hot-path row, so one row can be measured with a
+/// feature on and with it off (`Setup { label: "metrics on", config: "metrics_listen = …" }`).
+pub struct Setup<'a> {
+    pub label: &'a str,
+    /// `config.toml` text; empty for the built-in defaults.
+    pub config: &'a str,
+}
+
+impl Setup<'_> {
+    pub const DEFAULT: Setup<'static> = Setup {
+        label: "acpd stdio",
+        config: "",
+    };
+
+    /// `acpd --config FILE stdio`, its config file written into `dir`.
+    pub fn argv(&self, dir: &Path) -> Vec<String> {
+        let name: String = self
+            .label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, self.config).unwrap();
+        vec![
+            ACPD.into(),
+            "--config".into(),
+            path.to_string_lossy().into_owned(),
+            "stdio".into(),
+        ]
+    }
+}
+
+/// Where the bench keeps what it builds for itself (the C relay).
+pub fn tools_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench-tools")
+}
+
+/// `bench/relay.c` compiled with `cc -O2` (again when the source is newer), as the argv that
+/// relays to the echo agent; `Err` says why there is none.
+fn c_relay() -> Result<Vec<String>, String> {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/relay.c");
+    let bin = tools_dir().join("relay");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if modified(&bin).is_none() || modified(&bin) < modified(&src) {
+        std::fs::create_dir_all(tools_dir())
+            .map_err(|e| format!("{}: {e}", tools_dir().display()))?;
+        let out = Command::new("cc")
+            .args(["-O2", "-pthread", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .output()
+            .map_err(|e| format!("no C compiler (cc: {e})"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "cc -O2 {} failed: {}",
+                src.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    Ok(vec![
+        bin.to_string_lossy().into_owned(),
+        ACPD.into(),
+        "agent".into(),
+        "echo".into(),
+    ])
+}
+
 pub fn run(opts: &Opts) -> Value {
-    let n: u64 = if opts.quick { 50_000 } else { 2_000_000 };
-    let rounds = if opts.quick { 1 } else { 3 };
-    let acpd: Vec<String> = vec![ACPD.into(), "stdio".into()];
-    let relay = crate::stream::relay_argv();
+    let mut row = cpu_row(opts, &Setup::DEFAULT);
+    row["cpuBound"] = crate::cpu_bound::run(opts);
+    row
+}
+
+/// Row (0) for `setup`: acpd's CPU per update against the relays, interleaved rounds.
+pub fn cpu_row(opts: &Opts, setup: &Setup<'_>) -> Value {
+    // A million: the relay spends only a few clock ticks of utime + stime on them.
+    let n: u64 = if opts.quick { 50_000 } else { 1_000_000 };
+    let rounds = if opts.quick { 1 } else { 5 };
+    let dir = tempfile::tempdir().unwrap();
+    let acpd = setup.argv(dir.path());
+    let rust_relay = crate::stream::relay_argv();
+    let c_relay = c_relay()
+        .inspect_err(|why| println!("\nC relay skipped: {why}; the baseline is the Rust relay"))
+        .ok();
+    let baseline = if c_relay.is_some() {
+        "C relay"
+    } else {
+        "Rust relay"
+    };
     println!(
-        "\n(0) hot path: CPU per forwarded session/update (utime+stime from /proc/PID/stat; schedstat in brackets), {n} updates of {CHUNK} B text, {rounds} alternating rounds"
+        "\n(0) hot path, {}: CPU per forwarded session/update (utime+stime from /proc/PID/stat; schedstat in brackets), {n} updates of {CHUNK} B text, {rounds} interleaved rounds; ratio to the {baseline}",
+        setup.label
     );
     println!(
-        "{:>5} {:>24} {:>24} {:>16} {:>8} {:>8}",
-        "round", "acpd µs/update", "relay µs/update", "ratio", "acpd s", "relay s"
+        "{:>5} {:>22} {:>22} {:>22} {:>16} {:>7}",
+        "round", "acpd µs/update", "C relay µs/update", "Rust relay µs/update", "ratio", "acpd s"
     );
-    let (mut a, mut r, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut fa, mut fr, mut fine_ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut a, mut c, mut r, mut ratios) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut fa, mut fb, mut fine_ratios) = (Vec::new(), Vec::new(), Vec::new());
     let mut line_bytes = 0.0;
+    let fmt = |s: Option<&Sample>| {
+        s.map_or("–".into(), |s| {
+            format!("{:.3} [{:.3}]", s.us_per_update, s.fine_us_per_update)
+        })
+    };
     for round in 1..=rounds {
-        let sa = measure(&acpd, n);
-        let sr = measure(&relay, n);
+        // The order turns every round, so no path always runs first or last.
+        let (sa, sc, sr) = if round % 2 == 1 {
+            let sa = measure(&acpd, n);
+            let sc = c_relay.as_ref().map(|argv| measure(argv, n));
+            (sa, sc, measure(&rust_relay, n))
+        } else {
+            let sr = measure(&rust_relay, n);
+            let sc = c_relay.as_ref().map(|argv| measure(argv, n));
+            (measure(&acpd, n), sc, sr)
+        };
+        let base = sc.as_ref().unwrap_or(&sr);
         // A short stream can leave the relay under one clock tick: no ratio then.
-        let ratio = if sr.us_per_update > 0.0 {
-            sa.us_per_update / sr.us_per_update
+        let ratio = if base.us_per_update > 0.0 {
+            sa.us_per_update / base.us_per_update
         } else {
             f64::NAN
         };
-        let fine = sa.fine_us_per_update / sr.fine_us_per_update;
+        let fine = sa.fine_us_per_update / base.fine_us_per_update;
         println!(
-            "{:>5} {:>10.3} [{:>9.3}] {:>10.3} [{:>9.3}] {:>6.2}x [{:>5.2}x] {:>8.2} {:>8.2}",
+            "{:>5} {:>22} {:>22} {:>22} {:>6.2}x [{:>5.2}x] {:>7.2}",
             round,
-            sa.us_per_update,
-            sa.fine_us_per_update,
-            sr.us_per_update,
-            sr.fine_us_per_update,
+            fmt(Some(&sa)),
+            fmt(sc.as_ref()),
+            fmt(Some(&sr)),
             ratio,
             fine,
             sa.secs,
-            sr.secs
         );
         line_bytes = sa.line_bytes;
+        fa.push(sa.fine_us_per_update);
+        fb.push(base.fine_us_per_update);
         a.push(sa.us_per_update);
+        if let Some(sc) = &sc {
+            c.push(sc.us_per_update);
+        }
         r.push(sr.us_per_update);
         ratios.push(ratio);
-        fa.push(sa.fine_us_per_update);
-        fr.push(sr.fine_us_per_update);
         fine_ratios.push(fine);
     }
-    let (ma, mr, mx) = (median(a.clone()), median(r.clone()), median(ratios.clone()));
-    let (fma, fmr, fmx) = (
-        median(fa.clone()),
-        median(fr.clone()),
-        median(fine_ratios.clone()),
+    let (ma, mb, mx) = (
+        median(a.clone()),
+        median(if c.is_empty() { r.clone() } else { c.clone() }),
+        median(ratios.clone()),
     );
+    let (fma, fmb, fmx) = (median(fa), median(fb), median(fine_ratios));
     println!(
-        "median: acpd {ma:.3} µs [{fma:.3}], relay {mr:.3} µs [{fmr:.3}] per update ({line_bytes:.0}-byte lines to the parent): acpd = {mx:.2}x [{fmx:.2}x] the relay (target ≤ 1.5x)"
+        "median: acpd {ma:.3} µs [{fma:.3}], {baseline} {mb:.3} µs [{fmb:.3}], Rust relay {:.3} µs per update ({line_bytes:.0}-byte lines to the parent): acpd = {mx:.2}x [{fmx:.2}x] the {baseline} (target ≤ 2x)",
+        median(r.clone())
     );
     json!({
+        "setup": setup.label, "config": setup.config,
         "updates": n, "rounds": rounds, "chunkBytes": CHUNK, "lineBytes": line_bytes,
-        "acpdUsPerUpdate": ma, "relayUsPerUpdate": mr, "ratio": mx,
-        "acpdSchedUsPerUpdate": fma, "relaySchedUsPerUpdate": fmr, "schedRatio": fmx,
-        "acpdRounds": a, "relayRounds": r, "ratioRounds": ratios,
+        "baseline": baseline,
+        "acpdUsPerUpdate": ma, "relayUsPerUpdate": mb, "ratio": mx,
+        "rustRelayUsPerUpdate": median(r.clone()),
+        "acpdSchedUsPerUpdate": fma, "relaySchedUsPerUpdate": fmb, "schedRatio": fmx,
+        "acpdRounds": a, "cRelayRounds": c, "rustRelayRounds": r, "ratioRounds": ratios,
     })
 }

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
 mod containment;
+mod cpu_bound;
 mod hotpath;
 mod isolation;
 mod parent;

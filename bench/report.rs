@@ -26,18 +26,33 @@ pub fn markdown(r: &Value) -> String {
     let h = &r["hotPath"];
     let _ = writeln!(
         md,
-        "**Hot path** (CPU per forwarded `session/update`: the process's own utime + stime from `/proc/PID/stat` over {} updates of {} B text, {}-byte lines to a parent that reads as fast as it can; median of {} alternating rounds): `acpd stdio` **{} µs** per update, a plain byte relay in the same place (two threads copying read → write, no parsing) {} µs: **{}×** the relay (schedstat: {} vs {} µs, {}×).\n",
+        "**Hot path** (CPU per forwarded `session/update`: the process's own utime + stime from `/proc/PID/stat` over {} updates of {} B text, {}-byte lines to a parent that reads as fast as it can; median of {} interleaved rounds): `acpd stdio` **{} µs** per update, the {} in the same place (two threads copying read → write, no parsing) {} µs: **{}×** the relay (schedstat: {} vs {} µs, {}×; the bench's Rust relay {} µs).\n",
         h["updates"],
         h["chunkBytes"],
         f(&h["lineBytes"], 0),
         h["rounds"],
         f(&h["acpdUsPerUpdate"], 2),
+        h["baseline"].as_str().unwrap_or("relay"),
         f(&h["relayUsPerUpdate"], 2),
         f(&h["ratio"], 1),
         f(&h["acpdSchedUsPerUpdate"], 2),
         f(&h["relaySchedUsPerUpdate"], 2),
         f(&h["schedRatio"], 1),
+        f(&h["rustRelayUsPerUpdate"], 2),
     );
+    let b = &h["cpuBound"];
+    if !b.is_null() {
+        let _ = writeln!(
+            md,
+            "**CPU-bound pair** (a Python agent streams {} {}-byte chunks, one `json.dumps` and one write each, to a Python parent that `json.loads` every line; best of {} interleaved): direct {} ms, through `acpd stdio` {} ms: **{}×** direct's throughput.\n",
+            b["messages"],
+            b["chunkBytes"],
+            b["rounds"],
+            f(&b["directMs"], 0),
+            f(&b["acpdMs"], 0),
+            f(&b["throughputRatio"], 2),
+        );
+    }
     let st = &r["streaming"];
     let _ = writeln!(
         md,

@@ -111,18 +111,24 @@ pub(super) fn own_update<'a>(
     }
 }
 
-/// Whether a `session/update`'s params text has `prefix` (`{"sessionId":"<own>"`) and
-/// certainly no other `sessionId` key: the hot path's check, with no JSON parse. Anything
-/// unusual (another `"sessionId"` anywhere, any `\u` escape that could spell one) returns false
-/// and goes the slow way through [`own_update`].
-pub(super) fn fast_own(params: &str, prefix: &str) -> bool {
-    let Some(rest) = params.strip_prefix(prefix) else {
-        return false;
-    };
-    matches!(rest.as_bytes().first(), Some(b',' | b'}'))
+/// The rest of a `session/update`'s params text after its leading `{"sessionId":<own>` (JSON
+/// whitespace allowed around the key, the colon and the value, as `json.dumps` writes it), when
+/// it certainly has no other `sessionId` key: the hot path's check, with no JSON parse. `own` is
+/// the child's session id as a JSON string literal. Anything unusual (another `"sessionId"`
+/// anywhere, any `\u` escape that could spell one) is `None` and goes the slow way through
+/// [`own_update`].
+pub(super) fn fast_own<'a>(params: &'a str, own: &str) -> Option<&'a str> {
+    const WS: [char; 4] = [' ', '\t', '\n', '\r'];
+    let after = |text: &'a str, token: &str| text.trim_start_matches(WS).strip_prefix(token);
+    let value = after(after(after(params, "{")?, "\"sessionId\"")?, ":")?;
+    // `own` is a whole string token: its closing quote is the value's.
+    let rest = after(value, own)?;
+    let next = rest.trim_start_matches(WS);
+    (matches!(next.as_bytes().first(), Some(b',' | b'}'))
         && acpd_protocol::session_id::surely_no_session_id_key(rest)
         && at_most_once(rest, &UPDATE)
-        && at_most_once(rest, &KIND)
+        && at_most_once(rest, &KIND))
+    .then_some(rest)
 }
 
 static UPDATE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
@@ -201,8 +207,13 @@ mod tests {
 
     #[test]
     fn the_fast_path_never_admits_what_the_slow_path_rejects() {
-        let prefix = r#"{"sessionId":"s1""#;
-        assert!(fast_own(r#"{"sessionId":"s1","update":{"a":1}}"#, prefix));
+        let own = r#""s1""#;
+        assert!(fast_own(r#"{"sessionId":"s1","update":{"a":1}}"#, own).is_some());
+        // As Python's json.dumps writes it.
+        assert_eq!(
+            fast_own(r#"{"sessionId": "s1", "update": {"a": 1}}"#, own),
+            Some(r#", "update": {"a": 1}}"#)
+        );
         for text in [
             r#"{"sessionId":"s1","update":{},"sessionId":"s2"}"#,
             r#"{"sessionId":"s1","session\u0049d":"s2"}"#,
@@ -211,8 +222,11 @@ mod tests {
             r#"{"sessionId":"s1","update":{"a":1},"update":{"b":2}}"#,
             r#"{"sessionId":"s1","update":{"sessionUpdate":"a","sessionUpdate":"b"}}"#,
             r#"{"sessionId":"s1","update":{"senderSessionId":"x"}}"#,
+            r#"{"sessionId": "s1", "update": {}, "sessionId": "s2"}"#,
+            r#"{"sessionId":"s1"x,"update":{}}"#,
+            r#"{"sessionId""s1","update":{}}"#,
         ] {
-            assert!(!fast_own(text, prefix), "{text}");
+            assert!(fast_own(text, own).is_none(), "{text}");
         }
     }
 

@@ -1,9 +1,9 @@
 //! Framing toward a peer: capped lines, a deadline for an unfinished one, and a read buffer
 //! that gives memory back after a large line and between messages.
 
-use acpd_protocol::codec::LineDecoder;
+use acpd_protocol::codec::{FrameError, LineDecoder};
 use acpd_protocol::envelope::{self, Message};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 
@@ -45,16 +45,24 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         self
     }
 
-    fn parse(&self, line: &[u8]) -> Result<Message, LineFault> {
+    /// A framed line, recorded in the trace; the framing fault when it is not one.
+    fn framed(&self, item: Result<Bytes, FrameError>) -> Result<Bytes, LineFault> {
+        let line = item.map_err(counted)?;
         if let Some((trace, hop)) = &self.tap {
-            trace.record(*hop, line);
+            trace.record(*hop, &line);
         }
-        envelope::parse(line).map_err(LineFault::from)
+        Ok(line)
     }
 
     /// The next message or bad line; `None` at end of input (or a read error). Cancel-safe:
     /// everything read is kept in `self`.
     pub(crate) async fn next(&mut self) -> Option<Result<Message, LineFault>> {
+        Some(parse(self.next_line().await?))
+    }
+
+    /// The next line, framed but not parsed (for [`envelope::parse_ref`], which borrows from
+    /// it), or a framing fault; `None` at end of input. Cancel-safe like [`LineReader::next`].
+    pub(crate) async fn next_line(&mut self) -> Option<Result<Bytes, LineFault>> {
         loop {
             let item = if self.eof {
                 self.decoder.decode_eof(&mut self.buf)
@@ -64,10 +72,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             if let Some(item) = item {
                 self.partial_since = None;
                 self.shrink();
-                return Some(match item {
-                    Ok(line) => self.parse(&line),
-                    Err(e) => Err(LineFault::from(counted(e))),
-                });
+                return Some(self.framed(item));
             }
             if self.eof {
                 return None;
@@ -100,19 +105,16 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         }
     }
 
-    /// The next message already in the buffer, without reading: lets an owner handle a burst
+    /// The next line already in the buffer, without reading: lets an owner handle a burst
     /// in one go (between its other duties) instead of one `select!` round per message.
-    pub(crate) fn next_buffered(&mut self) -> Option<Result<Message, LineFault>> {
+    pub(crate) fn next_buffered_line(&mut self) -> Option<Result<Bytes, LineFault>> {
         if self.eof {
             return None;
         }
         let item = self.decoder.decode(&mut self.buf)?;
         self.partial_since = None;
         self.shrink();
-        Some(match item {
-            Ok(line) => self.parse(&line),
-            Err(e) => Err(LineFault::from(counted(e))),
-        })
+        Some(self.framed(item))
     }
 
     /// The read buffer's allocation, for tests of its release.
@@ -168,6 +170,11 @@ pub(crate) async fn read_into<R: AsyncRead + Unpin>(
             })
     })
     .await
+}
+
+/// A framed line as a message.
+pub(crate) fn parse(line: Result<Bytes, LineFault>) -> Result<Message, LineFault> {
+    Ok(envelope::parse(&line?)?)
 }
 
 /// Sleeps until `deadline`, or forever without one: a `select!` branch for an optional timer.

@@ -6,7 +6,8 @@
 //!
 //! - [`id`]: the request id, kept exactly as the peer wrote it.
 //! - [`rpc_error`]: the error object and the JSON-RPC / ACP error codes.
-//! - [`parse`]: one line into a [`Message`], or an [`EnvelopeError`] that still carries the id.
+//! - [`parse`]: one line into a [`Message`] (or a [`MessageRef`] borrowing from the line), or an
+//!   [`EnvelopeError`] that still carries the id.
 //! - [`encode`]: requests, notifications and replies written back as one line.
 
 mod encode;
@@ -21,7 +22,7 @@ pub use encode::{
     encode_result, json_string, to_raw,
 };
 pub use id::{Id, IdError, RawId};
-pub use parse::{EnvelopeError, Message, parse};
+pub use parse::{EnvelopeError, Message, MessageRef, parse, parse_ref};
 pub use rpc_error::{
     AUTH_REQUIRED, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
     RESOURCE_NOT_FOUND, RpcError,

@@ -1,4 +1,8 @@
-//! One line into a [`Message`]: only the routing fields are read, the rest stays raw.
+//! One line into a [`Message`]: only the routing fields are read, the rest stays raw. The
+//! bridge's hot path reads a [`MessageRef`] instead, which borrows its method and params from
+//! the line (no allocation, no copy); [`parse`] is that parse made owned, so the two never differ.
+
+use std::borrow::Cow;
 
 use serde::Deserialize;
 use serde::de::Deserializer;
@@ -23,6 +27,48 @@ pub enum Message {
         id: Option<Id>,
         outcome: Result<Box<RawValue>, RpcError>,
     },
+}
+
+/// One decoded message borrowing from its line: what [`Message`] holds, with the method and the
+/// raw params or result left in the line. The same checks as [`parse`] (which is
+/// [`parse_ref`] then [`MessageRef::into_owned`]).
+#[derive(Debug)]
+pub enum MessageRef<'a> {
+    Request {
+        id: Id,
+        method: Cow<'a, str>,
+        params: Option<&'a RawValue>,
+    },
+    Notification {
+        method: Cow<'a, str>,
+        params: Option<&'a RawValue>,
+    },
+    Response {
+        /// `None` when the peer answered `id: null` (its reply to a line it could not parse).
+        id: Option<Id>,
+        outcome: Result<&'a RawValue, RpcError>,
+    },
+}
+
+impl MessageRef<'_> {
+    /// The message with its own copies of the method and the raw JSON.
+    pub fn into_owned(self) -> Message {
+        match self {
+            MessageRef::Request { id, method, params } => Message::Request {
+                id,
+                method: method.into_owned(),
+                params: params.map(ToOwned::to_owned),
+            },
+            MessageRef::Notification { method, params } => Message::Notification {
+                method: method.into_owned(),
+                params: params.map(ToOwned::to_owned),
+            },
+            MessageRef::Response { id, outcome } => Message::Response {
+                id,
+                outcome: outcome.map(ToOwned::to_owned),
+            },
+        }
+    }
 }
 
 /// Why a line is not a JSON-RPC message. `id` is set when one could be read, so the receiver can
@@ -79,18 +125,18 @@ fn is_json_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-/// A JSON string's value; `None` when `raw` is not a string.
-fn string_of(raw: &RawValue) -> Option<String> {
+/// A JSON string's value, borrowed when it has no escape; `None` when `raw` is not a string.
+fn string_of(raw: &RawValue) -> Option<Cow<'_, str>> {
     let text = raw.get();
     if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"'))
         && !inner.contains('\\')
     {
-        return Some(inner.to_owned());
+        return Some(Cow::Borrowed(inner));
     }
     if !text.starts_with('"') {
         return None;
     }
-    serde_json::from_str(text).ok()
+    serde_json::from_str::<String>(text).ok().map(Cow::Owned)
 }
 
 /// Parses one line into a message.
@@ -100,6 +146,11 @@ fn string_of(raw: &RawValue) -> Option<String> {
 /// [`EnvelopeError::NotJson`] (−32700). A request whose id can be read keeps it in the error, so
 /// it is answered with that id.
 pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
+    parse_ref(line).map(MessageRef::into_owned)
+}
+
+/// [`parse`] without copying: the method and the raw params or result borrow from `line`.
+pub fn parse_ref(line: &[u8]) -> Result<MessageRef<'_>, EnvelopeError> {
     // serde_json checks UTF-8 only in the strings it reads, not in the ones it skips (an unknown
     // field's), so the whole line is checked once here; `from_str` then checks nothing again.
     let line = std::str::from_utf8(line)
@@ -166,10 +217,10 @@ pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
         {
             return Err(invalid("params must be an object or an array"));
         }
-        let params = wire.params.map(ToOwned::to_owned);
+        let params = wire.params;
         return match (wire.id, id) {
-            (None, _) => Ok(Message::Notification { method, params }),
-            (Some(_), Some(id)) => Ok(Message::Request { id, method, params }),
+            (None, _) => Ok(MessageRef::Notification { method, params }),
+            (Some(_), Some(id)) => Ok(MessageRef::Request { id, method, params }),
             (Some(_), None) => Err(EnvelopeError::Invalid {
                 id: None,
                 reason: "a request id must not be null".into(),
@@ -180,9 +231,9 @@ pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
         return Err(invalid("neither a request, a notification nor a response"));
     }
     match (wire.result, wire.error) {
-        (Some(result), None) => Ok(Message::Response {
+        (Some(result), None) => Ok(MessageRef::Response {
             id,
-            outcome: Ok(result.to_owned()),
+            outcome: Ok(result),
         }),
         (None, Some(error)) => {
             let error = error
@@ -191,7 +242,7 @@ pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
                 .then(|| serde_json::from_str::<RpcError>(error.get()).ok())
                 .flatten()
                 .ok_or_else(|| invalid("error must be an object with a code and a message"))?;
-            Ok(Message::Response {
+            Ok(MessageRef::Response {
                 id,
                 outcome: Err(error),
             })

@@ -414,3 +414,41 @@ fn json_value(depth: u32) -> impl Strategy<Value = serde_json::Value> {
         ]
     })
 }
+
+#[test]
+fn parse_ref_borrows_from_the_line_and_agrees_with_parse() {
+    let line =
+        br#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{}}}"#;
+    let Ok(MessageRef::Notification { method, params }) = parse_ref(line) else {
+        panic!("a notification");
+    };
+    assert!(matches!(
+        method,
+        std::borrow::Cow::Borrowed("session/update")
+    ));
+    let params = params.unwrap().get();
+    let range = line.as_ptr_range();
+    assert!(
+        range.contains(&params.as_ptr()),
+        "the params are the line's own bytes"
+    );
+    assert_eq!(params, r#"{"sessionId":"s","update":{}}"#);
+    // An escaped method is decoded; every verdict is parse's.
+    let Ok(MessageRef::Request { method, .. }) =
+        parse_ref(br#"{"id":1,"method":"session\/prompt"}"#)
+    else {
+        panic!("a request");
+    };
+    assert_eq!(method, "session/prompt");
+    for bad in [
+        &br#"{"id":1,"id":2,"method":"m"}"#[..],
+        b"{oops",
+        b"[1]",
+        br#"{"jsonrpc":"1.0","method":"m"}"#,
+    ] {
+        assert_eq!(
+            parse_ref(bad).unwrap_err().to_rpc_error().code,
+            parse(bad).unwrap_err().to_rpc_error().code
+        );
+    }
+}

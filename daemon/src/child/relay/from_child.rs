@@ -10,8 +10,14 @@ impl Relay {
         &mut self,
         d: &Driver,
         method: &str,
-        params: Option<Box<RawValue>>,
+        params: Option<&RawValue>,
     ) {
+        if method == "session/update"
+            && let Some(rest) = params.and_then(|p| strict::fast_own(p.get(), &self.own_json))
+            && self.t.serves.takes(method)
+        {
+            return self.forward_own_update(rest).await;
+        }
         let session = self.t.session_id.clone();
         let log = |why: &str| {
             tracing::warn!(provider = %d.shared.provider.name, %session,
@@ -35,18 +41,10 @@ impl Relay {
                 .await;
         };
         let text = params.get();
-        if method == "session/update" && strict::fast_own(text, &self.child_prefix) {
-            let rest = &text.as_bytes()[self.child_prefix.len()..];
-            let mut line = Vec::with_capacity(self.line_prefix.len() + rest.len() + 2);
-            line.extend_from_slice(&self.line_prefix);
-            line.extend_from_slice(rest);
-            line.push(b'}');
-            return self.to_parent(line).await;
-        }
-        if let Some(why) = strict::doubled(&params) {
+        if let Some(why) = strict::doubled(params) {
             return log(&why);
         }
-        let keys = strict::session_keys(&params);
+        let keys = strict::session_keys(params);
         let own = &d.shared.session_id;
         let sid = keys.as_ref().and_then(|k| k.value.as_deref());
         let target = match (keys.as_ref().map(|k| k.count), sid) {
@@ -54,7 +52,7 @@ impl Relay {
             (Some(1), Some(sid)) if self.subs.contains_key(sid) => self.subs[sid].clone(),
             (Some(0), _) if method != "session/update" => {
                 return self
-                    .to_parent(envelope::encode_notification(method, Some(&params)))
+                    .to_parent(envelope::encode_notification(method, Some(params)))
                     .await;
             }
             (Some(0), _) => return log("no sessionId"),
@@ -69,7 +67,7 @@ impl Relay {
             if !self.t.serves.subagents {
                 return log("it names other sessions and the client did not opt in to subagents");
             }
-            return match self.subagent_traffic(own, &params) {
+            return match self.subagent_traffic(own, params) {
                 Ok(p) => {
                     self.to_parent(envelope::encode_notification(method, Some(&p)))
                         .await
@@ -86,6 +84,18 @@ impl Relay {
             }
             None => log("cannot rewrite its sessionId"),
         }
+    }
+
+    /// The hot path: an update that names exactly the child's own session, spliced as text
+    /// (the minted id in place of the child's) with no parse beyond the envelope's; `rest` is
+    /// the params after the child's id.
+    async fn forward_own_update(&self, rest: &str) {
+        let rest = rest.as_bytes();
+        let mut line = Vec::with_capacity(self.line_prefix.len() + rest.len() + 2);
+        line.extend_from_slice(&self.line_prefix);
+        line.extend_from_slice(rest);
+        line.push(b'}');
+        self.to_parent(line).await
     }
 
     pub(super) async fn child_request(
@@ -247,10 +257,9 @@ impl Relay {
     /// The child's `$/cancel_request` for one of its requests to the parent: the parent gets
     /// it for its own id of that request (the rest of the params, `_meta` included, as sent).
     /// One for a request acpd answered itself, or never saw, is dropped.
-    async fn child_cancels(&mut self, d: &Driver, params: Option<Box<RawValue>>) {
-        let remapped = params
-            .as_deref()
-            .and_then(|p| remap_request_id(p, |child| self.parent_ids.get(child).cloned()));
+    async fn child_cancels(&mut self, d: &Driver, params: Option<&RawValue>) {
+        let remapped =
+            params.and_then(|p| remap_request_id(p, |child| self.parent_ids.get(child).cloned()));
         match remapped {
             Some(p) => {
                 self.to_parent(envelope::encode_notification(CANCEL_REQUEST, Some(&p)))

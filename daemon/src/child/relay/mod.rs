@@ -17,10 +17,11 @@ mod ids;
 use std::collections::HashMap;
 
 use acpd_protocol::diagnostic;
-use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, Message, RpcError};
+use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, MessageRef, RpcError};
 use acpd_protocol::outcome::{self, ChildStopReason, TurnEnd, air};
 use acpd_protocol::permission::{self, PolicyAnswer};
 use acpd_protocol::session_id::{splice_session_id, with_session_id};
+use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use serde_json::json;
@@ -31,8 +32,8 @@ use super::driver::{Driver, LAST_WORDS};
 use super::{Cmd, First, RelayEnd, RelayTarget, strict};
 use crate::supervise;
 use crate::trace::Hop;
-use crate::wire::CallError;
 use crate::wire::sleep_until_opt;
+use crate::wire::{CallError, LineFault};
 
 type Forwarded = FuturesUnordered<
     std::pin::Pin<
@@ -56,8 +57,8 @@ struct Relay {
     t: RelayTarget,
     /// The child's own session id.
     own: String,
-    /// `{"sessionId":"<child's>"` — what nearly every update's params start with.
-    child_prefix: String,
+    /// The child's session id as a JSON string: what nearly every update's params start with.
+    own_json: String,
     /// The forwarded line up to the rest of the params, with the minted id.
     line_prefix: Vec<u8>,
     /// The child's `session/new` result and capabilities: which optional methods it has.
@@ -89,11 +90,11 @@ struct Relay {
 
 pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
     let own = d.shared.session_id.clone();
-    let child_prefix = format!("{{\"sessionId\":{}", envelope::json_string(&own));
+    let own_json = envelope::json_string(&own).into_owned();
     let mut r = Relay {
         line_prefix: line_prefix(&t.session_id),
         t,
-        child_prefix,
+        own_json,
         own,
         reply: serde_json::from_str(d.shared.session_reply.get()).unwrap_or_default(),
         caps: d.shared.agent.capabilities.clone(),
@@ -119,7 +120,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
     r.first(d).await;
     let early = std::mem::take(&mut *super::lock(&d.shared.early));
     for (method, params) in early {
-        r.child_notification(d, &method, params).await;
+        r.child_notification(d, &method, params.as_deref()).await;
     }
     let end = loop {
         let end = r.pump(d).await;
@@ -172,7 +173,7 @@ impl Relay {
                 biased;
                 () = &mut stopped => return RelayEnd::Closed,
                 () = &mut parent_broke => return RelayEnd::ParentGone,
-                frame = d.wire.reader.next() => {
+                frame = d.wire.reader.next_line() => {
                     let Some(frame) = frame else {
                         let status = match exited {
                             Some((s, _)) => Some(s),
@@ -185,7 +186,7 @@ impl Relay {
                     }
                     // The rest of a burst already read goes out in this round too.
                     for _ in 0..BURST {
-                        let Some(frame) = d.wire.reader.next_buffered() else { break };
+                        let Some(frame) = d.wire.reader.next_buffered_line() else { break };
                         if let Some(end) = self.on_frame(d, frame).await {
                             return end;
                         }
@@ -232,25 +233,29 @@ impl Relay {
         }
     }
 
-    /// One message from the child; the end of the session when it ends it.
+    /// One line from the child; the end of the session when it ends it. The message borrows
+    /// from the line, so an update is checked and spliced without a copy of its own.
     async fn on_frame(
         &mut self,
         d: &mut Driver,
-        frame: Result<Message, crate::wire::LineFault>,
+        frame: Result<Bytes, LineFault>,
     ) -> Option<RelayEnd> {
-        match frame {
-            Err(fault) => {
-                tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
-                    "child sent a bad line; ending the session: {fault}");
-                Some(RelayEnd::Protocol)
+        let line = match frame {
+            Ok(line) => line,
+            Err(fault) => return bad_line(d, &self.t.session_id, &fault),
+        };
+        match envelope::parse_ref(&line) {
+            Err(e) => bad_line(d, &self.t.session_id, &e.into()),
+            Ok(MessageRef::Response { id, outcome }) => {
+                self.answered(d, id, outcome.map(ToOwned::to_owned)).await
             }
-            Ok(Message::Response { id, outcome }) => self.answered(d, id, outcome).await,
-            Ok(Message::Notification { method, params }) => {
+            Ok(MessageRef::Notification { method, params }) => {
                 self.child_notification(d, &method, params).await;
                 None
             }
-            Ok(Message::Request { id, method, params }) => {
-                self.child_request(d, id, method, params).await;
+            Ok(MessageRef::Request { id, method, params }) => {
+                let params = params.map(ToOwned::to_owned);
+                self.child_request(d, id, method.into_owned(), params).await;
                 None
             }
         }
@@ -612,6 +617,12 @@ impl Relay {
             let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
         }
     }
+}
+
+fn bad_line(d: &Driver, session: &str, fault: &LineFault) -> Option<RelayEnd> {
+    tracing::warn!(provider = %d.shared.provider.name, %session,
+        "child sent a bad line; ending the session: {fault}");
+    Some(RelayEnd::Protocol)
 }
 
 fn gone(status: Option<std::process::ExitStatus>) -> RelayEnd {
