@@ -141,16 +141,22 @@ impl Drop for Raw {
     }
 }
 
-struct Sample {
-    us_per_update: f64,
+pub struct Sample {
+    pub us_per_update: f64,
     /// The same from schedstat (ns resolution).
-    fine_us_per_update: f64,
+    pub fine_us_per_update: f64,
     line_bytes: f64,
     secs: f64,
 }
 
 /// Streams `n` updates through `argv` and charges it its own CPU over the stream.
 fn measure(argv: &[String], n: u64) -> Sample {
+    measure_charging(argv, n, None)
+}
+
+/// [`measure`], charging the CPU of `charged` (a daemon behind `argv`, which only connects to
+/// it) instead of `argv`'s own process.
+pub fn measure_charging(argv: &[String], n: u64, charged: Option<u32>) -> Sample {
     let mut raw = Raw::spawn(argv);
     raw.call("initialize", json!({"protocolVersion": 1}));
     let new = raw.call(
@@ -161,7 +167,7 @@ fn measure(argv: &[String], n: u64) -> Sample {
     // Warm-up: buffers, the blocking pool, the allocator.
     raw.prompt(&session, &format!(":chunks {} {CHUNK}", n / 20 + 1));
     raw.drain_lines(n / 20 + 2);
-    let pid = raw.child.id();
+    let pid = charged.unwrap_or_else(|| raw.child.id());
     let before = cpu_ticks(pid).unwrap();
     let before_ns = cpu_ns(pid);
     let started = Instant::now();

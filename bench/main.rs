@@ -10,6 +10,7 @@ mod containment;
 mod cpu_bound;
 mod hotpath;
 mod isolation;
+mod observability;
 mod parent;
 mod report;
 mod scale;
@@ -26,7 +27,7 @@ pub struct Opts {
     pub json: Option<PathBuf>,
     /// Rewrite the results table in docs/src/benchmarks.md from this run.
     pub readme: bool,
-    /// `--only SECTION` (hotpath, streaming, start, scale, teardown, warm,
+    /// `--only SECTION` (hotpath, observability, streaming, start, scale, teardown, warm,
     /// containment, isolation): run just that one.
     pub only: Option<String>,
     /// `--sizes 64,1024`: the scale rows' K values instead of the defaults.
@@ -138,6 +139,7 @@ async fn bench() {
         "cores": cores,
         "quick": opts.quick,
         "hotPath": if opts.runs("hotpath") { hotpath::run(&opts) } else { none.clone() },
+        "observability": if opts.runs("observability") { observability::run(&opts) } else { none.clone() },
         "streaming": if opts.runs("streaming") { stream::run(&opts).await } else { none.clone() },
         "start": if opts.runs("start") { scale::start(&opts).await } else { none.clone() },
         "scale": if opts.runs("scale") { scale::scale(&opts).await } else { none.clone() },
