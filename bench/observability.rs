@@ -1,4 +1,4 @@
-//! (0b) What metrics and tracing cost on the hot path: the CPU per forwarded update of row (0),
+//! (0c) What metrics and tracing cost on the hot path: the CPU per forwarded update of row (0),
 //! each with the feature on against off, measured in interleaved rounds of the same run.
 //!
 //! - Metrics: `acpd serve` (the only face with `metrics_listen`) with the listener on and a
@@ -67,7 +67,7 @@ pub fn run(opts: &Opts) -> Value {
         .chain(stdio.iter().cloned())
         .collect();
     println!(
-        "\n(0b) metrics and tracing on the hot path: CPU per forwarded update (utime+stime), {n} updates, {rounds} interleaved rounds"
+        "\n(0c) metrics and tracing on the hot path: CPU per forwarded update (utime+stime), {n} updates, {rounds} interleaved rounds"
     );
     println!(
         "{:>5} {:>14} {:>14} {:>8} {:>14} {:>14} {:>8} {:>8}",
