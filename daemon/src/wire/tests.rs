@@ -144,3 +144,34 @@ async fn a_repeated_unanswered_id_is_not_admitted_twice() {
     conn.peer.respond(&one, Ok(&raw)).await.unwrap();
     assert_eq!(conn.peer.admit(&one), Admit::Yes, "answered, so free again");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_reader_holds_no_read_buffer_before_or_after_a_line() {
+    let (a, mut b) = tokio::io::duplex(1 << 16);
+    let limits = WireLimits {
+        max_line: 1 << 20,
+        line_timeout: Duration::from_secs(5),
+        write_timeout: Duration::from_secs(5),
+    };
+    let mut reader = LineReader::new(a, limits);
+    // Waiting with nothing sent: the poll finds nothing, and nothing was reserved for it.
+    let idle = tokio::time::timeout(Duration::from_secs(1), reader.next()).await;
+    assert!(idle.is_err(), "{idle:?}");
+    assert_eq!(
+        reader.buffered_capacity(),
+        0,
+        "an idle reader reserved a buffer"
+    );
+    // One whole line read: the reader waits for the next one holding nothing either.
+    b.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"m\"}\n")
+        .await
+        .unwrap();
+    assert!(matches!(reader.next().await, Some(Ok(_))));
+    let idle = tokio::time::timeout(Duration::from_secs(1), reader.next()).await;
+    assert!(idle.is_err(), "{idle:?}");
+    assert_eq!(
+        reader.buffered_capacity(),
+        0,
+        "the reader kept its buffer after the line"
+    );
+}
