@@ -66,6 +66,24 @@ pub fn base() -> Command {
     cmd
 }
 
+/// `git -C dir ARGS` as a test user (no global config needed); its stdout, whole. Fails the
+/// test, with git's stderr, when git fails.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Runs `acpd run --json` and parses its one JSON object.
 pub fn run_json(cmd: &mut Command) -> (serde_json::Value, i32, String) {
     let out = cmd.output().expect("run acpd");

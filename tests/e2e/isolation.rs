@@ -14,20 +14,9 @@ use serde_json::json;
 
 const GONE: Duration = Duration::from_secs(20);
 
+/// [`common::git`]'s stdout, trimmed.
 fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    common::git(dir, args).trim().to_string()
 }
 
 /// A config whose provider `wt` works in worktrees (`extra` adds keys to it), a repository
