@@ -95,12 +95,10 @@ impl Drop for Mock {
     }
 }
 
-/// `acpd run --json` of the claude preset in a private HOME, XDG dirs and Claude config dir;
-/// `key` is the only credential in acpd's environment (or none).
-fn run_claude(data_root: &Path, mock: &Mock, key: Option<&str>) -> (Value, i32, String) {
-    let work = tempfile::tempdir().unwrap();
-    let w = work.path();
-    let claude_dir = w.join("claude");
+/// The private dirs a claude run under `w` gets: home, project, state, XDG config/cache/state,
+/// and Claude Code's config dir (returned) in manual permission mode ("auto" prepends a
+/// gateway billing notice to the first reply).
+pub(crate) fn claude_dirs(w: &Path) -> std::path::PathBuf {
     for d in [
         "home",
         "project",
@@ -108,16 +106,25 @@ fn run_claude(data_root: &Path, mock: &Mock, key: Option<&str>) -> (Value, i32, 
         "xdg/config",
         "xdg/cache",
         "xdg/state",
+        "claude",
     ] {
         std::fs::create_dir_all(w.join(d)).unwrap();
     }
-    std::fs::create_dir_all(&claude_dir).unwrap();
-    // Manual permission mode: "auto" prepends a gateway billing notice to the first reply.
+    let claude_dir = w.join("claude");
     std::fs::write(
         claude_dir.join("settings.json"),
         r#"{"permissions":{"defaultMode":"default"}}"#,
     )
     .unwrap();
+    claude_dir
+}
+
+/// `acpd run --json` of the claude preset in a private HOME, XDG dirs and Claude config dir;
+/// `key` is the only credential in acpd's environment (or none).
+fn run_claude(data_root: &Path, mock: &Mock, key: Option<&str>) -> (Value, i32, String) {
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    let claude_dir = claude_dirs(w);
     let config = w.join("config.toml");
     std::fs::write(
         &config,

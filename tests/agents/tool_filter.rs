@@ -10,7 +10,7 @@
 //! Skipped, printing why, only when node is missing (see presets.rs).
 
 use crate::common::{BIN, output_text, run_json};
-use crate::presets::{Mock, installed};
+use crate::presets::{Mock, claude_dirs, installed};
 
 use std::path::Path;
 use std::process::Command;
@@ -26,23 +26,7 @@ fn run_bash(data_root: &Path, args: &[&str]) -> (Value, i32, String, bool, Strin
     let mock = Mock::start(log.path());
     let work = tempfile::tempdir().unwrap();
     let w = work.path();
-    let claude_dir = w.join("claude");
-    for d in [
-        "home",
-        "project",
-        "state",
-        "xdg/config",
-        "xdg/cache",
-        "xdg/state",
-    ] {
-        std::fs::create_dir_all(w.join(d)).unwrap();
-    }
-    std::fs::create_dir_all(&claude_dir).unwrap();
-    std::fs::write(
-        claude_dir.join("settings.json"),
-        r#"{"permissions":{"defaultMode":"default"}}"#,
-    )
-    .unwrap();
+    let claude_dir = claude_dirs(w);
     let config = w.join("config.toml");
     std::fs::write(
         &config,
