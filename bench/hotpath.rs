@@ -149,14 +149,65 @@ pub struct Sample {
     secs: f64,
 }
 
-/// Streams `n` updates through `argv` and charges it its own CPU over the stream.
-fn measure(argv: &[String], n: u64) -> Sample {
-    measure_charging(argv, n, None)
+/// What writes the stream. How often it writes decides how many lines each read of a relay
+/// (or of acpd) carries, and so what a relay costs per line: the same relay costs several
+/// times more per line when lines come one per write than when they come in bulk.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Source {
+    /// The echo agent (`:chunks`): its writer sends whatever queued since its last write, so
+    /// under a flood a read carries many lines.
+    Flood,
+    /// `bench/py/agent.py`: every update its own `write(2)`, as ACP agents write (one message,
+    /// one flush); slower than any relay, so a read carries one line or a few.
+    PerMessage,
 }
 
-/// [`measure`], charging the CPU of `charged` (a daemon behind `argv`, which only connects to
-/// it) instead of `argv`'s own process.
+impl Source {
+    /// The agent's argv.
+    fn agent(self) -> Vec<String> {
+        match self {
+            Source::Flood => vec![ACPD.into(), "agent".into(), "echo".into()],
+            Source::PerMessage => vec![
+                "python3".into(),
+                crate::cpu_bound::python_dir()
+                    .join("agent.py")
+                    .to_string_lossy()
+                    .into_owned(),
+            ],
+        }
+    }
+
+    /// The prompt that makes the agent stream `n` updates of [`CHUNK`] text bytes.
+    fn prompt(self, n: u64) -> String {
+        match self {
+            Source::Flood => format!(":chunks {n} {CHUNK}"),
+            Source::PerMessage => format!("{n} {CHUNK}"),
+        }
+    }
+
+    /// acpd's config for this source: `setup`'s, with the agent as the default provider.
+    fn config(self, setup: &Setup<'_>) -> String {
+        match self {
+            Source::Flood => setup.config.to_string(),
+            Source::PerMessage => {
+                let agent = self.agent();
+                format!(
+                    "{}\ndefault_provider = \"py\"\n[providers.py]\ncommand = [{:?}, {:?}]\n",
+                    setup.config, agent[0], agent[1]
+                )
+            }
+        }
+    }
+}
+
+/// [`measure_source`] for the echo agent's flood.
 pub fn measure_charging(argv: &[String], n: u64, charged: Option<u32>) -> Sample {
+    measure_source(argv, n, charged, Source::Flood)
+}
+
+/// Streams `n` updates from `source` through `argv` and charges `argv`'s own process (or
+/// `charged`, a daemon `argv` only connects to) its CPU over the stream.
+pub fn measure_source(argv: &[String], n: u64, charged: Option<u32>, source: Source) -> Sample {
     let mut raw = Raw::spawn(argv);
     raw.call("initialize", json!({"protocolVersion": 1}));
     let new = raw.call(
@@ -165,13 +216,13 @@ pub fn measure_charging(argv: &[String], n: u64, charged: Option<u32>) -> Sample
     );
     let session = new["result"]["sessionId"].clone();
     // Warm-up: buffers, the blocking pool, the allocator.
-    raw.prompt(&session, &format!(":chunks {} {CHUNK}", n / 20 + 1));
+    raw.prompt(&session, &source.prompt(n / 20 + 1));
     raw.drain_lines(n / 20 + 2);
     let pid = charged.unwrap_or_else(|| raw.child.id());
     let before = cpu_ticks(pid).unwrap();
     let before_ns = cpu_ns(pid);
     let started = Instant::now();
-    raw.prompt(&session, &format!(":chunks {n} {CHUNK}"));
+    raw.prompt(&session, &source.prompt(n));
     let bytes = raw.drain_lines(n + 1);
     let secs = started.elapsed().as_secs_f64();
     let after = cpu_ticks(pid).unwrap();
@@ -227,8 +278,8 @@ pub fn tools_dir() -> PathBuf {
 }
 
 /// `bench/relay.c` compiled with `cc -O2` (again when the source is newer), as the argv that
-/// relays to the echo agent; `Err` says why there is none.
-fn c_relay() -> Result<Vec<String>, String> {
+/// relays to `agent`; `Err` says why there is none.
+pub fn c_relay(agent: &[String]) -> Result<Vec<String>, String> {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/relay.c");
     let bin = tools_dir().join("relay");
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
@@ -249,38 +300,58 @@ fn c_relay() -> Result<Vec<String>, String> {
             ));
         }
     }
-    Ok(vec![
-        bin.to_string_lossy().into_owned(),
-        ACPD.into(),
-        "agent".into(),
-        "echo".into(),
-    ])
+    let mut argv = vec![bin.to_string_lossy().into_owned()];
+    argv.extend_from_slice(agent);
+    Ok(argv)
 }
 
 pub fn run(opts: &Opts) -> Value {
-    let mut row = cpu_row(opts, &Setup::DEFAULT);
+    let mut row = cpu_row(opts, &Setup::DEFAULT, Source::Flood);
+    row["perMessage"] = if crate::cpu_bound::python_runs() {
+        cpu_row(opts, &Setup::DEFAULT, Source::PerMessage)
+    } else {
+        println!("\n(0) per-message hot path skipped: python3 does not run");
+        Value::Null
+    };
     row["cpuBound"] = crate::cpu_bound::run(opts);
     row
 }
 
-/// Row (0) for `setup`: acpd's CPU per update against the relays, interleaved rounds.
-pub fn cpu_row(opts: &Opts, setup: &Setup<'_>) -> Value {
-    // A million: the relay spends only a few clock ticks of utime + stime on them.
-    let n: u64 = if opts.quick { 50_000 } else { 1_000_000 };
+/// Row (0) for `setup` and `source`: acpd's CPU per update against the relays, interleaved
+/// rounds.
+pub fn cpu_row(opts: &Opts, setup: &Setup<'_>, source: Source) -> Value {
+    // A million: the relay spends only a few clock ticks of utime + stime on them. The Python
+    // agent takes about 5 µs per update: 200 000 are a second.
+    let n: u64 = match (source, opts.quick) {
+        (Source::Flood, false) => 1_000_000,
+        (Source::Flood, true) => 50_000,
+        (Source::PerMessage, false) => 200_000,
+        (Source::PerMessage, true) => 20_000,
+    };
     let rounds = if opts.quick { 1 } else { 5 };
     let dir = tempfile::tempdir().unwrap();
-    let acpd = setup.argv(dir.path());
-    let rust_relay = crate::stream::relay_argv();
-    let c_relay = c_relay()
+    let acpd = Setup {
+        label: setup.label,
+        config: &source.config(setup),
+    }
+    .argv(dir.path());
+    let mut rust_relay = crate::stream::relay_argv()[..2].to_vec();
+    rust_relay.extend(source.agent());
+    let c_relay = c_relay(&source.agent())
         .inspect_err(|why| println!("\nC relay skipped: {why}; the baseline is the Rust relay"))
         .ok();
+    let measure = |argv: &[String], n| measure_source(argv, n, None, source);
+    let stream = match source {
+        Source::Flood => "the echo agent's flood (many lines per write)",
+        Source::PerMessage => "a Python agent writing each update with its own write(2)",
+    };
     let baseline = if c_relay.is_some() {
         "C relay"
     } else {
         "Rust relay"
     };
     println!(
-        "\n(0) hot path, {}: CPU per forwarded session/update (utime+stime from /proc/PID/stat; schedstat in brackets), {n} updates of {CHUNK} B text, {rounds} interleaved rounds; ratio to the {baseline}",
+        "\n(0) hot path, {}, {stream}: CPU per forwarded session/update (utime+stime from /proc/PID/stat; schedstat in brackets), {n} updates of {CHUNK} B text, {rounds} interleaved rounds; ratio to the {baseline}",
         setup.label
     );
     println!(
@@ -347,6 +418,7 @@ pub fn cpu_row(opts: &Opts, setup: &Setup<'_>) -> Value {
     );
     json!({
         "setup": setup.label, "config": setup.config,
+        "source": if source == Source::Flood { "flood" } else { "perMessage" },
         "updates": n, "rounds": rounds, "chunkBytes": CHUNK, "lineBytes": line_bytes,
         "baseline": baseline,
         "acpdUsPerUpdate": ma, "relayUsPerUpdate": mb, "ratio": mx,

@@ -47,14 +47,30 @@ impl Opts {
 /// buffering). The bench puts it in the path as the floor for "one more process hop", and
 /// measures its CPU per update next to acpd's.
 fn relay(argv: &[String]) -> ! {
+    use nix::libc;
     use std::os::fd::FromRawFd;
+    use std::os::unix::process::CommandExt as _;
     use std::process::{Command, Stdio};
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
+    let zero = libc::sched_param { sched_priority: 0 };
+    // Scheduled as acpd is (supervise::sched): batch itself, the default back for its child.
+    // SAFETY: plain syscalls with a valid parameter; the pre_exec closure makes one.
+    let batch = unsafe {
+        libc::sched_getscheduler(0) == libc::SCHED_OTHER
+            && libc::sched_setscheduler(0, libc::SCHED_BATCH, &zero) == 0
+    };
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn the relayed command");
+        .stdout(Stdio::piped());
+    if batch {
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::sched_setscheduler(0, libc::SCHED_OTHER, &zero);
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().expect("spawn the relayed command");
     let mut to_child = child.stdin.take().unwrap();
     let mut from_child = child.stdout.take().unwrap();
     // SAFETY: fds 0 and 1 are this process's stdio, open for its whole life; ManuallyDrop keeps

@@ -50,6 +50,7 @@ pub use agent::run_sleeper;
 pub use cli::{AgentCommand, Cli, Command, dispatch, with_status_line_cleared};
 /// `main` calls it before any thread allocates.
 pub use supervise::reaper::tune_allocator;
+pub use supervise::sched::favour_throughput;
 /// The sentinel process's whole life (`acpd` re-executed as its own crash watcher).
 pub use supervise::sentinel::run_sentinel;
 

@@ -16,6 +16,18 @@ fn main() -> ExitCode {
     if let Command::Sentinel = cli.command {
         return ExitCode::from(acpd::run_sentinel());
     }
+    // Before any thread exists, so every thread of acpd's inherits it (see supervise::sched).
+    if matches!(
+        cli.command,
+        Command::Run(_)
+            | Command::Stdio(_)
+            | Command::Serve(_)
+            | Command::Connect(_)
+            | Command::Mcp(_)
+            | Command::Supervise(_)
+    ) {
+        acpd::favour_throughput();
+    }
     // LISTEN_FDS is read (and the environment cleaned) before any thread exists.
     let activated = match cli.command {
         Command::Serve(_) => take_activated(),

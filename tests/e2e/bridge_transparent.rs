@@ -601,3 +601,56 @@ fn connect_provider_makes_that_provider_the_connections_default() {
     drop(stdin);
     assert!(connect.wait().unwrap().success());
 }
+
+// ---- CPU scheduling ----
+
+/// The scheduling policy of `pid` (field 41 of /proc/PID/stat): 0 other, 3 batch.
+fn policy(pid: &str) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    fields[38].parse().unwrap()
+}
+
+#[test]
+fn acpd_yields_to_busy_processes_and_its_agent_is_scheduled_as_if_run_directly() {
+    let env = env_of("", &[("main", &[])]);
+    let mut raw = connect(&env, json!({}));
+    let s = new_default(&mut raw, env.path());
+    let (answer, _) = prompt(&mut raw, &s, "ok");
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let ours = policy("self");
+    // From the default policy acpd moves to SCHED_BATCH; a policy someone chose stays.
+    let expected = if ours == 0 { 3 } else { ours };
+    let pid = raw.pid().to_string();
+    let tasks: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| t.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for task in &tasks {
+        assert_eq!(
+            policy(&format!("{pid}/task/{task}")),
+            expected,
+            "thread {task}"
+        );
+    }
+    let children: Vec<String> = tasks
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/task/{t}/children")).ok())
+        .flat_map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .filter(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/cmdline"))
+                .is_ok_and(|l| l.contains("agent\0echo"))
+        })
+        .collect();
+    assert_eq!(
+        children.len(),
+        1,
+        "the echo agent among {tasks:?}'s children"
+    );
+    assert_eq!(
+        policy(&children[0]),
+        ours,
+        "the agent gets acpd's starting policy back"
+    );
+    close(raw);
+}

@@ -54,6 +54,10 @@ pub(crate) async fn run_helper(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    // SAFETY: restore_in_child is one async-signal-safe syscall.
+    unsafe {
+        cmd.pre_exec(super::sched::restore_in_child);
+    }
     let (mut child, _leader) = {
         let mut leaders = reaper::leaders();
         let child = cmd.spawn()?;

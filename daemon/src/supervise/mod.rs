@@ -13,6 +13,7 @@ pub(crate) mod reaper;
 mod record_sweep;
 mod records;
 mod sandbox;
+pub(crate) mod sched;
 pub(crate) mod sentinel;
 mod spawn;
 mod stderr;

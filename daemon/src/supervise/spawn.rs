@@ -19,6 +19,7 @@ use super::cgroup::{self, CgroupError};
 use super::contain::{self, ChildLimits, Placement};
 use super::reaper;
 use super::sandbox::Sandbox;
+use super::sched;
 use super::tree::{Contained, ProcessTree};
 use std::sync::Arc;
 
@@ -229,7 +230,7 @@ fn spawn_here(
         .stderr(Stdio::piped())
         .process_group(0);
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe syscalls
-    // (write, prctl, getppid, setrlimit, sigprocmask, landlock_restrict_self on a ruleset
+    // (write, prctl, getppid, setrlimit, sigprocmask, sched_setscheduler, landlock_restrict_self on a ruleset
     // built before the fork); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
@@ -249,6 +250,7 @@ fn spawn_here(
                 setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
             }
             sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+            sched::restore_in_child()?;
             // Last: the rules bind the exec and everything the child starts.
             if let Some(fd) = landlock {
                 Sandbox::restrict_in_child(fd)?;
