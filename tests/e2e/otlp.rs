@@ -437,13 +437,17 @@ fn a_load_and_a_resume_open_a_session_span_saying_so() {
     raw.close_write();
 
     let new = collector.until("the new session's span", |x| {
-        x.name == "acpd.session" && x.attrs.get("acpd.session.opened").map(String::as_str) == Some("new")
+        x.name == "acpd.session"
+            && x.attrs.get("acpd.session.opened").map(String::as_str) == Some("new")
     });
     assert_eq!(new.attrs["acpd.session.id"], s);
     for (opened, parent) in [("load", "7777777777777777"), ("resume", "8888888888888888")] {
         let span = collector.until(opened, |x| x.name == "acpd.session" && x.parent == parent);
         assert_eq!(
-            (span.trace.as_str(), span.attrs["acpd.session.opened"].as_str()),
+            (
+                span.trace.as_str(),
+                span.attrs["acpd.session.opened"].as_str()
+            ),
             (TRACE, opened),
             "{span:?}"
         );
@@ -493,17 +497,22 @@ fn a_reattached_session_gets_a_span_saying_so() {
         json!({"sessionId": s, "cwd": cwd, "mcpServers": [],
                "_meta": {"traceparent": traceparent("9999999999999999")}}),
     );
+    // The first attachment's span ended at the re-attach: exported while the session lives.
+    let before = collector.until("the first attachment's span", |x| {
+        x.name == "acpd.session"
+            && x.attrs.get("acpd.session.opened").map(String::as_str) == Some("new")
+    });
+    assert_eq!(before.attrs["acpd.session.id"], s);
+    // The second's ends with the child's teardown, when the daemon stops.
+    drop(second);
+    d.terminate();
     let span = collector.until("the re-attach span", |x| {
         x.name == "acpd.session" && x.parent == "9999999999999999"
     });
     assert_eq!(span.attrs["acpd.session.opened"], "re-attach");
     assert_eq!(span.attrs["acpd.session.id"], s);
-    // The first attachment's span ended at the re-attach (it was exported without waiting
-    // for the teardown).
-    let before = collector.until("the first attachment's span", |x| {
-        x.name == "acpd.session" && x.attrs.get("acpd.session.opened").map(String::as_str) == Some("new")
+    assert_eq!(span.attrs["acpd.provider"], "fast");
+    collector.until("the re-attached session's acpd.teardown", |x| {
+        x.name == "acpd.teardown" && x.parent == span.id
     });
-    assert_eq!(before.attrs["acpd.session.id"], s);
-    drop(second);
-    d.terminate();
 }

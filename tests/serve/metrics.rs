@@ -634,7 +634,11 @@ fn every_listed_family_moves_over_real_processes() {
     )));
     let metrics = || {
         let out = d.cli(&["status", "--metrics"]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     };
     let until = |what: &str, series: &str, want: f64| {
@@ -656,7 +660,11 @@ fn every_listed_family_moves_over_real_processes() {
     left.initialize(json!({}));
     left.new_session(Path::new("/tmp"), "fast");
     drop(left);
-    until("a detached session", r#"acpd_sessions{state="detached"}"#, 1.0);
+    until(
+        "a detached session",
+        r#"acpd_sessions{state="detached"}"#,
+        1.0,
+    );
     until(
         "its child",
         r#"acpd_children{provider="fast",state="detached"}"#,

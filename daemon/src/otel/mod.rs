@@ -81,7 +81,10 @@ pub(crate) fn exporting() -> Option<&'static Otel> {
 pub(crate) fn span_counts() -> (u64, u64) {
     use std::sync::atomic::Ordering::Relaxed;
     exporting().map_or((0, 0), |o| {
-        (o.health.exported.load(Relaxed), o.health.dropped.load(Relaxed))
+        (
+            o.health.exported.load(Relaxed),
+            o.health.dropped.load(Relaxed),
+        )
     })
 }
 
