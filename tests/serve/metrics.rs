@@ -703,3 +703,55 @@ fn every_listed_family_moves_over_real_processes() {
         assert_eq!(sample(&text, series), Some(0.0), "{series}: {text}");
     }
 }
+
+/// What an agent says never becomes a label, and a prompt whose editor left counts once:
+/// an unknown stop reason and a failure category of the agent's own are fixed words, and a
+/// prompt still running when its connection closed (the session detached) is `aborted`.
+#[test]
+fn bridge_turn_labels_are_acpds_words_and_a_left_prompt_counts_once() {
+    let (d, _) = daemon();
+    let mut raw = Raw::socket(&d.socket);
+    raw.initialize(json!({}));
+    let s = raw.new_session(Path::new("/tmp"), "fast");
+    for text in [":stop made-up-reason", ":meta-failure evil-words"] {
+        let id = raw.send_prompt(&s, text);
+        raw.answer(&json!(id));
+    }
+    raw.send_prompt(&s, "hanging\n:hang");
+    raw.until_chunk(&s, "hanging");
+    drop(raw);
+    let series = |stop: &str, category: &str| {
+        format!(
+            "acpd_turn_seconds_count{{provider=\"fast\",kind=\"bridge\",\
+             stop_reason=\"{stop}\",category=\"{category}\"}}"
+        )
+    };
+    let mut text = String::new();
+    let counted = eventually(Duration::from_secs(20), || {
+        text = String::from_utf8(d.cli(&["status", "--metrics"]).stdout).unwrap();
+        sample(&text, &series("aborted", "none")).is_some()
+    });
+    assert!(counted, "the left prompt was never counted: {text}");
+    assert_eq!(
+        sample(&text, &series("aborted", "none")),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, &series("error", "unknown-stop-reason")),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, &series("error", "reported")),
+        Some(1.0),
+        "{text}"
+    );
+    for word in ["made-up-reason", "evil-words"] {
+        assert!(!text.contains(word), "{word}: {text}");
+    }
+    assert!(
+        text.contains("acpd_sessions{state=\"detached\"} 1"),
+        "{text}"
+    );
+}
