@@ -391,3 +391,128 @@ fn a_collector_that_takes_connections_and_never_answers_holds_no_turn() {
     let log = raw.log();
     assert_eq!(log.matches("cannot export spans to").count(), 1, "{log}");
 }
+
+/// A config whose `fast` echo keeps its sessions in `<env>/echo-sessions`, so a fresh child
+/// can load or resume them (`--sessions`).
+fn env_with_sessions() -> Env {
+    let env = Env::raw("");
+    let dir = env.path().join("echo-sessions");
+    std::fs::create_dir_all(&dir).unwrap();
+    let toml = format!(
+        "default_provider = \"fast\"\n[providers.fast]\n\
+         command = [\"{}\", \"agent\", \"echo\", \"--sessions\", \"{}\"]\n\
+         cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n",
+        crate::common::BIN,
+        dir.display()
+    );
+    std::fs::write(&env.config, toml).unwrap();
+    env
+}
+
+/// `session/load` and `session/resume` of a session acpd remembers open a session span as
+/// `session/new` does, under the editor's trace context, saying how it was opened, with the
+/// child's start under it, and its teardown.
+#[test]
+fn a_load_and_a_resume_open_a_session_span_saying_so() {
+    let collector = Collector::start();
+    let env = env_with_sessions();
+    let mut raw = stdio(
+        &env,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.endpoint)],
+    );
+    let s = new_session(&mut raw, &env, json!({}));
+    let id = raw.send_prompt(&s, "remember me");
+    raw.answer(&json!(id));
+    for (method, span) in [
+        ("session/load", "7777777777777777"),
+        ("session/resume", "8888888888888888"),
+    ] {
+        raw.ok("session/close", json!({"sessionId": s}));
+        let params = json!({"sessionId": s, "cwd": env.path(), "mcpServers": [],
+            "_meta": {"traceparent": traceparent(span)}});
+        raw.ok(method, params);
+        let id = raw.send_prompt(&s, "after");
+        raw.answer(&json!(id));
+    }
+    raw.close_write();
+
+    let new = collector.until("the new session's span", |x| {
+        x.name == "acpd.session"
+            && x.attrs.get("acpd.session.opened").map(String::as_str) == Some("new")
+    });
+    assert_eq!(new.attrs["acpd.session.id"], s);
+    for (opened, parent) in [("load", "7777777777777777"), ("resume", "8888888888888888")] {
+        let span = collector.until(opened, |x| x.name == "acpd.session" && x.parent == parent);
+        assert_eq!(
+            (
+                span.trace.as_str(),
+                span.attrs["acpd.session.opened"].as_str()
+            ),
+            (TRACE, opened),
+            "{span:?}"
+        );
+        assert_eq!(span.attrs["acpd.session.id"], s);
+        assert_eq!(span.attrs["acpd.provider"], "fast");
+        collector.until("the reopened session's acpd.start", |x| {
+            x.name == "acpd.start" && x.parent == span.id
+        });
+        // The child holds the span: its teardown ends it.
+        collector.until("the reopened session's acpd.teardown", |x| {
+            x.name == "acpd.teardown" && x.parent == span.id
+        });
+    }
+}
+
+/// Under `acpd serve`, a session left by its connection and loaded on another is re-attached
+/// to the same child: a session span of its own (`re-attach`), under the load's trace context,
+/// and the first connection's span ends then.
+#[test]
+fn a_reattached_session_gets_a_span_saying_so() {
+    let collector = Collector::start();
+    let env = Env::new("");
+    let d = crate::common::daemon::Daemon::start_with(env, |cmd| {
+        for (k, _) in std::env::vars() {
+            if k.starts_with("OTEL_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("OTEL_BSP_SCHEDULE_DELAY", "50")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.endpoint);
+    });
+    let mut first = Raw::socket(&d.socket);
+    first.initialize(json!({}));
+    let cwd = std::env::temp_dir();
+    let s = first.new_session(&cwd, "fast");
+    drop(first);
+    let detached = eventually(Duration::from_secs(15), || {
+        d.cli_json(&["runs"])["sessions"]
+            .to_string()
+            .contains("\"detached\"")
+    });
+    assert!(detached, "the session never detached: {}", d.log());
+    let mut second = Raw::socket(&d.socket);
+    second.initialize(json!({}));
+    second.ok(
+        "session/load",
+        json!({"sessionId": s, "cwd": cwd, "mcpServers": [],
+               "_meta": {"traceparent": traceparent("9999999999999999")}}),
+    );
+    // The first attachment's span ended at the re-attach: exported while the session lives.
+    let before = collector.until("the first attachment's span", |x| {
+        x.name == "acpd.session"
+            && x.attrs.get("acpd.session.opened").map(String::as_str) == Some("new")
+    });
+    assert_eq!(before.attrs["acpd.session.id"], s);
+    // The second's ends with the child's teardown, when the daemon stops.
+    drop(second);
+    d.terminate();
+    let span = collector.until("the re-attach span", |x| {
+        x.name == "acpd.session" && x.parent == "9999999999999999"
+    });
+    assert_eq!(span.attrs["acpd.session.opened"], "re-attach");
+    assert_eq!(span.attrs["acpd.session.id"], s);
+    assert_eq!(span.attrs["acpd.provider"], "fast");
+    collector.until("the re-attached session's acpd.teardown", |x| {
+        x.name == "acpd.teardown" && x.parent == span.id
+    });
+}

@@ -16,4 +16,5 @@ mod bridge_detach;
 mod daemon;
 mod mcp;
 mod metrics;
+mod metrics_coverage;
 mod reload;

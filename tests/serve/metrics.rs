@@ -21,7 +21,7 @@ use crate::common::raw::Raw;
 use crate::common::{Env, eventually};
 
 /// A daemon serving metrics on a port the kernel picks, and that port.
-fn daemon() -> (Daemon, SocketAddr) {
+pub(super) fn daemon() -> (Daemon, SocketAddr) {
     let d = Daemon::start(Env::new(
         "metrics_listen = \"127.0.0.1:0\"\n\
          [providers.broken]\ncommand = [\"/nonexistent/acpd-test-agent\"]\n",
@@ -132,14 +132,14 @@ fn strict_families(text: &str) -> Vec<String> {
     families
 }
 
-const FAMILIES: [&str; 15] = [
+const FAMILIES: [&str; 17] = [
     "acpd_connections_total",
     "acpd_connections_open",
     "acpd_runs_started_total",
     "acpd_runs_ended_total",
     "acpd_child_start_failures_total",
     "acpd_child_start_seconds",
-    "acpd_run_turn_seconds",
+    "acpd_turn_seconds",
     "acpd_forwarded_messages_total",
     "acpd_forwarded_bytes_total",
     "acpd_limit_hits_total",
@@ -148,6 +148,8 @@ const FAMILIES: [&str; 15] = [
     "acpd_sessions",
     "acpd_spares",
     "acpd_queued_starts",
+    "acpd_otel_spans_exported_total",
+    "acpd_otel_spans_dropped_total",
 ];
 
 /// `acpd status --metrics` is strict Prometheus text with every family (and `promtool check
@@ -341,20 +343,20 @@ fn idle_scrapers_are_bounded_and_closed() {
 }
 
 /// A run of the `fast` echo provider in /tmp; its id.
-fn start_run(raw: &mut Raw, text: &str) -> String {
+pub(super) fn start_run(raw: &mut Raw, text: &str) -> String {
     let params = json!({"provider": "fast", "cwd": "/tmp",
         "prompt": [{"type": "text", "text": text}]});
     let started = raw.ok("_acpd/subagent/start", params);
     started["runId"].as_str().expect("runId").to_string()
 }
 
-fn which(program: &str) -> bool {
+pub(super) fn which(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
 /// A Prometheus server on its own temporary config and storage, ended with the test.
-struct Prometheus {
+pub(super) struct Prometheus {
     child: Child,
     log: std::path::PathBuf,
 }
@@ -374,7 +376,7 @@ impl Drop for Prometheus {
 
 impl Prometheus {
     /// Scrapes `target` every second; returns once it says where it listens.
-    fn start(dir: &Path, target: SocketAddr) -> (Prometheus, SocketAddr) {
+    pub(super) fn start(dir: &Path, target: SocketAddr) -> (Prometheus, SocketAddr) {
         let config = dir.join("prometheus.yml");
         std::fs::write(
             &config,
@@ -414,12 +416,12 @@ impl Prometheus {
         (p, addr.unwrap())
     }
 
-    fn log(&self) -> String {
+    pub(super) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// An instant PromQL query: each series' labels and value.
-    fn query(&self, at: SocketAddr, promql: &str) -> Vec<(Value, f64)> {
+    pub(super) fn query(&self, at: SocketAddr, promql: &str) -> Vec<(Value, f64)> {
         let Ok(mut answer) = ureq::get(format!("http://{at}/api/v1/query"))
             .query("query", promql)
             .call()

@@ -495,9 +495,10 @@ impl Child {
     }
 
     /// Hands the child its owner's span: a run's prompts name it as their parent, the
-    /// teardown is its last child, and it ends with the teardown.
-    pub(crate) fn hold_span(&self, span: crate::otel::Span) {
-        *lock(&self.shared.span) = Some(span);
+    /// teardown is its last child, and it ends with the teardown. Returns the span it held
+    /// before (a re-attached bridge session's previous one), for the caller to end.
+    pub(crate) fn hold_span(&self, span: crate::otel::Span) -> Option<crate::otel::Span> {
+        lock(&self.shared.span).replace(span)
     }
 
     /// Sets an attribute of the owner's span (a run's stop reason), when spans are exported.

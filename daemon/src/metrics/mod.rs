@@ -18,7 +18,8 @@ pub(crate) mod http;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use acpd_protocol::subagent::{Category, SubagentResult};
+use acpd_protocol::outcome::Mapped;
+use acpd_protocol::subagent::{Category, StopReason, SubagentResult};
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -229,8 +230,10 @@ impl Metrics {
             start_seconds.clone(),
         );
         registry.register_with_unit(
-            "run_turn",
-            "How long a delegated run's turn took, by provider",
+            "turn",
+            "How long a turn took, by provider, kind (run: a delegated run's turn, to its \
+             result; bridge: an editor's session/prompt, from its forwarding to the agent to its \
+             answer to the editor), stop_reason and category as acpd_runs_ended_total has them",
             Unit::Seconds,
             turn_seconds.clone(),
         );
@@ -331,8 +334,35 @@ impl Metrics {
             ("category", category.to_owned()),
         ];
         self.turns_ended.get_or_create(&labels).inc();
+        self.observe_turn(&result.provider, "run", result.stop_reason, category, took);
+    }
+
+    /// An editor's `session/prompt` through a bridge session ended as `end`, `took` after
+    /// acpd forwarded it. Called once per prompt, never per update.
+    pub(crate) fn bridge_turn_ended(&self, provider: &str, end: &Mapped, took: Duration) {
+        let category = end
+            .failure
+            .as_ref()
+            .map_or("none", |f| category_label(&f.category));
+        self.observe_turn(provider, "bridge", end.stop_reason, category, took);
+    }
+
+    fn observe_turn(
+        &self,
+        provider: &str,
+        kind: &'static str,
+        stop: StopReason,
+        category: &str,
+        took: Duration,
+    ) {
+        let labels = vec![
+            ("provider", provider.to_owned()),
+            ("kind", kind.to_owned()),
+            ("stop_reason", stop.as_str().to_owned()),
+            ("category", category.to_owned()),
+        ];
         self.turn_seconds
-            .get_or_create(&vec![("provider", result.provider.clone())])
+            .get_or_create(&labels)
             .observe(took.as_secs_f64());
     }
 
@@ -422,6 +452,10 @@ pub(crate) struct Gauges {
     pub spares: Vec<(String, u64)>,
     /// Starts waiting for a slot (`queue_timeout`).
     pub queued: u64,
+    /// Spans the OTLP collector took, and spans lost (the export queue full, or an export
+    /// that failed): counted by the exporter itself, read at scrape time; 0 with export off.
+    pub spans_exported: u64,
+    pub spans_dropped: u64,
 }
 
 /// The whole exposition: the counters of this process, then `gauges`.
@@ -466,6 +500,25 @@ pub(crate) fn render(gauges: &Gauges) -> String {
     let queued = Gauge::<i64>::default();
     queued.set(gauge_value(gauges.queued));
     now.register("queued_starts", "Starts waiting for a free slot", queued);
+    // Always there, 0 with export off: an alert on drops needs no absent() guard, and a
+    // series that appears only with OTEL_* set would break dashboards across restarts.
+    for (name, help, n) in [
+        (
+            "otel_spans_exported",
+            "Spans the OTLP collector accepted (0 while OTEL_EXPORTER_OTLP_ENDPOINT is unset)",
+            gauges.spans_exported,
+        ),
+        (
+            "otel_spans_dropped",
+            "Spans never exported: the export queue was full, or the collector failed or \
+             refused them",
+            gauges.spans_dropped,
+        ),
+    ] {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(n);
+        now.register(name, help, counter);
+    }
 
     let mut text = String::new();
     // Writing to a String cannot fail; an encoder error would be a bug of the crate, and the

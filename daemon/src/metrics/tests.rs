@@ -64,6 +64,8 @@ fn every_family_has_help_and_type_and_the_gauges_read_at_render() {
         sessions_detached: 3,
         spares: vec![("echo".into(), 1)],
         queued: 4,
+        spans_exported: 7,
+        spans_dropped: 2,
     };
     let text = render(&gauges);
     for family in [
@@ -73,7 +75,9 @@ fn every_family_has_help_and_type_and_the_gauges_read_at_render() {
         "acpd_runs_ended_total",
         "acpd_child_start_failures_total",
         "acpd_child_start_seconds",
-        "acpd_run_turn_seconds",
+        "acpd_turn_seconds",
+        "acpd_otel_spans_exported_total",
+        "acpd_otel_spans_dropped_total",
         "acpd_forwarded_messages_total",
         "acpd_forwarded_bytes_total",
         "acpd_limit_hits_total",
@@ -97,8 +101,38 @@ fn every_family_has_help_and_type_and_the_gauges_read_at_render() {
         r#"acpd_sessions{state="detached"} 3"#,
         r#"acpd_spares{provider="echo"} 1"#,
         "acpd_queued_starts 4",
+        "acpd_otel_spans_exported_total 7",
+        "acpd_otel_spans_dropped_total 2",
         r#"acpd_teardown_steps_total{step="cgroup_kill"} "#,
         r#"acpd_limit_hits_total{limit="max_connections_per_child"} "#,
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+}
+
+#[test]
+fn bridge_and_run_turns_share_the_histogram_apart_by_kind() {
+    use acpd_protocol::outcome::{ChildStopReason, TurnEnd, map_outcome};
+    let cancelled = TurnEnd::Stopped {
+        reason: ChildStopReason::Cancelled,
+        reported_failure: None,
+    };
+    let m = get();
+    m.bridge_turn_ended("unit-kinds", &map_outcome(&cancelled, true), Duration::ZERO);
+    let crashed = TurnEnd::ProcessExit {
+        exit_code: Some(3),
+        signal: None,
+    };
+    m.bridge_turn_ended("unit-kinds", &map_outcome(&crashed, false), Duration::ZERO);
+    m.turn_ended(
+        &ended("unit-kinds", StopReason::Completed, None),
+        Duration::from_secs(1),
+    );
+    let text = render(&Gauges::default());
+    for line in [
+        r#"acpd_turn_seconds_count{provider="unit-kinds",kind="bridge",stop_reason="aborted",category="none"} 1"#,
+        r#"acpd_turn_seconds_count{provider="unit-kinds",kind="bridge",stop_reason="error",category="process-exit"} 1"#,
+        r#"acpd_turn_seconds_count{provider="unit-kinds",kind="run",stop_reason="completed",category="none"} 1"#,
     ] {
         assert!(text.contains(line), "{line}: {text}");
     }

@@ -20,12 +20,14 @@ pub(super) const MAX_QUEUED: usize = 2048;
 /// The largest collector answer read (its body is only an error's detail).
 const MAX_ANSWER: u64 = 64 * 1024;
 
-/// What the export path shares with whoever reports on it: spans queued and dropped, and
-/// whether the collector's failure has been logged.
+/// What the export path shares with whoever reports on it: spans queued, exported and
+/// dropped, and whether the collector's failure has been logged.
 #[derive(Debug)]
 pub(super) struct Health {
     pub endpoint: String,
     queued: AtomicUsize,
+    /// Spans the collector accepted.
+    pub exported: AtomicU64,
     pub dropped: AtomicU64,
     /// Set while the collector fails: the first failure is logged, the rest are not.
     failing: AtomicBool,
@@ -37,6 +39,7 @@ impl Health {
         Arc::new(Health {
             endpoint,
             queued: AtomicUsize::new(0),
+            exported: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             dropping: AtomicBool::new(false),
@@ -117,6 +120,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         if result.is_err() {
             h.dropped.fetch_add(n as u64, Ordering::Relaxed);
         } else {
+            h.exported.fetch_add(n as u64, Ordering::Relaxed);
             h.dropping.store(false, Ordering::Relaxed);
         }
         result

@@ -77,6 +77,17 @@ pub(crate) fn exporting() -> Option<&'static Otel> {
     OTEL.get().and_then(Option::as_ref)
 }
 
+/// Spans exported and spans dropped so far: (0, 0) with export off.
+pub(crate) fn span_counts() -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    exporting().map_or((0, 0), |o| {
+        (
+            o.health.exported.load(Relaxed),
+            o.health.dropped.load(Relaxed),
+        )
+    })
+}
+
 /// Sends what is still queued (waiting at most [`FLUSH`]) and says how many spans were lost.
 pub(crate) async fn shutdown() {
     let Some(o) = exporting() else {

@@ -92,6 +92,8 @@ impl Relay {
     /// answered (permission requests are kept, to be asked again).
     pub(super) async fn leave(&mut self, d: &mut Driver) {
         self.open.clear();
+        // Their answers can no longer reach the editor that asked.
+        self.prompts_ended(d, &super::CANCELLED_HERE, true);
         self.opening = None;
         self.forwarded = FuturesUnordered::new();
         for id in std::mem::take(&mut self.waiting) {

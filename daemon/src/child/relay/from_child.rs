@@ -287,11 +287,12 @@ pub(super) fn remap_request_id(
 
 /// A prompt answered `end_turn` with a typed failure record (the editor's own AIR opt-in, or
 /// acpd's record) is a failed turn: the answer goes to the editor as it is, and acpd's log
-/// says so with the safe diagnostic. Only an answer that mentions a record is parsed.
-pub(super) fn log_reported_failure(d: &Driver, session: &str, answer: &RawValue) {
+/// says so with the safe diagnostic. Only an answer that mentions a record is parsed. Returns
+/// the category the record names (child text, sanitized when mapped).
+pub(super) fn log_reported_failure(d: &Driver, session: &str, answer: &RawValue) -> Option<String> {
     let text = answer.get();
     if !text.contains("sessionFailure") && !text.contains("\"acpd\"") {
-        return;
+        return None;
     }
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
@@ -300,21 +301,15 @@ pub(super) fn log_reported_failure(d: &Driver, session: &str, answer: &RawValue)
         #[serde(default, rename = "_meta")]
         meta: serde_json::Value,
     }
-    let Ok(answer) = serde_json::from_str::<Answer>(text) else {
-        return;
-    };
+    let answer = serde_json::from_str::<Answer>(text).ok()?;
     let air = air::agent_supports(&d.shared.agent.meta);
-    let Some(category) = outcome::reported_failure(&answer.meta, air) else {
-        return;
-    };
+    let category = outcome::reported_failure(&answer.meta, air)?;
     let end = TurnEnd::Stopped {
         reason: ChildStopReason::parse(&answer.stop_reason),
-        reported_failure: Some(category),
+        reported_failure: Some(category.clone()),
     };
     let mapped = outcome::map_outcome(&end, false);
-    let Some(failure) = mapped.failure.as_ref() else {
-        return;
-    };
+    let failure = mapped.failure.as_ref()?;
     let diagnostic = diagnostic::build(&diagnostic::Facts {
         provider: &d.shared.provider.name,
         failure: Some(failure),
@@ -323,4 +318,5 @@ pub(super) fn log_reported_failure(d: &Driver, session: &str, answer: &RawValue)
     });
     tracing::warn!(provider = %d.shared.provider.name, %session,
         category = failure.category.as_str(), "the agent reported a failed turn: {diagnostic}");
+    Some(category)
 }

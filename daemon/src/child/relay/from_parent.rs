@@ -44,13 +44,20 @@ impl Relay {
             } => (id, method, params, after_ok),
             Cmd::Notify { method, params } if method == CANCEL_REQUEST => {
                 // The parent's id of a call this relay forwarded: the child gets its own.
+                let mut found = None;
                 let child_id = |pid: &Id| {
-                    self.open
+                    found = self
+                        .open
                         .iter()
                         .find(|(_, (p, _))| p == pid)
-                        .map(|(child, _)| child.clone())
+                        .map(|(child, _)| child.clone());
+                    found.clone()
                 };
                 if let Some(p) = from_child::remap_request_id(&params, child_id) {
+                    if let Some(prompt) = found.and_then(|c| self.prompts.get_mut(&c)) {
+                        prompt.cancel_asked = true;
+                    }
+                    crate::metrics::to_child(p.get().len());
                     let _ = d.wire.notify(&method, &p).await;
                 }
                 return;
@@ -107,9 +114,20 @@ impl Relay {
             },
         };
         crate::metrics::to_child(crate::metrics::size(&params));
+        let prompt = (method == "session/prompt").then(|| Prompt {
+            at: Instant::now(),
+            cancel_asked: false,
+        });
         let Some(child_id) = self.send_call(d, id, method, params).await else {
+            // Answered an error at once: the agent is not reading its input.
+            if let Some(p) = prompt {
+                observe_prompt(d, p, &TurnEnd::Idle, false);
+            }
             return;
         };
+        if let Some(p) = prompt {
+            self.prompts.insert(child_id.clone(), p);
+        }
         if let Some(hop) = hop {
             self.hops.insert(child_id.clone(), hop);
         }
@@ -154,6 +172,7 @@ impl Relay {
                 let params = params
                     .as_deref()
                     .map(|p| with_session_id(p, &own).unwrap_or_else(|| p.to_owned()));
+                crate::metrics::to_child(crate::metrics::size(&params));
                 self.opening = self.send_call(d, id, method, params).await;
             }
         }
@@ -171,6 +190,10 @@ impl Relay {
             envelope::encode_notification("session/cancel", Some(&params))
         });
         let cancel = envelope::to_raw(&json!({ "sessionId": d.shared.session_id }));
+        crate::metrics::to_child(cancel.get().len());
+        for p in self.prompts.values_mut() {
+            p.cancel_asked = true;
+        }
         let _ = d.wire.notify("session/cancel", &cancel).await;
         for (id, _) in std::mem::take(&mut self.asks) {
             let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;

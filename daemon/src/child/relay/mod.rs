@@ -87,6 +87,16 @@ struct Relay {
     tracer: Option<std::sync::Arc<crate::trace::Trace>>,
     /// acpd's span of each call forwarded with trace context, ended by its answer.
     hops: HashMap<Id, crate::otel::Span>,
+    /// The editor's prompts forwarded and not yet answered, by their child id: the turn
+    /// histogram's one clock read per prompt (nothing per update).
+    prompts: HashMap<Id, Prompt>,
+}
+
+/// A `session/prompt` on its way: when acpd forwarded it, and whether the editor asked to
+/// cancel it since (a `cancelled` answer is then the editor's own, not the agent's).
+struct Prompt {
+    at: Instant,
+    cancel_asked: bool,
 }
 
 pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
@@ -111,6 +121,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         attach_next: None,
         tracer: d.shared.trace.clone(),
         hops: HashMap::new(),
+        prompts: HashMap::new(),
     };
     if let Some(trace) = &r.tracer {
         trace.note(
@@ -307,21 +318,49 @@ impl Relay {
                 calls.push((id, method));
             }
         }
-        if matches!(end, RelayEnd::ParentGone | RelayEnd::Expired) {
-            return;
-        }
-        // A prompt the editor's own close ended ends as ACP has a cancelled turn end.
-        let cancelled = envelope::to_raw(&json!({ "stopReason": "cancelled" }));
-        for (id, method) in calls {
-            let outcome = match end {
-                RelayEnd::Closed if method == "session/prompt" => Ok(&*cancelled),
-                _ => Err(&error),
-            };
-            tokio::select! {
-                biased;
-                _ = parent.respond(&id, outcome) => {}
-                _ = stop.cancelled() => return,
+        if !matches!(end, RelayEnd::ParentGone | RelayEnd::Expired) {
+            // A prompt the editor's own close ended ends as ACP has a cancelled turn end.
+            let cancelled = envelope::to_raw(&json!({ "stopReason": "cancelled" }));
+            for (id, method) in calls {
+                let outcome = match end {
+                    RelayEnd::Closed if method == "session/prompt" => Ok(&*cancelled),
+                    _ => Err(&error),
+                };
+                tokio::select! {
+                    biased;
+                    _ = parent.respond(&id, outcome) => {}
+                    _ = stop.cancelled() => break,
+                }
             }
+        }
+        let turn_end = match end {
+            RelayEnd::ChildGone { exit_code, signal } => TurnEnd::ProcessExit {
+                exit_code: *exit_code,
+                signal: signal.clone(),
+            }
+            .with_limit(d.shared.tree.limit_hit()),
+            RelayEnd::Protocol => TurnEnd::Protocol,
+            // Not reading its input: hung, as an idle run's child is.
+            RelayEnd::ChildDeaf => TurnEnd::Idle,
+            RelayEnd::OpenRefused => TurnEnd::RpcError {
+                code: INTERNAL_ERROR,
+            },
+            // Answered `cancelled` (the editor's close, acpd stopping), or never answered
+            // because the editor left: aborted, as a run its owner's end disposes.
+            RelayEnd::Closed | RelayEnd::ParentGone | RelayEnd::Expired => CANCELLED_HERE,
+        };
+        let here = matches!(
+            end,
+            RelayEnd::Closed | RelayEnd::ParentGone | RelayEnd::Expired
+        );
+        self.prompts_ended(d, &turn_end, here);
+    }
+
+    /// Every prompt still open ended as `end` (`here`: acpd or the editor ended it):
+    /// observed in the turn histogram.
+    pub(super) fn prompts_ended(&mut self, d: &Driver, end: &TurnEnd, here: bool) {
+        for (_, p) in self.prompts.drain() {
+            observe_prompt(d, p, end, here);
         }
     }
 
@@ -362,15 +401,21 @@ impl Relay {
             }
             hop.end();
         }
-        if method == "session/prompt"
-            && let Ok(r) = &outcome
-        {
-            from_child::log_reported_failure(d, &self.t.session_id, r);
-        }
+        let prompt = if method == "session/prompt" {
+            self.prompts.remove(&id)
+        } else {
+            None
+        };
+        let reported = match (&prompt, &outcome) {
+            (Some(_), Ok(r)) => from_child::log_reported_failure(d, &self.t.session_id, r),
+            _ => None,
+        };
+        let mut refused = false;
         // An answer naming the child's session (a load's, a resume's) names the parent's;
         // one that names a session twice is refused, never passed on for the parent to guess.
         let outcome = match outcome {
             Ok(r) if strict::doubled(&r).is_some() => {
+                refused = true;
                 let why = strict::doubled(&r).unwrap_or_default();
                 tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
                     %method, "refusing the agent's answer: {why}");
@@ -422,6 +467,17 @@ impl Relay {
             .parent
             .respond(&pid, outcome.as_ref().map(|r| &**r))
             .await;
+        if let Some(p) = prompt {
+            let end = match &outcome {
+                _ if refused => TurnEnd::Protocol,
+                Ok(r) => TurnEnd::Stopped {
+                    reason: stop_reason(r),
+                    reported_failure: reported,
+                },
+                Err(e) => TurnEnd::RpcError { code: e.code },
+            };
+            observe_prompt(d, p, &end, false);
+        }
         if self.opening.as_ref() == Some(&id) {
             self.opening = None;
             if outcome.is_err() {
@@ -445,6 +501,33 @@ impl Relay {
         if matches!(outcome, Ok(r) if strict::doubled(r).is_none()) {
             record().await;
         }
+    }
+}
+
+/// How a prompt ends that acpd (not the agent) ended for the editor: its close, acpd
+/// stopping, the editor leaving before the answer. Aborted, as a run its owner's end disposes.
+const CANCELLED_HERE: TurnEnd = TurnEnd::Stopped {
+    reason: ChildStopReason::Cancelled,
+    reported_failure: None,
+};
+
+/// One bridge turn ended as `end`, observed from its forwarding; `here`: acpd or the editor
+/// cancelled it, whatever the agent then did.
+fn observe_prompt(d: &Driver, p: Prompt, end: &TurnEnd, here: bool) {
+    let mapped = outcome::map_outcome(end, here || p.cancel_asked);
+    crate::metrics::get().bridge_turn_ended(&d.shared.provider.name, &mapped, p.at.elapsed());
+}
+
+/// The `stopReason` of a prompt's answer (an answer without one is an unknown stop reason).
+fn stop_reason(answer: &RawValue) -> ChildStopReason {
+    #[derive(serde::Deserialize)]
+    struct Answer<'a> {
+        #[serde(borrow, rename = "stopReason")]
+        stop_reason: std::borrow::Cow<'a, str>,
+    }
+    match serde_json::from_str::<Answer<'_>>(answer.get()) {
+        Ok(a) => ChildStopReason::parse(&a.stop_reason),
+        Err(_) => ChildStopReason::Unknown(String::new()),
     }
 }
 

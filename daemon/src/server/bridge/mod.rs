@@ -114,6 +114,14 @@ impl Reopen {
             Reopen::Resume => "/sessionCapabilities/resume",
         }
     }
+
+    /// How the session span says it was opened.
+    fn opened(self) -> &'static str {
+        match self {
+            Reopen::Load => "load",
+            Reopen::Resume => "resume",
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -247,7 +255,23 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
     };
     let minted = format!("acpd-{}", uuid::Uuid::new_v4());
     let mut params = o.params;
-    let spans = crate::otel::exporting().map(|otel| session_spans(otel, &minted, &mut params));
+    let opened = match o.method {
+        "session/fork" => "fork",
+        _ => "new",
+    };
+    let spans = crate::otel::exporting().map(|otel| {
+        let meta = params.get("_meta").and_then(|m| m.as_object());
+        let (session, start) = session_spans(otel, &minted, opened, meta);
+        if let Some(obj) = params.as_object_mut()
+            && let Some(meta) = obj
+                .entry("_meta")
+                .or_insert_with(|| json!({}))
+                .as_object_mut()
+        {
+            start.inject(meta);
+        }
+        (session, start)
+    });
     let open = Open::Create {
         method: o.method,
         params,
@@ -255,22 +279,7 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
     // A worktree is named after the session, minted above.
     let ask = o.workspace.ask(&minted, false);
     let launched = open_child(&conn, o.provider, &o.cwd, open, o.needs, ask).await;
-    if let Some((session, start)) = spans {
-        match &launched {
-            Ok(l) => {
-                for span in [&session, &start] {
-                    span.set("acpd.provider", l.provider.name.clone());
-                }
-                l.child.hold_span(session);
-            }
-            Err(e) => {
-                session.fail(e.message.clone());
-                start.fail(e.message.clone());
-                session.end();
-            }
-        }
-        start.end();
-    }
+    end_start(spans, &launched);
     let launched = match launched {
         Ok(l) => l,
         Err(e) => return conn.reply_err(&id, &e).await,
@@ -310,31 +319,72 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
     attach(conn, minted, child, First::Answer(id, reply), seat).await;
 }
 
-/// A bridge session's span (continuing the trace context of the editor's `session/new`, or a
-/// new trace) and its start's, which the agent's `session/new` names in `params`.
+/// A bridge session's span, continuing the trace context in `meta` (the `_meta` of the
+/// editor's request that opened it) or a new trace; `opened` says how: `new`, `fork`, `load`,
+/// `resume`, `re-attach`.
+fn session_span(
+    otel: &crate::otel::Otel,
+    sid: &str,
+    opened: &'static str,
+    meta: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> crate::otel::Span {
+    let attributes = vec![
+        opentelemetry::KeyValue::new("acpd.session.id", sid.to_string()),
+        opentelemetry::KeyValue::new("acpd.session.opened", opened),
+    ];
+    otel.span("acpd.session", meta, attributes)
+}
+
+/// A session span and its child's start's.
 fn session_spans(
     otel: &crate::otel::Otel,
-    minted: &str,
-    params: &mut serde_json::Value,
+    sid: &str,
+    opened: &'static str,
+    meta: Option<&serde_json::Map<String, serde_json::Value>>,
 ) -> (crate::otel::Span, crate::otel::Span) {
-    let attributes = vec![opentelemetry::KeyValue::new(
-        "acpd.session.id",
-        minted.to_string(),
-    )];
-    let meta = params.get("_meta").and_then(|m| m.as_object());
-    let session = otel.span("acpd.session", meta, attributes);
+    let session = session_span(otel, sid, opened, meta);
     let start = session
         .child("acpd.start", Vec::new())
         .unwrap_or_else(|| session.clone());
-    if let Some(obj) = params.as_object_mut()
-        && let Some(meta) = obj
-            .entry("_meta")
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-    {
-        start.inject(meta);
-    }
     (session, start)
+}
+
+/// Ends the start span with the start's outcome; the session span goes to the child (ended
+/// by its teardown), or ends failed with the start.
+fn end_start(
+    spans: Option<(crate::otel::Span, crate::otel::Span)>,
+    launched: &Result<crate::registry::Launched, RpcError>,
+) {
+    let Some((session, start)) = spans else {
+        return;
+    };
+    match launched {
+        Ok(l) => {
+            for span in [&session, &start] {
+                span.set("acpd.provider", l.provider.name.clone());
+            }
+            l.child.hold_span(session);
+        }
+        Err(e) => {
+            session.fail(e.message.clone());
+            start.fail(e.message.clone());
+            session.end();
+        }
+    }
+    start.end();
+}
+
+/// The `_meta` of the editor's params, read only when spans are exported.
+fn editor_meta(params: Option<&RawValue>) -> Option<serde_json::Map<String, serde_json::Value>> {
+    crate::otel::exporting()?;
+    let value: serde_json::Value = serde_json::from_str(params?.get()).ok()?;
+    match value {
+        serde_json::Value::Object(mut o) => match o.remove("_meta")? {
+            serde_json::Value::Object(m) => Some(m),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// The editor's params as the agent gets them: acpd's own `_meta.acpd` taken out.

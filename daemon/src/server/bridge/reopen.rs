@@ -34,7 +34,10 @@ pub(in crate::server) async fn load(
         released.as_mut().enable();
         let foreign = match sessions.take_for_load(&sid, conn.ctx.peer_uid) {
             Err(e) => return conn.reply_err(&id, &e).await,
-            Ok(Taken::Detached(child)) => return reattach(conn, id, sid, child).await,
+            Ok(Taken::Detached(child)) => {
+                let meta = editor_meta(params.as_deref());
+                return reattach(conn, id, sid, child, meta).await;
+            }
             Ok(Taken::Reserved(r)) => break r,
             Ok(Taken::Attached) => false,
             Ok(Taken::Foreign) => true,
@@ -79,7 +82,13 @@ pub(in crate::server) async fn load(
         child_session_id: row.child_session_id.clone(),
     };
     let ask = workspace.ask(&row.acpd_id, true);
+    let meta = editor_meta(params.as_deref());
+    let spans = crate::otel::exporting()
+        .map(|otel| session_spans(otel, &row.acpd_id, reopen.opened(), meta.as_ref()));
+    // The agent's load (sent once the session is attached) names the session span.
+    let session_span = spans.as_ref().map(|(session, _)| session.clone());
     let opened = open_child(&conn, Some(&row.provider), &cwd, open, Some(needs), ask).await;
+    end_start(spans, &opened);
     let launched = match opened {
         Ok(l) => l,
         Err(e) => {
@@ -93,6 +102,15 @@ pub(in crate::server) async fn load(
     let mut params = forwarded_params(params.as_deref());
     if let Some(w) = &launched.workspace {
         params["cwd"] = json!(w.cwd.to_string_lossy());
+    }
+    if let Some(span) = session_span
+        && let Some(obj) = params.as_object_mut()
+        && let Some(meta) = obj
+            .entry("_meta")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+    {
+        span.inject(meta);
     }
     conn.ctx.sessions.file(
         &row.acpd_id,
@@ -162,12 +180,26 @@ async fn again(
 }
 
 /// A detached live session attached to this connection: no reload, its pending permission
-/// requests asked again.
-async fn reattach(conn: Arc<Conn>, id: Id, sid: String, child: Child) {
+/// requests asked again. With spans exported, the attachment gets a session span of its own
+/// (continuing `meta`, the load's trace context), and the previous attachment's ends.
+async fn reattach(
+    conn: Arc<Conn>,
+    id: Id,
+    sid: String,
+    child: Child,
+    meta: Option<serde_json::Map<String, serde_json::Value>>,
+) {
     let Some(seat) = conn.take_seat() else {
         conn.ctx.sessions.release(&sid, &child, false).await;
         return conn.reply_err(&id, &conn.seat_limit()).await;
     };
+    if let Some(otel) = crate::otel::exporting() {
+        let span = session_span(otel, &sid, "re-attach", meta.as_ref());
+        span.set("acpd.provider", child.provider().name.clone());
+        if let Some(previous) = child.hold_span(span) {
+            previous.end();
+        }
+    }
     // What the agent answered at `session/new` (modes, models, config options), without the
     // session id a load does not answer with.
     let mut reply: serde_json::Value =
