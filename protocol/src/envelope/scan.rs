@@ -53,6 +53,19 @@ impl std::fmt::Display for ScanError {
 
 const KEYS: [&str; 6] = ["jsonrpc", "id", "method", "params", "result", "error"];
 
+/// Which of [`KEYS`] `key` is.
+fn envelope_key(key: &[u8]) -> Option<usize> {
+    match key {
+        b"jsonrpc" => Some(0),
+        b"id" => Some(1),
+        b"method" => Some(2),
+        b"params" => Some(3),
+        b"result" => Some(4),
+        b"error" => Some(5),
+        _ => None,
+    }
+}
+
 /// Scans `line` as one JSON value.
 pub(super) fn scan(line: &str) -> Result<Shape<'_>, ScanError> {
     let mut s = Scanner {
@@ -229,7 +242,7 @@ impl<'a> Scanner<'a> {
             Some(b'"') => {
                 let key = &self.b[start..self.i];
                 self.i += 1;
-                return Ok(KEYS.iter().position(|k| k.as_bytes() == key));
+                return Ok(envelope_key(key));
             }
             Some(b'\\') => {}
             Some(_) => return Err(self.err("control character found while parsing a string")),
@@ -240,7 +253,7 @@ impl<'a> Scanner<'a> {
             match self.peek() {
                 Some(b'"') => {
                     self.i += 1;
-                    return Ok(KEYS.iter().position(|k| k.as_bytes() == decoded));
+                    return Ok(envelope_key(&decoded));
                 }
                 Some(b'\\') => {
                     self.i += 1;

@@ -47,7 +47,7 @@ fn assert_agree(line: &[u8]) {
 }
 
 /// A typical forwarded update: 272 bytes, as the echo agent streams them.
-const UPDATE: &str = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess_4f1c2a9e-7b3d-4e8a-9c1f-2d6b8e0a5c37","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"The quick brown fox jumps over the lazy dog, twice; then naps \u2014 all done."}}}}"#;
+const UPDATE: &str = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess_4f1c2a9e-7b3d-4e8a-9c1f-2d6b8e0a5c37","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"The quick brown fox jumps over the lazy dog, twice; then naps \u2014 all done"}}}}"#;
 
 /// Valid messages the random cases start from.
 const SEEDS: &[&str] = &[
@@ -173,7 +173,7 @@ fn tricky_lines_get_the_same_verdict() {
     ] {
         lines.push(bad.to_vec());
     }
-    for depth in [1, 2, 63, 64, 65, 127, 128, 129, 200, 5000] {
+    for depth in [1, 2, 63, 64, 65, 127, 128, 129, 200, 5000, 100_000] {
         let nested = |open: &str, close: &str| {
             format!(
                 "{{\"method\":\"m\",\"params\":{}1{}}}",
