@@ -6,7 +6,9 @@
 //! within the cap, UTF-8 and not blank; every parsed request, notification and response
 //! re-encodes to the same message with its id text byte for byte; every envelope error is
 //! −32700/−32600 (id null unless the line was an object with a readable id); a spliced
-//! `sessionId` leaves exactly one, with every other top-level field unchanged.
+//! `sessionId` leaves exactly one, with every other top-level field unchanged; `envelope::parse`
+//! (a single-pass scan) gives every line the verdict serde_json's parse into the six raw
+//! envelope fields gives it (the same kind of error, or the same raw fields).
 #![no_main]
 
 use std::fmt;
@@ -16,6 +18,7 @@ use acpd_protocol::envelope::{self, EnvelopeError, Id, Message, RpcError};
 use acpd_protocol::session_id::{session_id, splice_session_id, with_session_id};
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 fuzz_target!(|data: &[u8]| {
@@ -49,6 +52,7 @@ fuzz_target!(|data: &[u8]| {
     check_abandon(max, stream, data[1]);
     // The envelope and the helpers also see the raw bytes, cap or not.
     check_envelope(stream);
+    check_against_serde(stream);
     if let Ok(text) = std::str::from_utf8(stream) {
         check_id(text);
     }
@@ -328,4 +332,84 @@ fn fields(text: &str) -> Option<Vec<(String, &RawValue)>> {
     let v = (&mut de).deserialize_map(V).ok()?;
     de.end().ok()?;
     Some(v)
+}
+
+/// Keeps a present-but-null field as `Some(null)`.
+fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'a RawValue>, D::Error> {
+    <&'a RawValue>::deserialize(d).map(Some)
+}
+
+/// The six envelope fields as serde_json reads them (what `envelope::parse` did before its
+/// scan): a doubled key is a data error, bad JSON a syntax or EOF error.
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    error: Option<&'a RawValue>,
+}
+
+/// The scan's verdict is serde_json's: not JSON exactly when serde_json says so, a doubled
+/// envelope key refused as an invalid request, and a parsed message's raw fields the ones
+/// serde_json found.
+fn check_against_serde(line: &[u8]) {
+    let verdict = envelope::parse(line);
+    let Ok(text) = std::str::from_utf8(line) else {
+        assert!(matches!(verdict, Err(EnvelopeError::NotJson(_))));
+        return;
+    };
+    let first = line.iter().find(|b| !is_ws(b)).copied();
+    if first != Some(b'{') {
+        let json = serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok();
+        assert_eq!(
+            json,
+            !matches!(verdict, Err(EnvelopeError::NotJson(_))),
+            "{text:?}: {verdict:?}"
+        );
+        assert!(verdict.is_err());
+        return;
+    }
+    let wire = match serde_json::from_str::<Wire<'_>>(text) {
+        Ok(wire) => wire,
+        Err(e) => {
+            match &verdict {
+                Err(EnvelopeError::Invalid { id: None, reason }) if e.is_data() => {
+                    assert!(reason.ends_with("each envelope key may appear once"))
+                }
+                Err(EnvelopeError::NotJson(_)) if !e.is_data() => {}
+                _ => panic!("{text:?}: serde_json: {e}, scan: {verdict:?}"),
+            }
+            return;
+        }
+    };
+    assert!(
+        !matches!(verdict, Err(EnvelopeError::NotJson(_))),
+        "{text:?}: {verdict:?}"
+    );
+    let raw = |v: Option<&RawValue>| v.map(|v| v.get().to_string());
+    match verdict {
+        Ok(Message::Request { params, .. }) | Ok(Message::Notification { params, .. }) => {
+            assert_eq!(params.as_deref().map(|p| p.get().to_string()), raw(wire.params));
+            assert!(wire.method.is_some());
+        }
+        Ok(Message::Response { outcome, .. }) => {
+            if let Ok(result) = outcome {
+                assert_eq!(Some(result.get().to_string()), raw(wire.result));
+            } else {
+                assert!(wire.error.is_some());
+            }
+        }
+        Err(_) => {}
+    }
+    let _ = (wire.jsonrpc, wire.id);
 }

@@ -8,12 +8,19 @@
 //! - [`rpc_error`]: the error object and the JSON-RPC / ACP error codes.
 //! - [`parse`]: one line into a [`Message`] (or a [`MessageRef`] borrowing from the line), or an
 //!   [`EnvelopeError`] that still carries the id.
+//! - `scan`: the single pass that checks a line is JSON (as serde_json would) and finds the
+//!   envelope keys' values in it; `oracle` (tests only) is the serde_json parse it is held to.
 //! - [`encode`]: requests, notifications and replies written back as one line.
 
 mod encode;
 mod id;
+#[cfg(test)]
+mod oracle;
 mod parse;
 mod rpc_error;
+mod scan;
+#[cfg(test)]
+mod scan_tests;
 #[cfg(test)]
 mod tests;
 
@@ -22,7 +29,7 @@ pub use encode::{
     encode_result, json_string, to_raw,
 };
 pub use id::{Id, IdError, RawId};
-pub use parse::{EnvelopeError, Message, MessageRef, parse, parse_ref};
+pub use parse::{EnvelopeError, Message, MessageRef, RawJson, parse, parse_ref};
 pub use rpc_error::{
     AUTH_REQUIRED, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
     RESOURCE_NOT_FOUND, RpcError,

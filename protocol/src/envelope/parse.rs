@@ -4,10 +4,9 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
-use serde::de::Deserializer;
 use serde_json::value::RawValue;
 
+use super::scan::{Fields, ScanError, Shape, scan};
 use super::{Id, RpcError};
 
 /// One decoded message.
@@ -37,37 +36,71 @@ pub enum MessageRef<'a> {
     Request {
         id: Id,
         method: Cow<'a, str>,
-        params: Option<&'a RawValue>,
+        params: Option<RawJson<'a>>,
     },
     Notification {
         method: Cow<'a, str>,
-        params: Option<&'a RawValue>,
+        params: Option<RawJson<'a>>,
     },
     Response {
         /// `None` when the peer answered `id: null` (its reply to a line it could not parse).
         id: Option<Id>,
-        outcome: Result<&'a RawValue, RpcError>,
+        outcome: Result<RawJson<'a>, RpcError>,
     },
+}
+
+/// A JSON value's text, left in its line: the raw params or result of a [`MessageRef`]. Only
+/// [`parse_ref`] (from text its scan found to be one JSON value) and a serde_json `RawValue`
+/// make one, so the conversions back to serde_json's raw values parse it again but cannot fail
+/// on it; they still return the error rather than assume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawJson<'a>(&'a str);
+
+impl<'a> RawJson<'a> {
+    /// The value's JSON text, exactly as the peer wrote it.
+    pub fn get(self) -> &'a str {
+        self.0
+    }
+
+    /// As serde_json's borrowed raw value (a second parse of the text: for the slow paths).
+    pub fn to_raw_value(self) -> Result<&'a RawValue, EnvelopeError> {
+        serde_json::from_str(self.0).map_err(|e| EnvelopeError::NotJson(e.to_string()))
+    }
+
+    /// As serde_json's owned raw value (a copy and a second parse of the text).
+    pub fn to_boxed(self) -> Result<Box<RawValue>, EnvelopeError> {
+        RawValue::from_string(self.0.to_owned()).map_err(|e| EnvelopeError::NotJson(e.to_string()))
+    }
+}
+
+/// A raw value serde_json has already checked is one JSON value (a message queued owned, say).
+impl<'a> From<&'a RawValue> for RawJson<'a> {
+    fn from(raw: &'a RawValue) -> Self {
+        RawJson(raw.get())
+    }
 }
 
 impl MessageRef<'_> {
     /// The message with its own copies of the method and the raw JSON.
-    pub fn into_owned(self) -> Message {
-        match self {
+    pub fn into_owned(self) -> Result<Message, EnvelopeError> {
+        Ok(match self {
             MessageRef::Request { id, method, params } => Message::Request {
                 id,
                 method: method.into_owned(),
-                params: params.map(ToOwned::to_owned),
+                params: params.map(RawJson::to_boxed).transpose()?,
             },
             MessageRef::Notification { method, params } => Message::Notification {
                 method: method.into_owned(),
-                params: params.map(ToOwned::to_owned),
+                params: params.map(RawJson::to_boxed).transpose()?,
             },
             MessageRef::Response { id, outcome } => Message::Response {
                 id,
-                outcome: outcome.map(ToOwned::to_owned),
+                outcome: match outcome {
+                    Ok(result) => Ok(result.to_boxed()?),
+                    Err(e) => Err(e),
+                },
             },
-        }
+        })
     }
 }
 
@@ -98,36 +131,8 @@ impl EnvelopeError {
     }
 }
 
-/// Keeps a present-but-null field as `Some(null)`; serde's `Option` would make it `None`.
-fn present<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<&'a RawValue>, D::Error> {
-    <&'a RawValue>::deserialize(d).map(Some)
-}
-
-/// The top-level fields, every one raw: this never fails on a field's type (only on bad JSON or a
-/// duplicate key), so the id can be read before anything else is judged.
-#[derive(Deserialize)]
-struct Wire<'a> {
-    #[serde(default, borrow, deserialize_with = "present")]
-    jsonrpc: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    id: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    method: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    params: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    result: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    error: Option<&'a RawValue>,
-}
-
-fn is_json_ws(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
-}
-
 /// A JSON string's value, borrowed when it has no escape; `None` when `raw` is not a string.
-fn string_of(raw: &RawValue) -> Option<Cow<'_, str>> {
-    let text = raw.get();
+fn string_of(text: &str) -> Option<Cow<'_, str>> {
     if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"'))
         && !inner.contains('\\')
     {
@@ -146,47 +151,40 @@ fn string_of(raw: &RawValue) -> Option<Cow<'_, str>> {
 /// [`EnvelopeError::NotJson`] (−32700). A request whose id can be read keeps it in the error, so
 /// it is answered with that id.
 pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
-    parse_ref(line).map(MessageRef::into_owned)
+    parse_ref(line).and_then(MessageRef::into_owned)
 }
 
 /// [`parse`] without copying: the method and the raw params or result borrow from `line`.
 pub fn parse_ref(line: &[u8]) -> Result<MessageRef<'_>, EnvelopeError> {
-    // serde_json checks UTF-8 only in the strings it reads, not in the ones it skips (an unknown
-    // field's), so the whole line is checked once here; `from_str` then checks nothing again.
+    // The scan looks at no byte of a string beyond the ones it stops at, so UTF-8 is checked
+    // once here, over the whole line.
     let line = std::str::from_utf8(line)
         .map_err(|_| EnvelopeError::NotJson("the line is not valid UTF-8".into()))?;
-    let first = line.bytes().find(|b| !is_json_ws(*b));
-    if first != Some(b'{') {
-        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(line) {
-            Ok(_) if first == Some(b'[') => EnvelopeError::Invalid {
-                id: None,
-                reason: "a batch (JSON array) is not supported; send one object per line".into(),
-            },
-            Ok(_) => EnvelopeError::Invalid {
-                id: None,
-                reason: "a message must be a JSON object".into(),
-            },
-            Err(e) => EnvelopeError::NotJson(e.to_string()),
-        });
+    match scan(line) {
+        Ok(Shape::Object(fields)) => classify(fields),
+        Ok(Shape::Array) => Err(EnvelopeError::Invalid {
+            id: None,
+            reason: "a batch (JSON array) is not supported; send one object per line".into(),
+        }),
+        Ok(Shape::Scalar) => Err(EnvelopeError::Invalid {
+            id: None,
+            reason: "a message must be a JSON object".into(),
+        }),
+        // A doubled envelope key (`id`, `method`, `params`…, however spelled): which one is
+        // meant is unknowable, so none is used, not even the id.
+        Err(e @ ScanError::Duplicate { .. }) => Err(EnvelopeError::Invalid {
+            id: None,
+            reason: format!("{e}: each envelope key may appear once"),
+        }),
+        Err(e @ ScanError::Syntax { .. }) => Err(EnvelopeError::NotJson(e.to_string())),
     }
-    let wire: Wire<'_> = match serde_json::from_str(line) {
-        Ok(w) => w,
-        Err(e) if e.is_data() => {
-            // A doubled envelope key (`id`, `method`, `params`…, however spelled): which one
-            // is meant is unknowable, so none is used, not even the id.
-            let reason = e.to_string();
-            let reason = if reason.starts_with("duplicate field") {
-                format!("{reason}: each envelope key may appear once")
-            } else {
-                reason
-            };
-            return Err(EnvelopeError::Invalid { id: None, reason });
-        }
-        Err(e) => return Err(EnvelopeError::NotJson(e.to_string())),
-    };
+}
+
+/// The message the envelope's fields make, or why they make none.
+pub(super) fn classify(wire: Fields<'_>) -> Result<MessageRef<'_>, EnvelopeError> {
     let id = match wire.id {
         None => None,
-        Some(raw) => match Id::from_json(raw.get()) {
+        Some(raw) => match Id::from_json(raw) {
             Ok(id) => id,
             Err(e) => {
                 return Err(EnvelopeError::Invalid {
@@ -213,11 +211,11 @@ pub fn parse_ref(line: &[u8]) -> Result<MessageRef<'_>, EnvelopeError> {
             return Err(invalid("a request has no result or error"));
         }
         if let Some(p) = wire.params
-            && !matches!(p.get().as_bytes().first(), Some(b'{' | b'['))
+            && !matches!(p.as_bytes().first(), Some(b'{' | b'['))
         {
             return Err(invalid("params must be an object or an array"));
         }
-        let params = wire.params;
+        let params = wire.params.map(RawJson);
         return match (wire.id, id) {
             (None, _) => Ok(MessageRef::Notification { method, params }),
             (Some(_), Some(id)) => Ok(MessageRef::Request { id, method, params }),
@@ -233,13 +231,12 @@ pub fn parse_ref(line: &[u8]) -> Result<MessageRef<'_>, EnvelopeError> {
     match (wire.result, wire.error) {
         (Some(result), None) => Ok(MessageRef::Response {
             id,
-            outcome: Ok(result),
+            outcome: Ok(RawJson(result)),
         }),
         (None, Some(error)) => {
             let error = error
-                .get()
                 .starts_with('{')
-                .then(|| serde_json::from_str::<RpcError>(error.get()).ok())
+                .then(|| serde_json::from_str::<RpcError>(error).ok())
                 .flatten()
                 .ok_or_else(|| invalid("error must be an object with a code and a message"))?;
             Ok(MessageRef::Response {

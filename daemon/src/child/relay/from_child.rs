@@ -10,7 +10,7 @@ impl Relay {
         &mut self,
         d: &Driver,
         method: &str,
-        params: Option<&RawValue>,
+        params: Option<RawJson<'_>>,
     ) {
         if method == "session/update"
             && let Some(rest) = params.and_then(|p| strict::fast_own(p.get(), &self.own_json))
@@ -22,6 +22,11 @@ impl Relay {
         let log = |why: &str| {
             tracing::warn!(provider = %d.shared.provider.name, %session,
                 %method, "dropping a child notification: {why}");
+        };
+        // Off the hot path: the helpers below read serde_json's raw value.
+        let params = match params.map(RawJson::to_raw_value).transpose() {
+            Ok(params) => params,
+            Err(e) => return log(&e.to_string()),
         };
         if !strict::forwardable(method) {
             return log("acpd's own method");

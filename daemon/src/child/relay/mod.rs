@@ -18,7 +18,7 @@ mod ids;
 use std::collections::HashMap;
 
 use acpd_protocol::diagnostic;
-use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, MessageRef, RpcError};
+use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, MessageRef, RawJson, RpcError};
 use acpd_protocol::outcome::{self, ChildStopReason, TurnEnd, air};
 use acpd_protocol::permission::{self, PolicyAnswer};
 use acpd_protocol::session_id::{splice_session_id, with_session_id};
@@ -132,7 +132,8 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
     r.first(d).await;
     let early = std::mem::take(&mut *super::lock(&d.shared.early));
     for (method, params) in early {
-        r.child_notification(d, &method, params.as_deref()).await;
+        r.child_notification(d, &method, params.as_deref().map(RawJson::from))
+            .await;
     }
     let end = loop {
         let end = r.pump(d).await;
@@ -258,17 +259,23 @@ impl Relay {
         };
         match envelope::parse_ref(&line) {
             Err(e) => bad_line(d, &self.t.session_id, &e.into()),
-            Ok(MessageRef::Response { id, outcome }) => {
-                self.answered(d, id, outcome.map(ToOwned::to_owned)).await
-            }
+            Ok(MessageRef::Response { id, outcome }) => match outcome.map(RawJson::to_boxed) {
+                Ok(Err(e)) => bad_line(d, &self.t.session_id, &e.into()),
+                Ok(Ok(result)) => self.answered(d, id, Ok(result)).await,
+                Err(error) => self.answered(d, id, Err(error)).await,
+            },
             Ok(MessageRef::Notification { method, params }) => {
                 self.child_notification(d, &method, params).await;
                 None
             }
             Ok(MessageRef::Request { id, method, params }) => {
-                let params = params.map(ToOwned::to_owned);
-                self.child_request(d, id, method.into_owned(), params).await;
-                None
+                match params.map(RawJson::to_boxed).transpose() {
+                    Ok(params) => {
+                        self.child_request(d, id, method.into_owned(), params).await;
+                        None
+                    }
+                    Err(e) => bad_line(d, &self.t.session_id, &e.into()),
+                }
             }
         }
     }

@@ -1,0 +1,527 @@
+//! One line checked as JSON in a single pass, the envelope's fields picked out on the way.
+//!
+//! It accepts exactly what `serde_json::from_str` accepted when [`parse_ref`](super::parse_ref)
+//! read a line into its six raw fields (the differential tests in `scan_tests.rs` hold it to
+//! that): JSON whitespace only, no control character in a string, escapes as serde_json
+//! skips them (`\u` needs four hex digits, a lone surrogate passes) except in the top-level
+//! object's keys, which are decoded as serde_json decodes a key (a lone surrogate is an error,
+//! `"\u0069d"` is `id`), a number by JSON's grammar (no `01`, `1.`, `1e`, any magnitude), no
+//! depth limit below the top-level object (serde_json skips a raw value with a heap stack), and
+//! nothing after the value but whitespace. The caller checks UTF-8 first (a `&str`), so a
+//! string's other bytes need no look.
+
+/// The raw text of each envelope key's value in the top-level object, leading whitespace not
+/// included (as serde_json's `RawValue` has it).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Fields<'a> {
+    pub jsonrpc: Option<&'a str>,
+    pub id: Option<&'a str>,
+    pub method: Option<&'a str>,
+    pub params: Option<&'a str>,
+    pub result: Option<&'a str>,
+    pub error: Option<&'a str>,
+}
+
+/// What the line holds when it is valid JSON.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Shape<'a> {
+    Object(Fields<'a>),
+    Array,
+    /// A string, number, literal.
+    Scalar,
+}
+
+/// Why a line was refused, with the 1-based byte column where it was noticed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ScanError {
+    /// Not JSON.
+    Syntax { what: &'static str, column: usize },
+    /// An envelope key of the top-level object written twice (however spelled).
+    Duplicate { key: &'static str, column: usize },
+}
+
+impl std::fmt::Display for ScanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScanError::Syntax { what, column } => write!(f, "{what} at column {column}"),
+            ScanError::Duplicate { key, column } => {
+                write!(f, "duplicate field `{key}` at column {column}")
+            }
+        }
+    }
+}
+
+const KEYS: [&str; 6] = ["jsonrpc", "id", "method", "params", "result", "error"];
+
+/// Which of [`KEYS`] `key` is.
+fn envelope_key(key: &[u8]) -> Option<usize> {
+    match key {
+        b"jsonrpc" => Some(0),
+        b"id" => Some(1),
+        b"method" => Some(2),
+        b"params" => Some(3),
+        b"result" => Some(4),
+        b"error" => Some(5),
+        _ => None,
+    }
+}
+
+/// Scans `line` as one JSON value.
+pub(super) fn scan(line: &str) -> Result<Shape<'_>, ScanError> {
+    let mut s = Scanner {
+        text: line,
+        b: line.as_bytes(),
+        i: 0,
+        nest: Nest::default(),
+    };
+    s.ws();
+    let shape = match s.peek() {
+        Some(b'{') => {
+            s.i += 1;
+            Shape::Object(s.top_object()?)
+        }
+        Some(b'[') => {
+            s.value()?;
+            Shape::Array
+        }
+        _ => {
+            s.value()?;
+            Shape::Scalar
+        }
+    };
+    s.ws();
+    if s.i < s.b.len() {
+        return Err(s.err("trailing characters"));
+    }
+    Ok(shape)
+}
+
+/// Which containers are open: objects are 1 bits. Sixty-four levels need no allocation.
+#[derive(Default)]
+struct Nest {
+    depth: usize,
+    shallow: u64,
+    deep: Vec<bool>,
+}
+
+impl Nest {
+    fn push(&mut self, object: bool) {
+        if self.depth < 64 {
+            self.shallow = (self.shallow & !(1 << self.depth)) | (u64::from(object) << self.depth);
+        } else {
+            self.deep.push(object);
+        }
+        self.depth += 1;
+    }
+
+    fn pop(&mut self) {
+        self.depth -= 1;
+        if self.depth >= 64 {
+            self.deep.pop();
+        }
+    }
+
+    fn in_object(&self) -> bool {
+        match self.depth - 1 {
+            d if d < 64 => self.shallow >> d & 1 == 1,
+            _ => self.deep.last().copied().unwrap_or(false),
+        }
+    }
+}
+
+struct Scanner<'a> {
+    text: &'a str,
+    b: &'a [u8],
+    i: usize,
+    nest: Nest,
+}
+
+/// Bytes a string's scan stops at: `"`, `\` and the control characters.
+static STOP: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 0x20 {
+        t[c] = true;
+        c += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
+impl<'a> Scanner<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn err(&self, what: &'static str) -> ScanError {
+        ScanError::Syntax {
+            what,
+            column: self.i + 1,
+        }
+    }
+
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    /// The top-level object after its `{`: every key decoded, the envelope keys' values kept.
+    fn top_object(&mut self) -> Result<Fields<'a>, ScanError> {
+        let mut fields = Fields::default();
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            return Ok(fields);
+        }
+        loop {
+            match self.peek() {
+                Some(b'"') => self.i += 1,
+                Some(_) => return Err(self.err("key must be a string")),
+                None => return Err(self.err("EOF while parsing an object")),
+            }
+            let column = self.i;
+            let slot = match self.key()? {
+                Some(k) => {
+                    let slot = match k {
+                        0 => &mut fields.jsonrpc,
+                        1 => &mut fields.id,
+                        2 => &mut fields.method,
+                        3 => &mut fields.params,
+                        4 => &mut fields.result,
+                        _ => &mut fields.error,
+                    };
+                    if slot.is_some() {
+                        return Err(ScanError::Duplicate {
+                            key: KEYS[k],
+                            column,
+                        });
+                    }
+                    Some(slot)
+                }
+                None => None,
+            };
+            self.ws();
+            match self.peek() {
+                Some(b':') => self.i += 1,
+                Some(_) => return Err(self.err("expected `:`")),
+                None => return Err(self.err("EOF while parsing an object")),
+            }
+            self.ws();
+            let start = self.i;
+            self.value()?;
+            if let Some(slot) = slot {
+                *slot = self.text.get(start..self.i);
+            }
+            self.ws();
+            match self.peek() {
+                Some(b',') => {
+                    self.i += 1;
+                    self.ws();
+                    if self.peek() == Some(b'}') {
+                        return Err(self.err("trailing comma"));
+                    }
+                }
+                Some(b'}') => {
+                    self.i += 1;
+                    return Ok(fields);
+                }
+                Some(_) => return Err(self.err("expected `,` or `}`")),
+                None => return Err(self.err("EOF while parsing an object")),
+            }
+        }
+    }
+
+    /// A top-level key after its opening quote, decoded as serde_json decodes a string it
+    /// returns: which envelope key it is, if any.
+    fn key(&mut self) -> Result<Option<usize>, ScanError> {
+        let start = self.i;
+        self.skip_plain();
+        match self.peek() {
+            Some(b'"') => {
+                let key = &self.b[start..self.i];
+                self.i += 1;
+                return Ok(envelope_key(key));
+            }
+            Some(b'\\') => {}
+            Some(_) => return Err(self.err("control character found while parsing a string")),
+            None => return Err(self.err("EOF while parsing a string")),
+        }
+        let mut decoded = self.b[start..self.i].to_vec();
+        loop {
+            match self.peek() {
+                Some(b'"') => {
+                    self.i += 1;
+                    return Ok(envelope_key(&decoded));
+                }
+                Some(b'\\') => {
+                    self.i += 1;
+                    self.decode_escape(&mut decoded)?;
+                }
+                Some(_) => return Err(self.err("control character found while parsing a string")),
+                None => return Err(self.err("EOF while parsing a string")),
+            }
+            let from = self.i;
+            self.skip_plain();
+            decoded.extend_from_slice(&self.b[from..self.i]);
+        }
+    }
+
+    /// One escape after its `\`, decoded into `out`; surrogates must pair.
+    fn decode_escape(&mut self, out: &mut Vec<u8>) -> Result<(), ScanError> {
+        let c = self.next_in_string()?;
+        let plain = match c {
+            b'"' | b'\\' | b'/' => c,
+            b'b' => 0x08,
+            b'f' => 0x0c,
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'u' => {
+                let n = self.hex4()?;
+                let code = match n {
+                    0xDC00..=0xDFFF => return Err(self.err("lone surrogate in a key")),
+                    0xD800..=0xDBFF => {
+                        if self.next_in_string()? != b'\\' || self.next_in_string()? != b'u' {
+                            return Err(self.err("unexpected end of hex escape"));
+                        }
+                        let low = self.hex4()?;
+                        if !(0xDC00..=0xDFFF).contains(&low) {
+                            return Err(self.err("lone surrogate in a key"));
+                        }
+                        0x1_0000 + ((u32::from(n) - 0xD800) << 10 | (u32::from(low) - 0xDC00))
+                    }
+                    n => u32::from(n),
+                };
+                let ch = char::from_u32(code).ok_or_else(|| self.err("invalid escape"))?;
+                out.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes());
+                return Ok(());
+            }
+            _ => return Err(self.err("invalid escape")),
+        };
+        out.push(plain);
+        Ok(())
+    }
+
+    fn next_in_string(&mut self) -> Result<u8, ScanError> {
+        let c = self
+            .peek()
+            .ok_or_else(|| self.err("EOF while parsing a string"))?;
+        self.i += 1;
+        Ok(c)
+    }
+
+    /// Four hex digits of a `\u` escape.
+    fn hex4(&mut self) -> Result<u16, ScanError> {
+        let Some(digits) = self.b.get(self.i..self.i + 4) else {
+            self.i = self.b.len();
+            return Err(self.err("EOF while parsing a string"));
+        };
+        let mut n = 0u16;
+        for &d in digits {
+            let v = match d {
+                b'0'..=b'9' => d - b'0',
+                b'a'..=b'f' => d - b'a' + 10,
+                b'A'..=b'F' => d - b'A' + 10,
+                _ => return Err(self.err("invalid escape")),
+            };
+            n = n << 4 | u16::from(v);
+        }
+        self.i += 4;
+        Ok(n)
+    }
+
+    /// Past the bytes a string holds as they are, to its next `"`, `\` or control byte.
+    #[inline]
+    fn skip_plain(&mut self) {
+        const ONES: u64 = u64::MAX / 255;
+        const HIGH: u64 = ONES << 7;
+        while let Some(chunk) = self.b.get(self.i..self.i + 8) {
+            let mut word = [0; 8];
+            word.copy_from_slice(chunk);
+            let w = u64::from_le_bytes(word);
+            let ctrl = w.wrapping_sub(ONES * 0x20) & !w;
+            let q = w ^ (ONES * u64::from(b'"'));
+            let quote = q.wrapping_sub(ONES) & !q;
+            let s = w ^ (ONES * u64::from(b'\\'));
+            let slash = s.wrapping_sub(ONES) & !s;
+            let hit = (ctrl | quote | slash) & HIGH;
+            if hit != 0 {
+                self.i += hit.trailing_zeros() as usize / 8;
+                return;
+            }
+            self.i += 8;
+        }
+        while let Some(&c) = self.b.get(self.i) {
+            if STOP[usize::from(c)] {
+                return;
+            }
+            self.i += 1;
+        }
+    }
+
+    /// A string after its opening quote, skipped: escapes checked as serde_json skips them.
+    fn string(&mut self) -> Result<(), ScanError> {
+        loop {
+            self.skip_plain();
+            match self.peek() {
+                Some(b'"') => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    self.i += 1;
+                    match self.next_in_string()? {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                        b'u' => {
+                            self.hex4()?;
+                        }
+                        _ => return Err(self.err("invalid escape")),
+                    }
+                }
+                Some(_) => return Err(self.err("control character found while parsing a string")),
+                None => return Err(self.err("EOF while parsing a string")),
+            }
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let from = self.i;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.i += 1;
+        }
+        self.i - from
+    }
+
+    /// A number, its sign already passed.
+    fn number(&mut self) -> Result<(), ScanError> {
+        match self.peek() {
+            Some(b'0') => {
+                self.i += 1;
+                if let Some(b'0'..=b'9') = self.peek() {
+                    return Err(self.err("invalid number"));
+                }
+            }
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(self.err("invalid number")),
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            if self.digits() == 0 {
+                return Err(self.err("invalid number"));
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.err("invalid number"));
+            }
+        }
+        Ok(())
+    }
+
+    fn literal(&mut self, word: &'static [u8]) -> Result<(), ScanError> {
+        for &c in word {
+            match self.peek() {
+                Some(b) if b == c => self.i += 1,
+                Some(_) => return Err(self.err("expected ident")),
+                None => return Err(self.err("EOF while parsing a value")),
+            }
+        }
+        Ok(())
+    }
+
+    /// One value of any depth, iteratively (a hostile line nests as deep as it is long).
+    fn value(&mut self) -> Result<(), ScanError> {
+        let base = self.nest.depth;
+        loop {
+            // A value is expected here.
+            self.ws();
+            match self.peek() {
+                Some(b'"') => {
+                    self.i += 1;
+                    self.string()?;
+                }
+                Some(b'-') => {
+                    self.i += 1;
+                    self.number()?;
+                }
+                Some(b'0'..=b'9') => self.number()?,
+                Some(b'n') => self.literal(b"null")?,
+                Some(b't') => self.literal(b"true")?,
+                Some(b'f') => self.literal(b"false")?,
+                Some(open @ (b'{' | b'[')) => {
+                    self.i += 1;
+                    self.ws();
+                    let close = if open == b'{' { b'}' } else { b']' };
+                    if self.peek() == Some(close) {
+                        self.i += 1;
+                    } else {
+                        self.nest.push(open == b'{');
+                        if open == b'{' {
+                            self.member_key()?;
+                        }
+                        continue;
+                    }
+                }
+                Some(_) => return Err(self.err("expected value")),
+                None => return Err(self.err("EOF while parsing a value")),
+            }
+            // A value ended: a comma, or the end of its container (and maybe more).
+            loop {
+                if self.nest.depth == base {
+                    return Ok(());
+                }
+                self.ws();
+                let object = self.nest.in_object();
+                match self.peek() {
+                    Some(b',') => {
+                        self.i += 1;
+                        if object {
+                            self.ws();
+                            self.member_key()?;
+                        }
+                        break;
+                    }
+                    Some(b'}') if object => {
+                        self.i += 1;
+                        self.nest.pop();
+                    }
+                    Some(b']') if !object => {
+                        self.i += 1;
+                        self.nest.pop();
+                    }
+                    Some(_) if object => return Err(self.err("expected `,` or `}`")),
+                    Some(_) => return Err(self.err("expected `,` or `]`")),
+                    None if object => return Err(self.err("EOF while parsing an object")),
+                    None => return Err(self.err("EOF while parsing a list")),
+                }
+            }
+        }
+    }
+
+    /// A nested object's key (skipped, as serde_json skips it) and its colon.
+    fn member_key(&mut self) -> Result<(), ScanError> {
+        match self.peek() {
+            Some(b'"') => self.i += 1,
+            Some(_) => return Err(self.err("key must be a string")),
+            None => return Err(self.err("EOF while parsing an object")),
+        }
+        self.string()?;
+        self.ws();
+        match self.peek() {
+            Some(b':') => {
+                self.i += 1;
+                Ok(())
+            }
+            Some(_) => Err(self.err("expected `:`")),
+            None => Err(self.err("EOF while parsing an object")),
+        }
+    }
+}
