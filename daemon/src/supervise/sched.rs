@@ -71,6 +71,21 @@ mod tests {
         }
     }
 
+    /// What `cmd` prints; a leader while it runs, so the stray reaper of other tests in this
+    /// process leaves it be.
+    fn policy_line_of(cmd: &mut std::process::Command) -> String {
+        let child = {
+            let mut leaders = super::super::reaper::leaders();
+            let child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+            leaders.insert(child.id() as i32);
+            child
+        };
+        let pid = child.id() as i32;
+        let out = child.wait_with_output().unwrap();
+        super::super::reaper::leaders().remove(&pid);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// On a thread of its own, so the test harness's other threads keep their policy.
     #[test]
     fn a_default_thread_becomes_batch_and_its_forked_child_gets_other_back() {
@@ -92,14 +107,11 @@ mod tests {
             unsafe {
                 std::os::unix::process::CommandExt::pre_exec(&mut cmd, restore_in_child);
             }
-            let out = cmd.output().unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
+            let text = policy_line_of(&mut cmd);
             assert!(text.trim().ends_with(" 0"), "the child's policy: {text}");
-            let plain = std::process::Command::new("sh")
-                .args(["-c", "grep -E '^policy' /proc/self/sched"])
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&plain.stdout);
+            let mut plain = std::process::Command::new("sh");
+            plain.args(["-c", "grep -E '^policy' /proc/self/sched"]);
+            let text = policy_line_of(&mut plain);
             assert!(
                 text.trim().ends_with(" 3"),
                 "without the reset it inherits: {text}"
