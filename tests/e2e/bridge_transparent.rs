@@ -654,3 +654,55 @@ fn acpd_yields_to_busy_processes_and_its_agent_is_scheduled_as_if_run_directly()
     );
     close(raw);
 }
+
+// ---- order ----
+
+/// Updates read in one burst are queued together; whatever else the agent sent in that burst
+/// (a request, its answer) still reaches the editor after them, and the updates keep their
+/// order.
+#[test]
+fn updates_gathered_from_one_read_keep_their_place_before_a_request_and_the_answer() {
+    let env = env_of("", &[("main", &[])]);
+    let mut raw = connect(&env, json!({}));
+    let s = new_default(&mut raw, env.path());
+    let start = raw.seen.len();
+    let id = raw.send_prompt(
+        &s,
+        "a\nb\n:chunks 40 30\nc\n:permission\nd\n:chunks 40 30\ne",
+    );
+    let ask = until_request(&mut raw, "session/request_permission");
+    let texts = |seen: &[Line]| -> Vec<String> {
+        seen.iter()
+            .filter(|l| l.method() == "session/update")
+            .filter_map(|l| l.value["params"]["update"]["content"]["text"].as_str())
+            .map(str::to_owned)
+            .collect()
+    };
+    let before = texts(&raw.seen[start..]);
+    assert_eq!(
+        before.len(),
+        43,
+        "every update sent before the request came first: {before:?}"
+    );
+    assert_eq!(
+        (&before[0][..], &before[1][..], &before[42][..]),
+        ("a\n", "b\n", "c\n")
+    );
+    reply(
+        &mut raw,
+        &ask.value["id"],
+        json!({"result": {"outcome": {"outcome": "selected", "optionId": "allow_once"}}}),
+    );
+    let mid = raw.seen.len();
+    let answer = raw.answer(&json!(id)).value;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let after = texts(&raw.seen[mid..]);
+    assert_eq!(
+        after.len(),
+        43,
+        "every update came before the answer: {after:?}"
+    );
+    assert!(after[0].starts_with("permission: selected"), "{after:?}");
+    assert_eq!((&after[1][..], &after[42][..]), ("d\n", "e"));
+    close(raw);
+}

@@ -80,6 +80,21 @@ impl Outbox {
             trace.record(*hop, &line);
         }
         line.push(b'\n');
+        self.queue(line).await
+    }
+
+    /// Queues several encoded messages at once, each ending in its newline: one budget claim
+    /// and one queue slot for a burst.
+    pub async fn send_lines(&self, lines: Vec<u8>) -> Result<(), CallError> {
+        if let Some((trace, hop)) = &self.tap {
+            for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                trace.record(*hop, line);
+            }
+        }
+        self.queue(lines).await
+    }
+
+    async fn queue(&self, line: Vec<u8>) -> Result<(), CallError> {
         let cost = line.len().min(OUT_BUDGET) as u32;
         // The hot path: budget and a queue slot free, nothing to wait for.
         let permit = match self.budget.clone().try_acquire_many_owned(cost) {

@@ -237,6 +237,11 @@ impl Peer {
         self.out.send_line(line).await
     }
 
+    /// Queues several encoded messages, each with its newline, as one item.
+    pub async fn send_lines(&self, lines: Vec<u8>) -> Result<(), CallError> {
+        self.out.send_lines(lines).await
+    }
+
     /// Closes our side: the writer flushes what is queued and drops the write half, so the peer
     /// sees EOF. Idempotent.
     pub fn close(&self) {

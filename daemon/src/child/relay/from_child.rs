@@ -16,8 +16,9 @@ impl Relay {
             && let Some(rest) = params.and_then(|p| strict::fast_own(p.get(), &self.own_json))
             && self.t.serves.takes(method)
         {
-            return self.forward_own_update(rest).await;
+            return self.forward_own_update(rest);
         }
+        self.flush_updates().await;
         let session = self.t.session_id.clone();
         let log = |why: &str| {
             tracing::warn!(provider = %d.shared.provider.name, %session,
@@ -94,13 +95,17 @@ impl Relay {
     /// The hot path: an update that names exactly the child's own session, spliced as text
     /// (the minted id in place of the child's) with no parse beyond the envelope's; `rest` is
     /// the params after the child's id.
-    async fn forward_own_update(&self, rest: &str) {
-        let rest = rest.as_bytes();
-        let mut line = Vec::with_capacity(self.line_prefix.len() + rest.len() + 2);
-        line.extend_from_slice(&self.line_prefix);
-        line.extend_from_slice(rest);
-        line.push(b'}');
-        self.to_parent(line).await
+    /// Gathers the spliced update into the burst's batch, which `flush_updates` queues.
+    fn forward_own_update(&mut self, rest: &str) {
+        let start = self.updates.len();
+        self.updates.extend_from_slice(&self.line_prefix);
+        self.updates.extend_from_slice(rest.as_bytes());
+        self.updates.push(b'}');
+        crate::metrics::to_parent(self.updates.len() - start);
+        if let Some(trace) = &self.tracer {
+            trace.record(Hop::AcpdToParent, &self.updates[start..]);
+        }
+        self.updates.push(b'\n');
     }
 
     pub(super) async fn child_request(

@@ -47,6 +47,9 @@ const CANCEL_REQUEST: &str = "$/cancel_request";
 
 /// Messages already read that are handled in one round of the pump, beyond the first.
 const BURST: usize = 63;
+/// Bytes of gathered updates queued as one item at most: the parent's budget is claimed for
+/// them before more of the burst is read.
+const UPDATES_AT_ONCE: usize = 64 * 1024;
 
 /// Child requests waiting on the parent at once; more are refused to the child.
 const MAX_FORWARDED: usize = 64;
@@ -90,6 +93,8 @@ struct Relay {
     /// The editor's prompts forwarded and not yet answered, by their child id: the turn
     /// histogram's one clock read per prompt (nothing per update).
     prompts: HashMap<Id, Prompt>,
+    /// Own-session updates of the burst being read, each with its newline, not yet queued.
+    updates: Vec<u8>,
 }
 
 /// A `session/prompt` on its way: when acpd forwarded it, and whether the editor asked to
@@ -122,6 +127,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         tracer: d.shared.trace.clone(),
         hops: HashMap::new(),
         prompts: HashMap::new(),
+        updates: Vec::new(),
     };
     if let Some(trace) = &r.tracer {
         trace.note(
@@ -135,6 +141,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         r.child_notification(d, &method, params.as_deref().map(RawJson::from))
             .await;
     }
+    r.flush_updates().await;
     let end = loop {
         let end = r.pump(d).await;
         let detach = r.t.detach;
@@ -194,15 +201,22 @@ impl Relay {
                         };
                         return gone(status);
                     };
-                    if let Some(end) = self.on_frame(d, frame).await {
-                        return end;
-                    }
-                    // The rest of a burst already read goes out in this round too.
+                    let mut end = self.on_frame(d, frame).await;
+                    // The rest of a burst already read goes out in this round too, its own
+                    // updates in one queued write.
                     for _ in 0..BURST {
-                        let Some(frame) = d.wire.reader.next_buffered_line() else { break };
-                        if let Some(end) = self.on_frame(d, frame).await {
-                            return end;
+                        if end.is_some() {
+                            break;
                         }
+                        if self.updates.len() >= UPDATES_AT_ONCE {
+                            self.flush_updates().await;
+                        }
+                        let Some(frame) = d.wire.reader.next_buffered_line() else { break };
+                        end = self.on_frame(d, frame).await;
+                    }
+                    self.flush_updates().await;
+                    if let Some(end) = end {
+                        return end;
                     }
                 }
                 status = &mut leader_exit, if exited.is_none() => {
@@ -257,7 +271,11 @@ impl Relay {
             Ok(line) => line,
             Err(fault) => return bad_line(d, &self.t.session_id, &fault),
         };
-        match envelope::parse_ref(&line) {
+        let message = envelope::parse_ref(&line);
+        if !matches!(message, Ok(MessageRef::Notification { .. })) {
+            self.flush_updates().await;
+        }
+        match message {
             Err(e) => bad_line(d, &self.t.session_id, &e.into()),
             Ok(MessageRef::Response { id, outcome }) => match outcome.map(RawJson::to_boxed) {
                 Ok(Err(e)) => bad_line(d, &self.t.session_id, &e.into()),
@@ -368,6 +386,16 @@ impl Relay {
     pub(super) fn prompts_ended(&mut self, d: &Driver, end: &TurnEnd, here: bool) {
         for (_, p) in self.prompts.drain() {
             observe_prompt(d, p, end, here);
+        }
+    }
+
+    /// Queues the own-session updates gathered in this burst (see
+    /// `from_child::forward_own_update`): one allocation, one budget claim and one queue slot
+    /// for the lot. Called before anything else goes to the parent, so the order holds.
+    async fn flush_updates(&mut self) {
+        if !self.updates.is_empty() {
+            let lines = std::mem::take(&mut self.updates);
+            let _ = self.t.parent.send_lines(lines).await;
         }
     }
 
