@@ -40,17 +40,33 @@ pub fn markdown(r: &Value) -> String {
         f(&h["schedRatio"], 1),
         f(&h["rustRelayUsPerUpdate"], 2),
     );
+    let p = &h["perMessage"];
+    if !p.is_null() {
+        let _ = writeln!(
+            md,
+            "**Hot path, one update per write** (the same measure, the stream written by a Python agent that writes and flushes each update on its own, as ACP agents do, so each read carries one line or a few; {} updates, median of {} rounds): `acpd stdio` **{} µs**, the {} {} µs: **{}×** (schedstat {}×).\n",
+            p["updates"],
+            p["rounds"],
+            f(&p["acpdUsPerUpdate"], 2),
+            p["baseline"].as_str().unwrap_or("relay"),
+            f(&p["relayUsPerUpdate"], 2),
+            f(&p["ratio"], 1),
+            f(&p["schedRatio"], 1),
+        );
+    }
     let b = &h["cpuBound"];
     if !b.is_null() {
         let _ = writeln!(
             md,
-            "**CPU-bound pair** (a Python agent streams {} {}-byte chunks, one `json.dumps` and one write each, to a Python parent that `json.loads` every line; best of {} interleaved): direct {} ms, through `acpd stdio` {} ms: **{}×** direct's throughput.\n",
+            "**CPU-bound pair** (a Python agent streams {} {}-byte chunks, one `json.dumps` and one write each, to a Python parent that `json.loads` every line; best of {} interleaved): direct {} ms, through `acpd stdio` {} ms: **{}×** direct's throughput (through the C relay {} ms, {}×).\n",
             b["messages"],
             b["chunkBytes"],
             b["rounds"],
             f(&b["directMs"], 0),
             f(&b["acpdMs"], 0),
             f(&b["throughputRatio"], 2),
+            f(&b["relayMs"], 0),
+            f(&b["relayThroughputRatio"], 2),
         );
     }
     let st = &r["streaming"];

@@ -18,7 +18,6 @@ use acpd_protocol::envelope::{self, EnvelopeError, Id, Message, RpcError};
 use acpd_protocol::session_id::{session_id, splice_session_id, with_session_id};
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
 fuzz_target!(|data: &[u8]| {
@@ -334,82 +333,11 @@ fn fields(text: &str) -> Option<Vec<(String, &RawValue)>> {
     Some(v)
 }
 
-/// Keeps a present-but-null field as `Some(null)`.
-fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<&'a RawValue>, D::Error> {
-    <&'a RawValue>::deserialize(d).map(Some)
-}
-
-/// The six envelope fields as serde_json reads them (what `envelope::parse` did before its
-/// scan): a doubled key is a data error, bad JSON a syntax or EOF error.
-#[derive(Deserialize)]
-struct Wire<'a> {
-    #[serde(default, borrow, deserialize_with = "present")]
-    jsonrpc: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    id: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    method: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    params: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    result: Option<&'a RawValue>,
-    #[serde(default, borrow, deserialize_with = "present")]
-    error: Option<&'a RawValue>,
-}
-
-/// The scan's verdict is serde_json's: not JSON exactly when serde_json says so, a doubled
-/// envelope key refused as an invalid request, and a parsed message's raw fields the ones
-/// serde_json found.
+/// The scan's verdict is serde_json's (`envelope::oracle`): not JSON exactly when serde_json
+/// says so, a doubled envelope key refused as an invalid request, and a parsed message's raw
+/// fields the ones serde_json found, at the same bytes of the line.
 fn check_against_serde(line: &[u8]) {
-    let verdict = envelope::parse(line);
-    let Ok(text) = std::str::from_utf8(line) else {
-        assert!(matches!(verdict, Err(EnvelopeError::NotJson(_))));
-        return;
-    };
-    let first = line.iter().find(|b| !is_ws(b)).copied();
-    if first != Some(b'{') {
-        let json = serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok();
-        assert_eq!(
-            json,
-            !matches!(verdict, Err(EnvelopeError::NotJson(_))),
-            "{text:?}: {verdict:?}"
-        );
-        assert!(verdict.is_err());
-        return;
+    if let Some(why) = envelope::oracle::disagreement(line) {
+        panic!("scan and serde_json disagree on {why}");
     }
-    let wire = match serde_json::from_str::<Wire<'_>>(text) {
-        Ok(wire) => wire,
-        Err(e) => {
-            match &verdict {
-                Err(EnvelopeError::Invalid { id: None, reason }) if e.is_data() => {
-                    assert!(reason.ends_with("each envelope key may appear once"))
-                }
-                Err(EnvelopeError::NotJson(_)) if !e.is_data() => {}
-                _ => panic!("{text:?}: serde_json: {e}, scan: {verdict:?}"),
-            }
-            return;
-        }
-    };
-    assert!(
-        !matches!(verdict, Err(EnvelopeError::NotJson(_))),
-        "{text:?}: {verdict:?}"
-    );
-    let raw = |v: Option<&RawValue>| v.map(|v| v.get().to_string());
-    match verdict {
-        Ok(Message::Request { params, .. }) | Ok(Message::Notification { params, .. }) => {
-            assert_eq!(params.as_deref().map(|p| p.get().to_string()), raw(wire.params));
-            assert!(wire.method.is_some());
-        }
-        Ok(Message::Response { outcome, .. }) => {
-            if let Ok(result) = outcome {
-                assert_eq!(Some(result.get().to_string()), raw(wire.result));
-            } else {
-                assert!(wire.error.is_some());
-            }
-        }
-        Err(_) => {}
-    }
-    let _ = (wire.jsonrpc, wire.id);
 }

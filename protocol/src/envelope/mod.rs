@@ -9,13 +9,13 @@
 //! - [`parse`]: one line into a [`Message`] (or a [`MessageRef`] borrowing from the line), or an
 //!   [`EnvelopeError`] that still carries the id.
 //! - `scan`: the single pass that checks a line is JSON (as serde_json would) and finds the
-//!   envelope keys' values in it; `oracle` (tests only) is the serde_json parse it is held to.
+//!   envelope keys' values in it; `oracle` (tests and the fuzz target's feature) is the serde_json parse it is held to.
 //! - [`encode`]: requests, notifications and replies written back as one line.
 
 mod encode;
 mod id;
-#[cfg(test)]
-mod oracle;
+#[cfg(any(test, feature = "oracle"))]
+pub mod oracle;
 mod parse;
 mod rpc_error;
 mod scan;

@@ -1,5 +1,6 @@
 //! The envelope parse as it was before the single-pass scan: serde_json reads the line into the
-//! six raw fields. Kept (tests only) as the oracle the scan is held to.
+//! six raw fields. Kept as the oracle the scan is held to, by the unit tests and (feature
+//! `oracle`) by the fuzz target.
 
 use serde::Deserialize;
 use serde::de::Deserializer;
@@ -36,7 +37,7 @@ fn is_json_ws(b: u8) -> bool {
 }
 
 /// `parse_ref` as serde_json decided it.
-pub(super) fn parse_ref_serde(line: &[u8]) -> Result<MessageRef<'_>, EnvelopeError> {
+pub fn parse_ref_serde(line: &[u8]) -> Result<MessageRef<'_>, EnvelopeError> {
     let line = std::str::from_utf8(line)
         .map_err(|_| EnvelopeError::NotJson("the line is not valid UTF-8".into()))?;
     let first = line.bytes().find(|b| !is_json_ws(*b));
@@ -74,4 +75,40 @@ pub(super) fn parse_ref_serde(line: &[u8]) -> Result<MessageRef<'_>, EnvelopeErr
         result: wire.result.map(RawValue::get),
         error: wire.error.map(RawValue::get),
     })
+}
+
+/// Why two verdicts differ, or `None` when they agree: the same message (method, id, the raw
+/// params or result as the same bytes of the line), or the same kind of error with the same id
+/// and, apart from serde_json's own wording, the same reason.
+pub fn disagreement(line: &[u8]) -> Option<String> {
+    let new = super::parse_ref(line);
+    let old = parse_ref_serde(line);
+    let same = match (&new, &old) {
+        (Ok(n), Ok(o)) => format!("{n:?}") == format!("{o:?}") && spans(n) == spans(o),
+        (Err(EnvelopeError::NotJson(_)), Err(EnvelopeError::NotJson(_))) => true,
+        (
+            Err(EnvelopeError::Invalid { id: ni, reason: nr }),
+            Err(EnvelopeError::Invalid { id: oi, reason: or }),
+        ) => {
+            let dup = "each envelope key may appear once";
+            ni == oi && (nr == or || nr.ends_with(dup) && or.ends_with(dup))
+        }
+        _ => false,
+    };
+    (!same).then(|| {
+        format!(
+            "{:?}\n scan:  {new:?}\n serde: {old:?}",
+            String::from_utf8_lossy(line)
+        )
+    })
+}
+
+/// Where the raw values lie in the line (the same text at another place would be a bug).
+fn spans(m: &MessageRef<'_>) -> Option<*const u8> {
+    match m {
+        MessageRef::Request { params, .. } | MessageRef::Notification { params, .. } => {
+            params.map(|p| p.get().as_ptr())
+        }
+        MessageRef::Response { outcome, .. } => outcome.as_ref().ok().map(|r| r.get().as_ptr()),
+    }
 }

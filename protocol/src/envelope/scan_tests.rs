@@ -1,44 +1,8 @@
 //! The single-pass scan held to serde_json: every line here, hand-picked or mutated at random,
 //! gets the same verdict from `parse_ref` as from the serde_json parse it replaced (the oracle).
 
-use super::oracle::parse_ref_serde;
+use super::oracle::{disagreement, parse_ref_serde};
 use super::*;
-
-/// Why two verdicts differ, or `None` when they agree: the same message (method, id, the raw
-/// params or result as the same bytes of the line), or the same kind of error with the same id
-/// and, apart from serde_json's own wording, the same reason.
-fn disagreement(line: &[u8]) -> Option<String> {
-    let new = parse_ref(line);
-    let old = parse_ref_serde(line);
-    let same = match (&new, &old) {
-        (Ok(n), Ok(o)) => format!("{n:?}") == format!("{o:?}") && spans(n) == spans(o),
-        (Err(EnvelopeError::NotJson(_)), Err(EnvelopeError::NotJson(_))) => true,
-        (
-            Err(EnvelopeError::Invalid { id: ni, reason: nr }),
-            Err(EnvelopeError::Invalid { id: oi, reason: or }),
-        ) => {
-            let dup = "each envelope key may appear once";
-            ni == oi && (nr == or || nr.ends_with(dup) && or.ends_with(dup))
-        }
-        _ => false,
-    };
-    (!same).then(|| {
-        format!(
-            "{:?}\n scan:  {new:?}\n serde: {old:?}",
-            String::from_utf8_lossy(line)
-        )
-    })
-}
-
-/// Where the raw values lie in the line (the same text at another place would be a bug).
-fn spans(m: &MessageRef<'_>) -> Option<*const u8> {
-    match m {
-        MessageRef::Request { params, .. } | MessageRef::Notification { params, .. } => {
-            params.map(|p| p.get().as_ptr())
-        }
-        MessageRef::Response { outcome, .. } => outcome.as_ref().ok().map(|r| r.get().as_ptr()),
-    }
-}
 
 fn assert_agree(line: &[u8]) {
     if let Some(why) = disagreement(line) {
