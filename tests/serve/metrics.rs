@@ -442,6 +442,33 @@ impl Prometheus {
             })
             .collect()
     }
+
+    /// Waits (up to a minute: a scrape a second, then the query) until `promql`, summed by
+    /// stop reason and category, says `made`; panics with what it said otherwise.
+    pub(super) fn wait_for_outcomes(
+        &self,
+        at: SocketAddr,
+        promql: &str,
+        made: &BTreeMap<(String, String), f64>,
+    ) {
+        let mut seen = BTreeMap::new();
+        let agreed = eventually(Duration::from_secs(60), || {
+            seen = self
+                .query(at, promql)
+                .into_iter()
+                .map(|(m, v)| {
+                    let label = |k: &str| m[k].as_str().unwrap_or_default().to_string();
+                    ((label("stop_reason"), label("category")), v)
+                })
+                .collect();
+            &seen == made
+        });
+        assert!(
+            agreed,
+            "PromQL `{promql}` said {seen:?}, the test made {made:?}; prometheus: {}",
+            self.log()
+        );
+    }
 }
 
 /// The runs this test makes, by (stop reason, failure category), from their own results.
@@ -492,23 +519,7 @@ fn prometheus_scrapes_the_runs_this_test_made() {
     let dir = tempfile::tempdir().unwrap();
     let (prometheus, api) = Prometheus::start(dir.path(), metrics);
     let by_outcome = "sum by (stop_reason, category) (acpd_runs_ended_total)";
-    let mut seen = BTreeMap::new();
-    let agreed = eventually(Duration::from_secs(60), || {
-        seen = prometheus
-            .query(api, by_outcome)
-            .into_iter()
-            .map(|(m, v)| {
-                let label = |k: &str| m[k].as_str().unwrap_or_default().to_string();
-                ((label("stop_reason"), label("category")), v)
-            })
-            .collect();
-        seen == made
-    });
-    assert!(
-        agreed,
-        "PromQL `{by_outcome}` said {seen:?}, the test made {made:?}; prometheus: {}",
-        prometheus.log()
-    );
+    prometheus.wait_for_outcomes(api, by_outcome, &made);
     let started = prometheus.query(api, "sum(acpd_runs_started_total{provider=\"fast\"})");
     assert_eq!(started.first().map(|s| s.1), Some(7.0), "{started:?}");
     // The crashed run's child was torn down: its ladder began by closing stdin.

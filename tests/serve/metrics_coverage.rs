@@ -82,23 +82,7 @@ fn prometheus_counts_bridge_turns_by_how_they_ended() {
     .collect();
     let promql = "sum by (stop_reason, category) \
                   (acpd_turn_seconds_count{kind=\"bridge\",provider=\"fast\"})";
-    let mut seen = BTreeMap::new();
-    let agreed = eventually(Duration::from_secs(60), || {
-        seen = prometheus
-            .query(api, promql)
-            .into_iter()
-            .map(|(m, v)| {
-                let label = |k: &str| m[k].as_str().unwrap_or_default().to_string();
-                ((label("stop_reason"), label("category")), v)
-            })
-            .collect();
-        seen == made
-    });
-    assert!(
-        agreed,
-        "PromQL `{promql}` said {seen:?}, the test made {made:?}; prometheus: {}",
-        prometheus.log()
-    );
+    prometheus.wait_for_outcomes(api, promql, &made);
     let runs = prometheus.query(api, "sum(acpd_turn_seconds_count{kind=\"run\"})");
     assert_eq!(runs.first().map(|s| s.1), Some(1.0), "{runs:?}");
     // Every bridge turn lies in some bucket: the +Inf bucket counts them all.
