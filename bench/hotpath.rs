@@ -314,6 +314,7 @@ pub fn run(opts: &Opts) -> Value {
         Value::Null
     };
     row["cpuBound"] = crate::cpu_bound::run(opts);
+    row["parse"] = crate::parse::run(opts);
     row
 }
 

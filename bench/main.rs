@@ -12,6 +12,7 @@ mod hotpath;
 mod isolation;
 mod observability;
 mod parent;
+mod parse;
 mod report;
 mod scale;
 mod soak;

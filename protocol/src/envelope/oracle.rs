@@ -32,6 +32,10 @@ struct Wire<'a> {
     error: Option<&'a RawValue>,
 }
 
+/// A typical forwarded update: 272 bytes, as the echo agent streams them (the tests' seed and
+/// the bench's parse row).
+pub const TYPICAL_UPDATE: &str = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess_4f1c2a9e-7b3d-4e8a-9c1f-2d6b8e0a5c37","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"The quick brown fox jumps over the lazy dog, twice; then naps \u2014 all done"}}}}"#;
+
 fn is_json_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }

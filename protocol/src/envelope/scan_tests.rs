@@ -1,7 +1,7 @@
 //! The single-pass scan held to serde_json: every line here, hand-picked or mutated at random,
 //! gets the same verdict from `parse_ref` as from the serde_json parse it replaced (the oracle).
 
-use super::oracle::{disagreement, parse_ref_serde};
+use super::oracle::{TYPICAL_UPDATE as UPDATE, disagreement};
 use super::*;
 
 fn assert_agree(line: &[u8]) {
@@ -9,9 +9,6 @@ fn assert_agree(line: &[u8]) {
         panic!("scan and serde_json disagree on {why}");
     }
 }
-
-/// A typical forwarded update: 272 bytes, as the echo agent streams them.
-const UPDATE: &str = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess_4f1c2a9e-7b3d-4e8a-9c1f-2d6b8e0a5c37","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"The quick brown fox jumps over the lazy dog, twice; then naps \u2014 all done"}}}}"#;
 
 /// Valid messages the random cases start from.
 const SEEDS: &[&str] = &[
@@ -269,32 +266,4 @@ fn a_syntax_error_says_what_and_where() {
         reason,
         "duplicate field `id` at column 9: each envelope key may appear once"
     );
-}
-
-/// ns per line of the scan and of serde_json on a typical update. Run in release:
-/// `cargo test -p acpd-protocol --release scan_speed -- --ignored --nocapture`.
-#[test]
-#[ignore = "a measurement, not a check"]
-fn scan_speed() {
-    use std::hint::black_box;
-    use std::time::Instant;
-    assert_eq!(UPDATE.len(), 272);
-    let line = UPDATE.as_bytes();
-    let rounds = 2_000_000;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for _ in 0..rounds {
-            black_box(parse_ref_serde(black_box(line)).is_ok());
-        }
-        let serde = t.elapsed().as_nanos() as f64 / f64::from(rounds);
-        let t = Instant::now();
-        for _ in 0..rounds {
-            black_box(parse_ref(black_box(line)).is_ok());
-        }
-        let scan = t.elapsed().as_nanos() as f64 / f64::from(rounds);
-        println!(
-            "parse_ref on a 272-byte update: serde_json {serde:.1} ns, scan {scan:.1} ns ({:.0} %)",
-            100.0 * scan / serde
-        );
-    }
 }
