@@ -54,6 +54,15 @@ fn env_with(providers: impl FnOnce(&Path) -> Vec<Provider>) -> Env {
     env
 }
 
+/// One provider, `main`: the echo agent keeping its sessions under `echo-sessions/` (so they
+/// can be loaded).
+fn one_echo_keeping_sessions() -> Env {
+    env_with(|dir| {
+        let sessions = dir.join("echo-sessions");
+        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
+    })
+}
+
 fn dir_arg(dir: &Path) -> String {
     dir.to_str().unwrap().to_string()
 }
@@ -519,10 +528,7 @@ fn an_agents_null_next_cursor_reaches_the_editor() {
 
 #[test]
 fn fork_close_delete_and_unknown_ids() {
-    let env = env_with(|dir| {
-        let sessions = dir.join("echo-sessions");
-        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
-    });
+    let env = one_echo_keeping_sessions();
     let cwd = env.path().to_path_buf();
     let (mut raw, _) = connect(&env, json!({}));
     let s = new_in(&mut raw, &cwd, "main");
@@ -950,10 +956,7 @@ fn answers(raw: &mut Raw, ids: &[u64]) -> Vec<Value> {
 
 #[test]
 fn two_loads_of_one_session_at_once_open_it_once() {
-    let env = env_with(|dir| {
-        let sessions = dir.join("echo-sessions");
-        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
-    });
+    let env = one_echo_keeping_sessions();
     let cwd = env.path().to_path_buf();
     let (mut raw, _) = connect(&env, json!({}));
     let s = new_in(&mut raw, &cwd, "main");
@@ -998,10 +1001,7 @@ fn two_loads_of_one_session_at_once_open_it_once() {
 /// resume re-binds, and the session stays open and works.
 #[test]
 fn reopening_a_session_open_here_replays_and_rebinds() {
-    let env = env_with(|dir| {
-        let sessions = dir.join("echo-sessions");
-        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
-    });
+    let env = one_echo_keeping_sessions();
     let cwd = env.path().to_path_buf();
     let (mut raw, _) = connect(&env, json!({}));
     let s = new_in(&mut raw, &cwd, "main");
@@ -1093,10 +1093,7 @@ fn a_session_reopened_right_after_its_close_answer_opens_again() {
 /// answers the close and never the prompt (`:hang-deaf`).
 #[test]
 fn a_prompt_running_when_its_session_closes_ends_cancelled() {
-    let env = env_with(|dir| {
-        let sessions = dir.join("echo-sessions");
-        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
-    });
+    let env = one_echo_keeping_sessions();
     let cwd = env.path().to_path_buf();
     let (mut raw, _) = connect(&env, json!({}));
     let s = new_in(&mut raw, &cwd, "main");
@@ -1195,10 +1192,7 @@ fn deleting_an_unknown_id_answers_as_the_agent_and_passes_nothing_on() {
 /// server (`offer_delegation`) among the params as in the editor's session.
 #[test]
 fn acpd_stdio_makes_the_first_session_ahead_in_its_cwd() {
-    let env = env_with(|dir| {
-        let sessions = dir.join("echo-sessions");
-        vec![echo("main", &["--sessions", &dir_arg(&sessions)])]
-    });
+    let env = one_echo_keeping_sessions();
     let mut config = std::fs::read_to_string(&env.config).unwrap();
     config.push_str("warm = 1\noffer_delegation = true\n");
     std::fs::write(&env.config, config).unwrap();
