@@ -14,6 +14,7 @@ mod common;
 mod auth_failures;
 mod bridge_sessions;
 mod bridge_transparent;
+mod bridge_update_text;
 mod budget;
 mod catalog;
 mod cli;

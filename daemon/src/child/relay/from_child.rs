@@ -66,10 +66,7 @@ impl Relay {
             (Some(_), _) => return log("more than one sessionId"),
             (None, _) => return log("params are not an object"),
         };
-        let nested = !acpd_protocol::session_id::surely_no_session_id_key(
-            keys.as_ref().and_then(|k| k.update).map_or("", |u| u.get()),
-        );
-        if nested || text.contains("SessionId\"") {
+        if acpd_protocol::session_id::names_other_sessions(text) {
             if !self.t.serves.subagents {
                 return log("it names other sessions and the client did not opt in to subagents");
             }

@@ -1,0 +1,90 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! What an agent writes in its updates reaches the editor whatever the text holds: escapes
+//! (`json.dumps` writes every non-ASCII character as `\uXXXX`, serde_json a terminal colour
+//! as `\u001b`) and words that look like keys (a chunk of code that ends in `…SessionId`).
+//! Only a key that names another session keeps an update from an editor that did not opt in
+//! to subagents. The agent is a real Python process writing the way Python agents write.
+
+use crate::common;
+
+use common::raw::*;
+use common::*;
+use serde_json::json;
+
+/// An ACP agent in Python, no SDK: every message through `json.dumps` (ASCII only, so every
+/// non-ASCII character is escaped), one write and flush each. A prompt streams the texts of
+/// `TEXTS`, then one update that names another session in a nested key, then `after`.
+const AGENT: &str = r#"
+import json, sys
+TEXTS = ["café — naïve ✓", "\x1b[31mred\x1b[0m", "const parentSessionId",
+         "crab 🦀 \"quoted\"", "tab\there\u2028"]
+def send(msg):
+    sys.stdout.write(json.dumps(msg) + "\n"); sys.stdout.flush()
+def chunk(sid, text, **extra):
+    update = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
+    update.update(extra)
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": update}})
+for line in sys.stdin:
+    msg = json.loads(line)
+    method, mid = msg.get("method"), msg.get("id")
+    if mid is None:
+        continue
+    if method == "initialize":
+        result = {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}
+    elif method == "session/new":
+        result = {"sessionId": "py-séance"}
+    elif method == "session/prompt":
+        sid = msg["params"]["sessionId"]
+        for text in TEXTS:
+            chunk(sid, text)
+        chunk(sid, "nested", toolSessionId="someone-else")
+        chunk(sid, "after")
+        result = {"stopReason": "end_turn"}
+    else:
+        send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "no"}})
+        continue
+    send({"jsonrpc": "2.0", "id": mid, "result": result})
+"#;
+
+#[test]
+fn escaped_text_and_key_like_words_in_updates_reach_the_editor() {
+    let env = Env::raw(&format!(
+        "default_provider = \"py\"\n[providers.py]\ncommand = [\"python3\", \"-c\", {}]\n",
+        serde_json::to_string(AGENT).unwrap()
+    ));
+    let mut raw = Raw::stdio(&env);
+    assert!(raw.initialize(json!({})).is_object(), "log: {}", raw.log());
+    let new = raw.ok("session/new", json!({"cwd": env.path(), "mcpServers": []}));
+    let session = new["sessionId"].as_str().unwrap().to_string();
+    let start = raw.seen.len();
+    let id = raw.send_prompt(&session, "go");
+    let answer = raw.answer(&json!(id)).value;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let streamed: Vec<&str> = raw.seen[start..]
+        .iter()
+        .filter(|l| l.method() == "session/update")
+        .inspect(|l| assert_eq!(l.value["params"]["sessionId"], session, "{}", l.value))
+        .filter_map(|l| l.value["params"]["update"]["content"]["text"].as_str())
+        .collect();
+    assert_eq!(
+        streamed,
+        [
+            "café — naïve ✓",
+            "\u{1b}[31mred\u{1b}[0m",
+            "const parentSessionId",
+            "crab 🦀 \"quoted\"",
+            "tab\there\u{2028}",
+            "after",
+        ],
+        "every update but the one naming another session, in order; log: {}",
+        raw.log()
+    );
+    let log = raw.log();
+    assert_eq!(
+        log.matches("it names other sessions").count(),
+        1,
+        "only the update with a nested session key was dropped: {log}"
+    );
+    raw.close_write();
+    assert!(raw.drain_to_eof(ANSWER), "acpd stdio did not exit");
+}
