@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use acpd_protocol::envelope::ParamsKeys;
 use serde::Deserializer;
 use serde::de::{MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -111,39 +112,18 @@ pub(super) fn own_update<'a>(
     }
 }
 
-/// The rest of a `session/update`'s params text after its leading `{"sessionId":<own>` (JSON
-/// whitespace allowed around the key, the colon and the value, as `json.dumps` writes it), when
-/// it certainly has no other `sessionId` key: the hot path's check, with no JSON parse. `own` is
-/// the child's session id as a JSON string literal. Anything unusual (another `"sessionId"`
-/// anywhere, any `\u` escape that could spell one) is `None` and goes the slow way through
-/// [`own_update`].
-pub(super) fn fast_own<'a>(params: &'a str, own: &str) -> Option<&'a str> {
-    const WS: [char; 4] = [' ', '\t', '\n', '\r'];
-    let after = |text: &'a str, token: &str| text.trim_start_matches(WS).strip_prefix(token);
-    let value = after(after(after(params, "{")?, "\"sessionId\"")?, ":")?;
-    // `own` is a whole string token: its closing quote is the value's.
-    let rest = after(value, own)?;
-    let next = rest.trim_start_matches(WS);
-    (matches!(next.as_bytes().first(), Some(b',' | b'}'))
-        && acpd_protocol::session_id::surely_no_session_id_key(rest)
-        && at_most_once(rest, &UPDATE)
-        && at_most_once(rest, &KIND))
-    .then_some(rest)
-}
-
-static UPDATE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"update\""));
-static KIND: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"sessionUpdate\""));
-
-/// Whether `finder`'s needle occurs at most once in `text` (a key written twice needs the slow
-/// path's duplicate check).
-fn at_most_once(text: &str, finder: &memchr::memmem::Finder<'_>) -> bool {
-    let bytes = text.as_bytes();
-    match finder.find(bytes) {
-        None => true,
-        Some(at) => finder.find(&bytes[at + 1..]).is_none(),
-    }
+/// The hot path's check of a `session/update`'s params (their keys as the envelope's scan
+/// counted them): they name exactly one session, the child's own, written as `own` (the id
+/// as a JSON string), and no routing key twice; no key holds an escape. Such an update goes to
+/// the parent with only that value changed, which is what the slow path (`own_update`'s
+/// checks, then the splice) makes of it too; anything else goes the slow way.
+pub(super) fn names_only_its_own(keys: &ParamsKeys<'_>, own: &str) -> bool {
+    keys.session_ids == 1
+        && keys.session_id == Some(own)
+        && keys.other_sessions == 0
+        && keys.session_updates <= 1
+        && keys.updates <= 1
+        && !keys.escaped
 }
 
 /// Why a child's params are refused for a key written twice on the routing path (see
@@ -205,28 +185,40 @@ mod tests {
         }
     }
 
+    /// The keys of an update with `params`, as the relay's scan counts them.
+    fn keys_of(params: &str) -> bool {
+        let line = format!(r#"{{"jsonrpc":"2.0","method":"session/update","params":{params}}}"#);
+        let (_, keys) = acpd_protocol::envelope::parse_keyed(line.as_bytes()).unwrap();
+        names_only_its_own(&keys, r#""s1""#)
+    }
+
     #[test]
     fn the_fast_path_never_admits_what_the_slow_path_rejects() {
-        let own = r#""s1""#;
-        assert!(fast_own(r#"{"sessionId":"s1","update":{"a":1}}"#, own).is_some());
-        // As Python's json.dumps writes it.
-        assert_eq!(
-            fast_own(r#"{"sessionId": "s1", "update": {"a": 1}}"#, own),
-            Some(r#", "update": {"a": 1}}"#)
-        );
+        for text in [
+            r#"{"sessionId":"s1","update":{"a":1}}"#,
+            // As Python's json.dumps writes it: spaces, escapes in values.
+            r#"{"sessionId": "s1", "update": {"text": "caf\u00e9 \u001b"}}"#,
+            r#"{"update":{"text":"ends in SessionId"},"sessionId":"s1"}"#,
+        ] {
+            assert!(keys_of(text), "{text}");
+            let p = raw(text);
+            assert!(own_update(Some(&p), "s1").is_ok(), "{text}");
+        }
         for text in [
             r#"{"sessionId":"s1","update":{},"sessionId":"s2"}"#,
             r#"{"sessionId":"s1","session\u0049d":"s2"}"#,
+            r#"{"sessionId":"s1","update":{"k\u0061":1}}"#,
             r#"{"sessionId":"s10","update":{}}"#,
-            r#"{"update":{},"sessionId":"s1"}"#,
+            r#"{"sessionId":"s\u0031","update":{}}"#,
             r#"{"sessionId":"s1","update":{"a":1},"update":{"b":2}}"#,
             r#"{"sessionId":"s1","update":{"sessionUpdate":"a","sessionUpdate":"b"}}"#,
             r#"{"sessionId":"s1","update":{"senderSessionId":"x"}}"#,
+            r#"{"sessionId":"s1","update":{"x":[{"sessionId":"x"}]}}"#,
             r#"{"sessionId": "s1", "update": {}, "sessionId": "s2"}"#,
-            r#"{"sessionId":"s1"x,"update":{}}"#,
-            r#"{"sessionId""s1","update":{}}"#,
+            r#"{"sessionId":1,"update":{}}"#,
+            r#"{"update":{}}"#,
         ] {
-            assert!(fast_own(text, own).is_none(), "{text}");
+            assert!(!keys_of(text), "{text}");
         }
     }
 

@@ -29,8 +29,9 @@ pub use encode::{
     encode_result, json_string, to_raw,
 };
 pub use id::{Id, IdError, RawId};
-pub use parse::{EnvelopeError, Message, MessageRef, RawJson, parse, parse_ref};
+pub use parse::{EnvelopeError, Message, MessageRef, RawJson, parse, parse_keyed, parse_ref};
 pub use rpc_error::{
     AUTH_REQUIRED, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
     RESOURCE_NOT_FOUND, RpcError,
 };
+pub use scan::ParamsKeys;

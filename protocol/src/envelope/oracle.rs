@@ -7,7 +7,7 @@ use serde::de::Deserializer;
 use serde_json::value::RawValue;
 
 use super::parse::{EnvelopeError, MessageRef, classify};
-use super::scan::Fields;
+use super::scan::{Fields, ParamsKeys};
 
 /// Keeps a present-but-null field as `Some(null)`; serde's `Option` would make it `None`.
 fn present<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<&'a RawValue>, D::Error> {
@@ -78,6 +78,7 @@ pub fn parse_ref_serde(line: &[u8]) -> Result<MessageRef<'_>, EnvelopeError> {
         params: wire.params.map(RawValue::get),
         result: wire.result.map(RawValue::get),
         error: wire.error.map(RawValue::get),
+        keys: Default::default(),
     })
 }
 
@@ -99,6 +100,13 @@ pub fn disagreement(line: &[u8]) -> Option<String> {
         }
         _ => false,
     };
+    let keys = match super::parse_keyed(line) {
+        Ok((_, keys)) => keys_disagree(keys, line),
+        Err(_) => None,
+    };
+    if let Some(why) = keys {
+        return Some(format!("{:?}\n {why}", String::from_utf8_lossy(line)));
+    }
     (!same).then(|| {
         format!(
             "{:?}\n scan:  {new:?}\n serde: {old:?}",
@@ -115,4 +123,125 @@ fn spans(m: &MessageRef<'_>) -> Option<*const u8> {
         }
         MessageRef::Response { outcome, .. } => outcome.as_ref().ok().map(|r| r.get().as_ptr()),
     }
+}
+
+/// Why the scan's count of the params' keys differs from serde_json's, if it does.
+fn keys_disagree(scanned: ParamsKeys<'_>, line: &[u8]) -> Option<String> {
+    let wire: Wire<'_> = serde_json::from_slice(line).ok()?;
+    let expected = match wire
+        .params
+        .map(RawValue::get)
+        .filter(|p| p.starts_with('{'))
+    {
+        None => Ok(ParamsKeys::default()),
+        Some(text) => params_keys_serde(text),
+    };
+    match expected {
+        Ok(e) if e == scanned => None,
+        // serde_json could not decode a key (a lone surrogate): it was written with an escape.
+        Err(Unread::Undecodable) if scanned.escaped => None,
+        Err(Unread::TooDeep) => None,
+        e => Some(format!("keys: scan {scanned:?}, serde {e:?}")),
+    }
+}
+
+/// Why serde_json's count of the keys is not known.
+#[derive(Debug)]
+pub enum Unread {
+    /// A key cannot be decoded (a lone surrogate).
+    Undecodable,
+    /// Nested deeper than this walk recurses.
+    TooDeep,
+}
+
+/// [`ParamsKeys`] of a params object as serde_json reads its keys.
+pub fn params_keys_serde(params: &str) -> Result<ParamsKeys<'_>, Unread> {
+    let mut keys = ParamsKeys::default();
+    walk(params, 0, &mut keys)?;
+    Ok(keys)
+}
+
+/// A key as serde_json gives it: borrowed from the text when it holds no escape.
+enum Key<'a> {
+    Plain(&'a str),
+    Escaped,
+}
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E>(self, k: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key::Plain(k))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Key<'de>, E> {
+                Ok(Key::Escaped)
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Counts the keys of one value (objects and arrays at any depth) into `keys`; values stay
+/// raw, so a string value is never decoded.
+fn walk<'a>(text: &'a str, depth: usize, keys: &mut ParamsKeys<'a>) -> Result<(), Unread> {
+    if depth > 100 {
+        return Err(Unread::TooDeep);
+    }
+    let top = depth == 0;
+    if text.starts_with('[') {
+        let items =
+            serde_json::from_str::<Vec<&RawValue>>(text).map_err(|_| Unread::Undecodable)?;
+        for item in items {
+            walk(item.get(), depth + 1, keys)?;
+        }
+        return Ok(());
+    }
+    if !text.starts_with('{') {
+        return Ok(());
+    }
+    struct Entries;
+    impl<'de> serde::de::Visitor<'de> for Entries {
+        type Value = Vec<(Key<'de>, &'de RawValue)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(entry) = map.next_entry()? {
+                out.push(entry);
+            }
+            Ok(out)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let entries = (&mut de)
+        .deserialize_map(Entries)
+        .map_err(|_| Unread::Undecodable)?;
+    for (key, value) in entries {
+        match key {
+            Key::Escaped => keys.escaped = true,
+            Key::Plain("sessionId") if top => {
+                if keys.session_ids == 0 && value.get().starts_with('"') {
+                    keys.session_id = Some(value.get());
+                }
+                keys.session_ids += 1;
+            }
+            Key::Plain("update") if top => keys.updates += 1,
+            Key::Plain("sessionUpdate") => keys.session_updates += 1,
+            Key::Plain(k) if k == "sessionId" || k.ends_with("SessionId") => {
+                keys.other_sessions += 1
+            }
+            Key::Plain(_) => {}
+        }
+        walk(value.get(), depth + 1, keys)?;
+    }
+    Ok(())
 }

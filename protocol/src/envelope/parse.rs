@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use super::scan::{Fields, ScanError, Shape, scan};
+use super::scan::{Fields, ParamsKeys, ScanError, Shape, scan};
 use super::{Id, RpcError};
 
 /// One decoded message.
@@ -156,12 +156,20 @@ pub fn parse(line: &[u8]) -> Result<Message, EnvelopeError> {
 
 /// [`parse`] without copying: the method and the raw params or result borrow from `line`.
 pub fn parse_ref(line: &[u8]) -> Result<MessageRef<'_>, EnvelopeError> {
+    parse_keyed(line).map(|(message, _)| message)
+}
+
+/// [`parse_ref`], with what the params' routing keys are (the same pass found them).
+pub fn parse_keyed(line: &[u8]) -> Result<(MessageRef<'_>, ParamsKeys<'_>), EnvelopeError> {
     // The scan looks at no byte of a string beyond the ones it stops at, so UTF-8 is checked
     // once here, over the whole line.
     let line = std::str::from_utf8(line)
         .map_err(|_| EnvelopeError::NotJson("the line is not valid UTF-8".into()))?;
     match scan(line) {
-        Ok(Shape::Object(fields)) => classify(fields),
+        Ok(Shape::Object(fields)) => {
+            let keys = fields.keys;
+            classify(fields).map(|message| (message, keys))
+        }
         Ok(Shape::Array) => Err(EnvelopeError::Invalid {
             id: None,
             reason: "a batch (JSON array) is not supported; send one object per line".into(),

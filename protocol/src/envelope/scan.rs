@@ -20,6 +20,40 @@ pub(super) struct Fields<'a> {
     pub params: Option<&'a str>,
     pub result: Option<&'a str>,
     pub error: Option<&'a str>,
+    /// What the keys of `params` are, when it is an object.
+    pub keys: ParamsKeys<'a>,
+}
+
+/// The keys of a message's `params` object that route it, counted by the scan on its way
+/// through (so a bridge's hot path needs no second look at the params): how many top-level
+/// `sessionId` keys and the first one's value, how many other keys name a session, how many
+/// `sessionUpdate` and top-level `update` keys. Keys written with an escape are not counted but
+/// flagged: a key is compared as written, and `"session\u0049d"` is `sessionId` decoded.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ParamsKeys<'a> {
+    /// The first top-level `sessionId`'s value as written, when it is a string.
+    pub session_id: Option<&'a str>,
+    /// Top-level `sessionId` keys.
+    pub session_ids: u32,
+    /// Keys naming a session besides those: `sessionId` below the top level, `…SessionId` at
+    /// any depth.
+    pub other_sessions: u32,
+    /// `sessionUpdate` keys at any depth.
+    pub session_updates: u32,
+    /// Top-level `update` keys.
+    pub updates: u32,
+    /// Some key of the params, at any depth, holds an escape (and is in no count above).
+    pub escaped: bool,
+}
+
+impl<'a> ParamsKeys<'a> {
+    /// `params` (the text these keys were counted in) split around the first top-level
+    /// `sessionId`'s value: what comes before it and what comes after.
+    pub fn around_session_id(&self, params: &'a str) -> Option<(&'a str, &'a str)> {
+        let value = self.session_id?;
+        let start = (value.as_ptr() as usize).checked_sub(params.as_ptr() as usize)?;
+        Some((params.get(..start)?, params.get(start + value.len()..)?))
+    }
 }
 
 /// What the line holds when it is valid JSON.
@@ -73,6 +107,9 @@ pub(super) fn scan(line: &str) -> Result<Shape<'_>, ScanError> {
         b: line.as_bytes(),
         i: 0,
         nest: Nest::default(),
+        in_params: false,
+        capture: false,
+        keys: ParamsKeys::default(),
     };
     s.ws();
     let shape = match s.peek() {
@@ -134,6 +171,11 @@ struct Scanner<'a> {
     b: &'a [u8],
     i: usize,
     nest: Nest,
+    /// Set while the top-level `params` object is scanned: its keys are counted in `keys`.
+    in_params: bool,
+    /// The next value is the first top-level `sessionId`'s: kept when it is a string.
+    capture: bool,
+    keys: ParamsKeys<'a>,
 }
 
 /// Bytes a string's scan stops at: `"`, `\` and the control characters.
@@ -182,7 +224,8 @@ impl<'a> Scanner<'a> {
                 None => return Err(self.err("EOF while parsing an object")),
             }
             let column = self.i;
-            let slot = match self.key()? {
+            let key_index = self.key()?;
+            let slot = match key_index {
                 Some(k) => {
                     let slot = match k {
                         0 => &mut fields.jsonrpc,
@@ -210,7 +253,9 @@ impl<'a> Scanner<'a> {
             }
             self.ws();
             let start = self.i;
+            self.in_params = key_index == Some(3) && self.peek() == Some(b'{');
             self.value()?;
+            self.in_params = false;
             if let Some(slot) = slot {
                 *slot = self.text.get(start..self.i);
             }
@@ -225,6 +270,7 @@ impl<'a> Scanner<'a> {
                 }
                 Some(b'}') => {
                     self.i += 1;
+                    fields.keys = self.keys;
                     return Ok(fields);
                 }
                 Some(_) => return Err(self.err("expected `,` or `}`")),
@@ -362,15 +408,18 @@ impl<'a> Scanner<'a> {
     }
 
     /// A string after its opening quote, skipped: escapes checked as serde_json skips them.
-    fn string(&mut self) -> Result<(), ScanError> {
+    /// Whether it held an escape.
+    fn string(&mut self) -> Result<bool, ScanError> {
+        let mut escaped = false;
         loop {
             self.skip_plain();
             match self.peek() {
                 Some(b'"') => {
                     self.i += 1;
-                    return Ok(());
+                    return Ok(escaped);
                 }
                 Some(b'\\') => {
+                    escaped = true;
                     self.i += 1;
                     match self.next_in_string()? {
                         b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
@@ -443,10 +492,15 @@ impl<'a> Scanner<'a> {
         loop {
             // A value is expected here.
             self.ws();
+            let capture = std::mem::replace(&mut self.capture, false);
             match self.peek() {
                 Some(b'"') => {
+                    let start = self.i;
                     self.i += 1;
                     self.string()?;
+                    if capture {
+                        self.keys.session_id = self.text.get(start..self.i);
+                    }
                 }
                 Some(b'-') => {
                     self.i += 1;
@@ -513,7 +567,11 @@ impl<'a> Scanner<'a> {
             Some(_) => return Err(self.err("key must be a string")),
             None => return Err(self.err("EOF while parsing an object")),
         }
-        self.string()?;
+        let start = self.i;
+        let escaped = self.string()?;
+        if self.in_params {
+            self.count_key(start, escaped);
+        }
         self.ws();
         match self.peek() {
             Some(b':') => {
@@ -523,5 +581,28 @@ impl<'a> Scanner<'a> {
             Some(_) => Err(self.err("expected `:`")),
             None => Err(self.err("EOF while parsing an object")),
         }
+    }
+
+    /// Counts a key of the params object (`start` is its first byte after the quote) in `keys`.
+    fn count_key(&mut self, start: usize, escaped: bool) {
+        let k = &mut self.keys;
+        if escaped {
+            k.escaped = true;
+            return;
+        }
+        let key = &self.b[start..self.i - 1];
+        let top = self.nest.depth == 1;
+        let count = match key {
+            b"sessionId" if top => {
+                self.capture = k.session_ids == 0;
+                &mut k.session_ids
+            }
+            b"update" if top => &mut k.updates,
+            b"sessionUpdate" => &mut k.session_updates,
+            b"sessionId" => &mut k.other_sessions,
+            _ if key.ends_with(b"SessionId") => &mut k.other_sessions,
+            _ => return,
+        };
+        *count = count.saturating_add(1);
     }
 }

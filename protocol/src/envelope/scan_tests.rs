@@ -19,6 +19,9 @@ const SEEDS: &[&str] = &[
     r#" { "jsonrpc" : "2.0" , "method" : "m" , "params" : [ 1 , { } , [ ] , "é😀" ] } "#,
     r#"{"\u006asonrpc":"2.0","i\u0064":7,"method":"session\/update","params":{"k\ud83d\ude00":"\ud800"}}"#,
     r#"{"jsonrpc":"2.0","id":3,"method":"x","params":{"a":{"b":{"c":[[[[{"d":-0.0e-0}]]]]}}},"extra":"\u0000"}"#,
+    // Routing keys in every place they count: beside and below the top-level `sessionId`.
+    r#"{"jsonrpc":"2.0","method":"session/update","params":{"update":{"sessionUpdate":"x","toolSessionId":"a","sessionId":"b","update":1},"sessionId":"s","parentSessionId":"p","SessionId":0}}"#,
+    r#"{"method":"session/update","params":{"sessionId":7,"a":[{"sessionUpdate":"y"},"sessionId"],"x":"update","sessionId":"s"}}"#,
 ];
 
 #[test]
@@ -119,6 +122,11 @@ fn tricky_lines_get_the_same_verdict() {
         "{\"jsonrpc\":\"2.0\",\"method\":\"m\",\"params\":5}",
         "{\"id\":1,\"result\":null,\"error\":null}",
         "{\"id\":1,\"error\":{\"code\":1}}",
+        r#"{"method":"m","params":{"session\u0049d":"s","sessionId":"t"}}"#,
+        r#"{"method":"m","params":{"sessionId":"s","a":{"x\ud800SessionId":1}}}"#,
+        r#"{"method":"m","params":{"sessionId":"s\u0031","update":{}, "update" :{}}}"#,
+        r#"{"method":"m","params":[{"sessionId":"s"}]}"#,
+        r#"{"id":1,"result":{"sessionId":"s"},"params":{"sessionId":"t"}}"#,
     ]
     .iter()
     .map(|s| s.as_bytes().to_vec())
@@ -266,4 +274,37 @@ fn a_syntax_error_says_what_and_where() {
         reason,
         "duplicate field `id` at column 9: each envelope key may appear once"
     );
+}
+
+#[test]
+fn the_params_routing_keys_are_counted_as_written() {
+    let line = br#"{"method":"session/update","params":{ "sessionId" : "s1", "update":{"sessionUpdate":"x","toolSessionId":"t","n":[{"sessionId":"u"}]},"sessionId":"s2"}}"#;
+    let (_, keys) = parse_keyed(line).unwrap();
+    assert_eq!(
+        keys,
+        ParamsKeys {
+            session_id: Some("\"s1\""),
+            session_ids: 2,
+            other_sessions: 2,
+            session_updates: 1,
+            updates: 1,
+            escaped: false,
+        }
+    );
+    let (
+        MessageRef::Notification {
+            params: Some(params),
+            ..
+        },
+        keys,
+    ) = parse_keyed(br#"{"method":"m","params":{"a":1, "sessionId":"s1","b":2}}"#).unwrap()
+    else {
+        panic!("a notification");
+    };
+    assert_eq!(
+        keys.around_session_id(params.get()),
+        Some((r#"{"a":1, "sessionId":"#, r#","b":2}"#))
+    );
+    let (_, keys) = parse_keyed(br#"{"method":"m","params":{"x":{"session\u0049d":1}}}"#).unwrap();
+    assert!(keys.escaped && keys.other_sessions == 0, "{keys:?}");
 }

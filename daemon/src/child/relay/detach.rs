@@ -106,7 +106,7 @@ impl Relay {
     pub(super) async fn switch(&mut self, d: &mut Driver, t: RelayTarget) {
         // A detach signalled for the old connection must not detach the new one.
         let _ = futures::FutureExt::now_or_never(d.shared.relay_detach.notified());
-        self.line_prefix = super::line_prefix(&t.session_id);
+        self.minted_json = acpd_protocol::envelope::json_string(&t.session_id).into_owned();
         self.t = t;
         self.first(d).await;
     }

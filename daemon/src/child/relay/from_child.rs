@@ -11,12 +11,14 @@ impl Relay {
         d: &Driver,
         method: &str,
         params: Option<RawJson<'_>>,
+        keys: ParamsKeys<'_>,
     ) {
         if method == "session/update"
-            && let Some(rest) = params.and_then(|p| strict::fast_own(p.get(), &self.own_json))
+            && strict::names_only_its_own(&keys, &self.own_json)
+            && let Some((before, after)) = params.and_then(|p| keys.around_session_id(p.get()))
             && self.t.serves.takes(method)
         {
-            return self.forward_own_update(rest);
+            return self.forward_own_update(before, after);
         }
         self.flush_updates().await;
         let session = self.t.session_id.clone();
@@ -90,13 +92,15 @@ impl Relay {
     }
 
     /// The hot path: an update that names exactly the child's own session, spliced as text
-    /// (the minted id in place of the child's) with no parse beyond the envelope's; `rest` is
-    /// the params after the child's id.
+    /// (the minted id in place of the child's, `before` and `after` it as the child wrote
+    /// them) with no parse beyond the envelope's scan.
     /// Gathers the spliced update into the burst's batch, which `flush_updates` queues.
-    fn forward_own_update(&mut self, rest: &str) {
+    fn forward_own_update(&mut self, before: &str, after: &str) {
         let start = self.updates.len();
-        self.updates.extend_from_slice(&self.line_prefix);
-        self.updates.extend_from_slice(rest.as_bytes());
+        self.updates.extend_from_slice(UPDATE_PREFIX);
+        self.updates.extend_from_slice(before.as_bytes());
+        self.updates.extend_from_slice(self.minted_json.as_bytes());
+        self.updates.extend_from_slice(after.as_bytes());
         self.updates.push(b'}');
         crate::metrics::to_parent(self.updates.len() - start);
         if let Some(trace) = &self.tracer {

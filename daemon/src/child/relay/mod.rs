@@ -18,7 +18,9 @@ mod ids;
 use std::collections::HashMap;
 
 use acpd_protocol::diagnostic;
-use acpd_protocol::envelope::{self, INTERNAL_ERROR, Id, MessageRef, RawJson, RpcError};
+use acpd_protocol::envelope::{
+    self, INTERNAL_ERROR, Id, MessageRef, ParamsKeys, RawJson, RpcError,
+};
 use acpd_protocol::outcome::{self, ChildStopReason, TurnEnd, air};
 use acpd_protocol::permission::{self, PolicyAnswer};
 use acpd_protocol::session_id::{splice_session_id, with_session_id};
@@ -61,10 +63,10 @@ struct Relay {
     t: RelayTarget,
     /// The child's own session id.
     own: String,
-    /// The child's session id as a JSON string: what nearly every update's params start with.
+    /// The child's session id as a JSON string, as an update's params name it.
     own_json: String,
-    /// The forwarded line up to the rest of the params, with the minted id.
-    line_prefix: Vec<u8>,
+    /// The parent's session id as a JSON string, spliced in its place.
+    minted_json: String,
     /// The child's `session/new` result and capabilities: which optional methods it has.
     reply: serde_json::Value,
     caps: serde_json::Value,
@@ -108,7 +110,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
     let own = d.shared.session_id.clone();
     let own_json = envelope::json_string(&own).into_owned();
     let mut r = Relay {
-        line_prefix: line_prefix(&t.session_id),
+        minted_json: envelope::json_string(&t.session_id).into_owned(),
         t,
         own_json,
         own,
@@ -138,7 +140,8 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
     r.first(d).await;
     let early = std::mem::take(&mut *super::lock(&d.shared.early));
     for (method, params) in early {
-        r.child_notification(d, &method, params.as_deref().map(RawJson::from))
+        let params = params.as_deref().map(RawJson::from);
+        r.child_notification(d, &method, params, ParamsKeys::default())
             .await;
     }
     r.flush_updates().await;
@@ -163,14 +166,8 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
     end
 }
 
-/// The forwarded line up to the rest of the params, with the parent's session id.
-fn line_prefix(session_id: &str) -> Vec<u8> {
-    format!(
-        "{{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{{\"sessionId\":{}",
-        envelope::json_string(session_id)
-    )
-    .into_bytes()
-}
+/// A forwarded update up to its params.
+const UPDATE_PREFIX: &[u8] = br#"{"jsonrpc":"2.0","method":"session/update","params":"#;
 
 impl Relay {
     async fn pump(&mut self, d: &mut Driver) -> RelayEnd {
@@ -271,22 +268,22 @@ impl Relay {
             Ok(line) => line,
             Err(fault) => return bad_line(d, &self.t.session_id, &fault),
         };
-        let message = envelope::parse_ref(&line);
-        if !matches!(message, Ok(MessageRef::Notification { .. })) {
+        let message = envelope::parse_keyed(&line);
+        if !matches!(message, Ok((MessageRef::Notification { .. }, _))) {
             self.flush_updates().await;
         }
         match message {
             Err(e) => bad_line(d, &self.t.session_id, &e.into()),
-            Ok(MessageRef::Response { id, outcome }) => match outcome.map(RawJson::to_boxed) {
+            Ok((MessageRef::Response { id, outcome }, _)) => match outcome.map(RawJson::to_boxed) {
                 Ok(Err(e)) => bad_line(d, &self.t.session_id, &e.into()),
                 Ok(Ok(result)) => self.answered(d, id, Ok(result)).await,
                 Err(error) => self.answered(d, id, Err(error)).await,
             },
-            Ok(MessageRef::Notification { method, params }) => {
-                self.child_notification(d, &method, params).await;
+            Ok((MessageRef::Notification { method, params }, keys)) => {
+                self.child_notification(d, &method, params, keys).await;
                 None
             }
-            Ok(MessageRef::Request { id, method, params }) => {
+            Ok((MessageRef::Request { id, method, params }, _)) => {
                 match params.map(RawJson::to_boxed).transpose() {
                     Ok(params) => {
                         self.child_request(d, id, method.into_owned(), params).await;
