@@ -13,6 +13,7 @@ pub mod methods;
 pub mod outcome;
 pub mod permission;
 pub mod session_id;
+pub mod session_routes;
 pub mod subagent;
 pub mod tool_filter;
 pub mod utf8;

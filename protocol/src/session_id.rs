@@ -11,6 +11,8 @@ use serde::Deserializer;
 use serde::de::{MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use crate::session_routes::names_a_session;
+
 const PREFIX: &str = "{\"sessionId\":\"";
 
 /// The `sessionId` of `params`, if it is an object with exactly one top-level `sessionId` key,
@@ -179,111 +181,6 @@ impl<'de> Visitor<'de> for Walk {
     }
 }
 
-/// Whether `params` names a session anywhere but in its own top-level `sessionId`: a key at
-/// any depth that decodes to `sessionId` or `…SessionId` (a top-level `parentSessionId`, an
-/// update's nested `sessionId`). Only keys count, decoded (`"session\u0049d"` is `sessionId`):
-/// a value is never a key, so a text chunk that ends in `…SessionId` or holds a `\u` escape
-/// names nothing. `false` for text that is not a JSON object.
-pub fn names_other_sessions(params: &str) -> bool {
-    // Without an escape, a naming key other than the top-level one is spelled plainly: a second
-    // `"sessionId"`, or a `SessionId"`.
-    let plain = |k: &str| params.matches(k).nth(1).is_some();
-    if !params.contains("\\u") && !params.contains("SessionId\"") && !plain("\"sessionId\"") {
-        return false;
-    }
-    let mut de = serde_json::Deserializer::from_str(params);
-    (&mut de)
-        .deserialize_map(Naming { top: true })
-        .unwrap_or(false)
-}
-
-/// Walks one JSON value for [`names_other_sessions`]; `top` for the params object itself.
-struct Naming {
-    top: bool,
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for Naming {
-    type Value = bool;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Naming {
-    type Value = bool;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(false)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut found = false;
-        while let Some(f) = seq.next_element_seed(Naming { top: false })? {
-            found |= f;
-        }
-        Ok(found)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = false;
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            found |= names_a_session(&key) && !(self.top && key == "sessionId");
-            found |= map.next_value_seed(Naming { top: false })?;
-        }
-        Ok(found)
-    }
-}
-
-/// Whether a key names a session: `sessionId` itself or any `…SessionId`
-/// (`senderSessionId`, `recipientSessionId`, …).
-fn names_a_session(key: &str) -> bool {
-    key == "sessionId" || key.ends_with("SessionId")
-}
-
-/// Rewrites every session id in `value`, at any depth: each string under a key that names a
-/// session goes through `map`. The slow path of a relay whose child reports sessions of its
-/// own (Subagent Sessions), where ids appear nested (`subagent_update`, `session_message`).
-/// `Err` names the first id `map` does not know; `value` is then partly rewritten and must
-/// not be sent.
-pub fn remap_session_ids(
-    value: &mut serde_json::Value,
-    map: &mut impl FnMut(&str) -> Option<String>,
-) -> Result<(), String> {
-    match value {
-        serde_json::Value::Object(fields) => {
-            for (key, v) in fields.iter_mut() {
-                if names_a_session(key)
-                    && let serde_json::Value::String(id) = v
-                {
-                    *id = map(id).ok_or_else(|| id.clone())?;
-                } else {
-                    remap_session_ids(v, map)?;
-                }
-            }
-            Ok(())
-        }
-        serde_json::Value::Array(items) => {
-            items.iter_mut().try_for_each(|v| remap_session_ids(v, map))
-        }
-        _ => Ok(()),
-    }
-}
-
 fn parse_fields(text: &str) -> Option<Vec<(String, &RawValue)>> {
     struct Fields;
     impl<'de> Visitor<'de> for Fields {
@@ -350,66 +247,6 @@ mod tests {
             splice_session_id(text, "m").as_deref(),
             Some(r#"{"sessionId":"m","update":{"sessionId":"b","t":"\"sessionId\" \u0041"}}"#)
         );
-    }
-
-    #[test]
-    fn remap_rewrites_nested_ids_and_names_an_unknown_one() {
-        let mut v: serde_json::Value = serde_json::from_str(
-            r#"{"sessionId":"own","update":{"sessionUpdate":"session_message","senderSessionId":"sub","list":[{"sessionId":"own"}],"text":"sessionId"}}"#,
-        )
-        .unwrap();
-        let mut map = |id: &str| match id {
-            "own" => Some("A".to_string()),
-            "sub" => Some("A.1".to_string()),
-            _ => None,
-        };
-        remap_session_ids(&mut v, &mut map).unwrap();
-        assert_eq!(
-            v.to_string(),
-            r#"{"sessionId":"A","update":{"sessionUpdate":"session_message","senderSessionId":"A.1","list":[{"sessionId":"A"}],"text":"sessionId"}}"#
-        );
-        let mut v =
-            serde_json::json!({"sessionId": "own", "update": {"recipientSessionId": "other"}});
-        assert_eq!(
-            remap_session_ids(&mut v, &mut map),
-            Err("other".to_string())
-        );
-    }
-
-    #[test]
-    fn only_keys_name_other_sessions_however_they_are_spelled() {
-        for (params, names) in [
-            (
-                r#"{"sessionId":"s","update":{"text":"caf\u00e9 \u001b[31m"}}"#,
-                false,
-            ),
-            (
-                r#"{"sessionId":"s","update":{"text":"let parentSessionId"}}"#,
-                false,
-            ),
-            (
-                r#"{"sessionId":"s","update":{"text":"\"sessionId\": 2"}}"#,
-                false,
-            ),
-            (
-                r#"{"update":{"a":["sessionId","xSessionId"]},"sessionId":"s"}"#,
-                false,
-            ),
-            (r#"{"sessionId":"s","update":{"sessionId":"t"}}"#, true),
-            (
-                r#"{"sessionId":"s","update":{"x":[{"session\u0049d":"t"}]}}"#,
-                true,
-            ),
-            (r#"{"sessionId":"s","parentSessionId":"p"}"#, true),
-            (
-                r#"{"sessionId":"s","update":{"toolSession\u0049d":"p"}}"#,
-                true,
-            ),
-            (r#"{"sessionId":"s","sessionId":"t"}"#, false),
-            ("[\"sessionId\",\"x\\u0041\"]", false),
-        ] {
-            assert_eq!(names_other_sessions(params), names, "{params}");
-        }
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! What an agent writes in its updates reaches the editor whatever the text holds: escapes
 //! (`json.dumps` writes every non-ASCII character as `\uXXXX`, serde_json a terminal colour
 //! as `\u001b`) and words that look like keys (a chunk of code that ends in `…SessionId`).
-//! Only a key that names another session keeps an update from an editor that did not opt in
-//! to subagents. The agent is a real Python process writing the way Python agents write.
+//! Only a place where ACP names a session (the update's own `sessionId`, say) keeps an update
+//! from an editor that did not opt in to subagents; a tool's input or output that happens to
+//! hold a `sessionId` key is the tool's, and arrives as written, numbers and all. The agent is a
+//! real Python process writing the way Python agents write.
 
 use crate::common;
 
@@ -38,6 +40,14 @@ for line in sys.stdin:
         for text in TEXTS:
             chunk(sid, text)
         chunk(sid, "nested", toolSessionId="someone-else")
+        send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": {
+            "sessionUpdate": "tool_call", "toolCallId": "t1", "title": "ls",
+            "rawInput": {"sessionId": "abc", "command": "ls"},
+            "_meta": {"tool": {"parentSessionId": sid}}}}})
+        sys.stdout.write('{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"%s",'
+                         '"update":{"sessionUpdate":"tool_call_update","toolCallId":"t1",'
+                         '"rawOutput":{"sessionId":"abc","n":12345678901234567890123,"e":1e2}}}}\n' % sid)
+        sys.stdout.flush()
         chunk(sid, "after")
         result = {"stopReason": "end_turn"}
     else:
@@ -48,12 +58,23 @@ for line in sys.stdin:
 
 #[test]
 fn escaped_text_and_key_like_words_in_updates_reach_the_editor() {
+    for subagents in [false, true] {
+        updates_reach_an_editor(subagents);
+    }
+}
+
+/// The agent's updates through `acpd stdio` to an editor that opted in to subagents or not.
+fn updates_reach_an_editor(subagents: bool) {
     let env = Env::raw(&format!(
         "default_provider = \"py\"\n[providers.py]\ncommand = [\"python3\", \"-c\", {}]\n",
         serde_json::to_string(AGENT).unwrap()
     ));
     let mut raw = Raw::stdio(&env);
-    assert!(raw.initialize(json!({})).is_object(), "log: {}", raw.log());
+    let caps = match subagents {
+        true => json!({"subagents": {}}),
+        false => json!({}),
+    };
+    assert!(raw.initialize(caps).is_object(), "log: {}", raw.log());
     let new = raw.ok("session/new", json!({"cwd": env.path(), "mcpServers": []}));
     let session = new["sessionId"].as_str().unwrap().to_string();
     let start = raw.seen.len();
@@ -79,11 +100,34 @@ fn escaped_text_and_key_like_words_in_updates_reach_the_editor() {
         "every update but the one naming another session, in order; log: {}",
         raw.log()
     );
-    let log = raw.log();
+    let tools: Vec<&Line> = raw.seen[start..]
+        .iter()
+        .filter(|l| l.value["params"]["update"]["toolCallId"] == "t1")
+        .collect();
     assert_eq!(
-        log.matches("it names other sessions").count(),
-        1,
-        "only the update with a nested session key was dropped: {log}"
+        tools.len(),
+        2,
+        "both tool updates arrived; log: {}",
+        raw.log()
+    );
+    assert_eq!(
+        tools[0].value["params"]["update"]["rawInput"],
+        json!({"sessionId": "abc", "command": "ls"}),
+        "a tool's input is the tool's: {}",
+        tools[0].text()
+    );
+    assert!(
+        tools[1].text().ends_with(&format!(
+            r#""params":{{"sessionId":"{session}","update":{{"sessionUpdate":"tool_call_update","toolCallId":"t1","rawOutput":{{"sessionId":"abc","n":12345678901234567890123,"e":1e2}}}}}}}}"#
+        )),
+        "the tool's output as the agent wrote it, numbers and all: {}",
+        tools[1].text()
+    );
+    let log = raw.log();
+    let dropped = log.matches("dropping a child notification").count();
+    assert_eq!(
+        dropped, 1,
+        "only the update naming another session was dropped (subagents: {subagents}): {log}"
     );
     raw.close_write();
     assert!(raw.drain_to_eof(ANSWER), "acpd stdio did not exit");

@@ -68,7 +68,7 @@ impl Relay {
             (Some(_), _) => return log("more than one sessionId"),
             (None, _) => return log("params are not an object"),
         };
-        if acpd_protocol::session_id::names_other_sessions(text) {
+        if acpd_protocol::session_routes::names_other_sessions(text) {
             if !self.t.serves.subagents {
                 return log("it names other sessions and the client did not opt in to subagents");
             }

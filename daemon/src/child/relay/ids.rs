@@ -1,8 +1,9 @@
 //! Session ids across the relay: the parent knows the acpd id (and `<acpd id>.<n>` for the
 //! child's own subagent sessions), the child knows its own.
 
-use acpd_protocol::envelope::{self, RpcError};
-use acpd_protocol::session_id::{remap_session_ids, with_session_id};
+use acpd_protocol::envelope::RpcError;
+use acpd_protocol::session_id::with_session_id;
+use acpd_protocol::session_routes::remap_routes;
 use serde_json::value::RawValue;
 
 use super::Relay;
@@ -35,17 +36,15 @@ impl Relay {
         params: &RawValue,
         own: &str,
     ) -> Result<Box<RawValue>, String> {
-        let mut value: serde_json::Value =
-            serde_json::from_str(params.get()).map_err(|e| e.to_string())?;
-        let mut map = |id: &str| {
+        let map = |id: &str| {
             if id == own {
                 Some(self.t.session_id.clone())
             } else {
                 self.subs.get(id).cloned()
             }
         };
-        remap_session_ids(&mut value, &mut map)?;
-        Ok(envelope::to_raw(&value))
+        let text = remap_routes(params.get(), map)?;
+        RawValue::from_string(text).map_err(|e| e.to_string())
     }
 
     /// An update that names other sessions: a `subagent_update` announcing (or updating) one

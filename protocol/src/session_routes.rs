@@ -1,0 +1,234 @@
+//! Where a child's params name sessions, and those names rewritten in place.
+//!
+//! ACP names a session in a few places only: the params' own `sessionId` (and any other
+//! top-level `…SessionId`), the update's own keys (`subagent_update`'s `sessionId`, a
+//! `session_message`'s `senderSessionId` / `recipientSessionId`), and a tool call's `session`
+//! content (`update.content[].sessionId`). Everything else — a tool's `rawInput` and
+//! `rawOutput`, `_meta`, text — is the agent's own data, forwarded as written even when a key
+//! in it happens to be called `sessionId`.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
+
+use serde::Deserializer;
+use serde::de::{MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+/// One place that names a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Where the value lies in the params text.
+    pub span: Range<usize>,
+    /// The session id, when the value is a string.
+    pub id: Option<String>,
+    /// The params' own top-level `sessionId`.
+    pub own: bool,
+}
+
+/// Whether a key names a session: `sessionId` itself or any `…SessionId`
+/// (`senderSessionId`, `recipientSessionId`, …).
+pub(crate) fn names_a_session(key: &str) -> bool {
+    key == "sessionId" || key.ends_with("SessionId")
+}
+
+/// Every place in `params` that names a session, in the order of the text; `None` when
+/// `params` is not a JSON object.
+pub fn routes(params: &str) -> Option<Vec<Route>> {
+    let mut out = Vec::new();
+    for (key, value) in entries(params)? {
+        if names_a_session(&key) {
+            out.push(route(params, value, key == "sessionId"));
+        } else if key == "update" {
+            for (key, value) in entries(value.get()).unwrap_or_default() {
+                if names_a_session(&key) {
+                    out.push(route(params, value, false));
+                } else if key == "content" {
+                    let items: Vec<&RawValue> =
+                        serde_json::from_str(value.get()).unwrap_or_default();
+                    for item in items {
+                        for (key, value) in entries(item.get()).unwrap_or_default() {
+                            if key == "sessionId" {
+                                out.push(route(params, value, false));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Whether `params` names a session anywhere but in its own top-level `sessionId` (see the
+/// module's doc for where). `false` for text that is not a JSON object.
+pub fn names_other_sessions(params: &str) -> bool {
+    // Without an escape, a place is spelled plainly: a second `"sessionId"`, or a
+    // `SessionId"`.
+    let plain = |k: &str| params.matches(k).nth(1).is_some();
+    if !params.contains("\\u") && !params.contains("SessionId\"") && !plain("\"sessionId\"") {
+        return false;
+    }
+    routes(params).is_some_and(|routes| routes.iter().any(|r| !r.own))
+}
+
+/// `params` with every session id at its routing places (the own one included) replaced by
+/// what `map` gives for it; the rest of the text stays as written. `Err` names the first id
+/// `map` does not know. A value there that is not a string is left as it is.
+pub fn remap_routes(
+    params: &str,
+    mut map: impl FnMut(&str) -> Option<String>,
+) -> Result<String, String> {
+    let routes = routes(params).ok_or_else(|| "the params are not a JSON object".to_string())?;
+    let mut out = String::with_capacity(params.len() + 32);
+    let mut done = 0;
+    for r in routes {
+        let Some(id) = r.id else { continue };
+        let to = map(&id).ok_or(id)?;
+        out.push_str(&params[done..r.span.start]);
+        out.push_str(&crate::envelope::json_string(&to));
+        done = r.span.end;
+    }
+    out.push_str(&params[done..]);
+    Ok(out)
+}
+
+fn route(params: &str, value: &RawValue, own: bool) -> Route {
+    let text = value.get();
+    let start = (text.as_ptr() as usize).saturating_sub(params.as_ptr() as usize);
+    Route {
+        span: start..start + text.len(),
+        id: serde_json::from_str::<String>(text).ok(),
+        own,
+    }
+}
+
+/// The entries of a JSON object as written (keys decoded, values raw, duplicates kept);
+/// `None` when `text` is not one.
+fn entries(text: &str) -> Option<Vec<(Cow<'_, str>, &RawValue)>> {
+    struct Entries;
+    impl<'de> Visitor<'de> for Entries {
+        type Value = Vec<(Cow<'de, str>, &'de RawValue)>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(key) = map.next_key::<Key<'de>>()? {
+                out.push((key.0, map.next_value()?));
+            }
+            Ok(out)
+        }
+    }
+    if !text.starts_with('{') {
+        return None;
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    (&mut de).deserialize_map(Entries).ok()
+}
+
+/// A key, borrowed from the text when it holds no escape.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E>(self, k: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(k)))
+            }
+            fn visit_str<E>(self, k: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(k.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_routing_places_name_other_sessions() {
+        for (params, names) in [
+            (
+                r#"{"sessionId":"s","update":{"text":"caf\u00e9 \u001b[31m"}}"#,
+                false,
+            ),
+            (
+                r#"{"sessionId":"s","update":{"text":"let parentSessionId"}}"#,
+                false,
+            ),
+            (
+                r#"{"sessionId":"s","update":{"text":"\"sessionId\": 2"}}"#,
+                false,
+            ),
+            (
+                r#"{"update":{"a":["sessionId","xSessionId"]},"sessionId":"s"}"#,
+                false,
+            ),
+            // A tool's own data: its input, its output, `_meta`.
+            (
+                r#"{"sessionId":"s","update":{"sessionUpdate":"tool_call","rawInput":{"sessionId":"abc"}}}"#,
+                false,
+            ),
+            (
+                r#"{"sessionId":"s","update":{"rawOutput":{"parentSessionId":"z"},"_meta":{"c":{"sessionId":1}}}}"#,
+                false,
+            ),
+            (
+                r#"{"sessionId":"s","update":{"content":[{"type":"content","content":{"x":{"sessionId":"t"}}}]}}"#,
+                false,
+            ),
+            (r#"{"sessionId":"s","sessionId":"t"}"#, false),
+            ("[\"sessionId\",\"x\\u0041\"]", false),
+            // The places that route.
+            (
+                r#"{"sessionId":"s","update":{"sessionUpdate":"subagent_update","sessionId":"t"}}"#,
+                true,
+            ),
+            (
+                r#"{"sessionId":"s","update":{"senderSessionId":"t"}}"#,
+                true,
+            ),
+            (r#"{"sessionId":"s","update":{"session\u0049d":"t"}}"#, true),
+            (r#"{"sessionId":"s","parentSessionId":"p"}"#, true),
+            (
+                r#"{"sessionId":"s","update":{"content":[{"type":"session","sessionId":"t"}]}}"#,
+                true,
+            ),
+        ] {
+            assert_eq!(names_other_sessions(params), names, "{params}");
+        }
+    }
+
+    #[test]
+    fn remapping_rewrites_only_the_ids_at_routing_places_and_names_an_unknown_one() {
+        let params = r#"{ "sessionId" : "own", "update":{"sessionUpdate":"session_message","senderSessionId":"sub","n":1e2,"rawInput":{"sessionId":"own","big":12345678901234567890123},"content":[{"type":"session","sessionId":"sub"}],"text":"sessionId"}}"#;
+        let map = |id: &str| match id {
+            "own" => Some("A".to_string()),
+            "sub" => Some("A.1".to_string()),
+            _ => None,
+        };
+        assert_eq!(
+            remap_routes(params, map).unwrap(),
+            r#"{ "sessionId" : "A", "update":{"sessionUpdate":"session_message","senderSessionId":"A.1","n":1e2,"rawInput":{"sessionId":"own","big":12345678901234567890123},"content":[{"type":"session","sessionId":"A.1"}],"text":"sessionId"}}"#
+        );
+        assert_eq!(
+            remap_routes(
+                r#"{"sessionId":"own","update":{"recipientSessionId":"other"}}"#,
+                map
+            ),
+            Err("other".to_string())
+        );
+        assert_eq!(
+            remap_routes(r#"{"sessionId":"own","update":{"sessionId":7}}"#, map).unwrap(),
+            r#"{"sessionId":"A","update":{"sessionId":7}}"#
+        );
+    }
+}
