@@ -189,7 +189,19 @@ pub fn parse_keyed(line: &[u8]) -> Result<(MessageRef<'_>, ParamsKeys<'_>), Enve
 }
 
 /// The message the envelope's fields make, or why they make none.
-pub(super) fn classify(wire: Fields<'_>) -> Result<MessageRef<'_>, EnvelopeError> {
+///
+/// A member written as `null` where JSON-RPC says it is absent (`"params": null`, an `"error":
+/// null` beside a result, a `"result": null` beside an error) is read as absent: serialisers
+/// that write every optional field (pydantic's, say) write them so, and what they mean is plain.
+pub(super) fn classify(mut wire: Fields<'_>) -> Result<MessageRef<'_>, EnvelopeError> {
+    if wire.params == Some("null") {
+        wire.params = None;
+    }
+    match (wire.result, wire.error) {
+        (Some(_), Some("null")) => wire.error = None,
+        (Some("null"), Some(_)) => wire.result = None,
+        _ => {}
+    }
     let id = match wire.id {
         None => None,
         Some(raw) => match Id::from_json(raw) {

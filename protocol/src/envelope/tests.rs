@@ -230,6 +230,33 @@ fn arrays_and_scalars_are_invalid_requests_with_no_id() {
 }
 
 #[test]
+fn a_member_written_null_where_json_rpc_has_none_is_absent() {
+    let m = parse(br#"{"jsonrpc":"2.0","id":2,"result":{"a":1},"error":null}"#).unwrap();
+    assert!(
+        matches!(&m, Message::Response { outcome: Ok(r), .. } if r.get() == r#"{"a":1}"#),
+        "{m:?}"
+    );
+    let m = parse(br#"{"jsonrpc":"2.0","id":2,"result":null,"error":{"code":1,"message":"m"}}"#)
+        .unwrap();
+    assert!(
+        matches!(&m, Message::Response { outcome: Err(e), .. } if e.message == "m"),
+        "{m:?}"
+    );
+    let m = parse(br#"{"jsonrpc":"2.0","method":"_x/n","params":null}"#).unwrap();
+    assert!(
+        matches!(&m, Message::Notification { params: None, .. }),
+        "{m:?}"
+    );
+    // `null` alone is still a result, and so is `null` beside an `"error": null`.
+    let m = parse(br#"{"jsonrpc":"2.0","id":2,"result":null}"#).unwrap();
+    assert!(
+        matches!(&m, Message::Response { outcome: Ok(r), .. } if r.get() == "null"),
+        "{m:?}"
+    );
+    assert!(parse(br#"{"jsonrpc":"2.0","id":2,"result":null,"error":null}"#).is_ok());
+}
+
+#[test]
 fn a_bad_field_keeps_the_readable_id() {
     for line in [
         r#"{"jsonrpc":"2.0","id":5,"method":3}"#,
