@@ -14,7 +14,7 @@ use common::*;
 use serde_json::json;
 
 /// An ACP agent in Python, no SDK: every message through `json.dumps` (ASCII only, so every
-/// non-ASCII character is escaped), one write and flush each. A prompt streams the texts of
+/// non-ASCII character is escaped), one write and flush each, answers with `"error": null`. A prompt streams the texts of
 /// `TEXTS`, then one update that names another session in a nested key, then `after`.
 const AGENT: &str = r#"
 import json, sys
@@ -53,7 +53,8 @@ for line in sys.stdin:
     else:
         send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "no"}})
         continue
-    send({"jsonrpc": "2.0", "id": mid, "result": result})
+    # As pydantic-style models write a response: every member, the absent one null.
+    send({"jsonrpc": "2.0", "id": mid, "result": result, "error": None})
 "#;
 
 #[test]
