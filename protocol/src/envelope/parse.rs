@@ -161,11 +161,12 @@ pub fn parse_ref(line: &[u8]) -> Result<MessageRef<'_>, EnvelopeError> {
 
 /// [`parse_ref`], with what the params' routing keys are (the same pass found them).
 pub fn parse_keyed(line: &[u8]) -> Result<(MessageRef<'_>, ParamsKeys<'_>), EnvelopeError> {
-    // The scan looks at no byte of a string beyond the ones it stops at, so UTF-8 is checked
-    // once here, over the whole line.
-    let line = std::str::from_utf8(line)
-        .map_err(|_| EnvelopeError::NotJson("the line is not valid UTF-8".into()))?;
     match scan(line) {
+        // The scan checks UTF-8 as it goes, so a line it refuses may be cut short by a syntax
+        // error before the bad byte; the bad byte is the reason given.
+        Err(_) if std::str::from_utf8(line).is_err() => {
+            Err(EnvelopeError::NotJson("the line is not valid UTF-8".into()))
+        }
         Ok(Shape::Object(fields)) => {
             let keys = fields.keys;
             classify(fields).map(|message| (message, keys))

@@ -7,8 +7,9 @@
 //! object's keys, which are decoded as serde_json decodes a key (a lone surrogate is an error,
 //! `"\u0069d"` is `id`), a number by JSON's grammar (no `01`, `1.`, `1e`, any magnitude), no
 //! depth limit below the top-level object (serde_json skips a raw value with a heap stack), and
-//! nothing after the value but whitespace. The caller checks UTF-8 first (a `&str`), so a
-//! string's other bytes need no look.
+//! nothing after the value but whitespace. UTF-8 is checked on the way: a byte outside a
+//! string must be ASCII, and each non-ASCII character in a string is checked as it is met, so a
+//! line the scan accepts is UTF-8 (a line it refuses may not be: the caller checks which).
 
 /// The raw text of each envelope key's value in the top-level object, leading whitespace not
 /// included (as serde_json's `RawValue` has it).
@@ -101,21 +102,23 @@ fn envelope_key(key: &[u8]) -> Option<usize> {
 }
 
 /// Scans `line` as one JSON value.
-pub(super) fn scan(line: &str) -> Result<Shape<'_>, ScanError> {
+pub(super) fn scan(line: &[u8]) -> Result<Shape<'_>, ScanError> {
     let mut s = Scanner {
-        text: line,
-        b: line.as_bytes(),
+        b: line,
         i: 0,
         nest: Nest::default(),
         in_params: false,
         capture: false,
         keys: ParamsKeys::default(),
+        session_id: None,
+        slots: [None; 6],
     };
     s.ws();
     let shape = match s.peek() {
         Some(b'{') => {
             s.i += 1;
-            Shape::Object(s.top_object()?)
+            s.top_object()?;
+            Shape::Object(Fields::default())
         }
         Some(b'[') => {
             s.value()?;
@@ -130,7 +133,30 @@ pub(super) fn scan(line: &str) -> Result<Shape<'_>, ScanError> {
     if s.i < s.b.len() {
         return Err(s.err("trailing characters"));
     }
-    Ok(shape)
+    debug_assert!(std::str::from_utf8(line).is_ok());
+    // SAFETY: the scan accepted every byte of `line`: each one outside a string is ASCII (JSON's
+    // syntax, whitespace, digits, literals), each one inside a string is ASCII or part of a
+    // character `utf8_char` checked with `std::str::from_utf8`; so `line` is UTF-8.
+    let text = unsafe { std::str::from_utf8_unchecked(line) };
+    Ok(match shape {
+        Shape::Object(_) => {
+            let field = |slot: Option<(usize, usize)>| slot.and_then(|(a, b)| text.get(a..b));
+            let [jsonrpc, id, method, params, result, error] = s.slots.map(field);
+            Shape::Object(Fields {
+                jsonrpc,
+                id,
+                method,
+                params,
+                result,
+                error,
+                keys: ParamsKeys {
+                    session_id: field(s.session_id),
+                    ..s.keys
+                },
+            })
+        }
+        other => other,
+    })
 }
 
 /// Which containers are open: objects are 1 bits. Sixty-four levels need no allocation.
@@ -167,7 +193,6 @@ impl Nest {
 }
 
 struct Scanner<'a> {
-    text: &'a str,
     b: &'a [u8],
     i: usize,
     nest: Nest,
@@ -176,14 +201,19 @@ struct Scanner<'a> {
     /// The next value is the first top-level `sessionId`'s: kept when it is a string.
     capture: bool,
     keys: ParamsKeys<'a>,
+    /// Where the first top-level `sessionId`'s string value lies.
+    session_id: Option<(usize, usize)>,
+    /// Where each envelope key's value lies, in [`KEYS`]' order.
+    slots: [Option<(usize, usize)>; 6],
 }
 
-/// Bytes a string's scan stops at: `"`, `\` and the control characters.
+/// Bytes a string's scan of plain ASCII stops at: `"`, `\`, the control characters and
+/// every non-ASCII byte.
 static STOP: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut c = 0;
-    while c < 0x20 {
-        t[c] = true;
+    let mut t = [true; 256];
+    let mut c = 0x20;
+    while c < 0x80 {
+        t[c] = false;
         c += 1;
     }
     t[b'"' as usize] = true;
@@ -210,12 +240,11 @@ impl<'a> Scanner<'a> {
     }
 
     /// The top-level object after its `{`: every key decoded, the envelope keys' values kept.
-    fn top_object(&mut self) -> Result<Fields<'a>, ScanError> {
-        let mut fields = Fields::default();
+    fn top_object(&mut self) -> Result<(), ScanError> {
         self.ws();
         if self.peek() == Some(b'}') {
             self.i += 1;
-            return Ok(fields);
+            return Ok(());
         }
         loop {
             match self.peek() {
@@ -225,26 +254,14 @@ impl<'a> Scanner<'a> {
             }
             let column = self.i;
             let key_index = self.key()?;
-            let slot = match key_index {
-                Some(k) => {
-                    let slot = match k {
-                        0 => &mut fields.jsonrpc,
-                        1 => &mut fields.id,
-                        2 => &mut fields.method,
-                        3 => &mut fields.params,
-                        4 => &mut fields.result,
-                        _ => &mut fields.error,
-                    };
-                    if slot.is_some() {
-                        return Err(ScanError::Duplicate {
-                            key: KEYS[k],
-                            column,
-                        });
-                    }
-                    Some(slot)
-                }
-                None => None,
-            };
+            if let Some(k) = key_index
+                && self.slots[k].is_some()
+            {
+                return Err(ScanError::Duplicate {
+                    key: KEYS[k],
+                    column,
+                });
+            }
             self.ws();
             match self.peek() {
                 Some(b':') => self.i += 1,
@@ -256,8 +273,8 @@ impl<'a> Scanner<'a> {
             self.in_params = key_index == Some(3) && self.peek() == Some(b'{');
             self.value()?;
             self.in_params = false;
-            if let Some(slot) = slot {
-                *slot = self.text.get(start..self.i);
+            if let Some(k) = key_index {
+                self.slots[k] = Some((start, self.i));
             }
             self.ws();
             match self.peek() {
@@ -270,8 +287,7 @@ impl<'a> Scanner<'a> {
                 }
                 Some(b'}') => {
                     self.i += 1;
-                    fields.keys = self.keys;
-                    return Ok(fields);
+                    return Ok(());
                 }
                 Some(_) => return Err(self.err("expected `,` or `}`")),
                 None => return Err(self.err("EOF while parsing an object")),
@@ -283,7 +299,7 @@ impl<'a> Scanner<'a> {
     /// returns: which envelope key it is, if any.
     fn key(&mut self) -> Result<Option<usize>, ScanError> {
         let start = self.i;
-        self.skip_plain();
+        self.skip_plain()?;
         match self.peek() {
             Some(b'"') => {
                 let key = &self.b[start..self.i];
@@ -309,7 +325,7 @@ impl<'a> Scanner<'a> {
                 None => return Err(self.err("EOF while parsing a string")),
             }
             let from = self.i;
-            self.skip_plain();
+            self.skip_plain()?;
             decoded.extend_from_slice(&self.b[from..self.i]);
         }
     }
@@ -378,26 +394,30 @@ impl<'a> Scanner<'a> {
         Ok(n)
     }
 
-    /// Past the bytes a string holds as they are, to its next `"`, `\` or control byte.
+    /// Past the characters a string holds as they are, to its next `"`, `\` or control
+    /// byte; each non-ASCII one checked as UTF-8.
     #[inline]
-    fn skip_plain(&mut self) {
-        const ONES: u64 = u64::MAX / 255;
-        const HIGH: u64 = ONES << 7;
-        while let Some(chunk) = self.b.get(self.i..self.i + 8) {
-            let mut word = [0; 8];
-            word.copy_from_slice(chunk);
-            let w = u64::from_le_bytes(word);
-            let ctrl = w.wrapping_sub(ONES * 0x20) & !w;
-            let q = w ^ (ONES * u64::from(b'"'));
-            let quote = q.wrapping_sub(ONES) & !q;
-            let s = w ^ (ONES * u64::from(b'\\'));
-            let slash = s.wrapping_sub(ONES) & !s;
-            let hit = (ctrl | quote | slash) & HIGH;
+    fn skip_plain(&mut self) -> Result<(), ScanError> {
+        loop {
+            self.skip_ascii();
+            match self.peek() {
+                Some(c) if c >= 0x80 => self.utf8_char()?,
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Past plain ASCII (no `"`, `\` or control byte), sixteen bytes at a time.
+    #[inline]
+    fn skip_ascii(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        while let Some(chunk) = self.b.get(self.i..self.i + 16) {
+            let hit = stops_in_16(chunk);
             if hit != 0 {
-                self.i += hit.trailing_zeros() as usize / 8;
+                self.i += hit.trailing_zeros() as usize;
                 return;
             }
-            self.i += 8;
+            self.i += 16;
         }
         while let Some(&c) = self.b.get(self.i) {
             if STOP[usize::from(c)] {
@@ -407,12 +427,30 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// One non-ASCII character of a string, checked as UTF-8.
+    #[cold]
+    fn utf8_char(&mut self) -> Result<(), ScanError> {
+        let width = match self.b[self.i] {
+            0xC2..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF4 => 4,
+            _ => 0,
+        };
+        match self.b.get(self.i..self.i + width).map(std::str::from_utf8) {
+            Some(Ok(_)) if width > 0 => {
+                self.i += width;
+                Ok(())
+            }
+            _ => Err(self.err("invalid UTF-8")),
+        }
+    }
+
     /// A string after its opening quote, skipped: escapes checked as serde_json skips them.
     /// Whether it held an escape.
     fn string(&mut self) -> Result<bool, ScanError> {
         let mut escaped = false;
         loop {
-            self.skip_plain();
+            self.skip_plain()?;
             match self.peek() {
                 Some(b'"') => {
                     self.i += 1;
@@ -499,7 +537,7 @@ impl<'a> Scanner<'a> {
                     self.i += 1;
                     self.string()?;
                     if capture {
-                        self.keys.session_id = self.text.get(start..self.i);
+                        self.session_id = Some((start, self.i));
                     }
                 }
                 Some(b'-') => {
@@ -605,4 +643,27 @@ impl<'a> Scanner<'a> {
         };
         *count = count.saturating_add(1);
     }
+}
+
+/// A bit for each byte of `chunk` (16 bytes) a string's plain run stops at: `"`, `\`, a
+/// control byte, a non-ASCII byte.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn stops_in_16(chunk: &[u8]) -> u32 {
+    use std::arch::x86_64::{
+        _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8,
+    };
+    assert!(chunk.len() >= 16);
+    // SAFETY: SSE2 is part of every x86_64 target, and the load reads 16 bytes of `chunk`
+    // (checked above) with no alignment needed.
+    let mask = unsafe {
+        let v = _mm_loadu_si128(chunk.as_ptr().cast());
+        let quote = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'"' as i8));
+        let slash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'\\' as i8));
+        // Signed: a control byte is below 0x20, a non-ASCII one below zero.
+        let low = _mm_cmplt_epi8(v, _mm_set1_epi8(0x20));
+        _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(quote, slash), low))
+    };
+    mask as u32
 }

@@ -142,6 +142,40 @@ fn tricky_lines_get_the_same_verdict() {
     ] {
         lines.push(bad.to_vec());
     }
+    // Every UTF-8 shape, valid and not, at every place a sixteen-byte step can cut it: in a
+    // value, in a nested key, in a top-level key, outside any string.
+    for pad in 0..40 {
+        let a = "a".repeat(pad);
+        for ch in [
+            &b"\xc3\xa9"[..],
+            b"\xe4\xb8\xad",
+            b"\xf0\x9f\x98\x80",
+            b"\xf4\x8f\xbf\xbf",
+            b"\xc0\x80",
+            b"\xe0\x80\x80",
+            b"\xed\xa0\x80",
+            b"\xf4\x90\x80\x80",
+            b"\xf5\x80\x80\x80",
+            b"\xc3",
+            b"\xe4\xb8",
+            b"\x80",
+            b"\xff",
+        ] {
+            for (open, close) in [
+                ("{\"method\":\"m\",\"params\":[\"", "\"]}"),
+                ("{\"method\":\"m\",\"params\":{\"", "\":1}}"),
+                ("{\"method\":\"m\",\"", "\":1}"),
+                ("{\"method\":\"m\",\"params\":[1,", "]}"),
+            ] {
+                let mut line = format!("{open}{a}").into_bytes();
+                line.extend_from_slice(ch);
+                line.extend_from_slice(format!("{a}{close}").as_bytes());
+                lines.push(line.clone());
+                line.truncate(open.len() + pad + ch.len());
+                lines.push(line);
+            }
+        }
+    }
     for depth in [1, 2, 63, 64, 65, 127, 128, 129, 200, 5000, 100_000] {
         let nested = |open: &str, close: &str| {
             format!(
