@@ -391,7 +391,10 @@ impl Relay {
     /// for the lot. Called before anything else goes to the parent, so the order holds.
     async fn flush_updates(&mut self) {
         if !self.updates.is_empty() {
-            let lines = std::mem::take(&mut self.updates);
+            // The next burst is likely the size of this one: room for it up front, not grown
+            // (and copied) by doubling.
+            let next = Vec::with_capacity(self.updates.len().min(UPDATES_AT_ONCE));
+            let lines = std::mem::replace(&mut self.updates, next);
             let _ = self.t.parent.send_lines(lines).await;
         }
     }
