@@ -63,11 +63,22 @@ pub fn routes(params: &str) -> Option<Vec<Route>> {
 /// Whether `params` names a session anywhere but in its own top-level `sessionId` (see the
 /// module's doc for where). `false` for text that is not a JSON object.
 pub fn names_other_sessions(params: &str) -> bool {
-    // Without an escape, a place is spelled plainly: a second `"sessionId"`, or a
-    // `SessionId"`.
-    let plain = |k: &str| params.matches(k).nth(1).is_some();
-    if !params.contains("\\u") && !params.contains("SessionId\"") && !plain("\"sessionId\"") {
-        return false;
+    // Without an escape, every naming key is spelled plainly: none but one leading
+    // `"sessionId"` (the params' own) is then a sure no.
+    if !params.contains("\\u") && !params.contains("SessionId\"") {
+        let mut plain = params.match_indices("\"sessionId\"");
+        let leading = |at: usize| {
+            params[..at]
+                .trim_start()
+                .strip_prefix('{')
+                .map(str::trim_start)
+                == Some("")
+        };
+        match (plain.next(), plain.next()) {
+            (None, _) => return false,
+            (Some((at, _)), None) if leading(at) => return false,
+            _ => {}
+        }
     }
     routes(params).is_some_and(|routes| routes.iter().any(|r| !r.own))
 }
@@ -202,6 +213,12 @@ mod tests {
                 r#"{"sessionId":"s","update":{"content":[{"type":"session","sessionId":"t"}]}}"#,
                 true,
             ),
+            // One plain `sessionId`, not the params' own.
+            (
+                r#"{"update":{"sessionUpdate":"subagent_update","sessionId":"t"}}"#,
+                true,
+            ),
+            (r#" { "sessionId" : "s", "update":{}}"#, false),
         ] {
             assert_eq!(names_other_sessions(params), names, "{params}");
         }
