@@ -25,6 +25,8 @@ fn traceparent(span: &str) -> String {
 
 #[derive(Debug, Clone)]
 struct SpanRec {
+    /// The status message when the span ended failed.
+    failed: Option<String>,
     name: String,
     trace: String,
     id: String,
@@ -116,6 +118,11 @@ fn serve(conn: TcpStream, kept: &Mutex<Vec<SpanRec>>) {
                         })
                         .collect();
                     spans.push(SpanRec {
+                        failed: s
+                            .status
+                            .as_ref()
+                            .filter(|st| st.code == 2)
+                            .map(|st| st.message.clone()),
                         name: s.name,
                         trace: hex(&s.trace_id),
                         id: hex(&s.span_id),
@@ -461,6 +468,38 @@ fn a_load_and_a_resume_open_a_session_span_saying_so() {
             x.name == "acpd.teardown" && x.parent == span.id
         });
     }
+}
+
+/// A load the agent refuses (its copy of the session is gone) ends the load's session span
+/// failed, saying so, as a failed start does.
+#[test]
+fn a_load_the_agent_refuses_ends_its_span_failed() {
+    let collector = Collector::start();
+    let env = env_with_sessions();
+    let mut raw = stdio(
+        &env,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.endpoint)],
+    );
+    let s = new_session(&mut raw, &env, json!({}));
+    let id = raw.send_prompt(&s, "remember me");
+    raw.answer(&json!(id));
+    raw.ok("session/close", json!({"sessionId": s}));
+    std::fs::remove_dir_all(env.path().join("echo-sessions")).unwrap();
+    std::fs::create_dir_all(env.path().join("echo-sessions")).unwrap();
+    let params = json!({"sessionId": s, "cwd": env.path(), "mcpServers": [],
+        "_meta": {"traceparent": traceparent("9999999999999999")}});
+    let answer = raw.call("session/load", params);
+    assert!(answer.get("error").is_some(), "{answer}");
+    raw.close_write();
+    let span = collector.until("the refused load's session span", |x| {
+        x.name == "acpd.session" && x.parent == "9999999999999999" && x.failed.is_some()
+    });
+    assert_eq!(span.attrs["acpd.session.opened"], "load");
+    let why = span.failed.unwrap();
+    assert!(
+        why.starts_with("the agent refused to open the session: "),
+        "{why}"
+    );
 }
 
 /// Under `acpd serve`, a session left by its connection and loaded on another is re-attached

@@ -554,6 +554,16 @@ impl Child {
 }
 
 impl Shared {
+    /// Marks the owner's span failed, saying why (a load the agent refused), when spans are
+    /// exported; the teardown still ends it.
+    fn fail_span(&self, why: String) {
+        if crate::otel::exporting().is_some()
+            && let Some(span) = lock(&self.span).as_ref()
+        {
+            span.fail(why);
+        }
+    }
+
     async fn teardown(&self) -> TeardownOutcome {
         let out = self.out.clone();
         let graces = Graces {

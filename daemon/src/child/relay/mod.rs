@@ -515,7 +515,9 @@ impl Relay {
         }
         if self.opening.as_ref() == Some(&id) {
             self.opening = None;
-            if outcome.is_err() {
+            if let Err(e) = &outcome {
+                let why = format!("the agent refused to open the session: {}", e.message);
+                d.shared.fail_span(why);
                 return Some(RelayEnd::OpenRefused);
             }
         }
