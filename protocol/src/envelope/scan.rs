@@ -140,17 +140,17 @@ pub(super) fn scan(line: &[u8]) -> Result<Shape<'_>, ScanError> {
     let text = unsafe { std::str::from_utf8_unchecked(line) };
     Ok(match shape {
         Shape::Object(_) => {
-            let field = |slot: Option<(usize, usize)>| slot.and_then(|(a, b)| text.get(a..b));
-            let [jsonrpc, id, method, params, result, error] = s.slots.map(field);
+            let span = |slot: Option<(usize, usize)>| slot.and_then(|(a, b)| text.get(a..b));
+            let field = |k: usize| span(s.slots[k]);
             Shape::Object(Fields {
-                jsonrpc,
-                id,
-                method,
-                params,
-                result,
-                error,
+                jsonrpc: field(0),
+                id: field(1),
+                method: field(2),
+                params: field(3),
+                result: field(4),
+                error: field(5),
                 keys: ParamsKeys {
-                    session_id: field(s.session_id),
+                    session_id: span(s.session_id),
                     ..s.keys
                 },
             })
@@ -447,7 +447,20 @@ impl<'a> Scanner<'a> {
 
     /// A string after its opening quote, skipped: escapes checked as serde_json skips them.
     /// Whether it held an escape.
+    #[inline(always)]
     fn string(&mut self) -> Result<bool, ScanError> {
+        // Most strings are plain ASCII to their closing quote: that much needs no call.
+        self.skip_ascii();
+        if self.peek() == Some(b'"') {
+            self.i += 1;
+            return Ok(false);
+        }
+        self.string_rest()
+    }
+
+    /// The rest of a string [`string`](Self::string) met something in: an escape, a non-ASCII
+    /// character, a control byte, the end of the line.
+    fn string_rest(&mut self) -> Result<bool, ScanError> {
         let mut escaped = false;
         loop {
             self.skip_plain()?;
@@ -599,6 +612,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// A nested object's key (skipped, as serde_json skips it) and its colon.
+    #[inline]
     fn member_key(&mut self) -> Result<(), ScanError> {
         match self.peek() {
             Some(b'"') => self.i += 1,
