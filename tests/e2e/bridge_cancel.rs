@@ -82,7 +82,10 @@ fn received(log: &Path) -> Vec<Value> {
 fn received_until(log: &Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     let reached = eventually(WAIT, || done(&received(log)));
     let seen = received(log);
-    assert!(reached, "the agent did not receive it; it received: {seen:#?}");
+    assert!(
+        reached,
+        "the agent did not receive it; it received: {seen:#?}"
+    );
     seen
 }
 
@@ -122,8 +125,10 @@ fn line(v: Value) -> String {
 }
 
 fn prompt_line(id: u64, session: &str, text: &str) -> String {
-    line(json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
-        "params": {"sessionId": session, "prompt": [{"type": "text", "text": text}]}}))
+    line(
+        json!({"jsonrpc": "2.0", "id": id, "method": "session/prompt",
+        "params": {"sessionId": session, "prompt": [{"type": "text", "text": text}]}}),
+    )
 }
 
 fn cancel_line(session: &str) -> String {
@@ -170,18 +175,32 @@ fn a_cancel_reaches_the_agent_before_what_the_editor_sent_after_it_with_its_fiel
         cancel_line(&s),
         prompt_line(100, &s, "second"),
         line(json!({"jsonrpc": "2.0", "method": "_zed/hint", "params": {"sessionId": s}})),
-        line(json!({"jsonrpc": "2.0", "id": 101, "method": "_zed/ask", "params": {"sessionId": s}})),
+        line(
+            json!({"jsonrpc": "2.0", "id": 101, "method": "_zed/ask", "params": {"sessionId": s}}),
+        ),
     ]
     .concat();
     raw.write(burst.as_bytes()).unwrap();
     let [first, second, ask] = answers(&mut raw, [held, 100, 101]);
-    assert_eq!(first["result"]["stopReason"], "cancelled", "the held turn is the one cancelled: {first}");
-    assert_eq!(second["result"]["stopReason"], "end_turn", "the new turn runs: {second}");
+    assert_eq!(
+        first["result"]["stopReason"], "cancelled",
+        "the held turn is the one cancelled: {first}"
+    );
+    assert_eq!(
+        second["result"]["stopReason"], "end_turn",
+        "the new turn runs: {second}"
+    );
     assert!(ask["result"].is_object(), "{ask}");
     let seen = received_until(&log, |s| s.len() >= 5);
     assert_eq!(
         names(&seen, &child),
-        ["session/prompt hold", "session/cancel", "session/prompt second", "_zed/hint", "_zed/ask"],
+        [
+            "session/prompt hold",
+            "session/cancel",
+            "session/prompt second",
+            "_zed/hint",
+            "_zed/ask"
+        ],
         "the agent receives them in the editor's order: {seen:#?}"
     );
     assert_eq!(
@@ -203,8 +222,8 @@ fn cancels_with_no_turn_twice_in_a_row_and_for_other_sessions_reach_only_their_a
     let a = new_session(&mut raw, &env);
     let b = new_session(&mut raw, &env);
     let ids = [raw.send_prompt(&a, "a"), raw.send_prompt(&b, "b")];
-    for id in ids {
-        assert_eq!(raw.answer(&json!(id)).value["result"]["stopReason"], "end_turn");
+    for r in answers(&mut raw, ids) {
+        assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
     }
     let (child_a, child_b) = (child_of(&log, "a"), child_of(&log, "b"));
     let burst = [
@@ -223,15 +242,28 @@ fn cancels_with_no_turn_twice_in_a_row_and_for_other_sessions_reach_only_their_a
     let seen = received_until(&log, |s| s.len() >= 7);
     assert_eq!(
         names(&seen, &child_a),
-        ["session/prompt a", "session/cancel", "session/cancel", "session/prompt a again"],
+        [
+            "session/prompt a",
+            "session/cancel",
+            "session/cancel",
+            "session/prompt a again"
+        ],
         "{seen:#?}"
     );
     assert_eq!(
         names(&seen, &child_b),
-        ["session/prompt b", "session/cancel", "session/prompt b again"],
+        [
+            "session/prompt b",
+            "session/cancel",
+            "session/prompt b again"
+        ],
         "{seen:#?}"
     );
-    assert_eq!(seen.len(), 7, "nothing reached an agent that was not its: {seen:#?}");
+    assert_eq!(
+        seen.len(),
+        7,
+        "nothing reached an agent that was not its: {seen:#?}"
+    );
     raw.close_write();
     assert!(raw.drain_to_eof(ANSWER), "acpd stdio did not exit");
 }
@@ -250,7 +282,10 @@ fn a_cancel_sent_just_before_the_editor_hangs_up_reaches_the_detached_session() 
     raw.write(cancel_line(&s).as_bytes()).unwrap();
     drop(raw);
     let seen = received_until(&log, |seen| seen.len() >= 2);
-    assert_eq!(names(&seen, &child), ["session/prompt hold", "session/cancel"]);
+    assert_eq!(
+        names(&seen, &child),
+        ["session/prompt hold", "session/cancel"]
+    );
 }
 
 /// Without `detach_timeout` the session ends with the connection: a cancel just before the

@@ -180,7 +180,10 @@ pub(super) fn cancel(conn: &Arc<Conn>, method: &str, sid: &str, params: Option<&
             }
         }
         Some(SessionRef::Bridge(b)) => {
-            b.cancel(params.map_or_else(|| raw(&serde_json::json!({ "sessionId": sid })), ToOwned::to_owned));
+            b.cancel(params.map_or_else(
+                || raw(&serde_json::json!({ "sessionId": sid })),
+                ToOwned::to_owned,
+            ));
             conn.cascade(sid, false);
             let nested = Parent::Session(sid.to_string());
             conn.ctx.registry.cancel_nested(&nested);

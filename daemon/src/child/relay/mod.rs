@@ -341,6 +341,8 @@ impl Relay {
         }
         let mut calls: Vec<(Id, String)> = self.open.drain().map(|(_, call)| call).collect();
         d.cmds.close();
+        // Calls after a cancel still waiting are refused for that session's end now.
+        super::lock(&d.shared.late_cancel).take();
         while let Ok(cmd) = d.cmds.try_recv() {
             if let Cmd::Call { id, method, .. } = cmd {
                 calls.push((id, method));

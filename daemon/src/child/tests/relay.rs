@@ -228,12 +228,24 @@ async fn a_parents_cancel_reaches_the_child_between_what_came_before_and_after_i
     let (child, mut fake) = start(provider(|_| {}), true).await;
     let _parent = relay_to(&child, None);
     child
-        .call(Id::Num(2), "session/prompt".into(), prompt_params("first"), None)
+        .call(
+            Id::Num(2),
+            "session/prompt".into(),
+            prompt_params("first"),
+            None,
+        )
         .unwrap();
     fake.request("session/prompt").await;
-    child.cancel(raw(json!({ "sessionId": "minted", "_meta": { "reason": "user" } })));
+    child.cancel(raw(
+        json!({ "sessionId": "minted", "_meta": { "reason": "user" } }),
+    ));
     child
-        .call(Id::Num(3), "session/prompt".into(), prompt_params("second"), None)
+        .call(
+            Id::Num(3),
+            "session/prompt".into(),
+            prompt_params("second"),
+            None,
+        )
         .unwrap();
     child.notify("_zed/hint".into(), raw(json!({ "sessionId": "minted" })));
     match fake.next().await {
@@ -269,12 +281,25 @@ async fn a_cancel_that_finds_the_queue_full_is_sent_in_its_place() {
     }
     // More than the queue holds, with nothing awaited: the last ones are dropped.
     for i in 0..400 {
-        child.notify("_zed/queued".into(), raw(json!({ "sessionId": "minted", "i": i })));
+        child.notify(
+            "_zed/queued".into(),
+            raw(json!({ "sessionId": "minted", "i": i })),
+        );
     }
-    child.cancel(raw(json!({ "sessionId": "minted", "_meta": { "late": true } })));
+    child.cancel(raw(
+        json!({ "sessionId": "minted", "_meta": { "late": true } }),
+    ));
     child.cancel(raw(json!({ "sessionId": "minted" })));
-    let refused = child.call(Id::Num(9), "session/prompt".into(), prompt_params("x"), None);
-    assert!(refused.is_err(), "the queue is full: what comes after the cancel waits");
+    let refused = child.call(
+        Id::Num(9),
+        "session/prompt".into(),
+        prompt_params("x"),
+        None,
+    );
+    assert!(
+        refused.is_err(),
+        "the queue is full: what comes after the cancel waits"
+    );
     child.notify("_zed/after".into(), raw(json!({ "sessionId": "minted" })));
     let (mut fills, mut queued) = (0, 0);
     loop {
@@ -301,10 +326,18 @@ async fn a_cancel_that_finds_the_queue_full_is_sent_in_its_place() {
         }
     }
     assert_eq!(fills, 30);
-    assert!((1..400).contains(&queued), "the queue filled: {queued} queued");
+    assert!(
+        (1..400).contains(&queued),
+        "the queue filled: {queued} queued"
+    );
     // Once the cancel has gone, the parent's calls pass again, after it.
     child
-        .call(Id::Num(10), "session/prompt".into(), prompt_params("next"), None)
+        .call(
+            Id::Num(10),
+            "session/prompt".into(),
+            prompt_params("next"),
+            None,
+        )
         .unwrap();
     let (_, p) = fake.request("session/prompt").await;
     assert_eq!(p["prompt"][0]["text"], "next");
