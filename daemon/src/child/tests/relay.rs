@@ -265,6 +265,24 @@ async fn a_parents_cancel_reaches_the_child_between_what_came_before_and_after_i
     child.shut().await;
 }
 
+/// Fills the child's pipe and outbox with 30 large `_zed/fill` notifications, until the
+/// relay waits for room, then its command queue with `_zed/queued` ones (the last are dropped).
+async fn fill_queue(child: &Child) {
+    let pad = "x".repeat(100 * 1024);
+    for i in 0..30 {
+        let params = raw(json!({ "sessionId": "minted", "i": i, "pad": pad }));
+        child.notify("_zed/fill".into(), params);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // More than the queue holds, with nothing awaited.
+    for i in 0..400 {
+        child.notify(
+            "_zed/queued".into(),
+            raw(json!({ "sessionId": "minted", "i": i })),
+        );
+    }
+}
+
 /// The child stops reading while the parent floods it, and the command queue fills. A cancel
 /// sent then is not lost: it reaches the child after everything queued before it, and nothing
 /// the parent sends after it gets there first (what finds the queue still full is refused).
@@ -272,20 +290,7 @@ async fn a_parents_cancel_reaches_the_child_between_what_came_before_and_after_i
 async fn a_cancel_that_finds_the_queue_full_is_sent_in_its_place() {
     let (child, mut fake) = start(provider(|_| {}), true).await;
     let _parent = relay_to(&child, None);
-    // Large notifications fill the child's pipe and outbox, until the relay waits for room.
-    let pad = "x".repeat(100 * 1024);
-    for i in 0..30 {
-        let params = raw(json!({ "sessionId": "minted", "i": i, "pad": pad }));
-        child.notify("_zed/fill".into(), params);
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    // More than the queue holds, with nothing awaited: the last ones are dropped.
-    for i in 0..400 {
-        child.notify(
-            "_zed/queued".into(),
-            raw(json!({ "sessionId": "minted", "i": i })),
-        );
-    }
+    fill_queue(&child).await;
     child.cancel(raw(
         json!({ "sessionId": "minted", "_meta": { "late": true } }),
     ));
@@ -341,5 +346,41 @@ async fn a_cancel_that_finds_the_queue_full_is_sent_in_its_place() {
         .unwrap();
     let (_, p) = fake.request("session/prompt").await;
     assert_eq!(p["prompt"][0]["text"], "next");
+    child.shut().await;
+}
+
+/// The editor cancels into a full queue and hangs up: the session detaches, and the agent
+/// still gets the cancel (the turn nobody will read stops).
+#[tokio::test]
+async fn a_late_cancel_reaches_the_child_of_a_session_that_detaches() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let _parent = relay_to(&child, Some(Duration::from_secs(30)));
+    fill_queue(&child).await;
+    child.cancel(raw(
+        json!({ "sessionId": "minted", "_meta": { "late": true } }),
+    ));
+    child.detach();
+    // Paused time moves on only once nothing else can happen: the cancel is sent by then.
+    let cancelled = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match fake.next().await {
+                Message::Notification { method, params } if method == "session/cancel" => {
+                    let p: serde_json::Value = serde_json::from_str(params.unwrap().get()).unwrap();
+                    assert_eq!(
+                        p,
+                        json!({ "sessionId": "child-session", "_meta": { "late": true } })
+                    );
+                    break;
+                }
+                Message::Notification { method, .. } if method.starts_with("_zed/") => {}
+                other => panic!("{other:?}"),
+            }
+        }
+    })
+    .await;
+    assert!(
+        cancelled.is_ok(),
+        "the detached session's agent never got the cancel"
+    );
     child.shut().await;
 }
