@@ -119,6 +119,9 @@ impl Driver {
                     Some(Cmd::Call { id, method, .. }) => {
                         tracing::debug!(%id, %method, "a call for a child that is not relaying");
                     }
+                    Some(Cmd::Cancel(_)) => {
+                        tracing::debug!("a cancel for a child that is not relaying");
+                    }
                     Some(Cmd::Notify { method, .. }) => {
                         tracing::debug!(%method, "a notification for a child that is not relaying");
                     }

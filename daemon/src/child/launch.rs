@@ -269,6 +269,7 @@ impl Initialized {
             tree: h.tree,
             out: h.wire.out.clone(),
             stderr: h.stderr,
+            late_cancel: std::sync::Mutex::new(None),
             relay_cancel: Notify::new(),
             relay_detach: Notify::new(),
             stop: CancellationToken::new(),

@@ -305,6 +305,10 @@ pub(crate) enum Cmd {
         params: Option<Box<RawValue>>,
         after_ok: Option<AfterOk>,
     },
+    /// A parent's `session/cancel` of this session, its params as the parent sent them
+    /// (relay mode). Queued in order, so it reaches the child after what the parent sent
+    /// before it (the prompt it cancels) and before what it sent after (its next prompt).
+    Cancel(Box<RawValue>),
     /// A parent's `_` extension notification (relay mode).
     Notify {
         method: String,
@@ -333,7 +337,12 @@ struct Shared {
     tree: ProcessTree,
     out: Outbox,
     stderr: StderrTail,
-    /// A parent's `session/cancel` (relay mode); not queued behind calls.
+    /// A parent's `session/cancel` that found the command queue full (relay mode), waiting
+    /// to be sent after what was queued before it. Until the relay sends it, the parent's
+    /// calls and notifications are refused as if the queue were still full, so none of what
+    /// the parent sent after the cancel reaches the child before it.
+    late_cancel: std::sync::Mutex<Option<Box<RawValue>>>,
+    /// Wakes the relay for a [`Shared::late_cancel`]: a cancel is never lost to a full queue.
     relay_cancel: Notify,
     /// The parent's connection closed: detach (relay mode, with `detach`).
     relay_detach: Notify,
@@ -423,6 +432,13 @@ impl Child {
         params: Option<Box<RawValue>>,
         after_ok: Option<AfterOk>,
     ) -> Result<(), Box<(Id, RpcError)>> {
+        let late = lock(&self.shared.late_cancel);
+        if late.is_some() {
+            return Err(Box::new((
+                id,
+                RpcError::internal("the agent is not keeping up; retry later"),
+            )));
+        }
         self.cmds
             .try_send(Cmd::Call {
                 id,
@@ -447,7 +463,8 @@ impl Child {
     /// Forwards a parent's extension notification (relay mode); dropped, and logged, when
     /// the driver's queue is full or the session is over (a notification has no answer).
     pub fn notify(&self, method: String, params: Box<RawValue>) {
-        if self.cmds.try_send(Cmd::Notify { method, params }).is_err() {
+        let late = lock(&self.shared.late_cancel);
+        if late.is_some() || self.cmds.try_send(Cmd::Notify { method, params }).is_err() {
             tracing::debug!(session = %self.shared.log_id, "dropping a parent notification");
         }
     }
@@ -472,9 +489,22 @@ impl Child {
             .flatten()
     }
 
-    /// A parent's `session/cancel` (relay mode).
-    pub fn cancel(&self) {
-        self.shared.relay_cancel.notify_one();
+    /// A parent's `session/cancel` of this session, with the params it sent (relay mode): it
+    /// reaches the child in the order the parent sent it, under the child's session id. Never
+    /// refused: one that finds the queue full waits in [`Shared::late_cancel`].
+    pub fn cancel(&self, params: Box<RawValue>) {
+        let mut late = lock(&self.shared.late_cancel);
+        if late.is_some() {
+            // Nothing was queued since the one waiting: it cancels the same turn.
+            return;
+        }
+        if let Err(mpsc::error::TrySendError::Full(Cmd::Cancel(params))) =
+            self.cmds.try_send(Cmd::Cancel(params))
+        {
+            *late = Some(params);
+            drop(late);
+            self.shared.relay_cancel.notify_one();
+        }
     }
 
     /// The parent's connection is closing: the session waits for [`Child::relay`] to attach it

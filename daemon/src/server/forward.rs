@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use super::bridge::BridgeHandle;
 use super::capabilities::{self, Login};
-use super::{Conn, SessionRef, lock, session_not_found};
+use super::{Conn, SessionRef, lock, raw, session_not_found};
 use crate::registry::{Lineage, Parent, advertises};
 
 /// What acpd makes of a request it passes on, besides passing it.
@@ -180,7 +180,10 @@ pub(super) fn cancel(conn: &Arc<Conn>, method: &str, sid: &str, params: Option<&
             }
         }
         Some(SessionRef::Bridge(b)) => {
-            b.cancel();
+            b.cancel(params.map_or_else(
+                || raw(&serde_json::json!({ "sessionId": sid })),
+                ToOwned::to_owned,
+            ));
             conn.cascade(sid, false);
             let nested = Parent::Session(sid.to_string());
             conn.ctx.registry.cancel_nested(&nested);

@@ -21,6 +21,13 @@ impl Relay {
         let session = self.t.session_id.clone();
         tracing::info!(provider = %d.shared.provider.name, %session, ?wait, "bridge session detached");
         self.leave(d).await;
+        // The cancel the old connection sent last, waiting behind a full queue: what came
+        // before it will never be sent now, and its turn is still to be stopped.
+        self.late = None;
+        let late = crate::child::lock(&d.shared.late_cancel).take();
+        if let Some(params) = late {
+            self.cancel(d, params).await;
+        }
         if let Some(t) = self.attach_next.take() {
             self.switch(d, t).await;
             return Ok(());
@@ -78,6 +85,8 @@ impl Relay {
                     Some(Cmd::Call { id, .. }) => {
                         tracing::debug!(%id, "a call for a detached session");
                     }
+                    // The old connection's last word may be a cancel: its turn still stops.
+                    Some(Cmd::Cancel(params)) => self.cancel(d, params).await,
                     Some(_) => {}
                 },
                 _ = tokio::time::sleep_until(expires) => {

@@ -42,6 +42,10 @@ impl Relay {
                 params,
                 after_ok,
             } => (id, method, params, after_ok),
+            Cmd::Cancel(params) => {
+                self.cancel(d, params).await;
+                return;
+            }
             Cmd::Notify { method, params } if method == CANCEL_REQUEST => {
                 // The parent's id of a call this relay forwarded: the child gets its own.
                 let mut found = None;
@@ -184,12 +188,30 @@ impl Relay {
         }
     }
 
-    pub(super) async fn cancel(&mut self, d: &mut Driver) {
+    /// Sends the parent's late cancel once every command queued before it has gone
+    /// (`Shared::late_cancel`).
+    pub(super) async fn late_cancel(&mut self, d: &mut Driver) {
+        if self.late != Some(0) {
+            return;
+        }
+        self.late = None;
+        let late = super::super::lock(&d.shared.late_cancel).take();
+        if let Some(params) = late {
+            self.cancel(d, params).await;
+        }
+    }
+
+    /// The parent's `session/cancel`, with its own fields (`_meta`) as it sent them and the
+    /// child's session id in place of the parent's.
+    pub(super) async fn cancel(&mut self, d: &mut Driver, params: Box<RawValue>) {
         self.trace(Hop::ParentToAcpd, || {
-            let params = envelope::to_raw(&json!({ "sessionId": self.t.session_id }));
             envelope::encode_notification("session/cancel", Some(&params))
         });
-        let cancel = envelope::to_raw(&json!({ "sessionId": d.shared.session_id }));
+        let own = &d.shared.session_id;
+        // Params naming the session twice (or not at all) cannot be rewritten: the child gets
+        // its id alone rather than a guess.
+        let cancel = with_session_id(&params, own)
+            .unwrap_or_else(|| envelope::to_raw(&json!({ "sessionId": own })));
         crate::metrics::to_child(cancel.get().len());
         for p in self.prompts.values_mut() {
             p.cancel_asked = true;

@@ -97,6 +97,9 @@ struct Relay {
     prompts: HashMap<Id, Prompt>,
     /// Own-session updates of the burst being read, each with its newline, not yet queued.
     updates: Vec<u8>,
+    /// Commands still to take before the parent's cancel that found the queue full is sent
+    /// (see `Shared::late_cancel`).
+    late: Option<usize>,
 }
 
 /// A `session/prompt` on its way: when acpd forwarded it, and whether the editor asked to
@@ -130,6 +133,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         hops: HashMap::new(),
         prompts: HashMap::new(),
         updates: Vec::new(),
+        late: None,
     };
     if let Some(trace) = &r.tracer {
         trace.note(
@@ -227,16 +231,14 @@ impl Relay {
                     };
                 }
                 _ = d.shared.relay_detach.notified() => return RelayEnd::ParentGone,
+                // A cancel that found the queue full goes once what was queued before it has
+                // gone (nothing can be queued after it meanwhile), so it never overtakes the
+                // prompt it cancels; the pump keeps reading the child all the while.
                 _ = d.shared.relay_cancel.notified() => {
-                    // Calls queued before the cancel go first, so a cancel never overtakes
-                    // the prompt it cancels.
-                    while let Ok(cmd) = d.cmds.try_recv() {
-                        self.parent_cmd(d, cmd).await;
+                    if self.late.is_none() && super::lock(&d.shared.late_cancel).is_some() {
+                        self.late = Some(d.cmds.len());
+                        self.late_cancel(d).await;
                     }
-                    if self.attach_next.is_some() {
-                        return RelayEnd::ParentGone;
-                    }
-                    self.cancel(d).await;
                 }
                 // The child is behind on reading: take no more of the parent's calls until it
                 // catches up (its own output keeps flowing meanwhile).
@@ -245,6 +247,10 @@ impl Relay {
                     None => return RelayEnd::Closed,
                     Some(cmd) => {
                         self.parent_cmd(d, cmd).await;
+                        if let Some(before) = self.late.as_mut() {
+                            *before = before.saturating_sub(1);
+                            self.late_cancel(d).await;
+                        }
                         if self.attach_next.is_some() {
                             return RelayEnd::ParentGone;
                         }
@@ -335,6 +341,8 @@ impl Relay {
         }
         let mut calls: Vec<(Id, String)> = self.open.drain().map(|(_, call)| call).collect();
         d.cmds.close();
+        // Calls after a cancel still waiting are refused for that session's end now.
+        super::lock(&d.shared.late_cancel).take();
         while let Ok(cmd) = d.cmds.try_recv() {
             if let Cmd::Call { id, method, .. } = cmd {
                 calls.push((id, method));

@@ -210,3 +210,177 @@ async fn a_session_attached_again_within_detach_timeout_lives_on() {
     assert_eq!(id, Some(Id::Num(5)));
     child.shut().await;
 }
+
+fn raw(v: serde_json::Value) -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string(v.to_string()).unwrap()
+}
+
+fn prompt_params(text: &str) -> Option<Box<serde_json::value::RawValue>> {
+    Some(raw(
+        json!({ "sessionId": "minted", "prompt": [{ "type": "text", "text": text }] }),
+    ))
+}
+
+/// The editor stops a turn and at once sends a new prompt and an extension notification,
+/// with nothing awaited in between: the agent gets the cancel first, so it ends the old turn.
+#[tokio::test]
+async fn a_parents_cancel_reaches_the_child_between_what_came_before_and_after_it() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let _parent = relay_to(&child, None);
+    child
+        .call(
+            Id::Num(2),
+            "session/prompt".into(),
+            prompt_params("first"),
+            None,
+        )
+        .unwrap();
+    fake.request("session/prompt").await;
+    child.cancel(raw(
+        json!({ "sessionId": "minted", "_meta": { "reason": "user" } }),
+    ));
+    child
+        .call(
+            Id::Num(3),
+            "session/prompt".into(),
+            prompt_params("second"),
+            None,
+        )
+        .unwrap();
+    child.notify("_zed/hint".into(), raw(json!({ "sessionId": "minted" })));
+    match fake.next().await {
+        Message::Notification { method, params } if method == "session/cancel" => {
+            let p: serde_json::Value = serde_json::from_str(params.unwrap().get()).unwrap();
+            assert_eq!(
+                p,
+                json!({ "sessionId": "child-session", "_meta": { "reason": "user" } }),
+                "the parent's own fields, under the child's session id"
+            );
+        }
+        other => panic!("the cancel comes first, got {other:?}"),
+    }
+    let (_, p) = fake.request("session/prompt").await;
+    assert_eq!(p["prompt"][0]["text"], "second");
+    fake.notification("_zed/hint").await;
+    child.shut().await;
+}
+
+/// Fills the child's pipe and outbox with 30 large `_zed/fill` notifications, until the
+/// relay waits for room, then its command queue with `_zed/queued` ones (the last are dropped).
+async fn fill_queue(child: &Child) {
+    let pad = "x".repeat(100 * 1024);
+    for i in 0..30 {
+        let params = raw(json!({ "sessionId": "minted", "i": i, "pad": pad }));
+        child.notify("_zed/fill".into(), params);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // More than the queue holds, with nothing awaited.
+    for i in 0..400 {
+        child.notify(
+            "_zed/queued".into(),
+            raw(json!({ "sessionId": "minted", "i": i })),
+        );
+    }
+}
+
+/// The child stops reading while the parent floods it, and the command queue fills. A cancel
+/// sent then is not lost: it reaches the child after everything queued before it, and nothing
+/// the parent sends after it gets there first (what finds the queue still full is refused).
+#[tokio::test]
+async fn a_cancel_that_finds_the_queue_full_is_sent_in_its_place() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let _parent = relay_to(&child, None);
+    fill_queue(&child).await;
+    child.cancel(raw(
+        json!({ "sessionId": "minted", "_meta": { "late": true } }),
+    ));
+    child.cancel(raw(json!({ "sessionId": "minted" })));
+    let refused = child.call(
+        Id::Num(9),
+        "session/prompt".into(),
+        prompt_params("x"),
+        None,
+    );
+    assert!(
+        refused.is_err(),
+        "the queue is full: what comes after the cancel waits"
+    );
+    child.notify("_zed/after".into(), raw(json!({ "sessionId": "minted" })));
+    let (mut fills, mut queued) = (0, 0);
+    loop {
+        match fake.next().await {
+            Message::Notification { method, params } => {
+                let p: serde_json::Value = serde_json::from_str(params.unwrap().get()).unwrap();
+                match method.as_str() {
+                    "_zed/fill" => {
+                        assert_eq!((p["i"].as_i64(), queued), (Some(fills), 0), "in order");
+                        fills += 1;
+                    }
+                    "_zed/queued" => {
+                        assert_eq!(p["i"].as_i64(), Some(queued), "in order, none skipped");
+                        queued += 1;
+                    }
+                    "session/cancel" => {
+                        assert_eq!(p["_meta"]["late"], true, "the first cancel, as sent: {p}");
+                        break;
+                    }
+                    other => panic!("{other} before the cancel"),
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(fills, 30);
+    assert!(
+        (1..400).contains(&queued),
+        "the queue filled: {queued} queued"
+    );
+    // Once the cancel has gone, the parent's calls pass again, after it.
+    child
+        .call(
+            Id::Num(10),
+            "session/prompt".into(),
+            prompt_params("next"),
+            None,
+        )
+        .unwrap();
+    let (_, p) = fake.request("session/prompt").await;
+    assert_eq!(p["prompt"][0]["text"], "next");
+    child.shut().await;
+}
+
+/// The editor cancels into a full queue and hangs up: the session detaches, and the agent
+/// still gets the cancel (the turn nobody will read stops).
+#[tokio::test]
+async fn a_late_cancel_reaches_the_child_of_a_session_that_detaches() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let _parent = relay_to(&child, Some(Duration::from_secs(30)));
+    fill_queue(&child).await;
+    child.cancel(raw(
+        json!({ "sessionId": "minted", "_meta": { "late": true } }),
+    ));
+    child.detach();
+    // Paused time moves on only once nothing else can happen: the cancel is sent by then.
+    let cancelled = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match fake.next().await {
+                Message::Notification { method, params } if method == "session/cancel" => {
+                    let p: serde_json::Value = serde_json::from_str(params.unwrap().get()).unwrap();
+                    assert_eq!(
+                        p,
+                        json!({ "sessionId": "child-session", "_meta": { "late": true } })
+                    );
+                    break;
+                }
+                Message::Notification { method, .. } if method.starts_with("_zed/") => {}
+                other => panic!("{other:?}"),
+            }
+        }
+    })
+    .await;
+    assert!(
+        cancelled.is_ok(),
+        "the detached session's agent never got the cancel"
+    );
+    child.shut().await;
+}

@@ -71,8 +71,9 @@ impl BridgeHandle {
         self.forward(id, method, params, after_ok)
     }
 
-    pub(super) fn cancel(&self) {
-        self.child.cancel();
+    /// Forwards a parent's `session/cancel` with its params, in order with its other messages.
+    pub(super) fn cancel(&self, params: Box<RawValue>) {
+        self.child.cancel(params);
     }
 
     /// Forwards a parent's notification (dropped when the agent is behind).
