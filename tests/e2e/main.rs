@@ -12,6 +12,7 @@
 mod common;
 
 mod auth_failures;
+mod bridge_raw;
 mod bridge_sessions;
 mod bridge_transparent;
 mod bridge_update_text;

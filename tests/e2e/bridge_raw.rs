@@ -1,0 +1,276 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! acpd forwards what each side writes as it was written, but for session ids and request
+//! ids: request ids in any JSON spelling (`1e2`, `"p\u0041"`) still pair a `$/cancel_request`
+//! with its request, error `data` arrives byte for byte, permission options and client
+//! capabilities acpd's schema does not know pass through, and the methods an agent answers
+//! for itself reach it. The agent is a real Python process that logs every line it reads (to
+//! `agent.ndjson`, for byte-exact checks) and writes the lines a prompt's script gives it.
+
+use crate::common;
+
+use std::path::PathBuf;
+
+use common::raw::*;
+use common::*;
+use serde_json::{Value, json};
+
+/// An ACP agent in Python, no SDK. argv: the log file and the `initialize` result. A prompt's
+/// text is a script, one command a line: `send LINE` writes LINE as it is, `wait TEXT` reads
+/// until a line holding TEXT; then the prompt is answered `end_turn`. Requests it does not
+/// know are answered `{"echo": METHOD}`; its session is always `py-1`.
+const AGENT: &str = r#"
+import json, sys
+LOG = open(sys.argv[1], "a")
+INIT = json.loads(sys.argv[2])
+def send(text):
+    sys.stdout.write(text + "\n"); sys.stdout.flush()
+def answer(mid, result):
+    send(json.dumps({"jsonrpc": "2.0", "id": mid, "result": result}))
+def recv():
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)
+    LOG.write(line); LOG.flush()
+    return line, json.loads(line)
+while True:
+    line, msg = recv()
+    method, mid = msg.get("method"), msg.get("id")
+    if method is None or mid is None:
+        continue
+    if method == "initialize":
+        answer(mid, INIT)
+    elif method == "session/new":
+        answer(mid, {"sessionId": "py-1"})
+    elif method == "session/prompt":
+        for command in msg["params"]["prompt"][0]["text"].split("\n"):
+            verb, _, rest = command.partition(" ")
+            if verb == "send":
+                send(rest)
+            elif verb == "wait":
+                while rest not in recv()[0]:
+                    pass
+        answer(mid, {"stopReason": "end_turn"})
+    else:
+        answer(mid, {"echo": method})
+"#;
+
+struct Agent {
+    env: Env,
+    log: PathBuf,
+}
+
+/// `acpd stdio`'s config with one provider, `py`, running [`AGENT`] with `init` as its
+/// `initialize` result, and `extra` lines in its table.
+fn agent(init: Value, extra: &str) -> Agent {
+    let env = Env::raw("");
+    let log = env.path().join("agent.ndjson");
+    let argv = [
+        "python3",
+        "-c",
+        AGENT,
+        log.to_str().unwrap(),
+        &init.to_string(),
+    ];
+    let argv: Vec<String> = argv
+        .iter()
+        .map(|a| serde_json::to_string(a).unwrap())
+        .collect();
+    std::fs::write(
+        &env.config,
+        format!(
+            "default_provider = \"py\"\n[providers.py]\ncommand = [{}]\n{extra}\n\
+             cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n",
+            argv.join(", ")
+        ),
+    )
+    .unwrap();
+    Agent { env, log }
+}
+
+fn plain_init() -> Value {
+    json!({"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []})
+}
+
+impl Agent {
+    /// The lines the agent read so far.
+    fn read(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Waits for a line the agent read that `pick` accepts.
+    fn until(&self, what: &str, pick: impl Fn(&str) -> bool) -> String {
+        let mut found = None;
+        let seen = eventually(ANSWER, || {
+            found = self.read().into_iter().find(|l| pick(l));
+            found.is_some()
+        });
+        assert!(
+            seen,
+            "the agent never read {what}; it read: {:?}",
+            self.read()
+        );
+        found.unwrap_or_default()
+    }
+
+    fn connect(&self, caps: Value) -> (Raw, String) {
+        let mut raw = Raw::stdio(&self.env);
+        assert!(raw.initialize(caps).is_object(), "log: {}", raw.log());
+        let new = raw.ok(
+            "session/new",
+            json!({"cwd": self.env.path(), "mcpServers": []}),
+        );
+        let s = new["sessionId"].as_str().unwrap().to_string();
+        (raw, s)
+    }
+}
+
+/// A prompt whose text is `script`, sent under `id` written as it is.
+fn prompt_with_id(raw: &mut Raw, id: &str, session: &str, script: &str) {
+    let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": script}]});
+    raw.line(&format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"session/prompt","params":{params}}}"#
+    ));
+}
+
+fn until_method(raw: &mut Raw, method: &str) -> Line {
+    loop {
+        let line = raw.next();
+        if line.method() == method {
+            return line;
+        }
+        raw.seen.push(line);
+    }
+}
+
+fn close(mut raw: Raw) {
+    raw.close_write();
+    assert!(raw.drain_to_eof(ANSWER), "acpd stdio did not exit");
+    if let Some(mut p) = raw.process.take() {
+        p.wait().unwrap();
+    }
+}
+
+// ---- request ids in any spelling ----
+
+/// The text of `key`'s value in a line's top-level `params`, as written (a flat value).
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    let at = line.find(&format!("\"{key}\":")).expect(key) + key.len() + 3;
+    let rest = &line[at..];
+    let end = rest.find([',', '}']).unwrap();
+    &rest[..end]
+}
+
+#[test]
+fn an_editors_cancel_request_finds_a_prompt_whatever_the_ids_spelling() {
+    let a = agent(plain_init(), "");
+    let (mut raw, s) = a.connect(json!({}));
+    for (n, id) in [r#""p\u0041""#, "1e2", r#""p1""#].into_iter().enumerate() {
+        prompt_with_id(&mut raw, id, &s, "wait $/cancel_request");
+        let prompts = |a: &Agent| -> Vec<String> {
+            a.read()
+                .into_iter()
+                .filter(|l| l.contains("\"session/prompt\""))
+                .collect()
+        };
+        assert!(
+            eventually(ANSWER, || prompts(&a).len() > n),
+            "{id}: no prompt reached the agent"
+        );
+        let child_id = field(&prompts(&a)[n], "id").to_string();
+        raw.line(&format!(
+            r#"{{"jsonrpc":"2.0","method":"$/cancel_request","params":{{"requestId":{id},"_meta":{{"n":1e2,"s":"\u00e9"}}}}}}"#
+        ));
+        let cancels = |l: &str| l.contains(r#""method":"$/cancel_request""#);
+        let cancel = eventually(ANSWER, || {
+            a.read().iter().filter(|l| cancels(l)).count() > n
+        });
+        assert!(
+            cancel,
+            "{id}: the agent never got the cancel: {:?}",
+            a.read()
+        );
+        let cancel = a.read().into_iter().filter(|l| cancels(l)).nth(n).unwrap();
+        assert_eq!(
+            cancel,
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"$/cancel_request","params":{{"requestId":{child_id},"_meta":{{"n":1e2,"s":"\u00e9"}}}}}}"#
+            ),
+            "{id}: only the request id differs"
+        );
+        let answer = raw.next_response();
+        assert_eq!(
+            answer.value["result"]["stopReason"],
+            "end_turn",
+            "{}",
+            answer.text()
+        );
+        assert!(
+            answer.text().contains(&format!("\"id\":{id}")),
+            "{}",
+            answer.text()
+        );
+    }
+    // A requestId written twice (however spelled) names no request: dropped, and the cancel
+    // after it is the one the agent gets.
+    prompt_with_id(&mut raw, "9", &s, "wait $/cancel_request");
+    raw.line(r#"{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":9,"request\u0049d":9}}"#);
+    raw.line(r#"{"jsonrpc":"2.0","method":"$/cancel_request","params":{ "requestId" : 9 }}"#);
+    let answer = raw.next_response();
+    assert_eq!(answer.value["id"], 9, "{}", answer.text());
+    let cancels: Vec<String> = a
+        .read()
+        .into_iter()
+        .filter(|l| l.contains(r#""method":"$/cancel_request""#))
+        .collect();
+    assert_eq!(cancels.len(), 4, "{cancels:?}");
+    let prompts: Vec<String> = a
+        .read()
+        .into_iter()
+        .filter(|l| l.contains("\"session/prompt\""))
+        .collect();
+    let child_id = field(&prompts[3], "id");
+    assert!(
+        cancels[3].ends_with(&format!(r#""params":{{ "requestId" : {child_id} }}}}"#)),
+        "{cancels:?}"
+    );
+    close(raw);
+}
+
+#[test]
+fn a_childs_cancel_request_reaches_the_editor_whatever_the_ids_spelling() {
+    let a = agent(plain_init(), "");
+    let (mut raw, s) = a.connect(json!({"fs": {"readTextFile": true}}));
+    for id in ["1e2", r#""r\u0041""#, "-0", "7"] {
+        let script = format!(
+            "send {{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"fs/read_text_file\",\"params\":{{\"sessionId\":\"py-1\",\"path\":\"/x\"}}}}\n\
+             send {{\"jsonrpc\":\"2.0\",\"method\":\"$/cancel_request\",\"params\":{{\"requestId\":{id}}}}}\n\
+             wait \"id\":{id}"
+        );
+        let prompt = raw.send_prompt(&s, &script);
+        let asked = until_method(&mut raw, "fs/read_text_file");
+        let cancel = until_method(&mut raw, "$/cancel_request");
+        assert_eq!(
+            cancel.text(),
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"$/cancel_request","params":{{"requestId":{}}}}}"#,
+                asked.value["id"]
+            ),
+            "{id}"
+        );
+        raw.line(
+            &json!({"jsonrpc": "2.0", "id": asked.value["id"],
+                "error": {"code": -32800, "message": "Request cancelled"}})
+            .to_string(),
+        );
+        let answer = raw.answer(&json!(prompt)).value;
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{id}: {answer}");
+        a.until("the editor's answer", |l| {
+            l.starts_with(&format!(r#"{{"jsonrpc":"2.0","id":{id},"error""#))
+        });
+    }
+    close(raw);
+}
