@@ -16,8 +16,9 @@ use serde_json::{Value, json};
 
 /// An ACP agent in Python, no SDK. argv: the log file and the `initialize` result. A prompt's
 /// text is a script, one command a line: `send LINE` writes LINE as it is, `wait TEXT` reads
-/// until a line holding TEXT; then the prompt is answered `end_turn`. Requests it does not
-/// know are answered `{"echo": METHOD}`; its session is always `py-1`.
+/// until a line holding TEXT; then the prompt is answered `end_turn`. `_test/raw` is answered
+/// with its params' `line`, `$ID` replaced by the request's id. Requests it does not know are
+/// answered `{"echo": METHOD}`; its session is always `py-1`.
 const AGENT: &str = r#"
 import json, sys
 LOG = open(sys.argv[1], "a")
@@ -50,6 +51,8 @@ while True:
                 while rest not in recv()[0]:
                     pass
         answer(mid, {"stopReason": "end_turn"})
+    elif method == "_test/raw":
+        send(msg["params"]["line"].replace("$ID", json.dumps(mid)))
     else:
         answer(mid, {"echo": method})
 "#;
@@ -271,6 +274,78 @@ fn a_childs_cancel_request_reaches_the_editor_whatever_the_ids_spelling() {
         a.until("the editor's answer", |l| {
             l.starts_with(&format!(r#"{{"jsonrpc":"2.0","id":{id},"error""#))
         });
+    }
+    close(raw);
+}
+
+// ---- error data ----
+
+/// What the editor's error `data` and the agent's look like after acpd: (as written, as
+/// expected). Only a `sessionId` naming the agent's session changes (to the editor's, `$S`).
+const DATA: &[(&str, &str)] = &[
+    (
+        r#"{"n":12345678901234567890123,"e":1e2,"s":"\u00e9"}"#,
+        r#"{"n":12345678901234567890123,"e":1e2,"s":"\u00e9"}"#,
+    ),
+    ("null", "null"),
+    (r#"[ -0 , 1.0 ]"#, r#"[ -0 , 1.0 ]"#),
+    (
+        r#"{"sessionId":"py-1","x":1e2}"#,
+        r#"{"sessionId":"$S","x":1e2}"#,
+    ),
+];
+
+#[test]
+fn the_agents_error_data_reaches_the_editor_as_written() {
+    let a = agent(plain_init(), "");
+    let (mut raw, s) = a.connect(json!({}));
+    for (data, expected) in DATA {
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":$ID,"error":{{"code":-32603,"message":"m","data":{data}}}}}"#
+        );
+        let id = raw.send("_test/raw", json!({"sessionId": s, "line": line}));
+        let answer = raw.answer(&json!(id));
+        assert_eq!(
+            answer.text(),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32603,"message":"m","data":{}}}}}"#,
+                expected.replace("$S", &s)
+            )
+        );
+    }
+    // No data stays none.
+    let line = r#"{"jsonrpc":"2.0","id":$ID,"error":{"code":-32603,"message":"m"}}"#;
+    let id = raw.send("_test/raw", json!({"sessionId": s, "line": line}));
+    let answer = raw.answer(&json!(id));
+    assert_eq!(
+        answer.text(),
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32603,"message":"m"}}}}"#)
+    );
+    close(raw);
+}
+
+#[test]
+fn the_editors_error_data_reaches_the_agent_as_written() {
+    let a = agent(plain_init(), "");
+    let (mut raw, s) = a.connect(json!({}));
+    for (n, (data, _)) in DATA.iter().enumerate() {
+        let ask = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"_vendor/ask","params":{{"sessionId":"py-1"}}}}"#,
+            50 + n
+        );
+        let prompt = raw.send_prompt(&s, &format!("send {ask}\nwait \"id\":{}", 50 + n));
+        let asked = until_method(&mut raw, "_vendor/ask");
+        raw.line(&format!(
+            r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32603,"message":"m","data":{data}}}}}"#,
+            asked.value["id"]
+        ));
+        let answer = raw.answer(&json!(prompt)).value;
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        let expected = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32603,"message":"m","data":{data}}}}}"#,
+            50 + n
+        );
+        a.until(&expected, |l| l == expected);
     }
     close(raw);
 }

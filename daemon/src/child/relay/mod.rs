@@ -475,10 +475,14 @@ impl Relay {
                     tracing::warn!(provider = %provider.name, session = %self.t.session_id,
                         %method, "the agent needs credentials: {}", e.message);
                 }
-                if let Some(data) = e.data.as_mut()
-                    && data.get("sessionId").and_then(|v| v.as_str()) == Some(self.own.as_str())
+                // Spliced: the rest of `data` stays as the agent wrote it.
+                if let Some(data) = e.data.as_deref()
+                    && data.get().contains(self.own.as_str())
+                    && acpd_protocol::session_id::session_id(data).as_deref()
+                        == Some(self.own.as_str())
+                    && let Some(data) = with_session_id(data, &self.t.session_id)
                 {
-                    data["sessionId"] = serde_json::Value::String(self.t.session_id.clone());
+                    e.data = Some(data);
                 }
                 Err(e)
             }
