@@ -349,3 +349,84 @@ fn the_editors_error_data_reaches_the_agent_as_written() {
     }
     close(raw);
 }
+
+// ---- permission requests ----
+
+/// A permission request with an option kind acpd's schema does not know (`allow_session`) and
+/// fields it does not know, as the agent writes it.
+const ASK: &str = r#"{"jsonrpc":"2.0","id":70,"method":"session/request_permission","params":{"sessionId":"py-1","toolCall":{"toolCallId":"t","future":1e2},"options":[{"optionId":"s","name":"Session","kind":"allow_session"},{"optionId":"o","name":"Once","kind":"allow_once"},{"optionId":"n","name":"No","kind":"reject_once"}],"later":[]}}"#;
+
+#[test]
+fn a_permission_request_acpd_cannot_read_is_forwarded_as_written() {
+    let a = agent(plain_init(), "");
+    let (mut raw, s) = a.connect(json!({}));
+    let prompt = raw.send_prompt(&s, &format!("send {ASK}\nwait \"id\":70"));
+    let asked = until_method(&mut raw, "session/request_permission");
+    let minted = serde_json::to_string(&s).unwrap();
+    assert_eq!(
+        asked.text(),
+        ASK.replace("70", &asked.value["id"].to_string())
+            .replace("\"py-1\"", &minted),
+        "only the ids differ"
+    );
+    raw.line(
+        &json!({"jsonrpc": "2.0", "id": asked.value["id"],
+            "result": {"outcome": {"outcome": "selected", "optionId": "s"}}})
+        .to_string(),
+    );
+    let answer = raw.answer(&json!(prompt)).value;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    a.until("the editor's choice", |l| {
+        l == r#"{"jsonrpc":"2.0","id":70,"result":{"outcome":{"outcome":"selected","optionId":"s"}}}"#
+    });
+    // One that names no session is still refused: nobody could tell whose it is.
+    let prompt = raw.send_prompt(
+        &s,
+        "send {\"jsonrpc\":\"2.0\",\"id\":71,\"method\":\"session/request_permission\",\"params\":[\"py-1\"]}\n\
+         wait \"id\":71",
+    );
+    raw.answer(&json!(prompt));
+    let refused = a.until("acpd's refusal", |l| l.contains("\"id\":71"));
+    assert!(refused.contains("-32602"), "{refused}");
+    close(raw);
+}
+
+/// A policy that answers by itself picks among the kinds it knows and never refuses a request
+/// for a kind it does not: `allow` takes `allow_once`, `reject` has no rejecting kind it knows
+/// here and answers `cancelled`.
+#[test]
+fn a_policy_answers_a_request_with_kinds_it_does_not_know() {
+    for (policy, options, expected) in [
+        (
+            "allow",
+            r#"[{"optionId":"s","name":"S","kind":"allow_session"},{"optionId":"o","name":"O","kind":"allow_once"}]"#,
+            r#"{"outcome":{"outcome":"selected","optionId":"o"}}"#,
+        ),
+        (
+            "reject",
+            r#"[{"optionId":"s","name":"S","kind":"reject_session"},{"optionId":"o","name":"O","kind":"allow_once"}]"#,
+            r#"{"outcome":{"outcome":"cancelled"}}"#,
+        ),
+    ] {
+        let a = agent(plain_init(), &format!("permission = \"{policy}\""));
+        let (mut raw, s) = a.connect(json!({}));
+        let ask = format!(
+            r#"{{"jsonrpc":"2.0","id":72,"method":"session/request_permission","params":{{"sessionId":"py-1","toolCall":{{"toolCallId":"t"}},"options":{options}}}}}"#
+        );
+        let prompt = raw.send_prompt(&s, &format!("send {ask}\nwait \"id\":72"));
+        raw.answer(&json!(prompt));
+        let answer = a.until("acpd's answer", |l| l.contains("\"id\":72"));
+        assert_eq!(
+            answer,
+            format!(r#"{{"jsonrpc":"2.0","id":72,"result":{expected}}}"#),
+            "{policy}"
+        );
+        assert!(
+            raw.seen
+                .iter()
+                .all(|l| l.method() != "session/request_permission"),
+            "{policy}: the editor was asked"
+        );
+        close(raw);
+    }
+}

@@ -131,7 +131,7 @@ impl Relay {
                         let _ = d.wire.respond_ok(&id, &answer).await;
                         return;
                     }
-                    PolicyAnswer::Forward(_) => true,
+                    PolicyAnswer::Forward => true,
                 }
             }
             m => strict::forwardable_request(m) && serves.takes(m),
