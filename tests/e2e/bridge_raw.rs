@@ -430,3 +430,49 @@ fn a_policy_answers_a_request_with_kinds_it_does_not_know() {
         close(raw);
     }
 }
+
+// ---- methods the agent answers for itself ----
+
+/// After a load or a resume (whose answers need not repeat what `session/new` said), the
+/// editor's `set_mode`, `set_model` and `set_config_option` reach the agent, which answers.
+#[test]
+fn set_mode_model_and_config_reach_the_agent_after_a_load_or_a_resume() {
+    let init = json!({"protocolVersion": 1, "authMethods": [], "agentCapabilities":
+        {"loadSession": true, "sessionCapabilities": {"resume": {}}}});
+    let a = agent(init, "");
+    let (raw, s) = a.connect(json!({}));
+    close(raw);
+    for reopen in ["session/load", "session/resume"] {
+        let mut raw = Raw::stdio(&a.env);
+        raw.initialize(json!({}));
+        let opened = raw.call(
+            reopen,
+            json!({"sessionId": s, "cwd": a.env.path(), "mcpServers": []}),
+        );
+        assert_eq!(opened["result"]["echo"], reopen, "{opened}");
+        for (method, params) in [
+            ("session/set_mode", json!({"sessionId": s, "modeId": "m"})),
+            ("session/set_model", json!({"sessionId": s, "modelId": "x"})),
+            (
+                "session/set_config_option",
+                json!({"sessionId": s, "configId": "c", "value": "v"}),
+            ),
+        ] {
+            let answer = raw.call(method, params);
+            assert_eq!(answer["result"]["echo"], method, "{reopen}: {answer}");
+        }
+        close(raw);
+    }
+    let got = a.read();
+    for method in [
+        "session/set_mode",
+        "session/set_model",
+        "session/set_config_option",
+    ] {
+        let seen = got
+            .iter()
+            .filter(|l| l.contains(&format!("\"method\":\"{method}\"")) && l.contains("\"py-1\""))
+            .count();
+        assert_eq!(seen, 2, "{method}: {got:?}");
+    }
+}

@@ -67,8 +67,7 @@ struct Relay {
     own_json: String,
     /// The parent's session id as a JSON string, spliced in its place.
     minted_json: String,
-    /// The child's `session/new` result and capabilities: which optional methods it has.
-    reply: serde_json::Value,
+    /// The child's capabilities: which optional methods it has.
     caps: serde_json::Value,
     /// Parent calls forwarded to the child, by the id acpd gave them: (parent's id, method).
     open: HashMap<Id, (Id, String)>,
@@ -114,7 +113,6 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         t,
         own_json,
         own,
-        reply: serde_json::from_str(d.shared.session_reply.get()).unwrap_or_default(),
         caps: d.shared.agent.capabilities.clone(),
         open: HashMap::new(),
         after_ok: HashMap::new(),
