@@ -476,3 +476,32 @@ fn set_mode_model_and_config_reach_the_agent_after_a_load_or_a_resume() {
         assert_eq!(seen, 2, "{method}: {got:?}");
     }
 }
+
+// ---- client capabilities ----
+
+/// The editor's `clientCapabilities` reach the agent as the editor wrote them: ones acpd's
+/// schema does not know, sub-keys it does not know, and nothing of acpd's added.
+#[test]
+fn client_capabilities_reach_the_agent_as_written() {
+    let a = agent(plain_init(), "");
+    let caps = r#"{"fs":{"readTextFile":true},"futureCap":{"a":1e2},"session":{"foo":{}},"_meta":{"x":"\u00e9"}}"#;
+    let mut raw = Raw::stdio(&a.env);
+    raw.line(&format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":1,"clientCapabilities":{caps}}}}}"#
+    ));
+    let init = raw.answer(&json!(1));
+    assert!(init.value["result"].is_object(), "{}", init.text());
+    let new = raw.ok(
+        "session/new",
+        json!({"cwd": a.env.path(), "mcpServers": []}),
+    );
+    assert!(new["sessionId"].is_string(), "{new}");
+    let got = a.read();
+    let written = format!(r#""clientCapabilities":{caps},"#);
+    assert!(
+        got.iter()
+            .any(|l| l.contains("\"initialize\"") && l.contains(&written)),
+        "{got:?}"
+    );
+    close(raw);
+}

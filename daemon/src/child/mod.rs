@@ -10,6 +10,7 @@
 //! emit `_acpd/*` ([`strict`]).
 
 mod cause;
+mod client_caps;
 mod collect;
 mod driver;
 mod handshake;
@@ -36,6 +37,7 @@ use crate::config::ProviderConfig;
 use crate::supervise::{self, Graces, ProcessTree, StderrTail, TeardownOutcome};
 use crate::wire::{Outbox, Peer, WireLimits};
 
+pub(crate) use client_caps::ClientCaps;
 pub(crate) use launch::{Initialized, Open, initialize, probe};
 use start_failure::failure;
 pub(crate) use start_failure::{StartFailure, auth_notes, with_auth_advice};
