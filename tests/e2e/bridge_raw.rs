@@ -505,3 +505,49 @@ fn client_capabilities_reach_the_agent_as_written() {
     );
     close(raw);
 }
+
+// ---- array params ----
+
+/// A child's notification or request with array params reaches the editor unchanged (there is
+/// no session in it to rewrite); an update must name its session, so one with an array never
+/// does.
+#[test]
+fn array_params_from_the_child_reach_the_editor_unchanged() {
+    let a = agent(plain_init(), "");
+    let (mut raw, s) = a.connect(json!({}));
+    let start = raw.seen.len();
+    let prompt = raw.send_prompt(
+        &s,
+        "send {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":[\"py-1\"]}\n\
+         send {\"jsonrpc\":\"2.0\",\"method\":\"_zed/arr\",\"params\":[23, 1e2]}\n\
+         send {\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"_zed/arr\",\"params\":[1,2]}\n\
+         wait \"id\":6",
+    );
+    let note = until_method(&mut raw, "_zed/arr");
+    assert_eq!(
+        note.text(),
+        r#"{"jsonrpc":"2.0","method":"_zed/arr","params":[23, 1e2]}"#
+    );
+    let asked = until_method(&mut raw, "_zed/arr");
+    assert_eq!(
+        asked.text(),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"_zed/arr","params":[1,2]}}"#,
+            asked.value["id"]
+        )
+    );
+    raw.line(&json!({"jsonrpc": "2.0", "id": asked.value["id"], "result": {"ok": 1}}).to_string());
+    let answer = raw.answer(&json!(prompt)).value;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    a.until("the editor's answer", |l| {
+        l == r#"{"jsonrpc":"2.0","id":6,"result":{"ok":1}}"#
+    });
+    assert!(
+        raw.seen[start..]
+            .iter()
+            .all(|l| !(l.method() == "session/update" && l.value["params"].is_array())),
+        "{:?}",
+        raw.seen_text()
+    );
+    close(raw);
+}

@@ -66,6 +66,13 @@ impl Relay {
             (Some(0), _) => return log("no sessionId"),
             (Some(1), _) => return log("another session's sessionId"),
             (Some(_), _) => return log("more than one sessionId"),
+            // Arrays name no session to rewrite: passed on as they are, but for an update,
+            // which must name its session.
+            (None, _) if method != "session/update" && text.starts_with('[') => {
+                return self
+                    .to_parent(envelope::encode_notification(method, Some(params)))
+                    .await;
+            }
             (None, _) => return log("params are not an object"),
         };
         if acpd_protocol::session_id::names_other_sessions(text) {
@@ -164,6 +171,11 @@ impl Relay {
                     }
                 }
                 Some((0, _)) => Some(p.to_owned()),
+                // Arrays name no session to rewrite: passed on as they are (an elicitation
+                // must name its session or the parent's call, so it is not one).
+                None if p.get().starts_with('[') && !method.starts_with("elicitation/") => {
+                    Some(p.to_owned())
+                }
                 Some((1, Some(sid))) if sid == d.shared.session_id => {
                     with_session_id(p, &self.t.session_id)
                 }
