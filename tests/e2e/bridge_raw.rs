@@ -510,7 +510,7 @@ fn client_capabilities_reach_the_agent_as_written() {
 
 /// A child's notification or request with array params reaches the editor unchanged (there is
 /// no session in it to rewrite); an update must name its session, so one with an array never
-/// does.
+/// does, and an array naming a session inside (which could not be rewritten) never leaves.
 #[test]
 fn array_params_from_the_child_reach_the_editor_unchanged() {
     let a = agent(plain_init(), "");
@@ -519,6 +519,8 @@ fn array_params_from_the_child_reach_the_editor_unchanged() {
     let prompt = raw.send_prompt(
         &s,
         "send {\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":[\"py-1\"]}\n\
+         send {\"jsonrpc\":\"2.0\",\"method\":\"_zed/arr\",\"params\":[{\"sessionId\":\"py-1\"}]}\n\
+         send {\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"_zed/arr\",\"params\":[{\"toolSessionId\":\"x\"}]}\n\
          send {\"jsonrpc\":\"2.0\",\"method\":\"_zed/arr\",\"params\":[23, 1e2]}\n\
          send {\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"_zed/arr\",\"params\":[1,2]}\n\
          wait \"id\":6",
@@ -542,6 +544,8 @@ fn array_params_from_the_child_reach_the_editor_unchanged() {
     a.until("the editor's answer", |l| {
         l == r#"{"jsonrpc":"2.0","id":6,"result":{"ok":1}}"#
     });
+    let refused = a.until("acpd's refusal", |l| l.contains(r#""id":5"#));
+    assert!(refused.contains("-32602"), "{refused}");
     assert!(
         raw.seen[start..]
             .iter()

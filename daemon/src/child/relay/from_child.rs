@@ -66,9 +66,9 @@ impl Relay {
             (Some(0), _) => return log("no sessionId"),
             (Some(1), _) => return log("another session's sessionId"),
             (Some(_), _) => return log("more than one sessionId"),
-            // Arrays name no session to rewrite: passed on as they are, but for an update,
-            // which must name its session.
-            (None, _) if method != "session/update" && text.starts_with('[') => {
+            // An array naming no session has nothing to rewrite: passed on as it is, but for
+            // an update, which must name its session.
+            (None, _) if method != "session/update" && names_no_session(text) => {
                 return self
                     .to_parent(envelope::encode_notification(method, Some(params)))
                     .await;
@@ -171,9 +171,9 @@ impl Relay {
                     }
                 }
                 Some((0, _)) => Some(p.to_owned()),
-                // Arrays name no session to rewrite: passed on as they are (an elicitation
-                // must name its session or the parent's call, so it is not one).
-                None if p.get().starts_with('[') && !method.starts_with("elicitation/") => {
+                // An array naming no session has nothing to rewrite: passed on as it is (an
+                // elicitation must name its session or the parent's call, so it is not one).
+                None if names_no_session(p.get()) && !method.starts_with("elicitation/") => {
                     Some(p.to_owned())
                 }
                 Some((1, Some(sid))) if sid == d.shared.session_id => {
@@ -319,6 +319,15 @@ pub(super) fn remap_request_id(
     out.push_str(&other.to_json());
     out.push_str(text.get(end..)?);
     RawValue::from_string(out).ok()
+}
+
+/// Whether `params` is an array with no key naming a session anywhere in it (one that did
+/// could not be rewritten, and a session not the editor's must never reach it).
+fn names_no_session(params: &str) -> bool {
+    // Wrapped as the value of a key beside a top-level `sessionId`: any key in it that names
+    // a session then names another.
+    let wrapped = format!("{{\"sessionId\":\"\",\"params\":{params}}}");
+    params.starts_with('[') && !acpd_protocol::session_id::names_other_sessions(&wrapped)
 }
 
 /// A JSON object's top-level keys (decoded) and values (raw, borrowed), in order, repeats kept.
