@@ -2,9 +2,12 @@
 //! runs (collect mode) and bridge sessions (relay mode).
 //!
 //! An option is picked by its `kind`, never by its position or its name (a child may label a
-//! rejecting option "Allow"); with no option of a wanted kind the answer is `cancelled`. A
-//! malformed request is −32602 Invalid params in every mode, `forward` included: nothing is asked
-//! of a parent or a user about a request acpd cannot read.
+//! rejecting option "Allow"); with no option of a wanted kind the answer is `cancelled`. An
+//! option of a kind acpd's schema does not know (`allow_session`) is never picked, since what
+//! it allows is not known, and never makes the request malformed: the others are still picked
+//! from. A request acpd answers itself must otherwise be what ACP's schema says (−32602 if
+//! not); one it forwards need only be an object naming its session, since whoever is asked
+//! reads it, not acpd.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -13,6 +16,7 @@ use crate::acp::{
     PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest,
     RequestPermissionResponse, SelectedPermissionOutcome,
 };
+use crate::session_id::session_id;
 
 /// A provider's `permission` setting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -45,8 +49,8 @@ pub enum PolicyAnswer {
     Answer(RequestPermissionResponse),
     /// Answer the child with −32602 and this detail.
     InvalidParams(String),
-    /// Ask whoever can answer; the request is well formed.
-    Forward(RequestPermissionRequest),
+    /// Ask whoever can answer; the params are an object naming a session.
+    Forward,
 }
 
 /// The answer for `decision`: the first option whose kind is the once-kind, else the
@@ -78,28 +82,48 @@ pub fn cancelled() -> RequestPermissionResponse {
     RequestPermissionResponse::new(RequestPermissionOutcome::Cancelled)
 }
 
-/// Reads a request's params: an object that ACP's schema accepts.
+/// Reads a request's params: an object that ACP's schema accepts once the options of kinds it
+/// does not know are left out.
 pub fn parse_request(params: Option<&RawValue>) -> Result<RequestPermissionRequest, String> {
     let Some(params) = params else {
         return Err("session/request_permission needs params".into());
     };
     // The schema's derived deserialiser would also take a JSON array, field by field.
-    if !params.get().starts_with('{') {
-        return Err("session/request_permission params must be an object".into());
+    let mut value = match serde_json::from_str(params.get()) {
+        Ok(serde_json::Value::Object(value)) => value,
+        _ => return Err("session/request_permission params must be an object".into()),
+    };
+    if let Some(serde_json::Value::Array(options)) = value.get_mut("options") {
+        options.retain(|o| match o.get("kind") {
+            Some(kind) => PermissionOptionKind::deserialize(kind).is_ok() || !kind.is_string(),
+            None => true,
+        });
     }
-    serde_json::from_str(params.get()).map_err(|e| format!("session/request_permission: {e}"))
+    serde_json::from_value(serde_json::Value::Object(value))
+        .map_err(|e| format!("session/request_permission: {e}"))
 }
 
-/// The whole policy: parse, then answer by `policy` or hand the request on to be forwarded.
+/// The whole policy: under `forward`, only a check that the params are an object naming a
+/// session (the one asked reads the rest); otherwise parse, then answer by `policy`.
 pub fn answer_by_policy(policy: Policy, params: Option<&RawValue>) -> PolicyAnswer {
-    let request = match parse_request(params) {
-        Ok(r) => r,
-        Err(e) => return PolicyAnswer::InvalidParams(e),
+    let decision = match policy {
+        Policy::Allow => Decision::Allow,
+        Policy::Reject => Decision::Reject,
+        Policy::Forward => {
+            return match params {
+                Some(p) if p.get().starts_with('{') && session_id(p).is_some() => {
+                    PolicyAnswer::Forward
+                }
+                _ => PolicyAnswer::InvalidParams(
+                    "session/request_permission params must be an object naming its sessionId"
+                        .into(),
+                ),
+            };
+        }
     };
-    match policy {
-        Policy::Allow => PolicyAnswer::Answer(decide(&request, Decision::Allow)),
-        Policy::Reject => PolicyAnswer::Answer(decide(&request, Decision::Reject)),
-        Policy::Forward => PolicyAnswer::Forward(request),
+    match parse_request(params) {
+        Ok(request) => PolicyAnswer::Answer(decide(&request, decision)),
+        Err(e) => PolicyAnswer::InvalidParams(e),
     }
 }
 
@@ -176,38 +200,26 @@ mod tests {
             panic!()
         };
         assert_eq!(chosen(&a), "r");
-        let PolicyAnswer::Forward(req) = answer_by_policy(Policy::Forward, Some(&params)) else {
-            panic!()
-        };
-        assert_eq!(req, request(MIXED));
+        assert_eq!(
+            answer_by_policy(Policy::Forward, Some(&params)),
+            PolicyAnswer::Forward
+        );
     }
+
+    /// Not an object naming a session: refused whoever would answer.
+    const NOT_FOR_ANYONE: [Option<&str>; 5] = [
+        None,
+        Some("null"),
+        Some("{}"),
+        Some(r#"{"sessionId":7,"toolCall":{"toolCallId":"t"},"options":[]}"#),
+        // The schema's derived deserialiser takes a sequence field by field; acpd does not.
+        Some(r#"["s",{"toolCallId":"t"},[{"optionId":"a","name":"a","kind":"allow_once"}]]"#),
+    ];
 
     #[test]
     fn malformed_requests_are_invalid_params_in_every_mode() {
-        let bad = [
-            None,
-            Some(raw("null")),
-            Some(raw("{}")),
-            Some(raw(r#"{"sessionId":"s","toolCall":{"toolCallId":"t"}}"#)),
-            Some(raw(
-                r#"{"sessionId":"s","toolCall":{"toolCallId":"t"},"options":{}}"#,
-            )),
-            Some(raw(
-                r#"{"sessionId":7,"toolCall":{"toolCallId":"t"},"options":[]}"#,
-            )),
-            Some(raw(r#"{"sessionId":"s","toolCall":"t","options":[]}"#)),
-            Some(raw(
-                r#"{"sessionId":"s","toolCall":{"toolCallId":"t"},"options":[{"optionId":"a","name":"a","kind":"allow_forever"}]}"#,
-            )),
-            Some(raw(
-                r#"{"sessionId":"s","toolCall":{"toolCallId":"t"},"options":[{"optionId":"a","kind":"allow_once"}]}"#,
-            )),
-            // The schema's derived deserialiser takes a sequence field by field; acpd does not.
-            Some(raw(
-                r#"["s",{"toolCallId":"t"},[{"optionId":"a","name":"a","kind":"allow_once"}]]"#,
-            )),
-        ];
-        for params in &bad {
+        for params in NOT_FOR_ANYONE {
+            let params = params.map(raw);
             for policy in [Policy::Allow, Policy::Reject, Policy::Forward] {
                 let answer = answer_by_policy(policy, params.as_deref());
                 assert!(
@@ -216,6 +228,55 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// What acpd must read to answer by itself, and whoever is asked may read as it likes.
+    #[test]
+    fn requests_acpd_cannot_answer_itself_are_still_forwarded() {
+        for params in [
+            r#"{"sessionId":"s","toolCall":{"toolCallId":"t"}}"#,
+            r#"{"sessionId":"s","toolCall":{"toolCallId":"t"},"options":{}}"#,
+            r#"{"sessionId":"s","toolCall":"t","options":[]}"#,
+            r#"{"sessionId":"s","toolCall":{"toolCallId":"t"},"options":[{"optionId":"a","kind":"allow_once"}]}"#,
+            r#"{"sessionId":"s","toolCall":{"toolCallId":"t"},"options":[{"optionId":"a","name":"a","kind":7}]}"#,
+        ] {
+            let params = raw(params);
+            for policy in [Policy::Allow, Policy::Reject] {
+                let answer = answer_by_policy(policy, Some(&params));
+                assert!(
+                    matches!(answer, PolicyAnswer::InvalidParams(_)),
+                    "{policy:?} {params:?}: {answer:?}"
+                );
+            }
+            assert_eq!(
+                answer_by_policy(Policy::Forward, Some(&params)),
+                PolicyAnswer::Forward
+            );
+        }
+    }
+
+    /// A kind acpd's schema does not know is never picked and refuses nothing.
+    #[test]
+    fn options_of_unknown_kinds_are_passed_over() {
+        let params = raw(
+            r#"{"sessionId":"s","toolCall":{"toolCallId":"t"},"options":[{"optionId":"as","name":"a","kind":"allow_session"},{"optionId":"ro","name":"r","kind":"reject_once"},{"optionId":"aa","name":"a","kind":"allow_always"}]}"#,
+        );
+        let PolicyAnswer::Answer(a) = answer_by_policy(Policy::Allow, Some(&params)) else {
+            panic!()
+        };
+        assert_eq!(chosen(&a), "aa");
+        let PolicyAnswer::Answer(a) = answer_by_policy(Policy::Reject, Some(&params)) else {
+            panic!()
+        };
+        assert_eq!(chosen(&a), "ro");
+        let only_unknown = raw(
+            r#"{"sessionId":"s","toolCall":{"toolCallId":"t"},"options":[{"optionId":"as","name":"a","kind":"allow_session"}]}"#,
+        );
+        let PolicyAnswer::Answer(a) = answer_by_policy(Policy::Allow, Some(&only_unknown)) else {
+            panic!()
+        };
+        assert_eq!(chosen(&a), "cancelled");
+        assert_eq!(parse_request(Some(&params)).unwrap().options.len(), 2);
     }
 
     #[test]

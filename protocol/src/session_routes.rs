@@ -83,6 +83,36 @@ pub fn names_other_sessions(params: &str) -> bool {
     routes(params).is_some_and(|routes| routes.iter().any(|r| !r.own))
 }
 
+/// Whether any key in `value`, at any depth, names a session (decoded); `true` as well for a
+/// value nested too deep to look into (128 levels) or that is not JSON, so a caller that
+/// refuses what names a session refuses what it cannot check.
+pub fn names_a_session_anywhere(value: &str) -> bool {
+    if !value.contains("essionId") && !value.contains("\\u") {
+        return false;
+    }
+    fn walk(text: &str, depth: usize) -> bool {
+        if depth > 128 {
+            return true;
+        }
+        if text.starts_with('[') {
+            return match serde_json::from_str::<Vec<&RawValue>>(text) {
+                Ok(items) => items.iter().any(|i| walk(i.get(), depth + 1)),
+                Err(_) => true,
+            };
+        }
+        if !text.starts_with('{') {
+            return false;
+        }
+        match entries(text) {
+            Some(entries) => entries
+                .iter()
+                .any(|(k, v)| names_a_session(k) || walk(v.get(), depth + 1)),
+            None => true,
+        }
+    }
+    walk(value.trim_start(), 0)
+}
+
 /// `params` with every session id at its routing places (the own one included) replaced by
 /// what `map` gives for it; the rest of the text stays as written. `Err` names the first id
 /// `map` does not know. A value there that is not a string is left as it is.
@@ -222,6 +252,20 @@ mod tests {
         ] {
             assert_eq!(names_other_sessions(params), names, "{params}");
         }
+    }
+
+    #[test]
+    fn a_session_named_anywhere_is_found_and_what_cannot_be_looked_into_counts_as_named() {
+        for (value, named) in [
+            (r#"[1,{"a":[{"toolSessionId":"x"}]}]"#, true),
+            (r#"[{"session\u0049d":"x"}]"#, true),
+            (r#"[{"x":"sessionId"},"parentSessionId"]"#, false),
+            (r#"[1,2,{"a":"\u0041"}]"#, false),
+        ] {
+            assert_eq!(names_a_session_anywhere(value), named, "{value}");
+        }
+        let deep = format!("{}\"sessionId\"{}", "[".repeat(200), "]".repeat(200));
+        assert!(names_a_session_anywhere(&deep));
     }
 
     #[test]

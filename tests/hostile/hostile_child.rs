@@ -356,7 +356,7 @@ fn updates_with_a_wrong_session_id_never_enter_a_delegated_run() {
     assert!(leaked.is_empty(), "{leaked:?}");
 }
 
-// ---- A malformed permission request is -32602 in both modes --------------------------------
+// ---- A malformed permission request is -32602 where acpd answers or asks itself ------------
 
 const BAD_PERMISSION_ANSWER: &str = "permission: error -32602\n";
 
@@ -367,18 +367,30 @@ fn malformed_permission_request_is_invalid_params_in_acpd_run() {
     assert_eq!(output_text(&result), BAD_PERMISSION_ANSWER, "{result}");
 }
 
+/// A bridge session's editor reads the request itself (acpd only checks it names the
+/// session), as it would from the agent directly: asked once, and its answer reaches the child.
+/// A policy that answers by itself must read it, and refuses it.
 #[test]
-fn malformed_permission_request_is_invalid_params_in_a_bridge_session() {
-    let env = env_with("");
-    let mut raw = ready(&env);
-    let sid = raw.new_session(env.path(), "fast");
-    let (answer, forwarded) = prompt_answering(&mut raw, &sid, ":bad-permission");
-    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
-    assert_eq!(
-        (raw.chunk_text(&sid).as_str(), forwarded),
-        (BAD_PERMISSION_ANSWER, 0),
-        "what the child got back, and how often acpd forwarded the request to the parent"
-    );
+fn malformed_permission_request_goes_to_a_bridge_editor_as_it_would_directly() {
+    for (policy, expected, asked) in [
+        ("forward", "permission: cancelled\n", 1),
+        ("allow", BAD_PERMISSION_ANSWER, 0),
+    ] {
+        let env = Env::raw(&format!(
+            "[providers.fast]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+             permission = \"{policy}\"\n"
+        ));
+        let mut raw = ready(&env);
+        let sid = raw.new_session(env.path(), "fast");
+        let (answer, forwarded) = prompt_answering(&mut raw, &sid, ":bad-permission");
+        assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+        assert_eq!(
+            (raw.chunk_text(&sid).as_str(), forwarded),
+            (expected, asked),
+            "{policy}: what the child got back, and how often acpd forwarded the request to \
+             the parent"
+        );
+    }
 }
 
 #[test]

@@ -501,7 +501,15 @@ async fn on_request(
             let _ = d.wire.respond_ok(&id, &answer).await;
             return;
         }
-        PolicyAnswer::Forward(request) => request,
+        // acpd's own asker reads the options (those of kinds it does not know left out).
+        PolicyAnswer::Forward => match permission::parse_request(params) {
+            Ok(request) => request,
+            Err(why) => {
+                let e = RpcError::invalid_params(why);
+                let _ = d.wire.respond(&id, Err(&e)).await;
+                return;
+            }
+        },
     };
     let fallback = permission::decide(&request, Decision::Reject);
     // A child that floods permission requests gets the fallback beyond this many waiting.

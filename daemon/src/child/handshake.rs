@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use acpd_protocol::acp::{ClientCapabilities, Implementation, InitializeRequest};
+use acpd_protocol::acp::Implementation;
 use acpd_protocol::envelope::{self, Id, Message, RpcError};
 use acpd_protocol::subagent::{Category, Stage};
 use agent_client_protocol::schema::ProtocolVersion;
@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::cause::{self, Program};
 use super::driver::ChildWire;
-use super::{AgentInfo, ChildSpec, StartFailure, failure};
+use super::{AgentInfo, ChildSpec, ClientCaps, StartFailure, failure};
 use crate::supervise::{self, Graces, ProcessTree, StderrTail};
 use crate::wire::sleep_until_opt;
 
@@ -76,13 +76,23 @@ impl Handshake {
 
     pub(super) async fn initialize(
         &mut self,
-        client_capabilities: ClientCapabilities,
+        client_capabilities: &ClientCaps,
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<AgentInfo, StartFailure> {
-        let init = InitializeRequest::new(ProtocolVersion::V1)
-            .client_capabilities(client_capabilities)
-            .client_info(Implementation::new("acpd", env!("CARGO_PKG_VERSION")));
+        /// ACP's `InitializeRequest` with the capabilities as their text.
+        #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Init<'a> {
+            protocol_version: ProtocolVersion,
+            client_capabilities: &'a RawValue,
+            client_info: Implementation,
+        }
+        let init = Init {
+            protocol_version: ProtocolVersion::V1,
+            client_capabilities: client_capabilities.as_raw(),
+            client_info: Implementation::new("acpd", env!("CARGO_PKG_VERSION")),
+        };
         let raw = self
             .exchange(
                 Stage::Initialize,

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::cause::{self, Program};
 use super::driver::{ChildWire, Driver};
 use super::handshake::{Handshake, handshake_failure};
-use super::{AgentInfo, CMD_DEPTH, Child, ChildSpec, Shared, StartFailure};
+use super::{AgentInfo, CMD_DEPTH, Child, ChildSpec, ClientCaps, Shared, StartFailure};
 use crate::config::ProviderConfig;
 use crate::supervise::{self, Graces, ProcessTree, SpawnError, StderrTail};
 use crate::trace::Hop;
@@ -36,7 +36,7 @@ pub(super) async fn start(
         params: spec.session.new_session_params(&spec.cwd),
     };
     let client_capabilities = if spec.relay {
-        client_capabilities
+        ClientCaps::typed(&client_capabilities)
     } else {
         collect_capabilities(client_capabilities)
     };
@@ -51,20 +51,20 @@ pub(super) async fn start(
 /// instead of a bare error, or a bare `end_turn`). A bridge session's child is never opted in
 /// behind its editor's back: the agent would then answer a failed prompt with `end_turn`, which
 /// an editor that does not read AIR records shows as success.
-fn collect_capabilities(mut caps: ClientCapabilities) -> ClientCapabilities {
+fn collect_capabilities(mut caps: ClientCapabilities) -> ClientCaps {
     air::declare(caps.meta.get_or_insert_with(Default::default));
-    caps
+    ClientCaps::typed(&caps)
 }
 
 /// Spawns the child, runs `initialize`, and `authenticate` with the provider's `auth_method`
 /// when it names one. On failure the child's whole tree is gone.
 pub(crate) async fn initialize(
     spec: ChildSpec,
-    client_capabilities: ClientCapabilities,
+    client_capabilities: ClientCaps,
     cancel: &CancellationToken,
 ) -> Result<Initialized, StartFailure> {
     let h = spawn(spec).await?;
-    Initialized::handshake(h, client_capabilities, Auth::Configured, cancel).await
+    Initialized::handshake(h, &client_capabilities, Auth::Configured, cancel).await
 }
 
 /// Whether a handshake authenticates with the provider's `auth_method`.
@@ -128,7 +128,7 @@ impl Drop for DropGuard {
 impl Initialized {
     async fn handshake(
         mut h: Handshake,
-        client_capabilities: ClientCapabilities,
+        client_capabilities: &ClientCaps,
         auth: Auth,
         cancel: &CancellationToken,
     ) -> Result<Initialized, StartFailure> {
@@ -291,8 +291,7 @@ pub(crate) async fn probe(
     cancel: &CancellationToken,
 ) -> Result<AgentInfo, StartFailure> {
     let h = spawn(spec).await?;
-    let ready =
-        Initialized::handshake(h, ClientCapabilities::default(), Auth::Skip, cancel).await?;
+    let ready = Initialized::handshake(h, &ClientCaps::default(), Auth::Skip, cancel).await?;
     let agent = ready.agent.clone();
     ready.close().await;
     Ok(agent)
@@ -422,5 +421,5 @@ pub(super) async fn initialize_over(
         program: None,
     };
     let caps = collect_capabilities(ClientCapabilities::default());
-    Initialized::handshake(h, caps, Auth::Configured, &CancellationToken::new()).await
+    Initialized::handshake(h, &caps, Auth::Configured, &CancellationToken::new()).await
 }

@@ -10,6 +10,7 @@
 //! emit `_acpd/*` ([`strict`]).
 
 mod cause;
+mod client_caps;
 mod collect;
 mod driver;
 mod handshake;
@@ -37,6 +38,7 @@ use crate::config::ProviderConfig;
 use crate::supervise::{self, Graces, ProcessTree, StderrTail, TeardownOutcome};
 use crate::wire::{Outbox, WireLimits};
 
+pub(crate) use client_caps::ClientCaps;
 pub(crate) use launch::{Initialized, Open, initialize, probe};
 pub(crate) use relay_types::{AfterOk, Cmd};
 pub(crate) use relay_types::{First, ParentServes, RelayEnd, RelayTarget};

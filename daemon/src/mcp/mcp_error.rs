@@ -29,7 +29,7 @@ impl Failure {
         match self {
             Failure::Registry(e) => e.name().as_str().to_string(),
             Failure::Remote(e) => e
-                .data
+                .data_value()
                 .as_ref()
                 .and_then(|d| d.get("code"))
                 .and_then(Value::as_str)
@@ -70,7 +70,7 @@ impl Failure {
     fn data(&self) -> Option<Value> {
         match self {
             Failure::Registry(e) => Some(e.data()),
-            Failure::Remote(e) => e.data.clone(),
+            Failure::Remote(e) => e.data_value(),
             _ => None,
         }
     }

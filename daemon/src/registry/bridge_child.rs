@@ -6,13 +6,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use acpd_protocol::acp::ClientCapabilities;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use super::gate::{Admission, home, start_failed, wants_worktree};
 use super::{Launched, Registry, RegistryError, Slot};
-use crate::child::{self, AgentInfo, Initialized, Open};
+use crate::child::{self, AgentInfo, ClientCaps, Initialized, Open};
 use crate::config::{Config, ProviderConfig, WorkspaceMode};
 use crate::workspace::{Base, has_own_branch};
 use acpd_protocol::subagent::WorkspaceKind;
@@ -37,7 +36,7 @@ pub struct BridgeRequest<'a> {
     /// The agent capability the open needs (a JSON pointer into `agentCapabilities`, e.g.
     /// `/loadSession`); checked after `initialize`, before anything is asked of the agent.
     pub needs: Option<&'static str>,
-    pub client_capabilities: ClientCapabilities,
+    pub client_capabilities: ClientCaps,
     /// The `authenticate` params the editor's connection used with this provider.
     pub auth: Option<&'a RawValue>,
     pub cancel: &'a CancellationToken,
@@ -85,7 +84,7 @@ impl Registry {
         &self,
         provider: Option<&str>,
         cwd: Option<&Path>,
-        client_capabilities: ClientCapabilities,
+        client_capabilities: ClientCaps,
         auth: Option<&RawValue>,
         cancel: &CancellationToken,
     ) -> Result<Ready, RegistryError> {
@@ -101,7 +100,7 @@ impl Registry {
         config: &Config,
         provider: Arc<ProviderConfig>,
         cwd: Option<&Path>,
-        client_capabilities: ClientCapabilities,
+        client_capabilities: ClientCaps,
         auth: Option<&RawValue>,
         cancel: &CancellationToken,
     ) -> Result<Ready, RegistryError> {
@@ -123,7 +122,7 @@ impl Registry {
         config: &Config,
         provider: Arc<ProviderConfig>,
         cwd: Option<&Path>,
-        client_capabilities: ClientCapabilities,
+        client_capabilities: ClientCaps,
         auth: Option<&RawValue>,
         cancel: &CancellationToken,
     ) -> Result<Ready, RegistryError> {
@@ -260,7 +259,7 @@ struct Opening<'a> {
     cwd: &'a Path,
     open: Open,
     needs: Option<&'static str>,
-    client_capabilities: ClientCapabilities,
+    client_capabilities: ClientCaps,
     auth: Option<&'a RawValue>,
     cancel: &'a CancellationToken,
 }

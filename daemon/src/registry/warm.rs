@@ -21,12 +21,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use acpd_protocol::acp::ClientCapabilities;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use super::Ready;
 use super::{Registry, advertises, lock};
+use crate::child::ClientCaps;
 use crate::config::ProviderConfig;
 
 /// How often the pool looks for dead and old spares at most (and at least).
@@ -46,8 +46,8 @@ struct Spares {
     ready: Vec<Spare>,
     /// Spares being started now.
     starting: usize,
-    /// The capabilities spares are initialized with (JSON).
-    caps: Option<String>,
+    /// The capabilities spares are initialized with: the last taker's.
+    caps: Option<ClientCaps>,
     /// The session spares make ahead: the last bridge `session/new`'s.
     target: Option<Target>,
 }
@@ -78,10 +78,6 @@ pub(super) struct Handover {
     pub ready: Ready,
     pub session_id: String,
     pub reply: Box<RawValue>,
-}
-
-fn caps_key(caps: &ClientCapabilities) -> String {
-    serde_json::to_string(caps).unwrap_or_default()
 }
 
 /// What two `session/new` params must share for a session made with one to serve the other:
@@ -167,12 +163,11 @@ impl Registry {
 
     /// The pool of `provider` for takers with `caps`: when they differ from the pool's, it
     /// follows them and its spares go (returned, to be discarded).
-    fn follow_caps(spares: &mut Spares, caps: &ClientCapabilities) -> Vec<Spare> {
-        let key = caps_key(caps);
-        if spares.caps.as_deref() == Some(&key) {
+    fn follow_caps(spares: &mut Spares, caps: &ClientCaps) -> Vec<Spare> {
+        if spares.caps.as_ref().map(ClientCaps::key) == Some(caps.key()) {
             return Vec::new();
         }
-        spares.caps = Some(key);
+        spares.caps = Some(caps.clone());
         std::mem::take(&mut spares.ready)
     }
 
@@ -182,7 +177,7 @@ impl Registry {
     pub(super) async fn take_spare(
         &self,
         provider: &Arc<ProviderConfig>,
-        caps: &ClientCapabilities,
+        caps: &ClientCaps,
     ) -> Option<Ready> {
         if provider.warm == 0 {
             return None;
@@ -212,7 +207,7 @@ impl Registry {
     pub(super) async fn take_made(
         &self,
         provider: &Arc<ProviderConfig>,
-        caps: &ClientCapabilities,
+        caps: &ClientCaps,
         cwd: &Path,
         params: &serde_json::Value,
     ) -> Option<Handover> {
@@ -327,9 +322,7 @@ impl Registry {
             spares.starting += missing;
             (missing, spares.caps.clone(), spares.target.clone())
         };
-        let caps: ClientCapabilities = caps
-            .and_then(|c| serde_json::from_str(&c).ok())
-            .unwrap_or_default();
+        let caps = caps.unwrap_or_default();
         for _ in 0..missing {
             let registry = self.clone();
             let provider = provider.clone();
@@ -340,7 +333,6 @@ impl Registry {
                 let started = registry
                     .start_spare(&provider, &caps, target.as_ref(), &stop)
                     .await;
-                let key = caps_key(&caps);
                 let spare = {
                     let mut pool = lock(&registry.inner.pool);
                     let spares = pool.providers.entry(provider.name.clone()).or_default();
@@ -352,11 +344,11 @@ impl Registry {
                     };
                     match started {
                         Ok(spare)
-                            if spares.caps.as_deref().unwrap_or(&key) == key
+                            if spares.caps.as_ref().is_none_or(|c| c.key() == caps.key())
                                 && same_target(&spare.made)
                                 && !stop.is_cancelled() =>
                         {
-                            spares.caps.get_or_insert(key);
+                            spares.caps.get_or_insert(caps);
                             spares.ready.push(spare);
                             None
                         }
@@ -395,7 +387,7 @@ impl Registry {
     async fn start_spare(
         &self,
         provider: &Arc<ProviderConfig>,
-        caps: &ClientCapabilities,
+        caps: &ClientCaps,
         target: Option<&Target>,
         stop: &CancellationToken,
     ) -> Result<Spare, super::RegistryError> {
@@ -451,10 +443,9 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use acpd_protocol::acp::ClientCapabilities;
     use tokio_util::sync::CancellationToken;
 
-    use super::caps_key;
+    use crate::child::ClientCaps;
     use crate::child::tests::{provider, spare};
     use crate::config::{Config, ProviderConfig};
     use crate::registry::{DepthContext, Ready, Registry, lock};
@@ -482,7 +473,7 @@ mod tests {
         {
             let mut pool = lock(&registry.inner.pool);
             let spares = pool.providers.entry(p.name.clone()).or_default();
-            spares.caps = Some(caps_key(&ClientCapabilities::default()));
+            spares.caps = Some(ClientCaps::default());
             spares.ready.push(super::Spare {
                 ready: Ready { child, slot },
                 made: None,
@@ -517,7 +508,7 @@ mod tests {
     #[tokio::test]
     async fn a_session_is_never_handed_a_spare_past_warm_max_age() {
         let (registry, p, agent) = pooled().await;
-        let caps = ClientCapabilities::default();
+        let caps = ClientCaps::default();
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(registry.take_spare(&p, &caps).await.is_none(), "too old");
         assert_eq!(registry.live_children(), 0, "recycled, its slot released");
@@ -530,7 +521,7 @@ mod tests {
     #[tokio::test]
     async fn a_spare_younger_than_warm_max_age_is_handed_out() {
         let (registry, p, _agent) = pooled().await;
-        let caps = ClientCapabilities::default();
+        let caps = ClientCaps::default();
         tokio::time::sleep(Duration::from_secs(59)).await;
         let taken = registry.take_spare(&p, &caps).await.expect("young enough");
         assert!(taken.child.alive());

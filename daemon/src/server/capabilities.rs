@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use acpd_protocol::acp::ClientCapabilities;
 use acpd_protocol::envelope::{Id, RpcError};
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -49,6 +48,7 @@ pub(super) fn connect(conn: &Conn, params: Option<&RawValue>) -> Result<(), RpcE
 /// Returns whether the client is only querying acpd (`_meta.acpd.query`: `acpd status`,
 /// `acpd runs`), which needs no word from the agent.
 pub(super) fn note_client(conn: &Conn, params: Option<&RawValue>) -> bool {
+    let params_text = params;
     let params: serde_json::Value = params
         .and_then(|p| serde_json::from_str(p.get()).ok())
         .unwrap_or_default();
@@ -57,9 +57,19 @@ pub(super) fn note_client(conn: &Conn, params: Option<&RawValue>) -> bool {
         .get("clientCapabilities")
         .cloned()
         .unwrap_or(json!({}));
+    /// The key's value as written (read again: `params` above is a value).
+    #[derive(serde::Deserialize)]
+    struct Written {
+        #[serde(rename = "clientCapabilities")]
+        caps: Option<Box<RawValue>>,
+    }
+    let written = params_text
+        .and_then(|p| serde_json::from_str::<Written>(p.get()).ok())
+        .and_then(|w| w.caps);
     let subagents = capabilities.get("subagents").is_some_and(|v| !v.is_null());
     *lock(&conn.client) = Some(ClientInfo {
         capabilities,
+        written: crate::child::ClientCaps::from_raw(written),
         subagents,
     });
     query
@@ -187,7 +197,7 @@ pub(super) async fn ask_new_child(
         .ready(
             Some(&provider),
             None,
-            ClientCapabilities::default(),
+            crate::child::ClientCaps::default(),
             prior.as_deref(),
             &conn.closing,
         )

@@ -52,7 +52,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use acpd_protocol::acp::ClientCapabilities;
 use acpd_protocol::envelope::{self, Id, RpcError};
 use acpd_protocol::methods::name;
 use serde_json::value::RawValue;
@@ -148,6 +147,8 @@ pub(crate) const CONNECT: &str = "_acpd/connect";
 struct ClientInfo {
     /// `clientCapabilities` as sent (missing means all false).
     capabilities: serde_json::Value,
+    /// The same as written, for a bridge child's `initialize`.
+    written: crate::child::ClientCaps,
     subagents: bool,
 }
 
@@ -360,9 +361,9 @@ impl Conn {
         lock(&self.client).clone().unwrap_or_default()
     }
 
-    /// The capabilities a bridge child is initialized with: the editor's own.
-    fn child_capabilities(&self) -> ClientCapabilities {
-        serde_json::from_value(self.client().capabilities.clone()).unwrap_or_default()
+    /// The capabilities a bridge child is initialized with: the editor's own, as written.
+    fn child_capabilities(&self) -> crate::child::ClientCaps {
+        self.client().written
     }
 
     /// Where the connected process stands: outside this acpd, or in the tree of one of its

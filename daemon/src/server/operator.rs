@@ -261,7 +261,7 @@ mod tests {
             r.message
         );
         assert_eq!(
-            r.data,
+            r.data_value(),
             Some(
                 serde_json::json!({"code": "CONFIG_REJECTED", "file": "/etc/acpd/config.toml",
                 "line": 3, "key": "max_children"})

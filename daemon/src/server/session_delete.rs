@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use acpd_protocol::acp::ClientCapabilities;
 use acpd_protocol::envelope::{Id, RpcError};
 use serde::Deserialize;
 use serde_json::json;
@@ -95,7 +94,7 @@ pub(super) async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>
         .ready(
             Some(&row.provider),
             None,
-            ClientCapabilities::default(),
+            crate::child::ClientCaps::default(),
             auth.as_deref(),
             &conn.closing,
         )
@@ -187,7 +186,7 @@ async fn delete_unknown(conn: &Arc<Conn>, id: Id, sid: &str, provider: Option<&s
         .ready(
             provider.as_deref(),
             None,
-            ClientCapabilities::default(),
+            crate::child::ClientCaps::default(),
             auth.as_deref(),
             &conn.closing,
         )

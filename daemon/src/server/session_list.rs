@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use acpd_protocol::acp::ClientCapabilities;
 use acpd_protocol::envelope::{Id, RpcError};
 use serde::Deserialize;
 use serde_json::json;
@@ -157,7 +156,7 @@ async fn refresh(
         .ready(
             Some(provider),
             None,
-            ClientCapabilities::default(),
+            crate::child::ClientCaps::default(),
             auth.as_deref(),
             &conn.closing,
         )

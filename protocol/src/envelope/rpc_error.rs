@@ -1,14 +1,29 @@
 //! The JSON-RPC error object and the error codes of JSON-RPC 2.0 and ACP.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 
-/// A JSON-RPC error object; `data` is kept raw.
+/// A JSON-RPC error object.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RpcError {
     pub code: i64,
     pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<serde_json::Value>,
+    /// Exactly as the peer wrote it, an explicit `null` included (`Some("null")`): a bridge
+    /// passes on errors it did not make, and a parse into a value would rewrite numbers
+    /// (`1e2` as `100.0`, big integers rounded) and escapes. Read it with
+    /// [`RpcError::data_value`]; only a serde_json deserialiser can make one.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub data: Option<Box<RawValue>>,
+}
+
+/// A `data` key that is there, whatever its value (`null` too): `Option`'s own deserialiser
+/// reads `null` as absent.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 impl RpcError {
@@ -20,9 +35,15 @@ impl RpcError {
         }
     }
 
+    /// acpd's own `data` for an error it makes.
     pub fn with_data(mut self, data: serde_json::Value) -> Self {
-        self.data = Some(data);
+        self.data = Some(super::to_raw(&data));
         self
+    }
+
+    /// `data` as a value, for a look inside (never to pass on: see [`RpcError::data`]).
+    pub fn data_value(&self) -> Option<serde_json::Value> {
+        serde_json::from_str(self.data.as_deref()?.get()).ok()
     }
 
     pub fn parse_error(detail: impl std::fmt::Display) -> Self {

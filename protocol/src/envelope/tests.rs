@@ -86,14 +86,17 @@ fn limit_errors_carry_the_contract_data() {
     let e = RpcError::from_frame(&crate::codec::FrameError::Oversized { limit: 16 });
     assert_eq!(e.code, PARSE_ERROR);
     assert_eq!(
-        e.data,
+        e.data_value(),
         Some(serde_json::json!({"limit": "max_line", "value": 16}))
     );
     let e = RpcError::from_frame(&crate::codec::FrameError::NotUtf8);
-    assert_eq!((e.code, e.data), (PARSE_ERROR, None));
+    assert_eq!((e.code, e.data_value()), (PARSE_ERROR, None));
     let e = RpcError::line_timeout();
     assert_eq!(e.code, PARSE_ERROR);
-    assert_eq!(e.data, Some(serde_json::json!({"limit": "line_timeout"})));
+    assert_eq!(
+        e.data_value(),
+        Some(serde_json::json!({"limit": "line_timeout"}))
+    );
 }
 
 #[test]
@@ -102,6 +105,45 @@ fn error_response_with_null_id() {
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert!(v["id"].is_null());
     assert_eq!(v["error"]["code"], -32700);
+}
+
+/// A peer's error passes on as it was written: `data` byte for byte (big and exponent numbers,
+/// escapes, an explicit `null`), and no `data` stays none.
+#[test]
+fn an_errors_data_is_passed_on_as_written() {
+    for data in [
+        r#"{"n":12345678901234567890123,"e":1e2,"s":"\u00e9","z":-0}"#,
+        "null",
+        r#"[ 1.0 , "\/" ]"#,
+        "0.1e-400",
+    ] {
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":2,"error":{{"code":-32603,"message":"m","data":{data}}}}}"#
+        );
+        let Ok(Message::Response {
+            id,
+            outcome: Err(e),
+        }) = parse(line.as_bytes())
+        else {
+            panic!("{line}")
+        };
+        assert_eq!(e.data.as_deref().map(RawValue::get), Some(data));
+        let out = encode_error(id.as_ref(), &e);
+        assert_eq!(String::from_utf8(out).unwrap(), line);
+    }
+    let line = r#"{"jsonrpc":"2.0","id":2,"error":{"code":-32603,"message":"m"}}"#;
+    let Ok(Message::Response {
+        id,
+        outcome: Err(e),
+    }) = parse(line.as_bytes())
+    else {
+        panic!("{line}")
+    };
+    assert!(e.data.is_none() && e.data_value().is_none());
+    assert_eq!(
+        String::from_utf8(encode_error(id.as_ref(), &e)).unwrap(),
+        line
+    );
 }
 
 /// The id's text as it appears in an encoded line (`"id":<text>`).

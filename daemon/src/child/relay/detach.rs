@@ -54,11 +54,11 @@ impl Relay {
                                 PolicyAnswer::Answer(answer) => {
                                     let _ = d.wire.respond_ok(&id, &answer).await;
                                 }
-                                PolicyAnswer::Forward(_) if self.asks.len() < MAX_FORWARDED => {
+                                PolicyAnswer::Forward if self.asks.len() < MAX_FORWARDED => {
                                     let params = params.as_deref().and_then(|p| self.to_parent_params(p, &d.shared.session_id).ok());
                                     self.asks.insert(id, params);
                                 }
-                                PolicyAnswer::Forward(_) => {
+                                PolicyAnswer::Forward => {
                                     let _ = d.wire.respond_ok(&id, &permission::cancelled()).await;
                                 }
                             }

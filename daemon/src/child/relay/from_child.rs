@@ -66,6 +66,13 @@ impl Relay {
             (Some(0), _) => return log("no sessionId"),
             (Some(1), _) => return log("another session's sessionId"),
             (Some(_), _) => return log("more than one sessionId"),
+            // An array naming no session has nothing to rewrite: passed on as it is, but for
+            // an update, which must name its session.
+            (None, _) if method != "session/update" && names_no_session(text) => {
+                return self
+                    .to_parent(envelope::encode_notification(method, Some(params)))
+                    .await;
+            }
             (None, _) => return log("params are not an object"),
         };
         if acpd_protocol::session_routes::names_other_sessions(text) {
@@ -131,7 +138,7 @@ impl Relay {
                         let _ = d.wire.respond_ok(&id, &answer).await;
                         return;
                     }
-                    PolicyAnswer::Forward(_) => true,
+                    PolicyAnswer::Forward => true,
                 }
             }
             m => strict::forwardable_request(m) && serves.takes(m),
@@ -164,6 +171,11 @@ impl Relay {
                     }
                 }
                 Some((0, _)) => Some(p.to_owned()),
+                // An array naming no session has nothing to rewrite: passed on as it is (an
+                // elicitation must name its session or the parent's call, so it is not one).
+                None if names_no_session(p.get()) && !method.starts_with("elicitation/") => {
+                    Some(p.to_owned())
+                }
                 Some((1, Some(sid))) if sid == d.shared.session_id => {
                     with_session_id(p, &self.t.session_id)
                 }
@@ -282,18 +294,63 @@ impl Relay {
     }
 }
 
-/// `params` with its `requestId` replaced by what `map` gives for it; `None` when the params
-/// are not an object with a `requestId`, or `map` knows no such request.
+/// `params` with its `requestId` replaced by what `map` gives for it, spliced in as text: the
+/// rest (`_meta`, keys as spelled, whitespace) stays byte for byte, and the id is read from its
+/// text as the request's was (`1e2`, `"p\u0041"` are ids of their own, not `100.0` or `"pA"`).
+/// `None` when the params are not an object with exactly one `requestId` (however its key is
+/// spelled: two would leave the receiver to guess), or `map` knows no such request.
 pub(super) fn remap_request_id(
     params: &RawValue,
     map: impl FnOnce(&Id) -> Option<Id>,
 ) -> Option<Box<RawValue>> {
-    let mut value: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(params.get()).ok()?;
-    let id: Id = serde_json::from_value(value.get("requestId")?.clone()).ok()?;
-    let other = map(&id)?;
-    value.insert("requestId".into(), serde_json::to_value(&other).ok()?);
-    serde_json::value::to_raw_value(&value).ok()
+    let text = params.get();
+    let fields: TopLevel<'_> = serde_json::from_str(text).ok()?;
+    let mut named = fields.0.iter().filter(|(key, _)| key == "requestId");
+    let (_, raw) = named.next()?;
+    if named.next().is_some() {
+        return None;
+    }
+    let other = map(&Id::from_json(raw.get()).ok()??)?;
+    // The value borrows from `text`: where it starts there.
+    let start = (raw.get().as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    let end = start.checked_add(raw.get().len())?;
+    let mut out = String::with_capacity(text.len() + 16);
+    out.push_str(text.get(..start)?);
+    out.push_str(&other.to_json());
+    out.push_str(text.get(end..)?);
+    RawValue::from_string(out).ok()
+}
+
+/// Whether `params` is an array with no key naming a session anywhere in it (one that did
+/// could not be rewritten, and a session not the editor's must never reach it).
+fn names_no_session(params: &str) -> bool {
+    params.starts_with('[') && !acpd_protocol::session_routes::names_a_session_anywhere(params)
+}
+
+/// A JSON object's top-level keys (decoded) and values (raw, borrowed), in order, repeats kept.
+struct TopLevel<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    fields.push(entry);
+                }
+                Ok(TopLevel(fields))
+            }
+        }
+        d.deserialize_map(Fields)
+    }
 }
 
 /// A prompt answered `end_turn` with a typed failure record (the editor's own AIR opt-in, or

@@ -12,13 +12,13 @@ impl Relay {
             "session/prompt" => true,
             "session/close" => present(self.caps.pointer("/sessionCapabilities/close")),
             "session/set_title" => present(self.caps.pointer("/sessionCapabilities/title")),
-            "session/set_mode" => present(self.reply.get("modes")),
-            "session/set_config_option" => present(self.reply.get("configOptions")),
-            "session/set_model" => present(self.reply.get("models")),
             // Of the session open here (the router checked the capability).
             "session/load" => on(self.caps.pointer("/loadSession")),
             "session/resume" => on(self.caps.pointer("/sessionCapabilities/resume")),
             // Every other method passes: the agent answers what it does not know (-32601).
+            // `set_mode`, `set_model`, `set_config_option` too: what a session offers is said
+            // by the answer that opened it, which a load or a resume need not repeat (and acpd
+            // may not have seen), so only the agent can tell.
             m => strict::forwardable_request(m),
         }
     }

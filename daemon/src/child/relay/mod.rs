@@ -67,8 +67,7 @@ struct Relay {
     own_json: String,
     /// The parent's session id as a JSON string, spliced in its place.
     minted_json: String,
-    /// The child's `session/new` result and capabilities: which optional methods it has.
-    reply: serde_json::Value,
+    /// The child's capabilities: which optional methods it has.
     caps: serde_json::Value,
     /// Parent calls forwarded to the child, by the id acpd gave them: (parent's id, method).
     open: HashMap<Id, (Id, String)>,
@@ -117,7 +116,6 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         t,
         own_json,
         own,
-        reply: serde_json::from_str(d.shared.session_reply.get()).unwrap_or_default(),
         caps: d.shared.agent.capabilities.clone(),
         open: HashMap::new(),
         after_ok: HashMap::new(),
@@ -486,10 +484,14 @@ impl Relay {
                     tracing::warn!(provider = %provider.name, session = %self.t.session_id,
                         %method, "the agent needs credentials: {}", e.message);
                 }
-                if let Some(data) = e.data.as_mut()
-                    && data.get("sessionId").and_then(|v| v.as_str()) == Some(self.own.as_str())
+                // Spliced: the rest of `data` stays as the agent wrote it.
+                if let Some(data) = e.data.as_deref()
+                    && data.get().contains(self.own.as_str())
+                    && acpd_protocol::session_id::session_id(data).as_deref()
+                        == Some(self.own.as_str())
+                    && let Some(data) = with_session_id(data, &self.t.session_id)
                 {
-                    data["sessionId"] = serde_json::Value::String(self.t.session_id.clone());
+                    e.data = Some(data);
                 }
                 Err(e)
             }

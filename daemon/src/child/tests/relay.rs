@@ -63,7 +63,7 @@ async fn relay_forwards_only_the_childs_own_acp_traffic_in_order() {
     };
     assert_eq!(id, Some(Id::Num(78)));
     let error = outcome.unwrap_err();
-    assert_eq!(error.data.unwrap()["category"], "protocol");
+    assert_eq!(error.data_value().unwrap()["category"], "protocol");
     assert!(matches!(
         child.ended().await,
         Some(crate::child::RelayEnd::Protocol)
