@@ -416,12 +416,9 @@ fn env_with_sessions() -> Env {
     env
 }
 
-/// `session/load` and `session/resume` of a session acpd remembers open a session span as
-/// `session/new` does, under the editor's trace context, saying how it was opened, with the
-/// child's start under it, and its teardown.
-#[test]
-fn a_load_and_a_resume_open_a_session_span_saying_so() {
-    let collector = Collector::start();
+/// `acpd stdio` exporting to `collector`, with one session of an echo that keeps its sessions
+/// (see [`env_with_sessions`]), prompted once so there is something to load.
+fn remembered_session(collector: &Collector) -> (Env, Raw, String) {
     let env = env_with_sessions();
     let mut raw = stdio(
         &env,
@@ -430,6 +427,16 @@ fn a_load_and_a_resume_open_a_session_span_saying_so() {
     let s = new_session(&mut raw, &env, json!({}));
     let id = raw.send_prompt(&s, "remember me");
     raw.answer(&json!(id));
+    (env, raw, s)
+}
+
+/// `session/load` and `session/resume` of a session acpd remembers open a session span as
+/// `session/new` does, under the editor's trace context, saying how it was opened, with the
+/// child's start under it, and its teardown.
+#[test]
+fn a_load_and_a_resume_open_a_session_span_saying_so() {
+    let collector = Collector::start();
+    let (env, mut raw, s) = remembered_session(&collector);
     for (method, span) in [
         ("session/load", "7777777777777777"),
         ("session/resume", "8888888888888888"),
@@ -475,14 +482,7 @@ fn a_load_and_a_resume_open_a_session_span_saying_so() {
 #[test]
 fn a_load_the_agent_refuses_ends_its_span_failed() {
     let collector = Collector::start();
-    let env = env_with_sessions();
-    let mut raw = stdio(
-        &env,
-        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &collector.endpoint)],
-    );
-    let s = new_session(&mut raw, &env, json!({}));
-    let id = raw.send_prompt(&s, "remember me");
-    raw.answer(&json!(id));
+    let (env, mut raw, s) = remembered_session(&collector);
     raw.ok("session/close", json!({"sessionId": s}));
     std::fs::remove_dir_all(env.path().join("echo-sessions")).unwrap();
     std::fs::create_dir_all(env.path().join("echo-sessions")).unwrap();
