@@ -259,7 +259,7 @@ pub(super) fn classify(mut wire: Fields<'_>) -> Result<MessageRef<'_>, EnvelopeE
                 .starts_with('{')
                 .then(|| serde_json::from_str::<RpcError>(error).ok())
                 .flatten()
-                .ok_or_else(|| invalid("error must be an object with a code and a message"))?;
+                .ok_or_else(|| invalid("error must be an object with an integer code"))?;
             Ok(MessageRef::Response {
                 id,
                 outcome: Err(error),

@@ -7,6 +7,9 @@ use serde_json::value::RawValue;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RpcError {
     pub code: i64,
+    /// Empty when the peer left it out (JSON-RPC requires it): its error is still an error
+    /// to pass on, not a line that ends the session.
+    #[serde(default)]
     pub message: String,
     /// Exactly as the peer wrote it, an explicit `null` included (`Some("null")`): a bridge
     /// passes on errors it did not make, and a parse into a value would rewrite numbers

@@ -296,6 +296,12 @@ fn a_member_written_null_where_json_rpc_has_none_is_absent() {
         "{m:?}"
     );
     assert!(parse(br#"{"jsonrpc":"2.0","id":2,"result":null,"error":null}"#).is_ok());
+    // An error without its message is still the peer's error.
+    let m = parse(br#"{"jsonrpc":"2.0","id":2,"error":{"code":-32603}}"#).unwrap();
+    assert!(
+        matches!(&m, Message::Response { outcome: Err(e), .. } if e.code == -32603 && e.message.is_empty()),
+        "{m:?}"
+    );
 }
 
 #[test]
