@@ -355,6 +355,17 @@ pub(super) fn which(program: &str) -> bool {
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
+/// Whether a real Prometheus can be started; says the test is skipped when not.
+pub(super) fn prometheus_on_path() -> bool {
+    let there = which("prometheus");
+    if !there {
+        println!(
+            "skipped: no `prometheus` on PATH (Debian package prometheus; .ci/run installs it)"
+        );
+    }
+    there
+}
+
 /// A Prometheus server on its own temporary config and storage, ended with the test.
 pub(super) struct Prometheus {
     child: Child,
@@ -486,10 +497,7 @@ fn outcome(result: &Value) -> (String, String) {
 /// the ones this test produced: three completed, two cancelled, one agent error, one crash.
 #[test]
 fn prometheus_scrapes_the_runs_this_test_made() {
-    if !which("prometheus") {
-        println!(
-            "skipped: no `prometheus` on PATH (Debian package prometheus; .ci/run installs it)"
-        );
+    if !prometheus_on_path() {
         return;
     }
     let (d, metrics) = daemon();

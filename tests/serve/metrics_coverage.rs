@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::metrics::{Prometheus, daemon, start_run, which};
+use super::metrics::{Prometheus, daemon, prometheus_on_path, start_run};
 use crate::common::daemon::Daemon;
 use crate::common::raw::Raw;
 use crate::common::{Env, eventually};
@@ -27,10 +27,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 /// message forwarded to the agent.
 #[test]
 fn prometheus_counts_bridge_turns_by_how_they_ended() {
-    if !which("prometheus") {
-        println!(
-            "skipped: no `prometheus` on PATH (Debian package prometheus; .ci/run installs it)"
-        );
+    if !prometheus_on_path() {
         return;
     }
     let (d, metrics) = daemon();
