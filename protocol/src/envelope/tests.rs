@@ -111,6 +111,18 @@ fn error_response_with_null_id() {
 /// escapes, an explicit `null`), and no `data` stays none.
 #[test]
 fn an_errors_data_is_passed_on_as_written() {
+    /// The error of `line` (an error response), and the line encoded again from it.
+    fn again(line: &str) -> (RpcError, String) {
+        let Ok(Message::Response {
+            id,
+            outcome: Err(e),
+        }) = parse(line.as_bytes())
+        else {
+            panic!("{line}")
+        };
+        let out = String::from_utf8(encode_error(id.as_ref(), &e)).unwrap();
+        (e, out)
+    }
     for data in [
         r#"{"n":12345678901234567890123,"e":1e2,"s":"\u00e9","z":-0}"#,
         "null",
@@ -120,30 +132,14 @@ fn an_errors_data_is_passed_on_as_written() {
         let line = format!(
             r#"{{"jsonrpc":"2.0","id":2,"error":{{"code":-32603,"message":"m","data":{data}}}}}"#
         );
-        let Ok(Message::Response {
-            id,
-            outcome: Err(e),
-        }) = parse(line.as_bytes())
-        else {
-            panic!("{line}")
-        };
+        let (e, out) = again(&line);
         assert_eq!(e.data.as_deref().map(RawValue::get), Some(data));
-        let out = encode_error(id.as_ref(), &e);
-        assert_eq!(String::from_utf8(out).unwrap(), line);
+        assert_eq!(out, line);
     }
     let line = r#"{"jsonrpc":"2.0","id":2,"error":{"code":-32603,"message":"m"}}"#;
-    let Ok(Message::Response {
-        id,
-        outcome: Err(e),
-    }) = parse(line.as_bytes())
-    else {
-        panic!("{line}")
-    };
+    let (e, out) = again(line);
     assert!(e.data.is_none() && e.data_value().is_none());
-    assert_eq!(
-        String::from_utf8(encode_error(id.as_ref(), &e)).unwrap(),
-        line
-    );
+    assert_eq!(out, line);
 }
 
 /// The id's text as it appears in an encoded line (`"id":<text>`).
