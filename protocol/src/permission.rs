@@ -111,9 +111,7 @@ pub fn answer_by_policy(policy: Policy, params: Option<&RawValue>) -> PolicyAnsw
         Policy::Reject => Decision::Reject,
         Policy::Forward => {
             return match params {
-                Some(p) if p.get().starts_with('{') && session_id(p).is_some() => {
-                    PolicyAnswer::Forward
-                }
+                Some(p) if session_id(p).is_some() => PolicyAnswer::Forward,
                 _ => PolicyAnswer::InvalidParams(
                     "session/request_permission params must be an object naming its sessionId"
                         .into(),

@@ -63,22 +63,16 @@ pub fn routes(params: &str) -> Option<Vec<Route>> {
 /// Whether `params` names a session anywhere but in its own top-level `sessionId` (see the
 /// module's doc for where). `false` for text that is not a JSON object.
 pub fn names_other_sessions(params: &str) -> bool {
-    // Without an escape, every naming key is spelled plainly: none but one leading
-    // `"sessionId"` (the params' own) is then a sure no.
-    if !params.contains("\\u") && !params.contains("SessionId\"") {
-        let mut plain = params.match_indices("\"sessionId\"");
-        let leading = |at: usize| {
-            params[..at]
-                .trim_start()
-                .strip_prefix('{')
-                .map(str::trim_start)
-                == Some("")
-        };
-        match (plain.next(), plain.next()) {
-            (None, _) => return false,
-            (Some((at, _)), None) if leading(at) => return false,
-            _ => {}
-        }
+    // Past a leading `"sessionId"` (the params' own), text with no naming key spelled plainly
+    // and no escape names no other session.
+    let rest = params
+        .trim_start()
+        .strip_prefix('{')
+        .map(str::trim_start)
+        .and_then(|r| r.strip_prefix("\"sessionId\""))
+        .unwrap_or(params);
+    if crate::session_id::surely_no_session_id_key(rest) {
+        return false;
     }
     routes(params).is_some_and(|routes| routes.iter().any(|r| !r.own))
 }
