@@ -54,7 +54,7 @@ pub fn splice_session_id(text: &str, to: &str) -> Option<String> {
         out.push_str(&rest[end + 1..]);
         return Some(out);
     }
-    let fields = parse_fields(text)?;
+    let fields = crate::session_routes::entries(text)?;
     let mut found = 0;
     let mut out = String::with_capacity(text.len() + to.len());
     out.push('{');
@@ -179,25 +179,6 @@ impl<'de> Visitor<'de> for Walk {
         }
         Ok(found)
     }
-}
-
-fn parse_fields(text: &str) -> Option<Vec<(String, &RawValue)>> {
-    struct Fields;
-    impl<'de> Visitor<'de> for Fields {
-        type Value = Vec<(String, &'de RawValue)>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("an object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
-                out.push((k, v));
-            }
-            Ok(out)
-        }
-    }
-    let mut de = serde_json::Deserializer::from_str(text);
-    (&mut de).deserialize_map(Fields).ok()
 }
 
 #[cfg(test)]

@@ -130,17 +130,23 @@ pub fn remap_routes(
 
 fn route(params: &str, value: &RawValue, own: bool) -> Route {
     let text = value.get();
-    let start = (text.as_ptr() as usize).saturating_sub(params.as_ptr() as usize);
     Route {
-        span: start..start + text.len(),
+        span: span_in(params, text).unwrap_or(0..0),
         id: serde_json::from_str::<String>(text).ok(),
         own,
     }
 }
 
-/// The entries of a JSON object as written (keys decoded, values raw, duplicates kept);
-/// `None` when `text` is not one.
-fn entries(text: &str) -> Option<Vec<(Cow<'_, str>, &RawValue)>> {
+/// Where `inner`, a slice of `outer` (a raw value borrowed from its text, say), lies in it.
+pub fn span_in(outer: &str, inner: &str) -> Option<Range<usize>> {
+    let start = (inner.as_ptr() as usize).checked_sub(outer.as_ptr() as usize)?;
+    let end = start.checked_add(inner.len())?;
+    (end <= outer.len()).then_some(start..end)
+}
+
+/// The entries of a JSON object as written (keys decoded, values raw and borrowed, in order,
+/// duplicates kept); `None` when `text` is not one.
+pub fn entries(text: &str) -> Option<Vec<(Cow<'_, str>, &RawValue)>> {
     struct Entries;
     impl<'de> Visitor<'de> for Entries {
         type Value = Vec<(Cow<'de, str>, &'de RawValue)>;

@@ -161,31 +161,6 @@ pub fn params_keys_serde(params: &str) -> Result<ParamsKeys<'_>, Unread> {
     Ok(keys)
 }
 
-/// A key as serde_json gives it: borrowed from the text when it holds no escape.
-enum Key<'a> {
-    Plain(&'a str),
-    Escaped,
-}
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a key")
-            }
-            fn visit_borrowed_str<E>(self, k: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key::Plain(k))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Key<'de>, E> {
-                Ok(Key::Escaped)
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
 /// Counts the keys of one value (objects and arrays at any depth) into `keys`; values stay
 /// raw, so a string value is never decoded.
 fn walk<'a>(text: &'a str, depth: usize, keys: &mut ParamsKeys<'a>) -> Result<(), Unread> {
@@ -204,42 +179,23 @@ fn walk<'a>(text: &'a str, depth: usize, keys: &mut ParamsKeys<'a>) -> Result<()
     if !text.starts_with('{') {
         return Ok(());
     }
-    struct Entries;
-    impl<'de> serde::de::Visitor<'de> for Entries {
-        type Value = Vec<(Key<'de>, &'de RawValue)>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("an object")
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(
-            self,
-            mut map: A,
-        ) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(entry) = map.next_entry()? {
-                out.push(entry);
-            }
-            Ok(out)
-        }
-    }
-    let mut de = serde_json::Deserializer::from_str(text);
-    let entries = (&mut de)
-        .deserialize_map(Entries)
-        .map_err(|_| Unread::Undecodable)?;
+    // A key serde_json had to decode (it held an escape) comes owned.
+    let entries = crate::session_routes::entries(text).ok_or(Unread::Undecodable)?;
     for (key, value) in entries {
         match key {
-            Key::Escaped => keys.escaped = true,
-            Key::Plain("sessionId") if top => {
+            std::borrow::Cow::Owned(_) => keys.escaped = true,
+            std::borrow::Cow::Borrowed("sessionId") if top => {
                 if keys.session_ids == 0 && value.get().starts_with('"') {
                     keys.session_id = Some(value.get());
                 }
                 keys.session_ids += 1;
             }
-            Key::Plain("update") if top => keys.updates += 1,
-            Key::Plain("sessionUpdate") => keys.session_updates += 1,
-            Key::Plain(k) if k == "sessionId" || k.ends_with("SessionId") => {
+            std::borrow::Cow::Borrowed("update") if top => keys.updates += 1,
+            std::borrow::Cow::Borrowed("sessionUpdate") => keys.session_updates += 1,
+            std::borrow::Cow::Borrowed(k) if crate::session_routes::names_a_session(k) => {
                 keys.other_sessions += 1
             }
-            Key::Plain(_) => {}
+            std::borrow::Cow::Borrowed(_) => {}
         }
         walk(value.get(), depth + 1, keys)?;
     }

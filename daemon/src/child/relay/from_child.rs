@@ -304,20 +304,18 @@ pub(super) fn remap_request_id(
     map: impl FnOnce(&Id) -> Option<Id>,
 ) -> Option<Box<RawValue>> {
     let text = params.get();
-    let fields: TopLevel<'_> = serde_json::from_str(text).ok()?;
-    let mut named = fields.0.iter().filter(|(key, _)| key == "requestId");
+    let fields = acpd_protocol::session_routes::entries(text)?;
+    let mut named = fields.iter().filter(|(key, _)| key == "requestId");
     let (_, raw) = named.next()?;
     if named.next().is_some() {
         return None;
     }
     let other = map(&Id::from_json(raw.get()).ok()??)?;
-    // The value borrows from `text`: where it starts there.
-    let start = (raw.get().as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
-    let end = start.checked_add(raw.get().len())?;
+    let span = acpd_protocol::session_routes::span_in(text, raw.get())?;
     let mut out = String::with_capacity(text.len() + 16);
-    out.push_str(text.get(..start)?);
+    out.push_str(text.get(..span.start)?);
     out.push_str(&other.to_json());
-    out.push_str(text.get(end..)?);
+    out.push_str(text.get(span.end..)?);
     RawValue::from_string(out).ok()
 }
 
@@ -325,32 +323,6 @@ pub(super) fn remap_request_id(
 /// could not be rewritten, and a session not the editor's must never reach it).
 fn names_no_session(params: &str) -> bool {
     params.starts_with('[') && !acpd_protocol::session_routes::names_a_session_anywhere(params)
-}
-
-/// A JSON object's top-level keys (decoded) and values (raw, borrowed), in order, repeats kept.
-struct TopLevel<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Fields;
-        impl<'de> serde::de::Visitor<'de> for Fields {
-            type Value = TopLevel<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut fields = Vec::new();
-                while let Some(entry) = map.next_entry()? {
-                    fields.push(entry);
-                }
-                Ok(TopLevel(fields))
-            }
-        }
-        d.deserialize_map(Fields)
-    }
 }
 
 /// A prompt answered `end_turn` with a typed failure record (the editor's own AIR opt-in, or

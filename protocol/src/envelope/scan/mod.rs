@@ -51,9 +51,8 @@ impl<'a> ParamsKeys<'a> {
     /// `params` (the text these keys were counted in) split around the first top-level
     /// `sessionId`'s value: what comes before it and what comes after.
     pub fn around_session_id(&self, params: &'a str) -> Option<(&'a str, &'a str)> {
-        let value = self.session_id?;
-        let start = (value.as_ptr() as usize).checked_sub(params.as_ptr() as usize)?;
-        Some((params.get(..start)?, params.get(start + value.len()..)?))
+        let span = crate::session_routes::span_in(params, self.session_id?)?;
+        Some((params.get(..span.start)?, params.get(span.end..)?))
     }
 }
 
