@@ -392,6 +392,16 @@ impl Relay {
         }
     }
 
+    /// `value` naming the parent's session where it names the child's own (a load's answer,
+    /// an error's `data`), spliced; `None` when it names no session, or another.
+    fn own_renamed(&self, value: &RawValue) -> Option<Box<RawValue>> {
+        let own = self.own.as_str();
+        (value.get().contains(own)
+            && acpd_protocol::session_id::session_id(value).as_deref() == Some(own))
+        .then(|| with_session_id(value, &self.t.session_id))
+        .flatten()
+    }
+
     /// Queues the own-session updates gathered in this burst (see
     /// `from_child::forward_own_update`): one allocation, one budget claim and one queue slot
     /// for the lot. Called before anything else goes to the parent, so the order holds.
@@ -454,26 +464,16 @@ impl Relay {
         let mut refused = false;
         // An answer naming the child's session (a load's, a resume's) names the parent's;
         // one that names a session twice is refused, never passed on for the parent to guess.
-        let outcome = match outcome {
-            Ok(r) if strict::doubled(&r).is_some() => {
+        let outcome = match outcome.map(|r| (strict::doubled(&r), r)) {
+            Ok((Some(why), _)) => {
                 refused = true;
-                let why = strict::doubled(&r).unwrap_or_default();
                 tracing::warn!(provider = %d.shared.provider.name, session = %self.t.session_id,
                     %method, "refusing the agent's answer: {why}");
                 Err(RpcError::internal(format!(
                     "the agent's answer to {method} is ambiguous ({why})"
                 )))
             }
-            Ok(r) => {
-                let names_own = r.get().contains(self.own.as_str())
-                    && acpd_protocol::session_id::session_id(&r).as_deref()
-                        == Some(self.own.as_str());
-                Ok(if names_own {
-                    with_session_id(&r, &self.t.session_id).unwrap_or(r)
-                } else {
-                    r
-                })
-            }
+            Ok((None, r)) => Ok(self.own_renamed(&r).unwrap_or(r)),
             // An error about the child's session (`Session not found`) names the parent's.
             Err(mut e) => {
                 // An agent that wants credentials: the editor hears what would satisfy it, and
@@ -485,12 +485,7 @@ impl Relay {
                         %method, "the agent needs credentials: {}", e.message);
                 }
                 // Spliced: the rest of `data` stays as the agent wrote it.
-                if let Some(data) = e.data.as_deref()
-                    && data.get().contains(self.own.as_str())
-                    && acpd_protocol::session_id::session_id(data).as_deref()
-                        == Some(self.own.as_str())
-                    && let Some(data) = with_session_id(data, &self.t.session_id)
-                {
+                if let Some(data) = e.data.as_deref().and_then(|d| self.own_renamed(d)) {
                     e.data = Some(data);
                 }
                 Err(e)
