@@ -158,7 +158,7 @@ impl Relay {
                 Some((0, _)) if method.starts_with("elicitation/") => {
                     let parent_id = |child: &Id| self.open.get(child).map(|(pid, _)| pid.clone());
                     match remap_request_id(p, parent_id) {
-                        Some(p) => Some(p),
+                        Some((_, p)) => Some(p),
                         // Naming no call of the parent's that is open: it could only be
                         // mistaken for another request of the parent's.
                         None => {
@@ -284,7 +284,7 @@ impl Relay {
         let remapped =
             params.and_then(|p| remap_request_id(p, |child| self.parent_ids.get(child).cloned()));
         match remapped {
-            Some(p) => {
+            Some((_, p)) => {
                 self.to_parent(envelope::encode_notification(CANCEL_REQUEST, Some(&p)))
                     .await
             }
@@ -294,15 +294,15 @@ impl Relay {
     }
 }
 
-/// `params` with its `requestId` replaced by what `map` gives for it, spliced in as text: the
-/// rest (`_meta`, keys as spelled, whitespace) stays byte for byte, and the id is read from its
-/// text as the request's was (`1e2`, `"p\u0041"` are ids of their own, not `100.0` or `"pA"`).
+/// The id `map` gives for `params`' `requestId`, and `params` with it in that id's place,
+/// spliced in as text: the rest (`_meta`, keys as spelled, whitespace) stays byte for byte,
+/// and the id is read from its text as the request's was (`1e2`, `"p\u0041"` are ids of their own, not `100.0` or `"pA"`).
 /// `None` when the params are not an object with exactly one `requestId` (however its key is
 /// spelled: two would leave the receiver to guess), or `map` knows no such request.
 pub(super) fn remap_request_id(
     params: &RawValue,
     map: impl FnOnce(&Id) -> Option<Id>,
-) -> Option<Box<RawValue>> {
+) -> Option<(Id, Box<RawValue>)> {
     let text = params.get();
     let fields = acpd_protocol::session_routes::entries(text)?;
     let mut named = fields.iter().filter(|(key, _)| key == "requestId");
@@ -316,7 +316,7 @@ pub(super) fn remap_request_id(
     out.push_str(text.get(..span.start)?);
     out.push_str(&other.to_json());
     out.push_str(text.get(span.end..)?);
-    RawValue::from_string(out).ok()
+    Some((other, RawValue::from_string(out).ok()?))
 }
 
 /// Whether `params` is an array with no key naming a session anywhere in it (one that did

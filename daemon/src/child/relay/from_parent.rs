@@ -48,17 +48,14 @@ impl Relay {
             }
             Cmd::Notify { method, params } if method == CANCEL_REQUEST => {
                 // The parent's id of a call this relay forwarded: the child gets its own.
-                let mut found = None;
                 let child_id = |pid: &Id| {
-                    found = self
-                        .open
+                    self.open
                         .iter()
                         .find(|(_, (p, _))| p == pid)
-                        .map(|(child, _)| child.clone());
-                    found.clone()
+                        .map(|(child, _)| child.clone())
                 };
-                if let Some(p) = from_child::remap_request_id(&params, child_id) {
-                    if let Some(prompt) = found.and_then(|c| self.prompts.get_mut(&c)) {
+                if let Some((child, p)) = from_child::remap_request_id(&params, child_id) {
+                    if let Some(prompt) = self.prompts.get_mut(&child) {
                         prompt.cancel_asked = true;
                     }
                     crate::metrics::to_child(p.get().len());
