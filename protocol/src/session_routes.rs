@@ -6,6 +6,11 @@
 //! content (`update.content[].sessionId`). Everything else — a tool's `rawInput` and
 //! `rawOutput`, `_meta`, text — is the agent's own data, forwarded as written even when a key
 //! in it happens to be called `sessionId`.
+//!
+//! Two checks look further, on purpose: a routing key written twice anywhere
+//! (`session_id::duplicate_routing_key`) is refused, and the scan's `ParamsKeys` counts naming
+//! keys at any depth, so the hot path leaves every update that has one to the slow path, which
+//! decides here.
 
 use std::borrow::Cow;
 use std::fmt;
