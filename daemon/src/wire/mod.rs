@@ -32,7 +32,6 @@ const OUT_BUDGET: usize = 1024 * 1024;
 /// Read size, and the buffer an idle connection gives back: below glibc's mmap threshold as
 /// acpd tunes it (32 KiB), so taking it again costs no system call.
 const READ_CHUNK: usize = 16 * 1024;
-const WRITE_BUFFER: usize = 64 * 1024;
 
 /// The per-connection limits of the wire.
 #[derive(Debug, Clone, Copy)]

@@ -1,5 +1,5 @@
 //! The sending half toward a peer: a bounded queue behind a byte budget, a writer task that
-//! batches and flushes, and a deadline on every write.
+//! gathers what is queued into one vectored write, and a deadline on every write.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -7,17 +7,56 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use std::io::IoSlice;
+use std::sync::Mutex;
+
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::{CallError, OUT_BUDGET, OUT_DEPTH, WRITE_BUFFER};
+use super::{CallError, OUT_BUDGET, OUT_DEPTH};
 
-/// One queued item: a line, or an answer the writer serialises when it gets to it.
+/// One queued item: a line (or a batch of them, whose buffer the writer gives back to
+/// [`Spare`]), or an answer the writer serialises when it gets to it.
 enum Out {
-    Line(Bytes, Option<OwnedSemaphorePermit>),
+    Line {
+        bytes: Vec<u8>,
+        permit: Option<OwnedSemaphorePermit>,
+        batch: bool,
+    },
     Lazy(Box<dyn FnOnce() -> Vec<u8> + Send>),
+}
+
+/// Items written by one `writev(2)` at most (Linux's `IOV_MAX` is 1 024).
+const GATHER: usize = 64;
+/// Written batch buffers kept for the next batch: a stream reuses two or three.
+const SPARES: usize = 4;
+/// A batch buffer this large or larger is not kept: it came from its own mapping (acpd's
+/// `mmap` threshold is 32 KiB), so keeping it would keep memory an idle peer never gives back.
+const SPARE_MAX: usize = 32 * 1024;
+
+/// Batch buffers the writer has written, for the batcher's next batch. Without them each batch
+/// was a fresh allocation, and the pages a stream touched were returned to the kernel and
+/// faulted in again, batch after batch (a fifth of acpd's system time on a flood).
+#[derive(Default)]
+struct Spare(Mutex<Vec<Vec<u8>>>);
+
+impl Spare {
+    fn take(&self) -> Option<Vec<u8>> {
+        self.0.lock().ok()?.pop()
+    }
+
+    fn give(&self, mut buf: Vec<u8>) {
+        if buf.capacity() >= SPARE_MAX {
+            return;
+        }
+        buf.clear();
+        if let Ok(mut spare) = self.0.lock()
+            && spare.len() < SPARES
+        {
+            spare.push(buf);
+        }
+    }
 }
 
 /// The sending half toward one peer: a bounded queue in front of a writer task. Cheap to clone.
@@ -31,6 +70,7 @@ pub struct Outbox {
     done: CancellationToken,
     /// Where each line queued is traced (`trace_dir`).
     tap: Option<super::reader::Tap>,
+    spare: Arc<Spare>,
 }
 
 impl Outbox {
@@ -44,6 +84,7 @@ impl Outbox {
         let close = CancellationToken::new();
         let broken = CancellationToken::new();
         let done = CancellationToken::new();
+        let spare = Arc::new(Spare::default());
         let task = write_loop(
             writer,
             rx,
@@ -51,6 +92,7 @@ impl Outbox {
             close.clone(),
             broken.clone(),
             budget.clone(),
+            spare.clone(),
         );
         let finished = done.clone();
         tokio::spawn(async move {
@@ -64,6 +106,7 @@ impl Outbox {
             broken,
             done,
             tap: None,
+            spare,
         }
     }
 
@@ -80,7 +123,15 @@ impl Outbox {
             trace.record(*hop, &line);
         }
         line.push(b'\n');
-        self.queue(line).await
+        self.queue(line, false).await
+    }
+
+    /// An empty buffer to gather a batch for [`Outbox::send_lines`] in: one the writer has
+    /// written and given back when there is one, else a new one with room for `capacity`.
+    pub fn batch_buffer(&self, capacity: usize) -> Vec<u8> {
+        self.spare
+            .take()
+            .unwrap_or_else(|| Vec::with_capacity(capacity))
     }
 
     /// Queues several encoded messages at once, each ending in its newline: one budget claim
@@ -91,10 +142,10 @@ impl Outbox {
                 trace.record(*hop, line);
             }
         }
-        self.queue(lines).await
+        self.queue(lines, true).await
     }
 
-    async fn queue(&self, line: Vec<u8>) -> Result<(), CallError> {
+    async fn queue(&self, line: Vec<u8>, batch: bool) -> Result<(), CallError> {
         let cost = line.len().min(OUT_BUDGET) as u32;
         // The hot path: budget and a queue slot free, nothing to wait for.
         let permit = match self.budget.clone().try_acquire_many_owned(cost) {
@@ -105,7 +156,11 @@ impl Outbox {
                 _ = self.broken.cancelled() => return Err(CallError::Closed),
             },
         };
-        let item = Out::Line(Bytes::from(line), Some(permit));
+        let item = Out::Line {
+            bytes: line,
+            permit: Some(permit),
+            batch,
+        };
         match self.tx.try_send(item) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Closed(_)) => Err(CallError::Closed),
@@ -185,10 +240,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     close: CancellationToken,
     broken: CancellationToken,
     budget: Arc<Semaphore>,
+    spare: Arc<Spare>,
 ) {
     // `broken` cancelled from outside is an owner giving up on the peer: stop writing.
     let ok = tokio::select! {
-        ok = write_all_queued(writer, out, write_timeout, close) => ok,
+        ok = write_all_queued(writer, out, write_timeout, close, &spare) => ok,
         () = broken.cancelled() => Ok(()),
     };
     if ok.is_err() {
@@ -197,13 +253,93 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     budget.close();
 }
 
+/// What the writer has taken off the queue and not yet written.
+#[derive(Default)]
+struct Gathered {
+    lines: Vec<(Vec<u8>, bool)>,
+    /// The budget those lines hold, given back once, when they are written.
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl Gathered {
+    /// Adds `item` to the next write; whether more may join it (not after an answer built
+    /// here: those are built and written one at a time, so many large answers waiting for a
+    /// slow peer hold one serialisation at once, not one each).
+    fn take(&mut self, item: Out) -> bool {
+        match item {
+            Out::Line {
+                bytes,
+                permit,
+                batch,
+            } => {
+                self.lines.push((bytes, batch));
+                match (self.held.as_mut(), permit) {
+                    (Some(h), Some(m)) => h.merge(m),
+                    (None, m) => self.held = m,
+                    (Some(_), None) => {}
+                }
+                self.lines.len() < GATHER
+            }
+            Out::Lazy(build) => {
+                let mut line = build();
+                line.push(b'\n');
+                self.lines.push((line, false));
+                false
+            }
+        }
+    }
+
+    /// Writes every line gathered, in order, with as few `writev(2)` calls as the peer allows
+    /// (no copy into a buffer of the writer's own), then gives the budget and the batch
+    /// buffers back.
+    async fn write<W: AsyncWrite + Unpin>(
+        &mut self,
+        writer: &mut W,
+        spare: &Spare,
+    ) -> std::io::Result<()> {
+        // A peer with no vectored write (a file or terminal behind tokio's stdout) would take
+        // one line per call: it gets them joined instead.
+        let joined;
+        let mut slices: Vec<IoSlice<'_>> = if writer.is_write_vectored() || self.lines.len() < 2 {
+            self.lines.iter().map(|(l, _)| IoSlice::new(l)).collect()
+        } else {
+            joined = self
+                .lines
+                .iter()
+                .flat_map(|(l, _)| l)
+                .copied()
+                .collect::<Vec<u8>>();
+            vec![IoSlice::new(&joined)]
+        };
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let n = writer.write_vectored(rest).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut rest, n);
+        }
+        drop(slices);
+        writer.flush().await?;
+        self.held = None;
+        for (line, batch) in self.lines.drain(..) {
+            if batch {
+                spare.give(line);
+            }
+        }
+        Ok(())
+    }
+}
+
 async fn write_all_queued<W: AsyncWrite + Unpin>(
     writer: W,
     mut out: mpsc::Receiver<Out>,
     write_timeout: Duration,
     close: CancellationToken,
+    spare: &Spare,
 ) -> std::io::Result<()> {
-    let mut writer = BufWriter::with_capacity(WRITE_BUFFER, Deadline::new(writer, write_timeout));
+    let mut writer = Deadline::new(writer, write_timeout);
+    let mut gathered = Gathered::default();
     loop {
         let item = tokio::select! {
             biased;
@@ -211,50 +347,23 @@ async fn write_all_queued<W: AsyncWrite + Unpin>(
             _ = close.cancelled() => None,
         };
         let Some(item) = item else { break };
-        // Batch whatever else is already queued into the same flush; the budget the batch
-        // holds is given back once, when it is written.
-        let mut held = write_item(&mut writer, item).await?;
-        while let Ok(more) = out.try_recv() {
-            merge(&mut held, write_item(&mut writer, more).await?);
+        // Whatever else is already queued goes in the same write.
+        let mut more = gathered.take(item);
+        while more && let Ok(item) = out.try_recv() {
+            more = gathered.take(item);
         }
-        writer.flush().await?;
-        drop(held);
+        gathered.write(&mut writer, spare).await?;
     }
     // Send what was queued before the close, then drop the write half.
     out.close();
-    while let Ok(more) = out.try_recv() {
-        write_item(&mut writer, more).await?;
+    while let Ok(item) = out.try_recv() {
+        if !gathered.take(item) {
+            gathered.write(&mut writer, spare).await?;
+        }
     }
-    writer.flush().await?;
+    gathered.write(&mut writer, spare).await?;
     let _ = writer.shutdown().await;
     Ok(())
-}
-
-fn merge(held: &mut Option<OwnedSemaphorePermit>, more: Option<OwnedSemaphorePermit>) {
-    match (held.as_mut(), more) {
-        (Some(h), Some(m)) => h.merge(m),
-        (None, m) => *held = m,
-        (Some(_), None) => {}
-    }
-}
-
-/// Writes one item; returns the budget it held.
-async fn write_item<W: AsyncWrite + Unpin>(
-    writer: &mut BufWriter<W>,
-    item: Out,
-) -> std::io::Result<Option<OwnedSemaphorePermit>> {
-    match item {
-        Out::Line(line, permit) => {
-            writer.write_all(&line).await?;
-            Ok(permit)
-        }
-        Out::Lazy(build) => {
-            let mut line = build();
-            line.push(b'\n');
-            writer.write_all(&line).await?;
-            Ok(None)
-        }
-    }
 }
 
 /// A writer that fails with `TimedOut` once the peer has taken no bytes for `timeout`. The
@@ -305,6 +414,19 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Deadline<W> {
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
         self.progress(cx, polled).map(|r| r.and_then(|r| r))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.progress(cx, polled).map(|r| r.and_then(|r| r))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

@@ -237,6 +237,11 @@ impl Peer {
         self.out.send_line(line).await
     }
 
+    /// An empty buffer to gather a batch for [`Peer::send_lines`] in, reused when there is one.
+    pub fn batch_buffer(&self, capacity: usize) -> Vec<u8> {
+        self.out.batch_buffer(capacity)
+    }
+
     /// Queues several encoded messages, each with its newline, as one item.
     pub async fn send_lines(&self, lines: Vec<u8>) -> Result<(), CallError> {
         self.out.send_lines(lines).await

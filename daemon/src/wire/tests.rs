@@ -175,3 +175,116 @@ async fn an_idle_reader_holds_no_read_buffer_before_or_after_a_line() {
         "the reader kept its buffer after the line"
     );
 }
+
+/// Many lines and batches queued at once toward a real pipe (whose writes are vectored and
+/// taken in part when the pipe is full): each arrives whole, in the order queued.
+#[tokio::test]
+async fn gathered_writes_keep_every_line_whole_and_in_order() {
+    use tokio::io::AsyncReadExt;
+    let (tx, mut rx) = tokio::net::unix::pipe::pipe().unwrap();
+    let out = Outbox::start(tx, Duration::from_secs(30));
+    let mut expected = Vec::new();
+    let writer = {
+        let out = out.clone();
+        let mut lines = Vec::new();
+        for n in 0..2_000usize {
+            let body = format!("{n:05}-{}", "x".repeat(n % 700));
+            if n % 3 == 0 {
+                let mut batch = out.batch_buffer(0);
+                for k in 0..4 {
+                    batch.extend_from_slice(format!("{body}/{k}\n").as_bytes());
+                }
+                expected.extend_from_slice(&batch);
+                lines.push((batch, true));
+            } else {
+                expected.extend_from_slice(format!("{body}\n").as_bytes());
+                lines.push((body.into_bytes(), false));
+            }
+        }
+        tokio::spawn(async move {
+            for (line, batch) in lines {
+                if batch {
+                    out.send_lines(line).await.unwrap();
+                } else {
+                    out.send_line(line).await.unwrap();
+                }
+            }
+            out.flush_and_close().await;
+        })
+    };
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 1000];
+    loop {
+        let n = rx.read(&mut chunk).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&chunk[..n]);
+    }
+    writer.await.unwrap();
+    assert_eq!(got.len(), expected.len());
+    assert!(got == expected, "the bytes arrived out of order or torn");
+}
+
+/// Answers built by the writer are built one at a time, as it reaches each: a peer that reads
+/// slowly holds one of them in memory, not all that wait.
+#[tokio::test]
+async fn lazy_answers_are_built_one_at_a_time() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncReadExt;
+    let (a, mut b) = tokio::io::duplex(1024);
+    let out = Outbox::start(a, Duration::from_secs(30));
+    let built = Arc::new(AtomicUsize::new(0));
+    for n in 0..5u8 {
+        let built = built.clone();
+        out.send_lazy(Box::new(move || {
+            built.fetch_add(1, Ordering::SeqCst);
+            vec![b'a' + n; 64 * 1024]
+        }))
+        .await
+        .unwrap();
+    }
+    // The peer has read part of the first answer: only that one has been built.
+    let mut first = vec![0u8; 4096];
+    b.read_exact(&mut first).await.unwrap();
+    assert_eq!(built.load(Ordering::SeqCst), 1);
+    out.close();
+    let mut rest = Vec::new();
+    b.read_to_end(&mut rest).await.unwrap();
+    first.extend_from_slice(&rest);
+    assert_eq!(first.len(), 5 * (64 * 1024 + 1));
+    for (n, answer) in first.chunks(64 * 1024 + 1).enumerate() {
+        assert!(answer[..64 * 1024].iter().all(|&c| c == b'a' + n as u8));
+        assert_eq!(answer[64 * 1024], b'\n');
+    }
+    assert_eq!(built.load(Ordering::SeqCst), 5);
+}
+
+/// A batch buffer the writer has written comes back for the next batch, so a stream of
+/// batches reuses its memory instead of faulting in fresh pages for each.
+#[tokio::test]
+async fn written_batch_buffers_are_given_back() {
+    use tokio::io::AsyncReadExt;
+    let (a, mut b) = tokio::io::duplex(1 << 16);
+    let out = Outbox::start(a, Duration::from_secs(30));
+    let mut batch = out.batch_buffer(8 * 1024);
+    assert_eq!(batch.capacity(), 8 * 1024, "none given back yet: a new one");
+    batch.extend_from_slice(b"{}\n");
+    let at = batch.as_ptr();
+    out.send_lines(batch).await.unwrap();
+    let mut line = [0u8; 3];
+    b.read_exact(&mut line).await.unwrap();
+    // Written once the peer has it; the writer gives it back right after.
+    let mut tries = 0;
+    let again = loop {
+        let again = out.batch_buffer(0);
+        if again.capacity() > 0 {
+            break again;
+        }
+        tries += 1;
+        assert!(tries < 10_000, "the written batch never came back");
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(again.as_ptr(), at, "the same allocation");
+    assert!(again.is_empty());
+}

@@ -22,6 +22,8 @@ mod scan;
 #[cfg(test)]
 mod scan_tests;
 #[cfg(test)]
+mod template_tests;
+#[cfg(test)]
 mod tests;
 
 pub use encode::{
@@ -34,4 +36,4 @@ pub use rpc_error::{
     AUTH_REQUIRED, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR,
     RESOURCE_NOT_FOUND, RpcError,
 };
-pub use scan::ParamsKeys;
+pub use scan::{LineTemplate, ParamsKeys};

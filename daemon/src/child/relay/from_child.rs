@@ -13,11 +13,7 @@ impl Relay {
         params: Option<RawJson<'_>>,
         keys: ParamsKeys<'_>,
     ) {
-        if method == "session/update"
-            && strict::names_only_its_own(&keys, &self.own_json)
-            && let Some((before, after)) = params.and_then(|p| keys.around_session_id(p.get()))
-            && self.t.serves.takes(method)
-        {
+        if let Some((before, after)) = self.own_update(method, params, &keys) {
             return self.forward_own_update(before, after);
         }
         self.flush_updates().await;
@@ -98,11 +94,62 @@ impl Relay {
         }
     }
 
+    /// An update that names exactly the child's own session (by its keys as the scan counted
+    /// them), as its params before and after that session id: the hot path's.
+    pub(super) fn own_update<'a>(
+        &self,
+        method: &str,
+        params: Option<RawJson<'a>>,
+        keys: &ParamsKeys<'a>,
+    ) -> Option<(&'a str, &'a str)> {
+        if method == "session/update"
+            && strict::names_only_its_own(keys, &self.own_json)
+            && self.t.serves.takes(method)
+        {
+            keys.around_session_id(params?.get())
+        } else {
+            None
+        }
+    }
+
+    /// Keeps `line`, an own update the hot path took (`before` and `after` its session id are
+    /// its params'), as the template the next one is held to.
+    pub(super) fn learn_update(&mut self, line: &[u8], before: &str, after: &str) {
+        let at = |piece: &str| (piece.as_ptr() as usize).wrapping_sub(line.as_ptr() as usize);
+        let (params_start, id_end) = (at(before), at(after));
+        let marks = [
+            params_start,
+            params_start + before.len(),
+            id_end,
+            id_end + after.len(),
+        ];
+        self.last_update = std::str::from_utf8(line)
+            .ok()
+            .and_then(|text| LineTemplate::learn(text, params_start..marks[3], marks));
+    }
+
+    /// The hot path's shortcut: `line` is the last own update but for the content of its last
+    /// string (the text of a streamed chunk), which is checked as a JSON string's, so it is
+    /// forwarded as that one was, with no scan of the rest. Whether it was.
+    pub(super) fn own_update_like_the_last(&mut self, line: &[u8]) -> bool {
+        let Some((text, [a, b, c, e])) = self.last_update.as_ref().and_then(|t| t.fits(line))
+        else {
+            return false;
+        };
+        match (text.get(a..b), text.get(c..e)) {
+            (Some(before), Some(after)) => {
+                self.forward_own_update(before, after);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The hot path: an update that names exactly the child's own session, spliced as text
     /// (the minted id in place of the child's, `before` and `after` it as the child wrote
     /// them) with no parse beyond the envelope's scan.
     /// Gathers the spliced update into the burst's batch, which `flush_updates` queues.
-    fn forward_own_update(&mut self, before: &str, after: &str) {
+    pub(super) fn forward_own_update(&mut self, before: &str, after: &str) {
         let start = self.updates.len();
         self.updates.extend_from_slice(UPDATE_PREFIX);
         self.updates.extend_from_slice(before.as_bytes());

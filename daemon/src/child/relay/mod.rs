@@ -19,7 +19,7 @@ use std::collections::HashMap;
 
 use acpd_protocol::diagnostic;
 use acpd_protocol::envelope::{
-    self, INTERNAL_ERROR, Id, MessageRef, ParamsKeys, RawJson, RpcError,
+    self, INTERNAL_ERROR, Id, LineTemplate, MessageRef, ParamsKeys, RawJson, RpcError,
 };
 use acpd_protocol::outcome::{self, ChildStopReason, TurnEnd, air};
 use acpd_protocol::permission::{self, PolicyAnswer};
@@ -50,8 +50,13 @@ const CANCEL_REQUEST: &str = "$/cancel_request";
 /// Messages already read that are handled in one round of the pump, beyond the first.
 const BURST: usize = 63;
 /// Bytes of gathered updates queued as one item at most: the parent's budget is claimed for
-/// them before more of the burst is read.
-const UPDATES_AT_ONCE: usize = 64 * 1024;
+/// them before more of the burst is read. Below acpd's `mmap` threshold (32 KiB) with a line to
+/// spare, so the batch buffers the parent's writer gives back stay on the heap and are reused.
+const UPDATES_AT_ONCE: usize = 24 * 1024;
+
+/// The offsets a kept update's template maps: its params' start, its session id's start and
+/// end, its params' end.
+const UPDATE_MARKS: usize = 4;
 
 /// Child requests waiting on the parent at once; more are refused to the child.
 const MAX_FORWARDED: usize = 64;
@@ -96,6 +101,9 @@ struct Relay {
     prompts: HashMap<Id, Prompt>,
     /// Own-session updates of the burst being read, each with its newline, not yet queued.
     updates: Vec<u8>,
+    /// The last own-session update that went the hot path, as a template for the next (see
+    /// [`Relay::own_update_like_the_last`]).
+    last_update: Option<LineTemplate<UPDATE_MARKS>>,
     /// Commands still to take before the parent's cancel that found the queue full is sent
     /// (see `Shared::late_cancel`).
     late: Option<usize>,
@@ -131,6 +139,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         hops: HashMap::new(),
         prompts: HashMap::new(),
         updates: Vec::new(),
+        last_update: None,
         late: None,
     };
     if let Some(trace) = &r.tracer {
@@ -272,6 +281,9 @@ impl Relay {
             Ok(line) => line,
             Err(fault) => return bad_line(d, &self.t.session_id, &fault),
         };
+        if self.own_update_like_the_last(&line) {
+            return None;
+        }
         let message = envelope::parse_keyed(&line);
         if !matches!(message, Ok((MessageRef::Notification { .. }, _))) {
             self.flush_updates().await;
@@ -284,7 +296,12 @@ impl Relay {
                 Err(error) => self.answered(d, id, Err(error)).await,
             },
             Ok((MessageRef::Notification { method, params }, keys)) => {
-                self.child_notification(d, &method, params, keys).await;
+                if let Some((before, after)) = self.own_update(&method, params, &keys) {
+                    self.learn_update(&line, before, after);
+                    self.forward_own_update(before, after);
+                } else {
+                    self.child_notification(d, &method, params, keys).await;
+                }
                 None
             }
             Ok((MessageRef::Request { id, method, params }, _)) => {
@@ -408,8 +425,11 @@ impl Relay {
     async fn flush_updates(&mut self) {
         if !self.updates.is_empty() {
             // The next burst is likely the size of this one: room for it up front, not grown
-            // (and copied) by doubling.
-            let next = Vec::with_capacity(self.updates.len().min(UPDATES_AT_ONCE));
+            // (and copied) by doubling, in a buffer the writer has given back when it has one.
+            let next = self
+                .t
+                .parent
+                .batch_buffer(self.updates.len().min(UPDATES_AT_ONCE));
             let lines = std::mem::replace(&mut self.updates, next);
             let _ = self.t.parent.send_lines(lines).await;
         }

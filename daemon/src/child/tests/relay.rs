@@ -384,3 +384,57 @@ async fn a_late_cancel_reaches_the_child_of_a_session_that_detaches() {
     );
     child.shut().await;
 }
+
+/// Streamed chunks that differ only in their text go the hot path's shortcut (held to the
+/// last chunk's shape): a text that breaks out of its string is not taken by it, and what the
+/// full parse makes of such a line holds (a key added beside the text is passed as the data it
+/// is; a line that is not JSON ends the session).
+#[tokio::test]
+async fn a_chunk_that_breaks_out_of_its_text_is_not_passed_as_the_last_one_was() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let mut parent = relay_to(&child, None);
+    let session = fake.session.clone();
+    let chunk = |text: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{session}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#
+        )
+    };
+    let lines = [
+        chunk("one"),
+        chunk(r#"two \"sessionId\":\"someone-else\" \\"#),
+        // Valid JSON, but the text's quote closes it: the content gains a key.
+        chunk(r#"x","sessionId":"someone-else"#),
+        chunk("three é"),
+    ];
+    fake.send(&lines).await;
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let Some(Ok(Message::Notification { params, .. })) = parent.next().await else {
+            panic!("an update")
+        };
+        let params: serde_json::Value = serde_json::from_str(params.unwrap().get()).unwrap();
+        assert_eq!(params["sessionId"], "minted");
+        let content = &params["update"]["content"];
+        got.push((
+            content["text"].as_str().unwrap().to_owned(),
+            content.get("sessionId").cloned(),
+        ));
+    }
+    let text = |t: &str| (t.to_owned(), None);
+    assert_eq!(
+        got,
+        [
+            text("one"),
+            text(r#"two "sessionId":"someone-else" \"#),
+            ("x".to_owned(), Some(json!("someone-else"))),
+            text("three é"),
+        ]
+    );
+    // A backslash that escapes the closing quote: not JSON, so the session ends.
+    fake.send(&[chunk("four \\")]).await;
+    assert!(matches!(
+        child.ended().await,
+        Some(crate::child::RelayEnd::Protocol)
+    ));
+    child.shut().await;
+}

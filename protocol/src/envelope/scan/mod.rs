@@ -86,6 +86,9 @@ impl std::fmt::Display for ScanError {
 }
 
 mod strings;
+mod template;
+
+pub use template::LineTemplate;
 
 const KEYS: [&str; 6] = ["jsonrpc", "id", "method", "params", "result", "error"];
 
@@ -104,16 +107,7 @@ fn envelope_key(key: &[u8]) -> Option<usize> {
 
 /// Scans `line` as one JSON value.
 pub(super) fn scan(line: &[u8]) -> Result<Shape<'_>, ScanError> {
-    let mut s = Scanner {
-        b: line,
-        i: 0,
-        nest: Nest::default(),
-        in_params: false,
-        capture: false,
-        keys: ParamsKeys::default(),
-        session_id: None,
-        slots: [None; 6],
-    };
+    let mut s = Scanner::new(line);
     s.ws();
     let shape = match s.peek() {
         Some(b'{') => {
@@ -209,6 +203,19 @@ struct Scanner<'a> {
 }
 
 impl<'a> Scanner<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Scanner {
+            b,
+            i: 0,
+            nest: Nest::default(),
+            in_params: false,
+            capture: false,
+            keys: ParamsKeys::default(),
+            session_id: None,
+            slots: [None; 6],
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
