@@ -122,6 +122,17 @@ fn a_line_that_is_not_the_same_message_does_not_fit() {
 }
 
 #[test]
+fn a_large_line_is_not_kept_but_a_large_text_is() {
+    let large_text = UPDATE.replace("hello", &"t".repeat(100_000));
+    assert!(learn(&large_text).is_some());
+    let large_rest = UPDATE.replace(
+        r#""type":"text""#,
+        &format!(r#""pad":"{}","type":"text""#, "p".repeat(5000)),
+    );
+    assert!(learn(&large_rest).is_none());
+}
+
+#[test]
 fn only_a_string_inside_the_params_and_not_the_session_id_is_a_template() {
     // The last string is the envelope's version, or the session id itself.
     for line in [

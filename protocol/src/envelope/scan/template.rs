@@ -7,6 +7,11 @@ use std::ops::Range;
 
 use super::Scanner;
 
+/// The most bytes a template keeps (its line less the last string's content). A streamed
+/// chunk's envelope is a few hundred bytes; a large line kept would hold its memory for as long
+/// as the stream it starts lasts.
+const TEMPLATE_MAX: usize = 4096;
+
 /// A kept line: its bytes up to and including its last string value's opening quote, and from
 /// that string's closing quote on; and `N` byte offsets into it (where a caller splices),
 /// each before that string or after it.
@@ -25,13 +30,15 @@ enum Mark {
 
 impl<const N: usize> LineTemplate<N> {
     /// `line`, which the scan accepted, as a template, when its last token is a string value
-    /// lying inside `within` and every offset of `marks` is before that string or after it (an
-    /// offset at its opening quote starts a piece that is that string: not a template's).
+    /// lying inside `within`, what is kept is at most `TEMPLATE_MAX` bytes, and every offset
+    /// of `marks` is before that string or after it (an offset at its opening quote starts a
+    /// piece that is that string: not a template's).
     pub fn learn(line: &str, within: Range<usize>, marks: [usize; N]) -> Option<Self> {
         let b = line.as_bytes();
         let close = last_string_close(b)?;
         let open = opening_quote(b, close)?;
-        if open < within.start || close >= within.end {
+        let size = open + 1 + b.len() - close;
+        if open < within.start || close >= within.end || size > TEMPLATE_MAX {
             return None;
         }
         let mut kept = [Mark::FromStart(0); N];
