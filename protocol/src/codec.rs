@@ -79,6 +79,32 @@ impl LineDecoder {
         self.discarding.is_some() || !buf.is_empty()
     }
 
+    /// The next complete line in `buf`, lent rather than taken, and the bytes it and its newline
+    /// take up: for a caller that may handle a line where it lies and then [`consume`] it (no
+    /// `Bytes` split off and dropped per line). Only an ordinary line is lent: none while a
+    /// line is being skipped, none over `max_line`, none that starts with whitespace (a blank
+    /// one among them), none while this decoder checks UTF-8; [`decode`] takes those.
+    ///
+    /// [`consume`]: LineDecoder::consume
+    /// [`decode`]: LineDecoder::decode
+    pub fn peek<'b>(&self, buf: &'b [u8]) -> Option<(&'b [u8], usize)> {
+        if self.discarding.is_some() || self.check_utf8 {
+            return None;
+        }
+        let pos = memchr_newline(buf.get(self.scanned..)?)? + self.scanned;
+        let line = &buf[..pos];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let ordinary =
+            line.len() <= self.max_line && line.first().is_some_and(|c| !c.is_ascii_whitespace());
+        ordinary.then_some((line, pos + 1))
+    }
+
+    /// Drops a line [`peek`](LineDecoder::peek) lent (`used` bytes) from the front of `buf`.
+    pub fn consume(&mut self, buf: &mut BytesMut, used: usize) {
+        buf.advance(used);
+        self.scanned = 0;
+    }
+
     /// Takes the next complete line out of `buf`. `None` means more bytes are needed. Empty lines
     /// (and a lone `\r` before the newline) are skipped. A line is returned without its newline.
     pub fn decode(&mut self, buf: &mut BytesMut) -> Option<Result<Bytes, FrameError>> {
@@ -209,6 +235,57 @@ mod tests {
             "the envelope refuses it instead"
         );
     }
+    /// Lines lent with `peek` and `consume`d, taken with `decode` otherwise, at the cuts given:
+    /// what `take` says to take is handled where it lies.
+    fn lend_chunks(
+        max: usize,
+        data: &[u8],
+        cuts: &[usize],
+        take: impl Fn(&[u8]) -> bool,
+    ) -> Vec<Result<Bytes, FrameError>> {
+        let mut dec = LineDecoder::new(max).leaving_utf8_to_the_envelope();
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        let mut at = 0;
+        for &cut in cuts.iter().chain([&data.len()]) {
+            let cut = cut.clamp(at, data.len());
+            buf.extend_from_slice(&data[at..cut]);
+            at = cut;
+            loop {
+                if let Some((line, used)) = dec.peek(&buf)
+                    && take(line)
+                {
+                    out.push(Ok(Bytes::copy_from_slice(line)));
+                    dec.consume(&mut buf, used);
+                    continue;
+                }
+                match dec.decode(&mut buf) {
+                    Some(item) => out.push(item),
+                    None => break,
+                }
+            }
+        }
+        while let Some(item) = dec.decode_eof(&mut buf) {
+            out.push(item);
+        }
+        out
+    }
+
+    #[test]
+    fn only_ordinary_lines_are_lent() {
+        let dec = LineDecoder::new(8).leaving_utf8_to_the_envelope();
+        assert_eq!(dec.peek(b"{}\r\nx"), Some((&b"{}"[..], 4)));
+        assert_eq!(dec.peek(b"{}"), None, "not finished");
+        assert_eq!(dec.peek(b" {}\n"), None, "leading whitespace: decode's");
+        assert_eq!(dec.peek(b"\n"), None, "blank");
+        assert_eq!(dec.peek(b"123456789\n"), None, "over the cap");
+        assert_eq!(
+            LineDecoder::new(8).peek(b"{}\n"),
+            None,
+            "a decoder that checks UTF-8 lends nothing"
+        );
+    }
+
     use proptest::prelude::*;
 
     fn decode_all(dec: &mut LineDecoder, input: &[&[u8]]) -> Vec<Result<Bytes, FrameError>> {
@@ -381,6 +458,20 @@ mod tests {
 
         /// Any chunking of valid frames decodes to the same lines.
         #[test]
+        fn lending_lines_does_not_change_them(
+            data in proptest::collection::vec(prop_oneof![Just(b'\n'), Just(b'\r'), Just(b' '), Just(b'a'), Just(b'{'), any::<u8>()], 0..200),
+            cuts in proptest::collection::vec(0usize..200, 0..8),
+            odd in any::<bool>(),
+        ) {
+            let mut sorted = cuts.clone();
+            sorted.sort_unstable();
+            // Lines taken where they lie (every other one by length), the rest decoded: the
+            // same lines, errors and order as decoding them all.
+            let lent = lend_chunks(8, &data, &sorted, |l| (l.len() % 2 == 1) == odd);
+            let mut dec = LineDecoder::new(8).leaving_utf8_to_the_envelope();
+            prop_assert_eq!(lent, decode_all(&mut dec, &[&data]));
+        }
+
         fn chunking_does_not_change_lines(
             lines in proptest::collection::vec("[a-z0-9{}\":,]{1,40}", 1..20),
             cuts in proptest::collection::vec(0usize..2000, 0..10),

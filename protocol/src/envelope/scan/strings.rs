@@ -134,21 +134,13 @@ impl Scanner<'_> {
     /// Past plain ASCII (no `"`, `\` or control byte), sixteen bytes at a time.
     #[inline]
     fn skip_ascii(&mut self) {
-        #[cfg(target_arch = "x86_64")]
-        while let Some(chunk) = self.b.get(self.i..self.i + 16) {
-            let hit = stops_in_16(chunk);
-            if hit != 0 {
-                self.i += hit.trailing_zeros() as usize;
-                return;
-            }
-            self.i += 16;
-        }
-        while let Some(&c) = self.b.get(self.i) {
-            if STOP[usize::from(c)] {
-                return;
-            }
-            self.i += 1;
-        }
+        self.i = plain_end(self.b, self.i);
+    }
+
+    /// A string's rest from where its plain run stopped: [`Scanner::string_rest`].
+    pub(super) fn string_from(&mut self, at: usize) -> Result<bool, ScanError> {
+        self.i = at;
+        self.string_rest()
     }
 
     /// One non-ASCII character of a string, checked as UTF-8.
@@ -209,6 +201,27 @@ impl Scanner<'_> {
             }
         }
     }
+}
+
+/// Where the plain ASCII run of `b` from `i` ends (no `"`, `\` or control byte), found sixteen
+/// bytes at a time: the first byte a string's scan must look at, or `b`'s end.
+#[inline]
+pub(super) fn plain_end(b: &[u8], mut i: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    while let Some(chunk) = b.get(i..i + 16) {
+        let hit = stops_in_16(chunk);
+        if hit != 0 {
+            return i + hit.trailing_zeros() as usize;
+        }
+        i += 16;
+    }
+    while let Some(&c) = b.get(i) {
+        if STOP[usize::from(c)] {
+            return i;
+        }
+        i += 1;
+    }
+    i
 }
 
 /// A bit for each byte of `chunk` (16 bytes) a string's plain run stops at: `"`, `\`, a

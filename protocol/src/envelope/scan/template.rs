@@ -73,10 +73,13 @@ impl<const N: usize> LineTemplate<N> {
         // The string opened at the prefix's end must close exactly where the suffix begins:
         // an unescaped quote before then, or a backslash escaping the suffix's quote, and the
         // line is another one.
-        let mut s = Scanner::new(line);
-        s.i = self.prefix.len();
-        if s.string().is_err() || s.i != close + 1 {
-            return None;
+        let plain = super::strings::plain_end(line, self.prefix.len());
+        if plain != close {
+            // Not plain ASCII to the suffix's quote: the scan's whole string check from there.
+            let mut s = Scanner::new(line);
+            if s.string_from(plain).is_err() || s.i != close + 1 {
+                return None;
+            }
         }
         // SAFETY: the prefix and suffix are a UTF-8 line's, cut at ASCII quotes, so each is
         // UTF-8; the bytes between them are a string's content the scan took, which checks each
