@@ -6,16 +6,14 @@
 use super::*;
 
 impl Relay {
+    /// A notification the hot path ([`Relay::own_update`]) did not take: everything else a
+    /// child may send the parent, each checked on serde_json's raw value.
     pub(super) async fn child_notification(
         &mut self,
         d: &Driver,
         method: &str,
         params: Option<RawJson<'_>>,
-        keys: ParamsKeys<'_>,
     ) {
-        if let Some((before, after)) = self.own_update(method, params, &keys) {
-            return self.forward_own_update(before, after);
-        }
         self.flush_updates().await;
         let session = self.t.session_id.clone();
         let log = |why: &str| {

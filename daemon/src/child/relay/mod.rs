@@ -152,8 +152,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
     let early = std::mem::take(&mut *super::lock(&d.shared.early));
     for (method, params) in early {
         let params = params.as_deref().map(RawJson::from);
-        r.child_notification(d, &method, params, ParamsKeys::default())
-            .await;
+        r.child_notification(d, &method, params).await;
     }
     r.flush_updates().await;
     let end = loop {
@@ -304,7 +303,7 @@ impl Relay {
                     self.learn_update(&line, before, after);
                     self.forward_own_update(before, after);
                 } else {
-                    self.child_notification(d, &method, params, keys).await;
+                    self.child_notification(d, &method, params).await;
                 }
                 None
             }
