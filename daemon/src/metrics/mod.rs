@@ -300,6 +300,14 @@ impl Metrics {
         self.bytes[i].inc_by(bytes as u64);
     }
 
+    /// Several messages forwarded at once: the same two adds for the lot.
+    #[inline]
+    pub(crate) fn forwarded_many(&self, direction: Direction, messages: usize, bytes: usize) {
+        let i = direction as usize;
+        self.messages[i].inc_by(messages as u64);
+        self.bytes[i].inc_by(bytes as u64);
+    }
+
     pub(crate) fn limit_hit(&self, limit: Limit) {
         self.limits[limit as usize].inc();
     }
@@ -385,6 +393,12 @@ impl Metrics {
 #[inline]
 pub(crate) fn to_parent(bytes: usize) {
     get().forwarded(Direction::ChildToParent, bytes);
+}
+
+/// A bridge session passed `messages` messages to its editor at once, of `bytes` in all.
+#[inline]
+pub(crate) fn to_parent_many(messages: usize, bytes: usize) {
+    get().forwarded_many(Direction::ChildToParent, messages, bytes);
 }
 
 /// A bridge session passed one message to its agent, of `bytes`.

@@ -126,12 +126,16 @@ impl Outbox {
         self.queue(line, false).await
     }
 
-    /// An empty buffer to gather a batch for [`Outbox::send_lines`] in: one the writer has
-    /// written and given back when there is one, else a new one with room for `capacity`.
+    /// An empty buffer with room for `capacity` bytes to gather a batch for
+    /// [`Outbox::send_lines`] in: one the writer has written and given back when there is one.
     pub fn batch_buffer(&self, capacity: usize) -> Vec<u8> {
-        self.spare
-            .take()
-            .unwrap_or_else(|| Vec::with_capacity(capacity))
+        match self.spare.take() {
+            Some(mut buf) => {
+                buf.reserve_exact(capacity);
+                buf
+            }
+            None => Vec::with_capacity(capacity),
+        }
     }
 
     /// Queues several encoded messages at once, each ending in its newline: one budget claim

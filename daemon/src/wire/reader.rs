@@ -4,7 +4,7 @@
 use acpd_protocol::codec::{FrameError, LineDecoder};
 use acpd_protocol::envelope::{self, Message};
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::AsyncRead;
 use tokio::time::Instant;
 
 use super::{LineFault, READ_CHUNK, WireLimits};
@@ -117,24 +117,38 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         Some(self.framed(item))
     }
 
-    /// Lends the next line already in the buffer to `take`, which handles it where it lies and
-    /// says whether it did: then the line is dropped from the buffer; else it stays for
-    /// [`LineReader::next_buffered_line`]. Saves a hot path a split-off `Bytes` per line. A
-    /// traced reader lends nothing (its lines are recorded as they are taken).
-    pub(crate) fn lend_buffered_line(&mut self, take: impl FnOnce(&[u8]) -> bool) -> bool {
+    /// Lends the lines already in the buffer, where they lie, to a caller that knows how long
+    /// each is: `measure` gets the buffered bytes from a line's start and says how long the
+    /// line there is (it vouches that no newline is in it) with what it found; a line framed as
+    /// the decoder would frame it goes to `take` with that, which says whether to go on. The
+    /// lines taken are dropped from the buffer together; the first one not measured or not
+    /// framed so stays for [`LineReader::next_buffered_line`]. How many were taken. Saves a hot
+    /// path the search for each line's end, a split-off `Bytes` and the buffer's bookkeeping
+    /// per line. A traced reader lends nothing (its lines are recorded as they are taken).
+    pub(crate) fn lend_buffered_lines<T>(
+        &mut self,
+        mut measure: impl FnMut(&[u8]) -> Option<(usize, T)>,
+        mut take: impl FnMut(&[u8], T) -> bool,
+    ) -> usize {
         if self.eof || self.tap.is_some() {
-            return false;
+            return 0;
         }
-        let Some((line, used)) = self.decoder.peek(&self.buf) else {
-            return false;
-        };
-        if !take(line) {
-            return false;
+        let (mut end, mut taken) = (0, 0);
+        while let Some((n, found)) = measure(&self.buf[end..])
+            && let Some((line, next)) = self.decoder.framed_at(&self.buf, end, n)
+        {
+            end = next;
+            taken += 1;
+            if !take(line, found) {
+                break;
+            }
         }
-        self.decoder.consume(&mut self.buf, used);
-        self.partial_since = None;
-        self.shrink();
-        true
+        if taken > 0 {
+            self.decoder.consume(&mut self.buf, end);
+            self.partial_since = None;
+            self.shrink();
+        }
+        taken
     }
 
     /// The read buffer's allocation, for tests of its release.
@@ -143,14 +157,10 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         self.buf.capacity()
     }
 
-    /// Gives memory back after a large line, and between messages when nothing is pending, so
-    /// an idle connection holds no read buffer.
+    /// Gives memory back after a large line. (An empty buffer is kept while bytes keep coming,
+    /// and given back once a read finds none: see [`read_into`].)
     fn shrink(&mut self) {
-        if self.buf.is_empty() {
-            if self.buf.capacity() > 0 {
-                self.buf = BytesMut::new();
-            }
-        } else if self.buf.capacity() > 4 * READ_CHUNK && self.buf.len() <= READ_CHUNK {
+        if self.buf.capacity() > 4 * READ_CHUNK && self.buf.len() <= READ_CHUNK {
             let rest = self.buf.split();
             self.buf = BytesMut::with_capacity(READ_CHUNK);
             self.buf.extend_from_slice(&rest);
@@ -166,27 +176,41 @@ fn counted(e: acpd_protocol::codec::FrameError) -> acpd_protocol::codec::FrameEr
     e
 }
 
-/// Reads once into `buf`. An empty `buf` holds no allocation while it waits: the bytes land in
-/// a buffer on the stack of the poll that finds them ready and only what arrived is copied
-/// in. An idle peer so costs no read buffer; reserving one before waiting kept 16 KiB per idle
-/// child, resident wherever it landed on a reused heap page. Cancel-safe: bytes read are in
-/// `buf` before the poll returns.
+/// The buffer a stream is read into: just below acpd's `mmap` threshold (32 KiB), so it comes
+/// from the heap and taking it again costs no system call or page fault.
+const STREAM_BUFFER: usize = 64 * 1024;
+
+/// Reads once into `buf`. A reader that waits holds no buffer: when a read finds nothing and
+/// `buf` is empty, its allocation is given back before the poll returns, and the bytes that
+/// wake it land in a buffer on the stack of the poll that finds them, then only what arrived is
+/// copied into a new one (reserving one before waiting kept 16 KiB per idle child, resident
+/// wherever it landed on a reused heap page). While bytes keep coming the buffer is kept and
+/// read into directly: taking and freeing it for every read cost a stream a copy and two
+/// trips through the allocator per read. Cancel-safe: bytes read are in `buf` before the poll
+/// returns.
 pub(crate) async fn read_into<R: AsyncRead + Unpin>(
     reader: &mut R,
     buf: &mut BytesMut,
 ) -> std::io::Result<usize> {
-    if !buf.is_empty() {
-        buf.reserve(READ_CHUNK);
-        return reader.read_buf(buf).await;
-    }
     std::future::poll_fn(|cx| {
+        if buf.capacity() > 0 {
+            buf.reserve(READ_CHUNK);
+            let polled = tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *reader), cx, buf);
+            if polled.is_pending() && buf.is_empty() {
+                *buf = BytesMut::new();
+            }
+            return polled;
+        }
         let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
         let mut read = tokio::io::ReadBuf::uninit(&mut stack);
         std::pin::Pin::new(&mut *reader)
             .poll_read(cx, &mut read)
             .map_ok(|()| {
+                let n = read.filled().len();
+                // A full stack buffer: more is likely waiting, so room for a larger read next.
+                buf.reserve(if n == READ_CHUNK { STREAM_BUFFER } else { n });
                 buf.extend_from_slice(read.filled());
-                read.filled().len()
+                n
             })
     })
     .await

@@ -27,6 +27,12 @@ fn learn(line: &str) -> Option<LineTemplate<4>> {
     LineTemplate::learn(line, marks[0]..marks[3], marks)
 }
 
+/// Where the text lies when all of `line` is the line the template takes.
+fn whole(t: &LineTemplate<4>, line: &[u8]) -> Option<std::ops::Range<usize>> {
+    t.fits(line)
+        .and_then(|(n, content)| (n == line.len()).then_some(content))
+}
+
 /// What the full parse makes of `line`: its method, keys and the params around the session id.
 fn full(line: &[u8]) -> Option<(String, ParamsKeys<'_>, (&str, &str))> {
     let (message, keys) = parse_keyed(line).ok()?;
@@ -70,10 +76,16 @@ fn a_line_differing_only_in_its_text_fits_and_maps_where_the_parse_does() {
         &"y".repeat(5000),
     ] {
         let line = UPDATE.replace("hello", text);
-        let (fitted, [a, b, c, e]) = t.fits(line.as_bytes()).unwrap_or_else(|| panic!("{line}"));
+        let (n, content) = t.fits(line.as_bytes()).unwrap_or_else(|| panic!("{line}"));
+        assert_eq!(n, line.len());
+        assert_eq!(&line[content], text);
+        // What follows the line is not looked at.
+        let more = format!("{line}\n{UPDATE}\n{{\"x");
+        assert_eq!(t.fits(more.as_bytes()).map(|(n, _)| n), Some(line.len()));
+        let [a, b, c, e] = t.marks(line.len());
         let (method, _, (before, after)) = full(line.as_bytes()).unwrap();
         assert_eq!(method, "session/update");
-        assert_eq!((&fitted[a..b], &fitted[c..e]), (before, after), "{line}");
+        assert_eq!((&line[a..b], &line[c..e]), (before, after), "{line}");
     }
 }
 
@@ -98,7 +110,7 @@ fn a_line_that_is_not_the_same_message_does_not_fit() {
         if text.is_empty() {
             continue;
         }
-        assert!(t.fits(line.as_bytes()).is_none(), "{line}");
+        assert!(whole(&t, line.as_bytes()).is_none(), "{line}");
     }
     // Another session, method, kind or envelope around the same text.
     for other in [
@@ -109,16 +121,16 @@ fn a_line_that_is_not_the_same_message_does_not_fit() {
         format!("{UPDATE} "),
         UPDATE.replace("}}}}", "}}}},\"id\":1}"),
     ] {
-        assert!(t.fits(other.as_bytes()).is_none(), "{other}");
+        assert!(whole(&t, other.as_bytes()).is_none(), "{other}");
     }
     // Invalid UTF-8 in the text.
     let mut bad = UPDATE.as_bytes().to_vec();
     let at = UPDATE.find("hello").unwrap();
     bad[at] = 0xff;
-    assert!(t.fits(&bad).is_none());
+    assert!(whole(&t, &bad).is_none());
     bad[at] = 0xc3;
     bad[at + 1] = b'(';
-    assert!(t.fits(&bad).is_none());
+    assert!(whole(&t, &bad).is_none());
 }
 
 #[test]
@@ -167,18 +179,25 @@ proptest! {
         let seed = format!("{prefix}seed{suffix}");
         let t = learn(&seed).unwrap();
         let line = [prefix.as_bytes(), &text, suffix.as_bytes()].concat();
-        let fitted = t.fits(&line);
+        // The line at the front of the bytes, whatever follows it.
+        let fitted = whole(&t, &line);
+        let followed = [&line, b"\n".as_slice(), &text].concat();
+        let front = t.fits(&followed).and_then(|(n, c)| (n == line.len()).then_some(c));
+        prop_assert_eq!(&fitted, &front);
         // The text is a string's content when serde_json skips `"text"` as one string (as it
         // skips a raw value's strings: a lone surrogate passes).
         let quoted = [b"\"".as_slice(), &text, b"\""].concat();
         let is_string = std::str::from_utf8(&quoted)
             .is_ok_and(|q| serde_json::from_str::<serde::de::IgnoredAny>(q).is_ok());
         prop_assert_eq!(fitted.is_some(), is_string, "{}", String::from_utf8_lossy(&line));
-        if let Some((fitted, [a, b, c, e])) = fitted {
+        if let Some(content) = fitted {
+            prop_assert_eq!(&line[content], text.as_slice());
+            let text = std::str::from_utf8(&line).expect("a line that fits is UTF-8");
+            let [a, b, c, e] = t.marks(line.len());
             let (_, keys, (before, after)) = full(&line).expect("the full parse takes it");
             let (_, seed_keys, _) = full(seed.as_bytes()).unwrap();
             prop_assert_eq!(keys, seed_keys);
-            prop_assert_eq!((&fitted[a..b], &fitted[c..e]), (before, after));
+            prop_assert_eq!((&text[a..b], &text[c..e]), (before, after));
         }
     }
 }

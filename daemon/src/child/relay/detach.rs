@@ -116,6 +116,8 @@ impl Relay {
         // A detach signalled for the old connection must not detach the new one.
         let _ = futures::FutureExt::now_or_never(d.shared.relay_detach.notified());
         self.minted_json = acpd_protocol::envelope::json_string(&t.session_id).into_owned();
+        // The kept shape's output holds the old id.
+        self.last_update = None;
         self.t = t;
         self.first(d).await;
     }

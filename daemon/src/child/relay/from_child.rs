@@ -110,37 +110,30 @@ impl Relay {
         }
     }
 
-    /// Keeps `line`, an own update the hot path took (`before` and `after` its session id are
-    /// its params'), as the template the next one is held to.
-    pub(super) fn learn_update(&mut self, line: &[u8], before: &str, after: &str) {
-        let at = |piece: &str| (piece.as_ptr() as usize).wrapping_sub(line.as_ptr() as usize);
-        let (params_start, id_end) = (at(before), at(after));
-        let marks = [
-            params_start,
-            params_start + before.len(),
-            id_end,
-            id_end + after.len(),
-        ];
-        self.last_update = std::str::from_utf8(line)
-            .ok()
-            .and_then(|text| LineTemplate::learn(text, params_start..marks[3], marks));
-    }
-
     /// The hot path's shortcut: `line` is the last own update but for the content of its last
     /// string (the text of a streamed chunk), which is checked as a JSON string's, so it is
     /// forwarded as that one was, with no scan of the rest. Whether it was.
     pub(super) fn own_update_like_the_last(&mut self, line: &[u8]) -> bool {
-        let Some((text, [a, b, c, e])) = self.last_update.as_ref().and_then(|t| t.fits(line))
-        else {
-            return false;
+        self.last_update
+            .as_ref()
+            .is_some_and(|shape| shape.forward(line, &mut self.updates, self.tracer.as_deref()))
+    }
+
+    /// [`Relay::own_update_like_the_last`] for the lines already read, where they lie in the
+    /// read buffer, until one does not fit or the batch is full; no search for their ends (a
+    /// line that fits knows its length). How many were taken.
+    pub(super) fn lend_like_the_last(&mut self, reader: &mut LineReader<ChildOutput>) -> usize {
+        let Some(shape) = self.last_update.as_ref() else {
+            return 0;
         };
-        match (text.get(a..b), text.get(c..e)) {
-            (Some(before), Some(after)) => {
-                self.forward_own_update(before, after);
-                true
-            }
-            _ => false,
-        }
+        let (batch, tracer) = (&mut self.updates, self.tracer.as_deref());
+        reader.lend_buffered_lines(
+            |rest| shape.fits(rest),
+            |line, content| {
+                shape.put(line, content, batch, tracer);
+                batch.bytes.len() < UPDATES_AT_ONCE
+            },
+        )
     }
 
     /// The hot path: an update that names exactly the child's own session, spliced as text
@@ -148,17 +141,9 @@ impl Relay {
     /// them) with no parse beyond the envelope's scan.
     /// Gathers the spliced update into the burst's batch, which `flush_updates` queues.
     pub(super) fn forward_own_update(&mut self, before: &str, after: &str) {
-        let start = self.updates.len();
-        self.updates.extend_from_slice(UPDATE_PREFIX);
-        self.updates.extend_from_slice(before.as_bytes());
-        self.updates.extend_from_slice(self.minted_json.as_bytes());
-        self.updates.extend_from_slice(after.as_bytes());
-        self.updates.push(b'}');
-        crate::metrics::to_parent(self.updates.len() - start);
-        if let Some(trace) = &self.tracer {
-            trace.record(Hop::AcpdToParent, &self.updates[start..]);
-        }
-        self.updates.push(b'\n');
+        let tracer = self.tracer.as_deref();
+        self.updates
+            .splice(before, &self.minted_json, after, tracer);
     }
 
     pub(super) async fn child_request(

@@ -14,12 +14,13 @@ mod detach;
 mod from_child;
 mod from_parent;
 mod ids;
+mod shape;
 
 use std::collections::HashMap;
 
 use acpd_protocol::diagnostic;
 use acpd_protocol::envelope::{
-    self, INTERNAL_ERROR, Id, LineTemplate, MessageRef, ParamsKeys, RawJson, RpcError,
+    self, INTERNAL_ERROR, Id, MessageRef, ParamsKeys, RawJson, RpcError,
 };
 use acpd_protocol::outcome::{self, ChildStopReason, TurnEnd, air};
 use acpd_protocol::permission::{self, PolicyAnswer};
@@ -31,12 +32,12 @@ use serde_json::json;
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 
-use super::driver::{Driver, LAST_WORDS};
+use super::driver::{ChildOutput, Driver, LAST_WORDS};
 use super::{Cmd, First, RelayEnd, RelayTarget, strict};
 use crate::supervise;
 use crate::trace::Hop;
 use crate::wire::sleep_until_opt;
-use crate::wire::{CallError, LineFault};
+use crate::wire::{CallError, LineFault, LineReader};
 
 type Forwarded = FuturesUnordered<
     std::pin::Pin<
@@ -53,10 +54,10 @@ const BURST: usize = 63;
 /// them before more of the burst is read. Below acpd's `mmap` threshold (32 KiB) with a line to
 /// spare, so the batch buffers the parent's writer gives back stay on the heap and are reused.
 const UPDATES_AT_ONCE: usize = 24 * 1024;
-
-/// The offsets a kept update's template maps: its params' start, its session id's start and
-/// end, its params' end.
-const UPDATE_MARKS: usize = 4;
+/// A batch buffer's room during a flood: the batch is queued once it holds `UPDATES_AT_ONCE`,
+/// so the line that crosses that mark still fits (unless it is over 4 KiB) and the buffer is
+/// never grown, which copied the whole batch and moved it to its own mapping.
+const BATCH_CAPACITY: usize = UPDATES_AT_ONCE + 4 * 1024;
 
 /// Child requests waiting on the parent at once; more are refused to the child.
 const MAX_FORWARDED: usize = 64;
@@ -99,11 +100,11 @@ struct Relay {
     /// The editor's prompts forwarded and not yet answered, by their child id: the turn
     /// histogram's one clock read per prompt (nothing per update).
     prompts: HashMap<Id, Prompt>,
-    /// Own-session updates of the burst being read, each with its newline, not yet queued.
-    updates: Vec<u8>,
-    /// The last own-session update that went the hot path, as a template for the next (see
-    /// [`Relay::own_update_like_the_last`]).
-    last_update: Option<LineTemplate<UPDATE_MARKS>>,
+    /// Own-session updates of the burst being read, not yet queued.
+    updates: shape::UpdateBatch,
+    /// The last own-session update that went the hot path, as the shape the next is held to
+    /// (see [`Relay::own_update_like_the_last`]).
+    last_update: Option<shape::UpdateShape>,
     /// Commands still to take before the parent's cancel that found the queue full is sent
     /// (see `Shared::late_cancel`).
     late: Option<usize>,
@@ -138,7 +139,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         tracer: d.shared.trace.clone(),
         hops: HashMap::new(),
         prompts: HashMap::new(),
-        updates: Vec::new(),
+        updates: shape::UpdateBatch::default(),
         last_update: None,
         late: None,
     };
@@ -176,9 +177,6 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
     end
 }
 
-/// A forwarded update up to its params.
-const UPDATE_PREFIX: &[u8] = br#"{"jsonrpc":"2.0","method":"session/update","params":"#;
-
 impl Relay {
     async fn pump(&mut self, d: &mut Driver) -> RelayEnd {
         let stop = d.shared.stop.clone();
@@ -215,11 +213,11 @@ impl Relay {
                         if end.is_some() {
                             break;
                         }
-                        if self.updates.len() >= UPDATES_AT_ONCE {
+                        if self.updates.bytes.len() >= UPDATES_AT_ONCE {
                             self.flush_updates().await;
                         }
-                        // A chunk shaped like the last is forwarded from where it lies.
-                        if d.wire.reader.lend_buffered_line(|line| self.own_update_like_the_last(line)) {
+                        // Chunks shaped like the last are forwarded from where they lie.
+                        if self.lend_like_the_last(&mut d.wire.reader) > 0 {
                             continue;
                         }
                         let Some(frame) = d.wire.reader.next_buffered_line() else { break };
@@ -300,7 +298,8 @@ impl Relay {
             },
             Ok((MessageRef::Notification { method, params }, keys)) => {
                 if let Some((before, after)) = self.own_update(&method, params, &keys) {
-                    self.learn_update(&line, before, after);
+                    self.last_update =
+                        shape::UpdateShape::learn(&line, before, after, &self.minted_json);
                     self.forward_own_update(before, after);
                 } else {
                     self.child_notification(d, &method, params).await;
@@ -426,14 +425,20 @@ impl Relay {
     /// `from_child::forward_own_update`): one allocation, one budget claim and one queue slot
     /// for the lot. Called before anything else goes to the parent, so the order holds.
     async fn flush_updates(&mut self) {
-        if !self.updates.is_empty() {
+        let batch = &mut self.updates;
+        if !batch.bytes.is_empty() {
+            // Counted per batch: the metrics' atomic adds were a tenth of a flood's CPU.
+            let messages = std::mem::take(&mut batch.count);
+            crate::metrics::to_parent_many(messages, batch.bytes.len() - messages);
             // The next burst is likely the size of this one: room for it up front, not grown
             // (and copied) by doubling, in a buffer the writer has given back when it has one.
-            let next = self
-                .t
-                .parent
-                .batch_buffer(self.updates.len().min(UPDATES_AT_ONCE));
-            let lines = std::mem::replace(&mut self.updates, next);
+            let want = if batch.bytes.len() >= UPDATES_AT_ONCE / 2 {
+                BATCH_CAPACITY
+            } else {
+                batch.bytes.len()
+            };
+            let next = self.t.parent.batch_buffer(want);
+            let lines = std::mem::replace(&mut batch.bytes, next);
             let _ = self.t.parent.send_lines(lines).await;
         }
     }

@@ -149,12 +149,17 @@ async fn relay_passes_a_parents_extension_notification_to_the_child() {
 /// A relay toward a parent connection over duplex pipes; the parent's end is returned so the
 /// pipe stays open.
 fn relay_to(child: &Child, detach: Option<Duration>) -> LineReader<DuplexStream> {
+    relay_as(child, "minted", detach)
+}
+
+/// [`relay_to`] a parent that knows the session as `session_id`.
+fn relay_as(child: &Child, session_id: &str, detach: Option<Duration>) -> LineReader<DuplexStream> {
     let (parent_side, acpd_side) = tokio::io::duplex(1 << 20);
     let (acpd_read, acpd_write) = tokio::io::split(acpd_side);
     let conn = wire::connect(acpd_read, acpd_write, 1 << 20);
     child.relay(RelayTarget {
         parent: conn.peer.clone(),
-        session_id: "minted".into(),
+        session_id: session_id.into(),
         serves: ParentServes::default(),
         first: crate::child::First::Nothing,
         detach,
@@ -208,6 +213,63 @@ async fn a_session_attached_again_within_detach_timeout_lives_on() {
         panic!("the second connection gets the answer")
     };
     assert_eq!(id, Some(Id::Num(5)));
+    child.shut().await;
+}
+
+/// Chunks of one shape before a detach and after the next attach: the second editor's chunks
+/// name the session as it knows it, not as the first did (the kept shape held the first's id).
+#[tokio::test]
+async fn chunks_after_an_attach_name_the_session_as_the_new_editor_knows_it() {
+    let (child, mut fake) = start(provider(|_| {}), true).await;
+    let session = fake.session.clone();
+    let chunk = |text: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{session}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#
+        )
+    };
+    let mut first = relay_as(&child, "first-id", Some(Duration::from_secs(30)));
+    fake.send(&[chunk("one"), chunk("two")]).await;
+    for _ in 0..2 {
+        let next = tokio::time::timeout(Duration::from_secs(10), first.next()).await;
+        let Ok(Some(Ok(Message::Notification { params, .. }))) = next else {
+            panic!("an update for the first editor: {next:?}")
+        };
+        let params: serde_json::Value = serde_json::from_str(params.unwrap().get()).unwrap();
+        assert_eq!(params["sessionId"], "first-id");
+    }
+    child.detach();
+    let mut second = relay_as(&child, "second-id", Some(Duration::from_secs(30)));
+    // Attached once the second editor's call reaches the agent (updates read while detached
+    // are dropped).
+    let prompt = raw(json!({ "sessionId": "second-id", "prompt": [] }));
+    child
+        .call(Id::Num(5), "session/prompt".into(), Some(prompt), None)
+        .unwrap();
+    let reached = tokio::time::timeout(Duration::from_secs(10), fake.request("session/prompt"));
+    assert!(
+        reached.await.is_ok(),
+        "the second editor's prompt never reached the agent"
+    );
+    fake.send(&[chunk("three"), chunk("four")]).await;
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let next = tokio::time::timeout(Duration::from_secs(10), second.next()).await;
+        match next.expect("the chunks reach the second editor") {
+            Some(Ok(Message::Notification { method, params })) if method == "session/update" => {
+                let params: serde_json::Value =
+                    serde_json::from_str(params.unwrap().get()).unwrap();
+                let text = params["update"]["content"]["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                got.push((params["sessionId"].as_str().unwrap().to_owned(), text));
+            }
+            Some(Ok(_)) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let second_id = |t: &str| ("second-id".to_owned(), t.to_owned());
+    assert_eq!(got, [second_id("three"), second_id("four")]);
     child.shut().await;
 }
 

@@ -58,39 +58,42 @@ impl<const N: usize> LineTemplate<N> {
         })
     }
 
-    /// `line` as text, with the marks' offsets in it, when it is this template's line but for
-    /// its last string's content, and that content is a JSON string's (escapes, no control
-    /// byte, UTF-8), so `line` is JSON the scan accepts with the same keys in the same places.
-    pub fn fits<'a>(&self, line: &'a [u8]) -> Option<(&'a str, [usize; N])> {
-        let n = line.len();
-        let close = n.checked_sub(self.suffix.len())?;
-        if close < self.prefix.len()
-            || !line.starts_with(&self.prefix)
-            || !line.ends_with(&self.suffix)
-        {
+    /// The line at the front of `bytes` when it is this template's line but for its last
+    /// string's content, and that content is a JSON string's (escapes, no control byte,
+    /// UTF-8): its length and where that content lies. Then the line is UTF-8 JSON the scan
+    /// accepts, with the same keys in the same places, the marks lie where
+    /// [`LineTemplate::marks`] says, and it holds no newline (the template's pieces come from
+    /// a line, and a string holds no control byte), so a reader need not search for its end:
+    /// whatever follows it in `bytes` is not looked at beyond the template's suffix.
+    pub fn fits(&self, bytes: &[u8]) -> Option<(usize, Range<usize>)> {
+        if !bytes.starts_with(&self.prefix) {
             return None;
         }
-        // The string opened at the prefix's end must close exactly where the suffix begins:
-        // an unescaped quote before then, or a backslash escaping the suffix's quote, and the
-        // line is another one.
-        let plain = super::strings::plain_end(line, self.prefix.len());
-        if plain != close {
-            // Not plain ASCII to the suffix's quote: the scan's whole string check from there.
-            let mut s = Scanner::new(line);
-            if s.string_from(plain).is_err() || s.i != close + 1 {
-                return None;
-            }
+        let start = self.prefix.len();
+        // The string opened at the prefix's end closes at its first unescaped quote, and the
+        // suffix must follow: anything else, and the line is another one.
+        let plain = super::strings::plain_end(bytes, start);
+        let close = if bytes.get(plain) == Some(&b'"') {
+            plain
+        } else {
+            // Not plain ASCII to a quote: the scan's whole string check from there (which
+            // checks each non-ASCII character with `std::str::from_utf8`).
+            let mut s = Scanner::new(bytes);
+            s.string_from(plain).ok()?;
+            s.i - 1
+        };
+        if !bytes[close..].starts_with(&self.suffix) {
+            return None;
         }
-        // SAFETY: the prefix and suffix are a UTF-8 line's, cut at ASCII quotes, so each is
-        // UTF-8; the bytes between them are a string's content the scan took, which checks each
-        // non-ASCII character with `std::str::from_utf8` (see `Scanner::utf8_char`).
-        let text = unsafe { std::str::from_utf8_unchecked(line) };
-        debug_assert!(std::str::from_utf8(line).is_ok());
-        let marks = self.marks.map(|m| match m {
+        Some((close + self.suffix.len(), start..close))
+    }
+
+    /// The marks' offsets in a line of `len` bytes that [fits](LineTemplate::fits).
+    pub fn marks(&self, len: usize) -> [usize; N] {
+        self.marks.map(|m| match m {
             Mark::FromStart(x) => x,
-            Mark::FromEnd(x) => n - x,
-        });
-        Some((text, marks))
+            Mark::FromEnd(x) => len - x,
+        })
     }
 }
 
