@@ -176,8 +176,10 @@ fn counted(e: acpd_protocol::codec::FrameError) -> acpd_protocol::codec::FrameEr
     e
 }
 
-/// The buffer a stream is read into: just below acpd's `mmap` threshold (32 KiB), so it comes
-/// from the heap and taking it again costs no system call or page fault.
+/// The buffer a stream is read into: a pipe's default capacity, so one read takes all a
+/// writer has put in the pipe (half as many reads as a 32 KiB buffer on a flood). It is above
+/// acpd's `mmap` threshold, so it is mapped when a stream starts and unmapped once a read
+/// finds nothing: once per burst, not per read.
 const STREAM_BUFFER: usize = 64 * 1024;
 
 /// Reads once into `buf`. A reader that waits holds no buffer: when a read finds nothing and
