@@ -821,3 +821,38 @@ async fn waiting_on_a_permission_answer_is_not_idleness() {
     assert_eq!(r["output"][0]["text"], "permission: selected allow\n");
     client.close().await;
 }
+
+/// acpd grows the pipe it writes to its parent through to 1 MiB: a stream toward a parent that
+/// reads in large chunks then fills it far less often.
+#[test]
+fn the_pipe_to_the_parent_is_grown() {
+    use nix::fcntl::{FcntlArg, fcntl};
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let env = Env::new("");
+    let (read, write) = std::io::pipe().unwrap();
+    assert_eq!(fcntl(&read, FcntlArg::F_GETPIPE_SZ).unwrap(), 64 << 10);
+    let mut child = env
+        .acpd()
+        .arg("stdio")
+        .stdin(Stdio::piped())
+        .stdout(write)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":1}}}}"#
+    )
+    .unwrap();
+    let mut stdout = BufReader::new(read);
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains(r#""id":1"#), "{line}");
+    assert_eq!(
+        fcntl(stdout.get_ref(), FcntlArg::F_GETPIPE_SZ).unwrap(),
+        1 << 20
+    );
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+}

@@ -47,11 +47,29 @@ fn async_reader(fd: OwnedFd) -> Option<Reader> {
 fn async_writer(fd: OwnedFd) -> Option<Writer> {
     use nix::sys::stat::SFlag;
     match kind(&fd)? {
-        SFlag::S_IFIFO => tokio::net::unix::pipe::Sender::from_owned_fd(fd)
-            .ok()
-            .map(|w| Box::new(w) as Writer),
+        SFlag::S_IFIFO => {
+            grow_pipe(&fd);
+            tokio::net::unix::pipe::Sender::from_owned_fd(fd)
+                .ok()
+                .map(|w| Box::new(w) as Writer)
+        }
         SFlag::S_IFSOCK => socket(fd).map(|s| Box::new(s) as Writer),
         _ => None,
+    }
+}
+
+/// What the pipe to the parent is grown to hold (Linux's default `pipe-max-size`).
+const PIPE_SIZE: i32 = 1 << 20;
+
+/// Grows the pipe to the parent to [`PIPE_SIZE`]. With the default 64 KiB, a stream toward
+/// a parent that reads in large chunks filled the pipe in every burst: each time a write
+/// refused, a trip through epoll and a second write, and the parent woken for a part of what
+/// acpd had ready. Pages are taken only as bytes wait in it. Never shrunk; a refusal (the
+/// user's `pipe-user-pages-soft` spent) leaves the pipe as it was.
+fn grow_pipe(fd: &OwnedFd) {
+    use nix::fcntl::{FcntlArg, fcntl};
+    if fcntl(fd, FcntlArg::F_GETPIPE_SZ).is_ok_and(|size| size < PIPE_SIZE) {
+        let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
     }
 }
 
