@@ -195,7 +195,8 @@ pub(crate) async fn read_into<R: AsyncRead + Unpin>(
     buf: &mut BytesMut,
 ) -> std::io::Result<usize> {
     std::future::poll_fn(|cx| {
-        if buf.capacity() > 0 {
+        // A stream's buffer, or a line that is still arriving: read straight into it.
+        if buf.capacity() >= READ_CHUNK || !buf.is_empty() {
             buf.reserve(READ_CHUNK);
             let polled = tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *reader), cx, buf);
             if polled.is_pending() && buf.is_empty() {
@@ -203,6 +204,9 @@ pub(crate) async fn read_into<R: AsyncRead + Unpin>(
             }
             return polled;
         }
+        // A message at a time: what the last read allocated is given back, and what arrives
+        // next gets an allocation of its own size (not a stream's buffer per message).
+        *buf = BytesMut::new();
         let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
         let mut read = tokio::io::ReadBuf::uninit(&mut stack);
         std::pin::Pin::new(&mut *reader)
