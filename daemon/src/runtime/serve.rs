@@ -250,6 +250,9 @@ fn listen(
     activated: Option<std::os::unix::net::UnixListener>,
     socket: Option<PathBuf>,
 ) -> Result<(UnixListener, Option<PathBuf>, tokio::signal::unix::Signal), ServeError> {
+    // Before the socket answers: a SIGHUP sent as soon as a client can connect (a reload
+    // right after a start) would otherwise find its default action, and end the daemon.
+    let hup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let (std_listener, bound_path) = match activated {
         Some(l) => (l, None),
         None => {
@@ -264,7 +267,6 @@ fn listen(
         .set_nonblocking(true)
         .map_err(ServeError::Activation)?;
     let listener = UnixListener::from_std(std_listener).map_err(ServeError::Activation)?;
-    let hup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     Ok((listener, bound_path, hup))
 }
 

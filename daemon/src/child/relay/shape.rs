@@ -138,8 +138,9 @@ mod tests {
 
     use super::*;
 
-    /// What the full path makes of `line`: the params around its session id, spliced.
-    fn full(line: &[u8], minted: &str) -> Option<Vec<u8>> {
+    /// The params of `line` (an update) before its session id and after it, as the full path
+    /// finds them.
+    fn around(line: &[u8]) -> Option<(&str, &str)> {
         let (message, keys) = parse_keyed(line).ok()?;
         let MessageRef::Notification {
             params: Some(params),
@@ -148,22 +149,19 @@ mod tests {
         else {
             return None;
         };
-        let (before, after) = keys.around_session_id(params.get())?;
+        keys.around_session_id(params.get())
+    }
+
+    /// What the full path makes of `line`: the params around its session id, spliced.
+    fn full(line: &[u8], minted: &str) -> Option<Vec<u8>> {
+        let (before, after) = around(line)?;
         let mut out = Vec::new();
         splice(&mut out, before, minted, after);
         Some(out)
     }
 
     fn learn(line: &str, minted: &str) -> Option<UpdateShape> {
-        let (message, keys) = parse_keyed(line.as_bytes()).ok()?;
-        let MessageRef::Notification {
-            params: Some(params),
-            ..
-        } = message
-        else {
-            return None;
-        };
-        let (before, after) = keys.around_session_id(params.get())?;
+        let (before, after) = around(line.as_bytes())?;
         UpdateShape::learn(line.as_bytes(), before, after, minted)
     }
 
