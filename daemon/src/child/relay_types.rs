@@ -78,8 +78,8 @@ pub enum RelayEnd {
         exit_code: Option<i32>,
         signal: Option<String>,
     },
-    /// The child sent a line that is not JSON-RPC.
-    Protocol,
+    /// The child sent a line that is not JSON-RPC (or too long, or never finished): why.
+    Protocol(String),
     /// The child stopped reading for `write_timeout`.
     ChildDeaf,
     /// The parent's connection broke.

@@ -41,7 +41,7 @@ impl Relay {
                 () = stop.cancelled() => return Err(RelayEnd::Closed),
                 frame = d.wire.reader.next() => match frame {
                     None => return Err(gone(d.exit_status_soon().await)),
-                    Some(Err(_)) => return Err(RelayEnd::Protocol),
+                    Some(Err(fault)) => return Err(RelayEnd::Protocol(fault.to_string())),
                     Some(Ok(Message::Request { id, method, params })) => {
                         if let Some(why) = params.as_deref().and_then(crate::child::strict::doubled) {
                             let e = RpcError::invalid_request(format!("{why} in the params; send it once"));

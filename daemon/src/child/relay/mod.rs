@@ -331,9 +331,9 @@ impl Relay {
                 RpcError::new(INTERNAL_ERROR, format!("agent \"{name}\" exited ({how}); the session is closed"))
                     .with_data(json!({ "provider": name, "category": "process-exit", "exitCode": exit_code, "signal": signal }))
             }
-            RelayEnd::Protocol => RpcError::new(
+            RelayEnd::Protocol(why) => RpcError::new(
                 INTERNAL_ERROR,
-                format!("agent \"{name}\" sent a line that is not JSON-RPC; the session is closed"),
+                format!("agent \"{name}\" sent a line acpd could not take ({why}); the session is closed: start a new one, and if it happens again, check the agent's stderr in acpd's log"),
             )
             .with_data(json!({ "provider": name, "category": "protocol" })),
             RelayEnd::ChildDeaf => RpcError::new(
@@ -386,7 +386,7 @@ impl Relay {
                 signal: signal.clone(),
             }
             .with_limit(d.shared.tree.limit_hit()),
-            RelayEnd::Protocol => TurnEnd::Protocol,
+            RelayEnd::Protocol(_) => TurnEnd::Protocol,
             // Not reading its input: hung, as an idle run's child is.
             RelayEnd::ChildDeaf => TurnEnd::Idle,
             RelayEnd::OpenRefused => TurnEnd::RpcError {
@@ -604,7 +604,7 @@ fn stop_reason(answer: &RawValue) -> ChildStopReason {
 fn bad_line(d: &Driver, session: &str, fault: &LineFault) -> Option<RelayEnd> {
     tracing::warn!(provider = %d.shared.provider.name, %session,
         "child sent a bad line; ending the session: {fault}");
-    Some(RelayEnd::Protocol)
+    Some(RelayEnd::Protocol(fault.to_string()))
 }
 
 fn gone(status: Option<std::process::ExitStatus>) -> RelayEnd {

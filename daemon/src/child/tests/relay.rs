@@ -64,10 +64,21 @@ async fn relay_forwards_only_the_childs_own_acp_traffic_in_order() {
     assert_eq!(id, Some(Id::Num(78)));
     let error = outcome.unwrap_err();
     assert_eq!(error.data_value().unwrap()["category"], "protocol");
-    assert!(matches!(
-        child.ended().await,
-        Some(crate::child::RelayEnd::Protocol)
-    ));
+    // The editor is told why the line was refused, as the log says it, and what to do.
+    let Some(crate::child::RelayEnd::Protocol(why)) = child.ended().await else {
+        panic!("the session ends as a protocol failure")
+    };
+    assert!(!why.is_empty());
+    assert!(
+        error.message.contains(&format!("({why})")),
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("start a new one"),
+        "{}",
+        error.message
+    );
     child.shut().await;
 }
 
@@ -496,7 +507,7 @@ async fn a_chunk_that_breaks_out_of_its_text_is_not_passed_as_the_last_one_was()
     fake.send(&[chunk("four \\")]).await;
     assert!(matches!(
         child.ended().await,
-        Some(crate::child::RelayEnd::Protocol)
+        Some(crate::child::RelayEnd::Protocol(_))
     ));
     child.shut().await;
 }
