@@ -17,6 +17,7 @@ mod bridge_raw;
 mod bridge_sessions;
 mod bridge_transparent;
 mod bridge_update_text;
+mod bridge_warm;
 mod budget;
 mod catalog;
 mod cli;

@@ -17,6 +17,8 @@
 //   set_config_option → session/list → load A and resume A while open → fork A →
 //   close A → resume A (closed) → close A → load A (closed) → delete A → delete of an unknown
 //   id → an unknown `_` method → logout; and whether the agent's stderr reached the editor.
+// Then, on connections of their own: a session made and prompted, the agent (or acpd, with
+// `warm = 1`) started again, and the session loaded and prompted (`restarted`).
 // With the scripted child (`--agent echo`: `acpd agent echo`, run directly as well, whose
 // prompt `:` directives make it ask the editor), also: an elicitation/create round trip (the
 // editor advertises elicitation and accepts with content), elicitation/complete, and a
@@ -643,6 +645,90 @@ async function sequence(label, proc, project, root, mock, rec) {
   rows["agent stderr"] = { answer: { someStderr: rec.stderrBytes > 0 } };
 }
 
+// ---- a load after a restart ----------------------------------------------------------------
+
+/** The row of a session loaded by a new agent (or a new acpd with `warm = 1`). */
+const RESTARTED = "session/load (after a restart, warm = 1)";
+const RESTART_PROMPT = "hello before the restart";
+
+/** initialize and, when the agent offers a method, authenticate, as the sequence does. */
+async function handshake(ctx) {
+  const init = await withDeadline(ctx.request("initialize", { protocolVersion: acp.PROTOCOL_VERSION, clientCapabilities: AGENT.clientCapabilities ?? {} }), "initialize");
+  const methods = init.authMethods ?? [];
+  if (methods.length) {
+    const m = methods.find((x) => /api-key|apikey/i.test(x.id)) ?? methods[0];
+    await withDeadline(ctx.request("authenticate", { methodId: m.id }), "authenticate");
+  }
+  return init;
+}
+
+/**
+ * A session made and prompted on one connection, then loaded on the next after the process
+ * the editor talks to was started again: the agent directly (started in the project, as an
+ * editor starts it), or a new `acpd stdio` / `acpd serve` with `warm = 1`, started in the
+ * side's home (acpd's own cwd must not matter: the load names the project) and loaded once
+ * its spare is ready. gemini-cli finds a session by its process's cwd, so a load handed a
+ * spare started elsewhere answers "No previous sessions found for this project". The row
+ * holds the load's answer, whether the replay brought the first prompt back (by the answer
+ * of a prompt after it, whose updates the agent sends after the replay's), and that prompt's
+ * stop reason.
+ */
+async function restarted(kind, root, mock, project, rec) {
+  const rows = rec.rows;
+  const norm = new Normalizer(root);
+  let made = null;
+  let offered = true;
+  const life = async (label, cwd, body) => {
+    const proc = await sideProcess(kind, root, mock.port, { warm: 1 });
+    const r = {};
+    await connection(`${opts.agent} ${kind} ${label}`, proc.connect(), cwd, r, body);
+    await proc.stop();
+    if (r.error && !rows[RESTARTED]) rows[RESTARTED] = { error: norm.value(r.error), stderrTail: r.stderrTail };
+  };
+  await life("before the restart", project, async (ctx) => {
+    const init = await handshake(ctx);
+    if (!init.agentCapabilities?.loadSession) {
+      offered = false;
+      return;
+    }
+    const s = await withDeadline(ctx.request("session/new", { cwd: project, mcpServers: [] }), "session/new");
+    made = s.sessionId;
+    await withDeadline(ctx.request("session/prompt", { sessionId: made, prompt: [{ type: "text", text: RESTART_PROMPT }] }), "session/prompt");
+  });
+  if (!offered) return void (rows[RESTARTED] = { offered: false, why: "no loadSession" });
+  if (!made) return;
+  const home = `${root}/home`;
+  await life("after the restart", kind === "direct" ? project : home, async (ctx, seen) => {
+    await handshake(ctx);
+    if (kind !== "direct") {
+      const deadline = performance.now() + STEP_MS;
+      for (;;) {
+        const st = await withDeadline(ctx.request("_acpd/status", {}), "_acpd/status");
+        if ((st?.spares?.[opts.agent] ?? 0) >= 1) break;
+        if (performance.now() > deadline) throw new Error(`no warm spare in ${STEP_MS} ms: ${JSON.stringify(st)}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+    const before = seen.updates.length;
+    const row = {};
+    rows[RESTARTED] = row;
+    try {
+      const answer = await withDeadline(ctx.request("session/load", { sessionId: made, cwd: project, mcpServers: [] }), "session/load");
+      row.answer = norm.value(answer ?? null);
+    } catch (e) {
+      row.error = norm.value(errorOf(e));
+      return;
+    }
+    try {
+      const after = await withDeadline(ctx.request("session/prompt", { sessionId: made, prompt: [{ type: "text", text: "hello after the restart" }] }), "session/prompt");
+      row.then = after?.stopReason ?? null;
+    } catch (e) {
+      row.then = norm.value(errorOf(e));
+    }
+    row.replayed = seen.updates.slice(before).some((u) => u.update?.content?.text === RESTART_PROMPT);
+  });
+}
+
 // ---- comparison ---------------------------------------------------------------------------
 
 /** Where two normalized values differ: up to 4 `path: a ≠ b` lines. */
@@ -777,6 +863,7 @@ async function main() {
           await sequence(`${opts.agent} ${kind}`, proc, project, root, mock, rec);
           const stopped = await proc.stop();
           if (stopped !== undefined) rec.serveExit = stopped;
+          await restarted(kind, root, mock, project, rec);
           rec.modelRequests = mock.requests.length;
         } catch (e) {
           rec.error ??= errorOf(e);

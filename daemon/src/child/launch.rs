@@ -179,6 +179,12 @@ impl Initialized {
         self.h.tree.pid()
     }
 
+    /// The directory the child's process was started in (some agents, gemini-cli among
+    /// them, find a session by it rather than by the `cwd` a request names).
+    pub fn cwd(&self) -> &std::path::Path {
+        &self.h.spec.cwd
+    }
+
     /// One request and its answer, before any session: `authenticate`, `session/list`,
     /// `session/delete`. The child's own error comes back as [`StartFailure::Refused`]; a
     /// child that dies, hangs past `handshake_timeout` or breaks the protocol is torn down.

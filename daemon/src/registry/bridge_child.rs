@@ -104,7 +104,7 @@ impl Registry {
         auth: Option<&RawValue>,
         cancel: &CancellationToken,
     ) -> Result<Ready, RegistryError> {
-        let Some(mut spare) = self.take_spare(&provider, &client_capabilities).await else {
+        let Some(mut spare) = self.take_spare(&provider, &client_capabilities, cwd).await else {
             return self
                 .ready_cold(config, provider, cwd, client_capabilities, auth, cancel)
                 .await;

@@ -15,6 +15,16 @@
 //! follows it. Trace context in `_meta` (`traceparent`, `tracestate`, `baggage`) does not
 //! count as a difference. Spares hold their claim on the limits, are replaced in the
 //! background when taken, and recycled when they die or pass `warm_max_age`.
+//!
+//! A spare is only ever handed to a child that would have been started in the same
+//! directory: some agents find a session by their process's working directory, not by the
+//! `cwd` the request names (gemini-cli's `session/load` answers "No previous sessions found
+//! for this project" from anywhere else; opencode readies its project for it). So a session
+//! opened, loaded, resumed or forked in a cwd takes only a spare started there, and the pool
+//! follows that cwd (spares making no session ahead start there next; those elsewhere are
+//! recycled). A request that names no cwd (`authenticate`, `session/list`,
+//! `session/delete`) takes a spare only where a new child would start: the provider's `cwd`,
+//! else the home directory.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -50,6 +60,19 @@ struct Spares {
     caps: Option<ClientCaps>,
     /// The session spares make ahead: the last bridge `session/new`'s.
     target: Option<Target>,
+    /// Where spares making no session ahead start: the cwd of the last session that asked
+    /// for one (without it, the provider's cwd or the home directory).
+    cwd: Option<PathBuf>,
+}
+
+impl Spares {
+    /// The directory the next spares start in, when not the provider's default.
+    fn start_cwd(&self) -> Option<&Path> {
+        self.target
+            .as_ref()
+            .map(|t| t.cwd.as_path())
+            .or(self.cwd.as_deref())
+    }
 }
 
 /// Where and how the last bridge `session/new` of a provider opened its session.
@@ -98,6 +121,11 @@ fn session_key(params: &serde_json::Value) -> serde_json::Value {
 impl Spare {
     fn fresh(&self, max_age: Duration) -> bool {
         self.ready.child.alive() && self.ready.child.ready_at.elapsed() < max_age
+    }
+
+    /// The directory its process runs in.
+    fn cwd(&self) -> &Path {
+        self.ready.child.cwd()
     }
 
     /// Reaps the spare; the session it made ahead is deleted first where the agent deletes
@@ -171,27 +199,42 @@ impl Registry {
         std::mem::take(&mut spares.ready)
     }
 
-    /// Takes a ready spare of `provider` initialized with `caps` and holding no session, if
-    /// there is one, and starts its replacement (for a child asked one question, or a session
-    /// the spares' sessions do not fit).
+    /// Takes a ready spare of `provider` initialized with `caps`, holding no session and
+    /// started where a new child for `cwd` would be (`cwd`, else the provider's, else the
+    /// home directory), if there is one, and starts its replacement (for a child asked one
+    /// question, or a session the spares' sessions do not fit). A `cwd` (a session's) moves
+    /// the pool there: spares holding no session elsewhere are recycled.
     pub(super) async fn take_spare(
         &self,
         provider: &Arc<ProviderConfig>,
         caps: &ClientCaps,
+        cwd: Option<&Path>,
     ) -> Option<Ready> {
         if provider.warm == 0 {
             return None;
         }
+        let want = cwd
+            .or(provider.cwd.as_deref())
+            .map_or_else(super::gate::home, Path::to_path_buf);
         let (taken, stale) = {
             let mut pool = lock(&self.inner.pool);
             let spares = pool.providers.entry(provider.name.clone()).or_default();
             let mut stale = Self::follow_caps(spares, caps);
+            if let Some(cwd) = cwd {
+                spares.cwd = Some(cwd.to_path_buf());
+            }
+            let start = spares.start_cwd().map(Path::to_path_buf);
+            let placed =
+                |s: &Spare| s.made.is_some() || start.as_deref().is_none_or(|c| s.cwd() == c);
             let (keep, old): (Vec<Spare>, Vec<Spare>) = std::mem::take(&mut spares.ready)
                 .into_iter()
-                .partition(|s| s.fresh(provider.warm_max_age));
+                .partition(|s| s.fresh(provider.warm_max_age) && (cwd.is_none() || placed(s)));
             spares.ready = keep;
             stale.extend(old);
-            let plain = spares.ready.iter().rposition(|s| s.made.is_none());
+            let plain = spares
+                .ready
+                .iter()
+                .rposition(|s| s.made.is_none() && s.cwd() == want);
             (plain.map(|i| spares.ready.remove(i).ready), stale)
         };
         for s in stale {
@@ -230,7 +273,11 @@ impl Registry {
                 key: key.clone(),
                 params: params.clone(),
             });
-            let made = spares.ready.iter().rposition(|s| s.made.is_some());
+            spares.cwd = Some(cwd.to_path_buf());
+            let made = spares
+                .ready
+                .iter()
+                .rposition(|s| s.made.is_some() && s.cwd() == cwd);
             (made.map(|i| spares.ready.remove(i)), stale)
         };
         for s in stale {
@@ -314,13 +361,14 @@ impl Registry {
             Some(stop) if !stop.is_cancelled() => stop,
             _ => return,
         };
-        let (missing, caps, target) = {
+        let (missing, caps, target, cwd) = {
             let mut pool = lock(&self.inner.pool);
             let spares = pool.providers.entry(provider.name.clone()).or_default();
             let have = spares.ready.len() + spares.starting;
             let missing = provider.warm.saturating_sub(have);
             spares.starting += missing;
-            (missing, spares.caps.clone(), spares.target.clone())
+            let cwd = spares.start_cwd().map(Path::to_path_buf);
+            (missing, spares.caps.clone(), spares.target.clone(), cwd)
         };
         let caps = caps.unwrap_or_default();
         for _ in 0..missing {
@@ -329,9 +377,10 @@ impl Registry {
             let caps = caps.clone();
             let stop = stop.clone();
             let target = target.clone();
+            let cwd = cwd.clone();
             tokio::spawn(async move {
                 let started = registry
-                    .start_spare(&provider, &caps, target.as_ref(), &stop)
+                    .start_spare(&provider, &caps, target.as_ref(), cwd.as_deref(), &stop)
                     .await;
                 let spare = {
                     let mut pool = lock(&registry.inner.pool);
@@ -363,12 +412,16 @@ impl Registry {
                         }
                         Err(e) => {
                             tracing::warn!(provider = %provider.name, "a warm spare failed to start: {e}");
-                            // Not in that directory again (it may be gone): plain spares.
+                            // Not in that directory again (it may be gone): plain spares in
+                            // the provider's default.
                             if let (Some(t), Some(now)) = (&target, &spares.target)
                                 && t.key == now.key
                                 && t.cwd == now.cwd
                             {
                                 spares.target = None;
+                            }
+                            if cwd.is_some() && spares.cwd == cwd {
+                                spares.cwd = None;
                             }
                             None
                         }
@@ -381,17 +434,17 @@ impl Registry {
         }
     }
 
-    /// One spare: started in `target`'s cwd and holding its session when there is a target
-    /// (a spare whose agent refuses that session stays, plain), else in the provider's cwd
-    /// or home.
+    /// One spare, started in `cwd` (else the provider's cwd or home) and holding `target`'s
+    /// session when there is a target (a spare whose agent refuses that session stays,
+    /// plain).
     async fn start_spare(
         &self,
         provider: &Arc<ProviderConfig>,
         caps: &ClientCaps,
         target: Option<&Target>,
+        cwd: Option<&Path>,
         stop: &CancellationToken,
     ) -> Result<Spare, super::RegistryError> {
-        let cwd = target.map(|t| t.cwd.as_path());
         // By name in the config of now: a provider a reload removed gets no more spares.
         let config = self.config();
         let current = self.provider(&config, Some(&provider.name))?;
@@ -510,7 +563,11 @@ mod tests {
         let (registry, p, agent) = pooled().await;
         let caps = ClientCaps::default();
         tokio::time::sleep(Duration::from_secs(60)).await;
-        assert!(registry.take_spare(&p, &caps).await.is_none(), "too old");
+        let root = Some(std::path::Path::new("/"));
+        assert!(
+            registry.take_spare(&p, &caps, root).await.is_none(),
+            "too old"
+        );
         assert_eq!(registry.live_children(), 0, "recycled, its slot released");
         tokio::time::timeout(Duration::from_secs(3600), agent)
             .await
@@ -523,8 +580,56 @@ mod tests {
         let (registry, p, _agent) = pooled().await;
         let caps = ClientCaps::default();
         tokio::time::sleep(Duration::from_secs(59)).await;
-        let taken = registry.take_spare(&p, &caps).await.expect("young enough");
+        let root = Some(std::path::Path::new("/"));
+        let taken = registry
+            .take_spare(&p, &caps, root)
+            .await
+            .expect("young enough");
         assert!(taken.child.alive());
+        taken.close().await;
+    }
+
+    /// Issue 30: a child for a session in one directory is never a spare started in another
+    /// (gemini-cli finds a session by its process's cwd), and the pool moves to the session's
+    /// directory, recycling the spare that is elsewhere.
+    #[tokio::test]
+    async fn a_session_elsewhere_is_never_handed_a_spare_started_in_another_directory() {
+        let (registry, p, agent) = pooled().await;
+        let caps = ClientCaps::default();
+        let elsewhere = tempfile::tempdir().unwrap();
+        assert!(
+            registry
+                .take_spare(&p, &caps, Some(elsewhere.path()))
+                .await
+                .is_none(),
+            "the spare runs in /, the session in {:?}",
+            elsewhere.path()
+        );
+        assert_eq!(registry.spare_counts().get("fake"), Some(&0), "recycled");
+        assert_eq!(registry.live_children(), 0, "its slot is released");
+        tokio::time::timeout(Duration::from_secs(3600), agent)
+            .await
+            .expect("the spare's agent sees its input close")
+            .unwrap();
+    }
+
+    /// A question that names no directory takes a spare only where a new child would start:
+    /// the provider's cwd here.
+    #[tokio::test]
+    async fn a_question_without_a_cwd_takes_a_spare_in_the_providers_cwd() {
+        let (registry, p, _agent) = pooled().await;
+        let caps = ClientCaps::default();
+        let mut elsewhere = (*p).clone();
+        elsewhere.cwd = Some(std::env::temp_dir());
+        let elsewhere = Arc::new(elsewhere);
+        assert!(registry.take_spare(&elsewhere, &caps, None).await.is_none());
+        assert_eq!(registry.spare_counts().get("fake"), Some(&1), "kept");
+        let mut rooted = (*p).clone();
+        rooted.cwd = Some("/".into());
+        let taken = registry
+            .take_spare(&Arc::new(rooted), &caps, None)
+            .await
+            .expect("the spare runs in the provider's cwd");
         taken.close().await;
     }
 }
