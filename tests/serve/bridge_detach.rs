@@ -39,7 +39,8 @@ struct Setup {
 }
 
 /// A config whose default (and only configured) provider `p` is the echo agent with fast
-/// graces.
+/// graces, started in the env's directory when no request names a cwd (where the sessions
+/// here are opened: a spare is only handed to a child for the directory it runs in).
 fn env(setup: &Setup) -> Env {
     let env = Env::raw("");
     let sessions = if setup.sessions {
@@ -61,10 +62,11 @@ fn env(setup: &Setup) -> Env {
     };
     let toml = format!(
         "default_provider = \"p\"\n{top}\n[providers.p]\n\
-         command = [{command}]\n\
+         command = [{command}]\ncwd = {cwd:?}\n\
          cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n{provider}\n",
         top = setup.top,
         provider = setup.provider,
+        cwd = env.path().to_str().unwrap(),
     );
     std::fs::write(&env.config, toml).unwrap();
     env
@@ -800,7 +802,8 @@ fn process_cwd(pid: i32) -> std::path::PathBuf {
 /// started in that cwd and makes its `session/new` there ahead; the next session for that cwd
 /// and params is handed that very session (the agent minted it before the editor asked), on
 /// the spare's process. A session for another cwd does not take it: it starts cold, the spare
-/// and its session are recycled (deleted at the agent), and the pool follows the new cwd.
+/// and its session are recycled (deleted at the agent), and the pool follows the new cwd. The
+/// first session, in a/, starts cold: the first spare runs in the provider's cwd.
 #[test]
 fn a_spare_holds_a_session_for_the_last_cwd_and_hands_it_over() {
     subreaper();
@@ -818,9 +821,15 @@ fn a_spare_holds_a_session_for_the_last_cwd_and_hands_it_over() {
     let mut e = d.connect();
     let s1 = e.new_session(&a_dir, "p");
     let pid1 = pid_after(&prompt(&mut e, &s1, "one\n:pid"), "pid ");
-    assert_eq!(
+    // The plain spare runs in the provider's cwd, not in a/: never handed to a session
+    // there, and recycled as the pool moves to a/.
+    assert_ne!(
         pid1, first,
-        "the first session did not take the (plain) spare"
+        "the session in a/ took a spare started elsewhere"
+    );
+    assert!(
+        gone_within(first, LADDER),
+        "the spare started elsewhere lives on"
     );
 
     // The replacement: in a/, holding a session made there.
