@@ -97,10 +97,18 @@ impl Relay {
         }
     }
 
-    /// The old connection is gone: its calls get no answer, the requests it was asked are
-    /// answered (permission requests are kept, to be asked again).
+    /// The old connection is gone: its prompts end `cancelled` for it (an editor that closed
+    /// only its input still reads them, as at a close), its other calls get no answer, the
+    /// requests it was asked are answered (permission requests are kept, to be asked again).
+    /// The agent's own answer to such a prompt, when it comes, reaches nobody.
     pub(super) async fn leave(&mut self, d: &mut Driver) {
-        self.open.clear();
+        let cancelled =
+            acpd_protocol::envelope::to_raw(&serde_json::json!({ "stopReason": "cancelled" }));
+        for (_, (pid, method)) in self.open.drain() {
+            if method == "session/prompt" {
+                let _ = self.t.parent.respond(&pid, Ok(&cancelled)).await;
+            }
+        }
         // Their answers can no longer reach the editor that asked.
         self.prompts_ended(d, &super::CANCELLED_HERE, true);
         self.opening = None;

@@ -366,11 +366,10 @@ impl Relay {
             }
         }
         if !matches!(end, RelayEnd::ParentGone | RelayEnd::Expired) {
-            // A prompt the editor's own close ended ends as ACP has a cancelled turn end.
-            let cancelled = envelope::to_raw(&json!({ "stopReason": "cancelled" }));
+            let cancelled = ended_cancelled(end, &error);
             for (id, method) in calls {
-                let outcome = match end {
-                    RelayEnd::Closed if method == "session/prompt" => Ok(&*cancelled),
+                let outcome = match &cancelled {
+                    Some(c) if method == "session/prompt" => Ok(&**c),
                     _ => Err(&error),
                 };
                 tokio::select! {
@@ -580,6 +579,26 @@ const CANCELLED_HERE: TurnEnd = TurnEnd::Stopped {
     reason: ChildStopReason::Cancelled,
     reported_failure: None,
 };
+
+/// The answer to a prompt still open when its session ends as `end` with no answer of the
+/// agent's, if it is not `error`: the turn ends `cancelled`, as ACP ends a turn nobody will
+/// answer (an editor reads −32603 as acpd failing), when the editor closed the session, acpd
+/// stopped, or the agent exited — then `_meta.acpd.sessionEnded` names the exit in the words
+/// and `data` other open calls get as their error. A session acpd ended because of what the
+/// agent sent (a bad line, not reading) keeps its error: it says what acpd refused and what to
+/// do next.
+fn ended_cancelled(end: &RelayEnd, error: &RpcError) -> Option<Box<RawValue>> {
+    match end {
+        RelayEnd::Closed => Some(envelope::to_raw(&json!({ "stopReason": "cancelled" }))),
+        RelayEnd::ChildGone { .. } => Some(envelope::to_raw(&json!({
+            "stopReason": "cancelled",
+            "_meta": { "acpd": { "sessionEnded": {
+                "message": error.message, "data": error.data_value(),
+            } } },
+        }))),
+        _ => None,
+    }
+}
 
 /// One bridge turn ended as `end`, observed from its forwarding; `here`: acpd or the editor
 /// cancelled it, whatever the agent then did.

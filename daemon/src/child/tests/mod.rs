@@ -237,4 +237,5 @@ pub(crate) fn prompt() -> Vec<ContentBlock> {
 
 mod auth_and_air;
 mod relay;
+mod session_end;
 mod turn_clocks;
