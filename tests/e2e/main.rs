@@ -14,6 +14,7 @@ mod common;
 mod auth_failures;
 mod bridge_cancel;
 mod bridge_raw;
+mod bridge_session_end;
 mod bridge_sessions;
 mod bridge_transparent;
 mod bridge_update_text;

@@ -201,19 +201,26 @@ async fn fs_reads_are_forwarded_only_when_advertised() {
     client.close().await;
 }
 
+/// Issue 30: a prompt whose agent exits mid-turn ends as ACP ends a turn, `cancelled` (an
+/// editor reads −32603 as acpd failing), and `_meta.acpd.sessionEnded` names the exit; the
+/// session is gone.
 #[tokio::test]
-async fn child_crash_mid_turn_is_an_error_and_the_session_is_gone() {
+async fn child_crash_mid_turn_ends_the_prompt_cancelled_naming_the_exit() {
     let env = Env::new("");
     let client = ready(&env, json!({})).await;
     let sid = client
         .new_session(env.path(), Some(json!({"acpd": {"provider": "fast"}})))
         .await;
-    let e = client.prompt(&sid, "partial\n:crash 3").await.unwrap_err();
+    let answer = client.prompt(&sid, "partial\n:crash 3").await.unwrap();
+    assert_eq!(answer["stopReason"], "cancelled", "{answer}");
+    let ended = &answer["_meta"]["acpd"]["sessionEnded"];
+    let message = ended["message"].as_str().unwrap_or("");
     assert!(
-        e.message.contains("\"fast\"") && e.message.contains("exit code 3"),
-        "{}",
-        e.message
+        message.contains("\"fast\"") && message.contains("exit code 3"),
+        "{answer}"
     );
+    assert_eq!(ended["data"]["category"], "process-exit", "{answer}");
+    assert_eq!(ended["data"]["exitCode"], 3, "{answer}");
     let e = client.prompt(&sid, "again").await.unwrap_err();
     assert_eq!(i32::from(e.code), -32002, "session not found afterwards");
     let sid2 = client.new_session(env.path(), None).await;

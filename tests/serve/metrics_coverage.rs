@@ -51,6 +51,13 @@ fn prometheus_counts_bridge_turns_by_how_they_ended() {
     let said: Vec<String> = answers
         .iter()
         .map(|a| match a["result"]["stopReason"].as_str() {
+            // A turn its agent's exit ended: `cancelled`, naming the exit.
+            Some(_) if a["result"]["_meta"]["acpd"]["sessionEnded"].is_object() => {
+                a["result"]["_meta"]["acpd"]["sessionEnded"]["data"]["category"]
+                    .as_str()
+                    .unwrap_or("?")
+                    .to_string()
+            }
             Some(r) => r.to_string(),
             None => a["error"]["data"]["category"]
                 .as_str()
