@@ -90,3 +90,109 @@ fn an_editor_that_leaves_a_detaching_session_mid_turn_reads_its_prompt_cancelled
     raw.close_write();
     assert_cancelled(&answered_before_eof(&mut raw, id));
 }
+
+/// Attack: the agent is killed while the editor holds its permission request, and the editor
+/// cancels the turn at that moment and answers the request after: the prompt is answered
+/// once, `cancelled` naming the signal; the late cancel and the late permission answer change
+/// nothing, and the connection goes on (a new session answers).
+#[test]
+fn an_agent_killed_with_a_permission_pending_ends_the_prompt_cancelled_once() {
+    let env = Env::new("");
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({}));
+    let s = raw.new_session(env.path(), "fast");
+    let id = raw.send_prompt(&s, ":pid\n:permission");
+    let pid = pid_after(&raw.until_chunk(&s, "pid "), "pid ");
+    let asked = loop {
+        let line = raw.next();
+        if line.is_request() && line.method() == "session/request_permission" {
+            break line.value;
+        }
+        raw.seen.push(line);
+    };
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    raw.line(
+        &json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": s}})
+            .to_string(),
+    );
+    let answer = raw.answer(&json!(id)).value;
+    assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
+    let ended = &answer["result"]["_meta"]["acpd"]["sessionEnded"]["data"];
+    assert_eq!(ended["signal"], "SIGKILL", "{answer}");
+    raw.line(
+        &json!({"jsonrpc": "2.0", "id": asked["id"],
+                "result": {"outcome": {"outcome": "cancelled"}}})
+        .to_string(),
+    );
+    let s2 = raw.new_session(env.path(), "fast");
+    let again = raw.send_prompt(&s2, "still here");
+    let line = raw.answer(&json!(again)).value;
+    assert_eq!(line["result"]["stopReason"], "end_turn", "{line}");
+    let twice = raw
+        .seen
+        .iter()
+        .filter(|l| l.is_response() && l.value["id"] == json!(id))
+        .count();
+    assert_eq!(
+        twice,
+        0,
+        "the prompt was answered again: {:?}",
+        raw.seen_text()
+    );
+}
+
+/// Attack: SIGTERM to `acpd stdio` while a `session/load` waits on a slow agent start (a
+/// session made earlier, its agent now answering `initialize` after 30 s): the load is
+/// answered (an error, not silence) before acpd's output ends, and acpd exits 0.
+#[test]
+fn sigterm_during_a_load_answers_the_load_before_acpd_exits() {
+    let env = Env::raw("");
+    let sessions = env.path().join("echo-sessions");
+    let config = |default: &str, delay: &str| {
+        format!(
+            "default_provider = \"{default}\"\n[providers.fast]\ncommand = [{BIN:?}, \"agent\", \"echo\"]\n\
+             [providers.p]\ncommand = [{BIN:?}, \"agent\", \"echo\", \"--sessions\", {sessions:?}{delay}]\n\
+             cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n\
+             handshake_timeout = \"60s\"\n",
+            sessions = sessions.to_str().unwrap()
+        )
+    };
+    std::fs::write(&env.config, config("p", "")).unwrap();
+    let mut first = Raw::stdio(&env);
+    first.initialize(json!({}));
+    let s = first.new_session(env.path(), "p");
+    first.close_write();
+    assert!(first.drain_to_eof(Duration::from_secs(10)));
+
+    std::fs::write(&env.config, config("fast", ", \"--init-delay\", \"30000\"")).unwrap();
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({}));
+    let id = raw.send(
+        "session/load",
+        json!({"sessionId": s, "cwd": env.path(), "mcpServers": []}),
+    );
+    // Until the load's agent is spawned (waiting in its start).
+    assert!(
+        eventually(Duration::from_secs(10), || echo_children(raw.pid()) > 0),
+        "the load's agent never started"
+    );
+    kill(Pid::from_raw(raw.pid() as i32), Signal::SIGTERM).unwrap();
+    let answer = answered_before_eof(&mut raw, id);
+    assert!(answer.get("error").is_some(), "{answer}");
+    assert!(raw.drain_to_eof(Duration::from_secs(10)));
+    let status = raw.process.take().unwrap().wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status}");
+}
+
+/// How many children `pid` has (from /proc/<pid>/task/*/children).
+fn echo_children(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+                .map(|c| c.split_whitespace().count())
+                .sum()
+        })
+        .unwrap_or(0)
+}
