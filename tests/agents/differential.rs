@@ -6,7 +6,9 @@
 //! TypeScript SDK's client runs one ACP sequence (tests/interop/agents.mjs: initialize,
 //! authenticate, new, prompt, both cancels, list, load and resume of an open and of a closed
 //! session, fork, set_mode / set_model / set_config_option, close, delete of a known and an
-//! unknown id, an unknown `_` method, logout, the agent's stderr) directly against the agent,
+//! unknown id, an unknown `_` method, logout, the agent's stderr; then, on connections of
+//! their own, a session loaded after the agent — or acpd, with `warm = 1` — was started again)
+//! directly against the agent,
 //! through `acpd stdio` and through `acpd serve` + `acpd connect`, all offline against
 //! tests/interop/mock-model.mjs. A fifth agent, the scripted child `acpd agent echo` (run
 //! directly too), adds what the real agents do not do on demand: an elicitation/create round
