@@ -171,7 +171,7 @@ fn sigterm_during_a_load_answers_the_load_before_acpd_exits() {
         "session/load",
         json!({"sessionId": s, "cwd": env.path(), "mcpServers": []}),
     );
-    // Until the load's agent is spawned (waiting in its start).
+    // Until the load's agent is spawned (waiting in its start): the load is under way.
     assert!(
         eventually(Duration::from_secs(10), || echo_children(raw.pid()) > 0),
         "the load's agent never started"
@@ -184,15 +184,20 @@ fn sigterm_during_a_load_answers_the_load_before_acpd_exits() {
     assert_eq!(status.code(), Some(0), "{status}");
 }
 
-/// How many children `pid` has (from /proc/<pid>/task/*/children).
+/// How many children of `pid` are the slow agent (`--init-delay` in their command line).
 fn echo_children(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|tasks| {
             tasks
                 .flatten()
                 .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-                .map(|c| c.split_whitespace().count())
-                .sum()
+                .flat_map(|c| {
+                    c.split_whitespace()
+                        .map(|p| std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default())
+                        .collect::<Vec<_>>()
+                })
+                .filter(|cmd| cmd.windows(12).any(|w| w == b"--init-delay"))
+                .count()
         })
         .unwrap_or(0)
 }
