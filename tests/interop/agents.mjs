@@ -665,10 +665,12 @@ async function handshake(ctx) {
 /**
  * A session made and prompted on one connection, then loaded on the next after the process
  * the editor talks to was started again: the agent directly (started in the project, as an
- * editor starts it), or a new `acpd stdio` / `acpd serve` with `warm = 1`, started in the
- * side's home (acpd's own cwd must not matter: the load names the project) and loaded once
- * its spare is ready. gemini-cli finds a session by its process's cwd, so a load handed a
- * spare started elsewhere answers "No previous sessions found for this project". The row
+ * editor starts it), or a new `acpd stdio` / `acpd serve` with `warm = 1` (the first had
+ * none), started in the side's home (acpd's own cwd must not matter: the load names the
+ * project) and loaded once its spare is ready: the load must run in the project, not where
+ * the spare was started (an agent that reads its process's cwd, as gemini-cli reads its
+ * workspace settings and `.env`, would load elsewhere). gemini-cli 0.61 answers this load
+ * "No previous sessions found for this project" directly too (see development.md). The row
  * holds the load's answer, whether the replay brought the first prompt back (by the answer
  * of a prompt after it, whose updates the agent sends after the replay's), and that prompt's
  * stop reason.
@@ -678,14 +680,17 @@ async function restarted(kind, root, mock, project, rec) {
   const norm = new Normalizer(root);
   let made = null;
   let offered = true;
-  const life = async (label, cwd, body) => {
-    const proc = await sideProcess(kind, root, mock.port, { warm: 1 });
+  const life = async (label, cwd, warm, body) => {
+    const proc = await sideProcess(kind, root, mock.port, { warm });
     const r = {};
     await connection(`${opts.agent} ${kind} ${label}`, proc.connect(), cwd, r, body);
     await proc.stop();
-    if (r.error && !rows[RESTARTED]) rows[RESTARTED] = { error: norm.value(r.error), stderrTail: r.stderrTail };
+    if (r.error && !rows[RESTARTED]) {
+      rows[RESTARTED] = { error: norm.value(r.error) };
+      rec.restartStderrTail = r.stderrTail;
+    }
   };
-  await life("before the restart", project, async (ctx) => {
+  await life("before the restart", project, 0, async (ctx) => {
     const init = await handshake(ctx);
     if (!init.agentCapabilities?.loadSession) {
       offered = false;
@@ -696,9 +701,9 @@ async function restarted(kind, root, mock, project, rec) {
     await withDeadline(ctx.request("session/prompt", { sessionId: made, prompt: [{ type: "text", text: RESTART_PROMPT }] }), "session/prompt");
   });
   if (!offered) return void (rows[RESTARTED] = { offered: false, why: "no loadSession" });
-  if (!made) return;
+  if (!made || rows[RESTARTED]) return;
   const home = `${root}/home`;
-  await life("after the restart", kind === "direct" ? project : home, async (ctx, seen) => {
+  await life("after the restart", kind === "direct" ? project : home, 1, async (ctx, seen) => {
     await handshake(ctx);
     if (kind !== "direct") {
       const deadline = performance.now() + STEP_MS;
@@ -886,8 +891,11 @@ async function main() {
   return report;
 }
 
-/** The whole run's budget (all sides at once): opencode through acpd starts ~8 agents per side. */
-const TOTAL_MS = Number(process.env.DIFFERENTIAL_TOTAL_MS ?? 240_000);
+/**
+ * The whole run's budget (all sides at once): opencode through acpd starts ~8 agents per side,
+ * and the load after a restart two processes more (with a spare) per side.
+ */
+const TOTAL_MS = Number(process.env.DIFFERENTIAL_TOTAL_MS ?? 300_000);
 /** Prints the report and exits once it is written (a pipe takes large writes in pieces). */
 function finish(report) {
   process.stdout.write(JSON.stringify(report) + "\n", () => process.exit(0));
