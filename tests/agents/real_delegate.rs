@@ -307,13 +307,14 @@ fn the_agent_sigkilled_mid_delegate_under_acpd_stdio_leaves_no_process() {
         return;
     };
     let echo = attacked(&report, "agent");
-    // acpd answers the pending prompt: the agent is gone.
+    // acpd answers the pending prompt `cancelled`, naming the agent's death (issue 30).
+    assert_eq!(report["stopReason"], "cancelled", "{report}");
     assert_eq!(
-        report["promptError"]["data"]["category"], "process-exit",
+        report["sessionEnded"]["data"]["category"], "process-exit",
         "{report}"
     );
     assert_eq!(
-        report["promptError"]["data"]["signal"], "SIGKILL",
+        report["sessionEnded"]["data"]["signal"], "SIGKILL",
         "{report}"
     );
     // The agent's own child (the Claude Code binary, holding `acpd mcp`'s stdin) is in its

@@ -361,8 +361,9 @@ async function main() {
           try {
             const answer = await step("session/prompt", withDeadline(prompt, "session/prompt", 3 * STEP_MS));
             report.stopReason = answer.stopReason;
+            // Through acpd the agent's death is an answer: `cancelled`, naming the exit.
+            if (answer._meta?.acpd?.sessionEnded) report.sessionEnded = answer._meta.acpd.sessionEnded;
           } catch (e) {
-            // Through acpd the agent's death is an answer: the prompt's error.
             if (opts.kill !== "agent") throw e;
             report.promptError = errorOf(e);
           }
