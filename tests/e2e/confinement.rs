@@ -67,7 +67,7 @@ impl Setup {
              [providers.free]\n{echo}\
              [providers.open]\n{echo}sandbox = \"landlock\"\n\
              [providers.wt]\n{echo}sandbox = \"landlock\"\nnetwork = false\n\
-             workspace = \"worktree\"\n{extra}"
+             workspace = \"worktree\"\noffer_delegation = true\n{extra}"
         );
         std::fs::write(&env.config, toml).unwrap();
         let home = env.path().join("home");
@@ -195,6 +195,43 @@ fn a_nested_runs_own_delegation_is_held_to_its_narrower_confinement() {
     assert!(text.contains("delegated: wrote deep.txt"), "{text}");
     assert!(!s.work.join("up.txt").exists());
     assert!(sub.join("deeper/deep.txt").is_file());
+}
+
+/// A child in a worktree acpd made may delegate in that worktree, and to a worktree of its own
+/// of the same repository: acpd's worktrees of a repository the child may write are within
+/// its confinement.
+#[test]
+fn a_child_in_a_worktree_delegates_there_and_to_a_worktree_of_its_own() {
+    if skip() {
+        return;
+    }
+    let s = Setup::new("");
+    git(&s.work, &["init", "-q", "-b", "main"]);
+    std::fs::write(s.work.join("a.txt"), "a\n").unwrap();
+    git(&s.work, &["add", "."]);
+    git(&s.work, &["commit", "-q", "-m", "first"]);
+    let mut raw = s.stdio();
+    let script = [
+        ":delegate :write shared.txt in the parent's worktree".to_string(),
+        delegate(json!({"provider": "wt", "prompt": ":write own.txt in a worktree of its own"})),
+    ]
+    .join("\n");
+    let run = raw.ok(
+        "_acpd/subagent/start",
+        json!({"provider": "wt", "cwd": s.work, "prompt": [{"type": "text", "text": script}]}),
+    )["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = raw.wait_run(&run);
+    let text = output_text(&r);
+    assert!(
+        text.starts_with("delegated: wrote shared.txt\ndelegated: wrote own.txt"),
+        "{text}"
+    );
+    assert_eq!(r["workspace"]["changed"], json!(["shared.txt"]), "{r}");
+    let branches = git(&s.work, &["branch", "--list", "acpd/*"]);
+    assert_eq!(branches.lines().count(), 2, "{branches}");
 }
 
 /// `acpd serve` on this setup, killed on drop.

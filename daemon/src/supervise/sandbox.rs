@@ -39,13 +39,13 @@ pub struct SandboxPlan {
     pub own_root: bool,
 }
 
-/// What a sandboxed child may write, as the kernel enforces it: the directories its rules
-/// were made from (resolved, as opened), less what is denied, and whether it may use TCP.
-/// A run started from inside that child's tree is held within it.
+/// What a sandboxed child may write, as the kernel enforces it: the directories its write
+/// rules were made from (resolved, as opened; a denied directory inside a write directory is
+/// already left out of them, entry by entry), and whether it may use TCP. A run started from
+/// inside that child's tree is held within it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Confinement {
     pub write: Vec<PathBuf>,
-    pub deny: Vec<PathBuf>,
     pub network: bool,
 }
 
@@ -53,7 +53,6 @@ impl Confinement {
     /// Whether `path` (resolved: no symlink, no `..`) lies where this child may write.
     pub fn permits_write(&self, path: &Path) -> bool {
         self.write.iter().any(|w| path.starts_with(w))
-            && !self.deny.iter().any(|d| path.starts_with(d))
     }
 
     /// The write directories, for an error that names the limit.
@@ -248,7 +247,6 @@ impl Sandbox {
         let file = AccessFs::from_file(abi);
         let confinement = Arc::new(Confinement {
             write: writes.iter().map(|o| o.real.clone()).collect(),
-            deny,
             network: plan.network,
         });
         let write_rules = writes.into_iter().map(|o| {
