@@ -132,6 +132,30 @@ impl Registry {
             ),
             None => None,
         };
+        // A repository swapped in under the checked cwd while git ran: the worktree acpd made
+        // must be of the repository that holds the directory that passed the check.
+        let swapped = match (&a.confined, &workspace) {
+            (Some(limit), Some(w))
+                if !(std::fs::canonicalize(&w.repo).is_ok_and(|r| r == w.repo)
+                    && cwd.starts_with(&w.repo)) =>
+            {
+                Some(limit.clone())
+            }
+            _ => None,
+        };
+        if let Some(limit) = swapped {
+            if let Some(w) = workspace {
+                w.remove(false).await;
+            }
+            return Err(RegistryError::Confined {
+                reason: format!(
+                    "the repository of {:?} changed while its worktree was made",
+                    cwd.to_string_lossy()
+                ),
+                limit,
+            }
+            .into());
+        }
         let cwd = workspace.as_ref().map_or(cwd, |w| w.cwd.clone());
         let mut spec = ChildSpec {
             relay: a.relay,
