@@ -86,7 +86,17 @@ impl Setup {
 
     /// acpd with this setup's config, home and data dir; the subcommand is the caller's.
     fn command(&self) -> Command {
-        let mut cmd = base();
+        self.command_of(Path::new(BIN))
+    }
+
+    /// [`Setup::command`] running the acpd binary at `program`.
+    fn command_of(&self, program: &Path) -> Command {
+        // `base()`'s environment, for another program.
+        let mut cmd = Command::new(program);
+        cmd.envs(base().get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .env_remove("ACPD_CONFIG")
+            .env_remove("ACPD_DEPTH")
+            .env_remove("ACPD_MAX_DEPTH");
         cmd.arg("--config")
             .arg(&self.env.config)
             .current_dir(self.env.path())
@@ -195,6 +205,39 @@ fn a_nested_runs_own_delegation_is_held_to_its_narrower_confinement() {
     assert!(text.contains("delegated: wrote deep.txt"), "{text}");
     assert!(!s.work.join("up.txt").exists());
     assert!(sub.join("deeper/deep.txt").is_file());
+}
+
+/// An upgrade replaces acpd's binary while acpd runs: a sandboxed child is offered the file at
+/// the path acpd was started from (the new binary), since the old one is out of its reach.
+#[test]
+fn a_sandboxed_child_still_delegates_after_an_upgrade_replaced_acpds_binary() {
+    if skip() {
+        return;
+    }
+    let s = Setup::new("");
+    let bin = s.env.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let installed = bin.join("acpd");
+    if std::fs::hard_link(BIN, &installed).is_err() {
+        std::fs::copy(BIN, &installed).unwrap();
+    }
+    let mut cmd = s.command_of(&installed);
+    cmd.arg("stdio");
+    let mut raw = Raw::process(cmd, &s.env.path().join("acpd.log"));
+    raw.initialize(json!({}));
+    // The upgrade: a new file (a copy: a rename between two links of one file does nothing)
+    // renamed over the old one.
+    let new = bin.join("acpd.new");
+    std::fs::copy(BIN, &new).unwrap();
+    std::fs::rename(&new, &installed).unwrap();
+    let exe = std::fs::read_link(format!("/proc/{}/exe", raw.pid())).unwrap();
+    assert!(exe.to_string_lossy().ends_with(" (deleted)"), "{exe:?}");
+    let r = run_boxed(
+        &mut raw,
+        &s.work,
+        ":delegate :write nested.txt after the upgrade",
+    );
+    assert_eq!(output_text(&r), "delegated: wrote nested.txt\n", "{r}");
 }
 
 /// A child in a worktree acpd made may delegate in that worktree, and to a worktree of its own
