@@ -373,4 +373,50 @@ mod tests {
         out.sort();
         assert_eq!(out, [root.join("home/work"), root.join("other")]);
     }
+
+    /// A write directory holding a denied one is granted entry by entry, each where it really
+    /// is; a nested child's root outside its limit is refused, a preset directory outside it
+    /// left out.
+    #[test]
+    fn what_is_granted_is_what_is_checked() {
+        if landlock_abi() == 0 {
+            eprintln!("skipped: this kernel does not enforce Landlock");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let root = std::fs::canonicalize(tmp.path()).unwrap_or_else(|e| panic!("{e}"));
+        for d in ["home/.ssh", "home/work/sub", "outside"] {
+            std::fs::create_dir_all(root.join(d)).unwrap_or_else(|e| panic!("{e}"));
+        }
+        std::os::unix::fs::symlink(root.join("outside"), root.join("home/out"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let home = SandboxPlan {
+            write: vec![root.join("home")],
+            deny: vec![root.join("home/.ssh")],
+            network: true,
+            ..SandboxPlan::default()
+        };
+        let sandbox = Sandbox::build(&home).unwrap_or_else(|e| panic!("{e}"));
+        let limit = sandbox.confinement().clone();
+        assert_eq!(limit.write, [root.join("home/work")]);
+        assert!(limit.permits_write(&root.join("home/work/sub")));
+        assert!(!limit.permits_write(&root.join("outside")));
+        assert!(!limit.permits_write(&root.join("home/.ssh")));
+        let nested = |write: Vec<PathBuf>| SandboxPlan {
+            write,
+            network: true,
+            limit: Some(limit.clone()),
+            ..SandboxPlan::default()
+        };
+        match Sandbox::build(&nested(vec![root.join("home/out")])) {
+            Err(SandboxError::Outside { path, .. }) => assert_eq!(path, root.join("outside")),
+            other => panic!("{other:?}"),
+        }
+        let inner = Sandbox::build(&nested(vec![
+            root.join("home/work/sub"),
+            root.join("outside"),
+        ]))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(inner.confinement().write, [root.join("home/work/sub")]);
+    }
 }
