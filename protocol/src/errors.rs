@@ -36,7 +36,8 @@ pub enum ErrorName {
     /// `_acpd/reload`: the config file was rejected (`error.data.file`, `line`, `key`); the
     /// previous config stays in force.
     ConfigRejected,
-    /// The caller may not do this (`_acpd/reload` from another user than acpd's own).
+    /// The caller may not do this (`_acpd/reload` from another user than acpd's own; a run
+    /// started from inside a sandboxed child's tree that would escape its sandbox).
     NotPermitted,
 }
 

@@ -23,6 +23,7 @@ mod budget;
 mod catalog;
 mod cli;
 mod config_errors;
+mod confinement;
 mod echo_sessions;
 mod failures;
 mod isolation;

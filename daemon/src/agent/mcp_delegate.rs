@@ -11,7 +11,7 @@ use super::echo::lock;
 use super::turn::Turn;
 
 impl Turn<'_> {
-    pub(super) async fn delegate(&self, prompt: &str) {
+    pub(super) async fn delegate(&self, args: serde_json::Value) {
         let server = lock(&self.agent.sessions)
             .get(self.session_id)
             .and_then(|s| {
@@ -39,7 +39,7 @@ impl Turn<'_> {
             return;
         };
         let outcome = tokio::select! {
-            outcome = call(&server, prompt) => outcome,
+            outcome = call(&server, args) => outcome,
             // Dropping the call kills the server it started (kill_on_drop).
             () = self.cancel.cancelled() => Err("the turn was cancelled".to_string()),
         };
@@ -51,8 +51,8 @@ impl Turn<'_> {
 }
 
 /// Starts the stdio MCP server `server` describes (ACP's `McpServerStdio`), calls `delegate`
-/// with `prompt`, and returns the text of its result (`Err` with it for a tool error).
-async fn call(server: &serde_json::Value, prompt: &str) -> Result<String, String> {
+/// with `args`, and returns the text of its result (`Err` with it for a tool error).
+async fn call(server: &serde_json::Value, args: serde_json::Value) -> Result<String, String> {
     let command = server
         .get("command")
         .and_then(|c| c.as_str())
@@ -96,7 +96,6 @@ async fn call(server: &serde_json::Value, prompt: &str) -> Result<String, String
         ().serve((stdout, stdin))
             .await
             .map_err(|e| format!("MCP initialize failed: {e}"))?;
-    let args = json!({ "prompt": prompt });
     let params = CallToolRequestParams::new("delegate")
         .with_arguments(args.as_object().cloned().unwrap_or_default());
     let result = client

@@ -140,6 +140,8 @@ PROMPT SCRIPT
                         session/new (else, hiding ACPD_DEPTH, `acpd mcp --socket
                         $ACPD_SOCKET`; \\n in PROMPT is a line break); stream
                         \"delegated: <OUTPUT>\" or \"delegate failed: <WHY>\"
+  :delegate-json JSON   as :delegate, with the tool's arguments the JSON object as written
+                        (prompt, provider, cwd, workspace...)
 
   An unknown directive streams \"unknown directive: <NAME>\"; a malformed one streams an
   explanation; both are otherwise skipped. A session/cancel ends a running turn with
@@ -397,6 +399,7 @@ mod tests {
             "subagent",
             "subagent-hang",
             "delegate",
+            "delegate-json",
         ] {
             assert!(
                 help.contains(&format!("  :{name} ")),

@@ -129,6 +129,9 @@ pub(super) enum Step {
     /// Calls the `delegate` tool of the MCP server named `acpd` that `session/new` offered,
     /// with this prompt (`\n` in the directive stands for a line break).
     Delegate(String),
+    /// The same with these arguments, a JSON object as written (a hostile child's `cwd`,
+    /// `provider`, `workspace`).
+    DelegateJson(String),
 }
 
 /// The second `sessionId` of `:dup-session` when none is given.
@@ -292,6 +295,10 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
             hang: true,
         },
         "delegate" => Step::Delegate(required(rest, "PROMPT")?.replace("\\n", "\n")),
+        "delegate-json" => match serde_json::from_str::<serde_json::Value>(rest) {
+            Ok(serde_json::Value::Object(_)) => Step::DelegateJson(rest.to_string()),
+            _ => return Err(Bad::Args(format!("JSON must be an object, got {rest:?}"))),
+        },
         _ => return Err(Bad::Unknown),
     };
     Ok(step)

@@ -353,7 +353,11 @@ impl Turn<'_> {
             Step::Stderr(text) => write_stderr(text.as_bytes(), 1),
             Step::StderrFlood { count, size } => write_stderr(&vec![b'e'; size], count),
             Step::Subagent { text, hang } => return self.subagent(&text, hang).await,
-            Step::Delegate(prompt) => self.delegate(&prompt).await,
+            Step::Delegate(prompt) => self.delegate(serde_json::json!({ "prompt": prompt })).await,
+            Step::DelegateJson(args) => {
+                self.delegate(serde_json::from_str(&args).unwrap_or_default())
+                    .await
+            }
         }
         None
     }

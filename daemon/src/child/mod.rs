@@ -457,6 +457,12 @@ impl Child {
         self.shared.tree.pid()
     }
 
+    /// What this child's sandbox lets it write (none: it is not sandboxed); a run started
+    /// from inside its tree is held within it.
+    pub fn confinement(&self) -> Option<Arc<supervise::Confinement>> {
+        self.shared.tree.confinement()
+    }
+
     pub fn stderr_tail(&self) -> Vec<String> {
         self.shared.stderr.snapshot()
     }

@@ -119,6 +119,11 @@ impl Failure {
             "INVALID_REQUEST" => {
                 "Fix the arguments to match the tool's input schema and call it again.".into()
             }
+            "NOT_PERMITTED" => "You run sandboxed, and a run you start is held to your sandbox: \
+                                pick a provider with sandbox = \"landlock\" (and no network if \
+                                you have none) and a `cwd` where you may write, or do the work \
+                                yourself."
+                .into(),
             "DAEMON_GONE" => "Start the daemon again (`acpd serve`, or `systemctl --user start \
                               acpd.socket`) and start new runs; runs from before are lost."
                 .into(),

@@ -29,6 +29,9 @@ pub(super) struct Admission<'a> {
     pub max_depth: Option<u32>,
     /// The depth and depth limit of the child that asked for this one, when nested.
     pub nested_in: Option<(u32, u32)>,
+    /// What the sandboxed child that asked for this one may write: this child is held within
+    /// it (see [`super::sandbox_plan::confine`]).
+    pub confined: Option<Arc<crate::supervise::Confinement>>,
     /// The cwd asked for; it wins over the provider's `cwd`, which wins over `fallback_cwd`.
     pub cwd: Option<&'a Path>,
     pub fallback_cwd: Option<&'a Path>,
@@ -51,6 +54,7 @@ impl<'a> Admission<'a> {
             traced: true,
             max_depth: None,
             nested_in: None,
+            confined: None,
             cwd: None,
             fallback_cwd: None,
             session: None,
@@ -112,6 +116,10 @@ impl Registry {
     {
         let (depth, max_depth) = self.check_depth(config, a.max_depth, a.nested_in)?;
         let cwd = resolve_cwd(&provider, a.cwd, a.fallback_cwd)?;
+        let cwd = match &a.confined {
+            Some(limit) => super::sandbox_plan::confine(&provider, &cwd, limit)?,
+            None => cwd,
+        };
         let provider = crate::catalog::resolve_provider(config, provider, a.cancel)
             .await
             .map_err(RegistryError::from)?;
@@ -124,6 +132,30 @@ impl Registry {
             ),
             None => None,
         };
+        // A repository swapped in under the checked cwd while git ran: the worktree acpd made
+        // must be of the repository that holds the directory that passed the check.
+        let swapped = match (&a.confined, &workspace) {
+            (Some(limit), Some(w))
+                if !(std::fs::canonicalize(&w.repo).is_ok_and(|r| r == w.repo)
+                    && cwd.starts_with(&w.repo)) =>
+            {
+                Some(limit.clone())
+            }
+            _ => None,
+        };
+        if let Some(limit) = swapped {
+            if let Some(w) = workspace {
+                w.remove(false).await;
+            }
+            return Err(RegistryError::Confined {
+                reason: format!(
+                    "the repository of {:?} changed while its worktree was made",
+                    cwd.to_string_lossy()
+                ),
+                limit,
+            }
+            .into());
+        }
         let cwd = workspace.as_ref().map_or(cwd, |w| w.cwd.clone());
         let mut spec = ChildSpec {
             relay: a.relay,
@@ -135,8 +167,28 @@ impl Registry {
         let root = workspace
             .as_ref()
             .map_or(spec.cwd.clone(), |w| w.path.clone());
-        match super::sandbox_plan::sandbox_for(&provider, &root, &spec.run_id, &mut spec.env).await
-        {
+        let sandboxed = super::sandbox_plan::sandbox_for(
+            &provider,
+            (&root, workspace.is_some()),
+            a.confined.as_ref(),
+            &spec.run_id,
+            &mut spec.env,
+        )
+        .await;
+        // `auto` on a kernel that lost Landlock since the asking child was sandboxed.
+        let sandboxed = match (sandboxed, &a.confined) {
+            (Ok(None), Some(limit)) => Err(RegistryError::Confined {
+                reason: format!(
+                    "provider \"{}\" would run unsandboxed here, and the child asking is \
+                     sandboxed ({})",
+                    provider.name,
+                    limit.describe()
+                ),
+                limit: limit.clone(),
+            }),
+            (other, _) => other,
+        };
+        match sandboxed {
             Ok(sandbox) => spec.sandbox = sandbox,
             Err(e) => {
                 if let Some(w) = workspace {

@@ -11,6 +11,7 @@ use acpd_protocol::tool_filter::ToolFilter;
 
 use super::{Registry, RegistryError, Run, lock};
 use crate::config::ProviderConfig;
+use crate::supervise::Confinement;
 
 /// Whose child started a nested run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +30,9 @@ pub struct Nest {
     pub depth: u32,
     /// The depth limit that child is under (a run's `maxDepth` binds what it starts).
     pub max_depth: u32,
+    /// What that child's sandbox lets it write (none: it is not sandboxed): a run started
+    /// from its tree may write nowhere it could not, nor use a network it may not.
+    pub confinement: Option<Arc<Confinement>>,
 }
 
 /// Where a connecting process stands relative to this acpd's children.
@@ -108,7 +112,7 @@ impl Registry {
 
     /// Where a connection from a process with `origin` belongs: the nearest of its ancestors
     /// (itself included, acpd excluded) that is a live child of this acpd — a run's, or a
-    /// bridge session's as `session_of` tells.
+    /// bridge session's as `session_of` tells (with that session child's confinement).
     ///
     /// Only a walk that reached init without meeting acpd, from a process in none of acpd's
     /// child groups, makes an outsider. A process that left its tree by a double fork is
@@ -118,7 +122,7 @@ impl Registry {
     pub fn lineage_of(
         &self,
         origin: &Origin,
-        session_of: impl Fn(i32) -> Option<String>,
+        session_of: impl Fn(i32) -> Option<(String, Option<Arc<Confinement>>)>,
     ) -> Lineage {
         let own = std::process::id() as i32;
         for &(at, _) in &origin.ancestry.chain {
@@ -139,18 +143,24 @@ impl Registry {
     }
 
     /// The nest of the run or bridge session whose child is `pid`, if any.
-    fn nest_at(&self, pid: i32, session_of: &impl Fn(i32) -> Option<String>) -> Option<Nest> {
+    fn nest_at(
+        &self,
+        pid: i32,
+        session_of: &impl Fn(i32) -> Option<(String, Option<Arc<Confinement>>)>,
+    ) -> Option<Nest> {
         if let Some(run) = self.run_by_pid(pid) {
             return Some(Nest {
                 parent: Parent::Run(run.run_id.clone()),
                 depth: run.depth,
                 max_depth: run.max_depth,
+                confinement: run.confinement.clone(),
             });
         }
-        session_of(pid).map(|session| Nest {
+        session_of(pid).map(|(session, confinement)| Nest {
             parent: Parent::Session(session),
             depth: self.inner.depth.depth.saturating_add(1),
             max_depth: self.max_depth(None),
+            confinement,
         })
     }
 

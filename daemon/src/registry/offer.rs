@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::Registry;
-use crate::config::ProviderConfig;
+use crate::config::{ProviderConfig, SandboxMode};
+use crate::supervise::landlock_abi;
 
 /// The MCP server entry's name, as agents show it (`mcp__acpd__delegate` in Claude Code).
 pub(super) const SERVER_NAME: &str = "acpd";
@@ -43,9 +44,7 @@ impl Registry {
             .unwrap_or_else(|p| p.into_inner())
             .clone()?;
         let socket = socket.to_str()?.to_string();
-        // This very binary for as long as acpd (the agent's ancestor) lives, even after an
-        // upgrade replaced the file it was started from.
-        let exe = format!("/proc/{}/exe", std::process::id());
+        let exe = offered_command(provider)?;
         Some(json!({
             "name": SERVER_NAME,
             "command": exe,
@@ -70,6 +69,38 @@ impl Registry {
                 .any(|s| s.get("name").and_then(|n| n.as_str()) == Some(SERVER_NAME))
         {
             list.push(entry);
+        }
+    }
+}
+
+/// The program the child is told to start as `acpd mcp`.
+///
+/// Unsandboxed: `/proc/<acpd>/exe`, this very binary for as long as acpd (the agent's
+/// ancestor) lives, even after an upgrade replaced the file it was started from. A sandboxed
+/// child cannot start that: Landlock forbids following another domain's `/proc/<pid>/exe`
+/// (a ptrace-class access), so it gets the path acpd's binary was started from, checked to be
+/// a file it may read and execute. When an upgrade replaced that file, the child starts the
+/// new acpd's `acpd mcp`, which speaks the same `_acpd/*` methods over the socket; when the
+/// file is gone or lies where the sandbox denies, nothing is offered (and that is logged),
+/// since an entry the child cannot start would only fail its agent's first tool call.
+fn offered_command(provider: &ProviderConfig) -> Option<String> {
+    let sandboxed = provider.sandbox != SandboxMode::None && landlock_abi() > 0;
+    if !sandboxed {
+        return Some(format!("/proc/{}/exe", std::process::id()));
+    }
+    let started = std::fs::read_link("/proc/self/exe").ok()?;
+    // The kernel names a replaced or removed binary "<path> (deleted)".
+    let started = started.to_str()?;
+    let path = Path::new(started.strip_suffix(" (deleted)").unwrap_or(started));
+    match super::sandbox_plan::runnable_in_sandbox(path) {
+        Ok(real) => real.to_str().map(str::to_string),
+        Err(why) => {
+            tracing::warn!(
+                provider = %provider.name,
+                "acpd is not offered to this sandboxed provider's children: its binary cannot \
+                 be started inside the sandbox ({why})"
+            );
+            None
         }
     }
 }

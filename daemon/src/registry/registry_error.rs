@@ -53,6 +53,12 @@ pub enum RegistryError {
     Workspace { provider: String, reason: String },
     #[error("provider \"{provider}\" cannot be sandboxed: {reason}")]
     Sandbox { provider: String, reason: String },
+    /// A run started from inside a sandboxed child's tree would escape that child's sandbox.
+    #[error("not permitted from inside a sandboxed child: {reason}")]
+    Confined {
+        reason: String,
+        limit: std::sync::Arc<crate::supervise::Confinement>,
+    },
 }
 
 impl RegistryError {
@@ -70,6 +76,7 @@ impl RegistryError {
             RegistryError::RunBusy { .. } => ErrorName::RunBusy,
             RegistryError::RunEnded { .. } => ErrorName::RunEnded,
             RegistryError::InvalidRequest { .. } => ErrorName::InvalidRequest,
+            RegistryError::Confined { .. } => ErrorName::NotPermitted,
             RegistryError::Workspace { .. } | RegistryError::Sandbox { .. } => {
                 ErrorName::StartFailed
             }
@@ -99,6 +106,12 @@ impl RegistryError {
             if let Some(cause) = cause {
                 data["cause"] = serde_json::Value::String(cause.clone());
             }
+        }
+        if let RegistryError::Confined { limit, .. } = self {
+            data["confinement"] = serde_json::json!({
+                "write": limit.write,
+                "network": limit.network,
+            });
         }
         data
     }

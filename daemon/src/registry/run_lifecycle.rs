@@ -61,6 +61,8 @@ pub(super) struct RunInit {
     pub sink: Option<mpsc::Sender<String>>,
     pub schema: Option<Arc<OutputSchema>>,
     pub tool_filter: Option<Arc<ToolFilter>>,
+    /// What the run's child may write (its sandbox), which binds the runs it starts.
+    pub confinement: Option<Arc<crate::supervise::Confinement>>,
     pub parent: Option<super::Parent>,
     pub uid: Option<u32>,
     pub workspace: Option<crate::workspace::Worktree>,
@@ -93,6 +95,8 @@ pub struct Run {
     schema: Option<Arc<OutputSchema>>,
     /// Every turn holds the child to it (the agent was given it at `session/new`).
     tool_filter: Option<Arc<ToolFilter>>,
+    /// See [`RunInit::confinement`].
+    pub(super) confinement: Option<Arc<crate::supervise::Confinement>>,
     state: watch::Sender<RunState>,
     slot: Mutex<Holding>,
     /// The run's worktree until dispose removes it.
@@ -152,6 +156,7 @@ impl Run {
             sink: init.sink,
             schema: init.schema,
             tool_filter: init.tool_filter,
+            confinement: init.confinement,
             state,
             slot: Mutex::new(Holding::default()),
             workspace: Mutex::new(init.workspace.map(Arc::new)),

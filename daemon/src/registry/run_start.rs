@@ -81,6 +81,12 @@ impl Registry {
                 reason: "the run this one would be nested under has spent its budget".into(),
             });
         }
+        // Refused before anything runs, the persona's probe included (the gate checks again,
+        // on the resolved cwd it starts the child in).
+        if let Some(limit) = opts.nest.as_ref().and_then(|n| n.confinement.as_ref()) {
+            let cwd = resolve_cwd(&provider, req.cwd.as_deref(), opts.caller_cwd.as_deref())?;
+            super::sandbox_plan::confine(&provider, &cwd, limit)?;
+        }
         if req.persona.is_some() {
             let cwd = resolve_cwd(&provider, req.cwd.as_deref(), opts.caller_cwd.as_deref())?;
             if !self
@@ -129,6 +135,7 @@ impl Registry {
         let admission = Admission {
             max_depth: req.max_depth,
             nested_in: opts.nest.as_ref().map(|n| (n.depth, n.max_depth)),
+            confined: opts.nest.as_ref().and_then(|n| n.confinement.clone()),
             cwd: req.cwd.as_deref(),
             fallback_cwd: opts.caller_cwd.as_deref(),
             session: Some(SessionParams {
@@ -185,6 +192,7 @@ impl Registry {
             sink: opts.sink,
             schema,
             tool_filter: tool_filter.map(Arc::new),
+            confinement: child.confinement(),
             uid: match opts.nest.as_ref().map(|n| &n.parent) {
                 Some(Parent::Run(parent)) => lock(&self.inner.table)
                     .runs

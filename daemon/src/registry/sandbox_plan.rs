@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::RegistryError;
 use crate::config::{ProviderConfig, SandboxMode, presets};
-use crate::supervise::{Sandbox, SandboxPlan, landlock_abi};
+use crate::supervise::{Confinement, Sandbox, SandboxError, SandboxPlan, landlock_abi};
 
 /// Under `$HOME`: never read or written by a sandboxed child.
 const DENY_HOME: &[&str] = &[
@@ -55,11 +55,69 @@ pub(crate) fn enforced(provider: &ProviderConfig) -> String {
     }
 }
 
-/// The sandbox for a child of `provider` whose workspace is `root`, with its env's `TMPDIR`
-/// pointed at a private tmp; `None` when the provider has none (or `auto` found no Landlock).
+/// Where a run started from inside a sandboxed child's tree may go, before anything is made:
+/// a provider that is sandboxed here (never `sandbox = "none"`, never a far host), with no
+/// network the child lacks, in a cwd that, resolved (symlinks, `..`), lies where the child
+/// may write. Returns that resolved cwd, which the run is started in (a path swapped after
+/// this check is caught again where the sandbox opens its workspace).
+///
+/// A `none` provider is refused rather than run under the asking child's ruleset: its agent
+/// was configured to write its own state where it likes, so it would fail in ways nobody
+/// could read, and the ruleset would also forbid the worktree acpd makes for it.
+pub(super) fn confine(
+    provider: &ProviderConfig,
+    cwd: &Path,
+    limit: &Arc<Confinement>,
+) -> Result<PathBuf, RegistryError> {
+    let refuse = |reason: String| RegistryError::Confined {
+        reason,
+        limit: limit.clone(),
+    };
+    let name = &provider.name;
+    if provider.remote.is_some() {
+        return Err(refuse(format!(
+            "provider \"{name}\" runs on another host, beyond the sandbox of the child asking \
+             ({}); delegate to a local provider with sandbox = \"landlock\"",
+            limit.describe()
+        )));
+    }
+    if provider.sandbox == SandboxMode::None {
+        return Err(refuse(format!(
+            "provider \"{name}\" runs unsandboxed (sandbox = \"none\"), and the child asking is \
+             sandboxed ({}); delegate to a provider with sandbox = \"landlock\"",
+            limit.describe()
+        )));
+    }
+    if provider.network && !limit.network {
+        return Err(refuse(format!(
+            "provider \"{name}\" may use the network (network = true), and the child asking \
+             may not ({}); delegate to a provider with network = false",
+            limit.describe()
+        )));
+    }
+    let real = std::fs::canonicalize(cwd).map_err(|e| RegistryError::InvalidCwd {
+        reason: format!("cannot resolve {:?}: {e}", cwd.to_string_lossy()),
+    })?;
+    if !limit.permits_write(&real) {
+        return Err(refuse(format!(
+            "the cwd {:?} (resolved: {:?}) lies outside what the child asking may write ({}); \
+             give a cwd beneath one of those",
+            cwd.to_string_lossy(),
+            real.to_string_lossy(),
+            limit.describe()
+        )));
+    }
+    Ok(real)
+}
+
+/// The sandbox for a child of `provider` whose workspace is `root` (`own_root`: a worktree
+/// acpd made for it), held within `limit` when a sandboxed child asked for it, with its env's
+/// `TMPDIR` pointed at a private tmp; `None` when the provider has none (or `auto` found no
+/// Landlock).
 pub(super) async fn sandbox_for(
     provider: &ProviderConfig,
-    root: &Path,
+    (root, own_root): (&Path, bool),
+    limit: Option<&Arc<Confinement>>,
     id: &str,
     env: &mut Vec<(OsString, OsString)>,
 ) -> Result<Option<Arc<Sandbox>>, RegistryError> {
@@ -91,13 +149,18 @@ pub(super) async fn sandbox_for(
             ));
         }
     };
-    let plan = plan(
+    let mut plan = plan(
         provider,
         root,
         home.as_deref(),
         data.as_deref(),
         tmp.clone(),
     );
+    if let Some(limit) = limit {
+        plan.network &= limit.network;
+        plan.limit = Some(limit.clone());
+        plan.own_root = own_root;
+    }
     let marker = match tmp.parent() {
         Some(parent) => {
             crate::private_fs::private_dir(parent).map_err(|e| failed(e.to_string()))?;
@@ -119,6 +182,18 @@ pub(super) async fn sandbox_for(
             env.retain(|(k, _)| k != "TMPDIR");
             env.push(("TMPDIR".into(), tmp.into_os_string()));
             Ok(Some(Arc::new(sandbox)))
+        }
+        Ok(Err(SandboxError::Outside { path, limit })) => {
+            discard(&tmp, marker.as_deref());
+            Err(RegistryError::Confined {
+                reason: format!(
+                    "the workspace {:?} lies outside what the child asking may write ({}); \
+                     give a cwd beneath one of those",
+                    path.to_string_lossy(),
+                    limit.describe()
+                ),
+                limit,
+            })
         }
         Ok(Err(e)) => {
             discard(&tmp, marker.as_deref());
@@ -167,7 +242,6 @@ fn plan(
 ) -> SandboxPlan {
     let mut write: Vec<PathBuf> = vec![root.to_path_buf()];
     write.extend(DEVICES.iter().map(PathBuf::from));
-    let mut deny: Vec<PathBuf> = Vec::new();
     if let Some(home) = home {
         let preset = provider.preset.as_deref().and_then(presets::find);
         for dir in preset.map_or(&[][..], |p| p.sandbox_dirs) {
@@ -181,6 +255,21 @@ fn plan(
             }
             write.push(dir);
         }
+    }
+    SandboxPlan {
+        deny: denied(home, data),
+        write,
+        network: provider.network,
+        tmp: Some(tmp),
+        ..SandboxPlan::default()
+    }
+}
+
+/// The paths no sandboxed child reads or runs anything from: credentials, acpd's own state,
+/// its children's worktrees and tmps.
+fn denied(home: Option<&Path>, data: Option<&Path>) -> Vec<PathBuf> {
+    let mut deny: Vec<PathBuf> = Vec::new();
+    if let Some(home) = home {
         deny.extend(DENY_HOME.iter().map(|d| home.join(d)));
     }
     if let Some(data) = data {
@@ -189,11 +278,35 @@ fn plan(
         deny.push(data.join("tmp"));
     }
     deny.extend(crate::supervise::default_state_dir());
-    SandboxPlan {
-        write,
-        deny,
-        network: provider.network,
-        tmp: Some(tmp),
+    deny
+}
+
+/// Whether a sandboxed child could run the program at `path`: a regular file, executable by
+/// this user, not beneath anything the sandbox denies (checked resolved, as the kernel would
+/// find it).
+pub(super) fn runnable_in_sandbox(path: &Path) -> Result<PathBuf, String> {
+    let real = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = std::fs::metadata(&real).map_err(|e| format!("{}: {e}", real.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", real.display()));
+    }
+    nix::unistd::access(&real, nix::unistd::AccessFlags::X_OK)
+        .map_err(|e| format!("{} is not executable: {}", real.display(), e.desc()))?;
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute());
+    let data = presets::data_dir();
+    let denied = denied(home.as_deref(), data.as_deref())
+        .into_iter()
+        .filter_map(|d| std::fs::canonicalize(d).ok())
+        .find(|d| real.starts_with(d));
+    match denied {
+        Some(d) => Err(format!(
+            "{} lies in {}, which a sandboxed child may not read",
+            real.display(),
+            d.display()
+        )),
+        None => Ok(real),
     }
 }
 

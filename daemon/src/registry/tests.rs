@@ -55,6 +55,7 @@ async fn published_under(p: ProviderConfig, above: Option<Arc<Spend>>) -> (Regis
         sink: None,
         schema: None,
         tool_filter: None,
+        confinement: None,
         parent: None,
         workspace: None,
         uid: None,

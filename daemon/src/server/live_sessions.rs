@@ -306,12 +306,15 @@ impl Sessions {
         lock(&self.live).get(id).and_then(|l| l.workspace.clone())
     }
 
-    /// The live session whose child is process `pid`.
-    pub(crate) fn by_pid(&self, pid: i32) -> Option<String> {
+    /// The live session whose child is `pid`, and what that child may write.
+    pub(crate) fn by_pid(
+        &self,
+        pid: i32,
+    ) -> Option<(String, Option<Arc<crate::supervise::Confinement>>)> {
         lock(&self.live)
             .iter()
             .find(|(_, l)| l.child.pid() == pid)
-            .map(|(id, _)| id.clone())
+            .map(|(id, l)| (id.clone(), l.child.confinement()))
     }
 
     /// Sends a `session/update` about a run nested under session `id` to its parent, if the

@@ -33,7 +33,7 @@ pub(crate) use reaper::init;
 pub(crate) use records::default_state_dir;
 pub(crate) use records::{enable_default as keep_records, forget as forget_records, kill_all};
 pub(crate) use records::{is_own_child, start_time};
-pub(crate) use sandbox::{Sandbox, SandboxPlan, landlock_abi};
+pub(crate) use sandbox::{Confinement, Sandbox, SandboxError, SandboxPlan, landlock_abi};
 pub(crate) use spawn::{SpawnError, SpawnSpec, spawn_sandboxed, spawn_standalone};
 #[cfg(test)]
 pub(crate) use spawn::{Spawned, spawn};

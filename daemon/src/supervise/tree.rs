@@ -80,7 +80,7 @@ struct Inner {
     /// Read just before the cgroup is removed, so it is still known afterwards.
     limit_hit: std::sync::Mutex<Option<LimitHit>>,
     /// The tree's sandbox, held as long as the tree (its private tmp goes with it).
-    _sandbox: Option<Arc<super::sandbox::Sandbox>>,
+    sandbox: Option<Arc<super::sandbox::Sandbox>>,
 }
 
 /// Upper bound on waiting for a SIGKILLed group to disappear; only zombies we cannot reap
@@ -117,9 +117,14 @@ impl ProcessTree {
                 teardown: OnceCell::new(),
                 contained,
                 limit_hit: std::sync::Mutex::new(None),
-                _sandbox: sandbox,
+                sandbox,
             }),
         }
+    }
+
+    /// What the tree's sandbox lets it write, when it has one.
+    pub(crate) fn confinement(&self) -> Option<Arc<super::sandbox::Confinement>> {
+        self.inner.sandbox.as_ref().map(|s| s.confinement().clone())
     }
 
     /// The leader's pid, which is also the process group id.
