@@ -132,7 +132,7 @@ fn strict_families(text: &str) -> Vec<String> {
     families
 }
 
-const FAMILIES: [&str; 17] = [
+const FAMILIES: [&str; 18] = [
     "acpd_connections_total",
     "acpd_connections_open",
     "acpd_runs_started_total",
@@ -150,6 +150,7 @@ const FAMILIES: [&str; 17] = [
     "acpd_queued_starts",
     "acpd_otel_spans_exported_total",
     "acpd_otel_spans_dropped_total",
+    "acpd_otel_values_cut_total",
 ];
 
 /// `acpd status --metrics` is strict Prometheus text with every family (and `promtool check
