@@ -222,9 +222,27 @@ pub(crate) async fn read_into<R: AsyncRead + Unpin>(
     .await
 }
 
-/// A framed line as a message.
+/// A framed line as a message, its lone surrogates replaced ([`unicode_escapes`]).
 pub(crate) fn parse(line: Result<Bytes, LineFault>) -> Result<Message, LineFault> {
-    Ok(envelope::parse(&line?)?)
+    Ok(envelope::parse(&unicode_escapes(line?))?)
+}
+
+/// `line` with every lone surrogate escape (`\ud800`) replaced by `\ufffd`, so what acpd
+/// reads, and passes on, is Unicode a typed reader decodes (see `envelope::surrogates` for
+/// why replaced, not refused). Looks only at a line with a `\u` in it; copies only one that
+/// has a lone surrogate. Every line acpd parses whole goes through it ([`parse`]); the
+/// relay's hot path, which does not, checks its text where the template allows escapes.
+pub(crate) fn unicode_escapes(line: Bytes) -> Bytes {
+    if memchr::memmem::find(&line, b"\\u").is_none() {
+        return line;
+    }
+    match envelope::replace_lone_surrogates(&line) {
+        Some(fixed) => {
+            tracing::debug!("replaced a lone surrogate escape in a line read with \\ufffd");
+            Bytes::from(fixed)
+        }
+        None => line,
+    }
 }
 
 /// Sleeps until `deadline`, or forever without one: a `select!` branch for an optional timer.
