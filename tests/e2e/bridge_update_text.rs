@@ -194,6 +194,16 @@ fn a_lone_surrogate_reaches_the_editor_as_a_replacement_character_on_both_paths(
         "{}",
         chunks[3].text()
     );
+    // An id is echoed as its sender wrote it, lone half and all: only text is replaced.
+    raw.line(r#"{"jsonrpc":"2.0","id":"x\ud800","method":"_acpd/runs","params":{}}"#);
+    let answer = raw.next();
+    assert!(
+        answer
+            .text()
+            .starts_with(r#"{"jsonrpc":"2.0","id":"x\ud800","result":"#),
+        "{}",
+        answer.text()
+    );
 }
 
 /// The same in a run (collect mode, which parses every line whole): the lone half is kept as
