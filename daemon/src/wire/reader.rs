@@ -250,9 +250,11 @@ pub(crate) fn unicode_escapes(line: Bytes) -> Bytes {
             }
             | MessageRef::Response { outcome: Ok(v), .. },
         ) => v.get(),
-        // A line that is not a message stays the fault it is; one with nothing to replace
-        // outside its id, as it is.
-        _ => return line,
+        // Nothing to replace but in the id (or an error, whose message the parse decoded).
+        Ok(_) => return line,
+        // Not a message as it is: an error's message or a method with a lone half does not
+        // decode. Replaced throughout, it may be one (its id was unreadable either way).
+        Err(_) => return envelope::replace_lone_surrogates(&line).map_or(line, Bytes::from),
     };
     let at = (value.as_ptr() as usize).wrapping_sub(line.as_ptr() as usize);
     let Some(fixed) = envelope::replace_lone_surrogates(value.as_bytes()) else {
