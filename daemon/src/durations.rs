@@ -39,6 +39,22 @@ pub(crate) fn parse_flag(text: &str) -> Result<Duration, String> {
     check(d, text)
 }
 
+/// A duration a request carries (`budget.wall`): [`parse_flag`]'s syntax, written exactly as
+/// it: letters, digits and single spaces between them. A request is a program's, not a
+/// shell's: `"5s\n"` is a bug to name, not white space to guess past.
+pub(crate) fn parse_exact(text: &str) -> Result<Duration, String> {
+    let tidy = text.trim() == text
+        && !text.contains("  ")
+        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b' ');
+    if !tidy {
+        return Err(format!(
+            "{text:?} is not a duration: only letters, digits and single spaces between them; \
+             write e.g. \"90s\" or \"30m\""
+        ));
+    }
+    parse_flag(text)
+}
+
 /// `now + d`, capped at [`CEILING`] past now: never panics, whatever `d` is.
 pub(crate) fn deadline(d: Duration) -> tokio::time::Instant {
     deadline_from(tokio::time::Instant::now(), d)
@@ -82,6 +98,18 @@ mod tests {
         assert!(e.contains("ceiling of 30days"), "{e}");
         assert!(parse_flag("31days").is_err());
         assert!(parse_flag("soon").is_err());
+    }
+
+    #[test]
+    fn a_requests_duration_is_written_exactly() {
+        assert_eq!(parse_exact("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_exact("1m 30s"), Ok(Duration::from_secs(90)));
+        for bad in [
+            "5s\n", " 5s", "5s ", "5s\t", "1m\n30s", "1m  30s", "", "5\u{a0}s",
+        ] {
+            let e = parse_exact(bad).unwrap_err();
+            assert!(e.contains("is not a duration"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

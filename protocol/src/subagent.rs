@@ -83,14 +83,50 @@ pub struct StartRequest {
 
 /// A run's budget: tokens the agent reports (`usage_update`, the prompt result's `usage`) and
 /// wall-clock time from its start, across turns. Runs nested under it spend from it too.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+///
+/// Read only from a JSON object: serde's derive would also take an array by position
+/// (`[5000, "30m"]`), a shape no document shows and no caller means.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Budget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
     /// A duration such as `"30m"` or `"90s"` (bare digits are seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wall: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct BudgetFields {
+    #[serde(default)]
+    tokens: Option<u64>,
+    #[serde(default)]
+    wall: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Budget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Budget, D::Error> {
+        struct Object;
+        impl<'de> serde::de::Visitor<'de> for Object {
+            type Value = Budget;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(r#"`budget` as an object, e.g. {"tokens": 5000, "wall": "30m"}"#)
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Budget, A::Error> {
+                let fields =
+                    BudgetFields::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                        .map_err(|e| serde::de::Error::custom(format!("budget: {e}")))?;
+                Ok(Budget {
+                    tokens: fields.tokens,
+                    wall: fields.wall,
+                })
+            }
+        }
+        d.deserialize_map(Object)
+    }
 }
 
 /// Where a child works: the cwd it is given, or a git worktree of its own.
@@ -358,6 +394,10 @@ mod tests {
             serde_json::from_str::<StartRequest>(r#"{"prompt":[],"budget":{"tokens":-1}}"#)
                 .is_err()
         );
+        let e = serde_json::from_str::<StartRequest>(r#"{"prompt":[],"budget":[100,"30m"]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`budget` as an object"), "{e}");
     }
 
     #[test]

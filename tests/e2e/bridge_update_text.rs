@@ -133,3 +133,93 @@ fn updates_reach_an_editor(subagents: bool) {
     raw.close_write();
     assert!(raw.drain_to_eof(ANSWER), "acpd stdio did not exit");
 }
+
+/// A lone surrogate escape (`\ud800`, what JavaScript's `JSON.stringify` writes for half an
+/// emoji) is JSON's grammar but no Unicode: an editor that decodes strings (serde_json) would
+/// refuse the whole line. acpd replaces each lone one with `\ufffd` on both relay paths: the
+/// full one (an update of a new shape) and the hot one (the same shape again, only the text
+/// differing); a pair passes byte for byte.
+#[test]
+fn a_lone_surrogate_reaches_the_editor_as_a_replacement_character_on_both_paths() {
+    let env = Env::new("");
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({}));
+    let session = raw.new_session(env.path(), "fast");
+    let update = |kind: &str, text: &str| {
+        format!(
+            ":raw-update {{\"sessionUpdate\":\"{kind}\",\"content\":{{\"type\":\"text\",\"text\":\"{text}\"}}}}\n"
+        )
+    };
+    let chunk = |text: &str| update("agent_message_chunk", text);
+    let script = [
+        // Another shape first: the next chunk is the full path's, the ones after it fit it.
+        update("agent_thought_chunk", "thinking"),
+        chunk(r"full \ud800 path"),
+        chunk(r"hot \ud800 path"),
+        chunk(r"low \udc00 half"),
+        chunk(r"pair \ud83d\ude00 kept"),
+        chunk(r"cut \ud83d"),
+        chunk(r"\ude00 after the cut"),
+    ]
+    .concat();
+    let start = raw.seen.len();
+    let id = raw.send_prompt(&session, &script);
+    let answer = raw.answer(&json!(id)).value;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let chunks: Vec<&Line> = raw.seen[start..]
+        .iter()
+        .filter(|l| String::from_utf8_lossy(&l.raw).contains("agent_message_chunk"))
+        .collect();
+    let texts: Vec<&str> = chunks
+        .iter()
+        .map(|l| {
+            l.value["params"]["update"]["content"]["text"]
+                .as_str()
+                .unwrap_or_else(|| panic!("a line serde_json cannot read: {}", l.text()))
+        })
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "full \u{fffd} path",
+            "hot \u{fffd} path",
+            "low \u{fffd} half",
+            "pair 😀 kept",
+            "cut \u{fffd}",
+            "\u{fffd} after the cut",
+        ]
+    );
+    assert!(
+        chunks[3].text().contains(r"pair \ud83d\ude00 kept"),
+        "{}",
+        chunks[3].text()
+    );
+    // An id is echoed as its sender wrote it, lone half and all: only text is replaced.
+    raw.line(r#"{"jsonrpc":"2.0","id":"x\ud800","method":"_acpd/runs","params":{}}"#);
+    let answer = raw.next();
+    assert!(
+        answer
+            .text()
+            .starts_with(r#"{"jsonrpc":"2.0","id":"x\ud800","result":"#),
+        "{}",
+        answer.text()
+    );
+}
+
+/// The same in a run (collect mode, which parses every line whole): the lone half is kept as
+/// U+FFFD in the run's output, not a chunk dropped as unreadable.
+#[test]
+fn a_lone_surrogate_in_a_runs_output_is_a_replacement_character() {
+    let env = Env::new("");
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({}));
+    let script = concat!(
+        r#":raw-update {"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"run \ud800 "}}"#,
+        "\n",
+        r#":raw-update {"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"pair \ud83d\ude00"}}"#,
+        "\n"
+    );
+    let run = raw.start_run("fast", script);
+    let result = raw.wait_run(&run);
+    assert_eq!(output_text(&result), "run \u{fffd} pair 😀", "{result}");
+}

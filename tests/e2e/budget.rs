@@ -123,6 +123,17 @@ fn a_request_may_lower_its_providers_budget_but_not_raise_it() {
         (json!({"tokens": 1001}), "budget of 1000 tokens"),
         (json!({"wall": "1h"}), "budget of 10m"),
         (json!({"tokens": 5, "bogus": 1}), "bogus"),
+        // Only the documented shape: an object, a duration written as it is.
+        (json!([5, "5s"]), "`budget` as an object"),
+        (
+            json!({"wall": "5s\n"}),
+            "budget.wall: \"5s\\n\" is not a duration",
+        ),
+        (
+            json!({"wall": " 5s"}),
+            "budget.wall: \" 5s\" is not a duration",
+        ),
+        (json!({"tokens": "5"}), "budget: invalid type"),
     ] {
         let answer = raw.call(
             "_acpd/subagent/start",
@@ -322,5 +333,53 @@ fn acpd_run_budget_above_the_providers_is_refused_and_nothing_starts() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(code(&out), 2, "{flags:?}: {stderr}");
         assert!(stderr.contains(flags[0]), "{stderr}");
+    }
+}
+
+/// Every count JSON can write is counted: `1.2e3` and `1200.0` are 1200 tokens, a fraction
+/// rounds up; a negative or non-numeric `used` is ignored (named once in the log), and does
+/// not hide the counts after it.
+#[test]
+fn usage_written_as_a_float_is_counted_and_a_malformed_one_is_ignored() {
+    subreaper();
+    let (env, serve) = daemon("{ tokens = 1000 }");
+    let mut raw = editor(&serve);
+    let usage = |used: &str| {
+        format!(
+            ":raw-update {{\"sessionUpdate\":\"usage_update\",\"used\":{used},\"size\":200000}}\n"
+        )
+    };
+    let script = [
+        usage("-5"),
+        usage("\"lots\""),
+        usage("400.5"),
+        ":hang".into(),
+    ]
+    .concat();
+    let run = start(&mut raw, &script, json!({}));
+    let run_id = run["runId"].as_str().unwrap().to_string();
+    assert!(
+        eventually(REAPED, || listed(&mut raw, &run_id)["tokens"] == 401),
+        "{}",
+        listed(&mut raw, &run_id)
+    );
+    raw.ok("_acpd/subagent/dispose", json!({"runId": run_id}));
+    let log = std::fs::read_to_string(env.path().join("daemon.log")).unwrap_or_default();
+    assert!(
+        log.contains("ignoring the agent's usage_update.used -5: negative"),
+        "{log}"
+    );
+
+    for written in ["1.2e3", "1200.0", "1e400"] {
+        let run = start(
+            &mut raw,
+            &[usage(written), ":hang".into()].concat(),
+            json!({}),
+        );
+        let run_id = run["runId"].as_str().unwrap().to_string();
+        ended_budget(&raw.wait_run(&run_id), "token budget is spent");
+        let spent = listed(&mut raw, &run_id)["tokens"].as_u64().unwrap();
+        let expect = if written == "1e400" { u64::MAX } else { 1200 };
+        assert_eq!(spent, expect, "{written}");
     }
 }

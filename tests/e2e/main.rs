@@ -29,6 +29,7 @@ mod failures;
 mod isolation;
 mod nested;
 mod otlp;
+mod otlp_bounds;
 mod run;
 mod stdio;
 mod teardown;

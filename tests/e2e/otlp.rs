@@ -19,7 +19,7 @@ use crate::common::{Env, eventually, output_text};
 
 const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 
-fn traceparent(span: &str) -> String {
+pub(super) fn traceparent(span: &str) -> String {
     format!("00-{TRACE}-{span}-01")
 }
 
@@ -140,7 +140,7 @@ fn serve(conn: TcpStream, kept: &Mutex<Vec<SpanRec>>) {
 }
 
 /// `acpd stdio` with `otel` in its environment (and no OTEL_* of the test's own).
-fn stdio(env: &Env, otel: &[(&str, &str)]) -> Raw {
+pub(super) fn stdio(env: &Env, otel: &[(&str, &str)]) -> Raw {
     let mut cmd: Command = env.acpd();
     cmd.arg("stdio");
     for (k, _) in std::env::vars() {
@@ -157,7 +157,7 @@ fn stdio(env: &Env, otel: &[(&str, &str)]) -> Raw {
     raw
 }
 
-fn new_session(raw: &mut Raw, env: &Env, meta: Value) -> String {
+pub(super) fn new_session(raw: &mut Raw, env: &Env, meta: Value) -> String {
     let mut meta = meta;
     meta["acpd"] = json!({"provider": "fast"});
     let r = raw.ok(

@@ -132,7 +132,7 @@ fn strict_families(text: &str) -> Vec<String> {
     families
 }
 
-const FAMILIES: [&str; 17] = [
+const FAMILIES: [&str; 18] = [
     "acpd_connections_total",
     "acpd_connections_open",
     "acpd_runs_started_total",
@@ -150,6 +150,7 @@ const FAMILIES: [&str; 17] = [
     "acpd_queued_starts",
     "acpd_otel_spans_exported_total",
     "acpd_otel_spans_dropped_total",
+    "acpd_otel_values_cut_total",
 ];
 
 /// `acpd status --metrics` is strict Prometheus text with every family (and `promtool check
@@ -310,31 +311,76 @@ fn the_socket_method_answers_like_status() {
     assert!(strict_families(text).len() >= 10, "{text}");
 }
 
-/// Scrapers that connect and say nothing hold at most 16 connections, the ACP socket keeps
-/// answering meanwhile, and acpd closes the idle ones itself (10 s for a request head).
+/// A TCP connection to `to` from `source` (any 127.0.0.0/8 address is loopback on Linux).
+fn connect_from(source: [u8; 4], to: SocketAddr) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let s = rt
+        .block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(SocketAddr::from((source, 0)))?;
+            socket.connect(to).await
+        })
+        .unwrap()
+        .into_std()
+        .unwrap();
+    s.set_nonblocking(false).unwrap();
+    s
+}
+
+/// Whether acpd closed `s` (EOF), without waiting.
+fn closed(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let gone = matches!((&*s).read(&mut byte), Ok(0));
+    s.set_nonblocking(false).unwrap();
+    gone
+}
+
+/// Silent connections cost their holder, not the next scraper: 28 held open from seven
+/// addresses (more than the 16 served at once, more than the 4 one address may hold) keep
+/// nobody out. A scraper from another address, and one from an address that holds 4, are
+/// answered at once, each closing the oldest connection it competed with; the ACP socket
+/// keeps answering; and acpd closes the idle ones itself (10 s for a request head).
 #[test]
-fn idle_scrapers_are_bounded_and_closed() {
+fn silent_connections_cost_their_holder_not_the_next_scraper() {
     let (d, addr) = daemon();
-    let idle: Vec<TcpStream> = (0..24).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let idle: Vec<TcpStream> = (0..28)
+        .map(|n| connect_from([127, 0, 0, 2 + (n % 7) as u8], addr))
+        .collect();
     let mut raw = Raw::socket(&d.socket);
     raw.initialize(json!({}));
     assert!(raw.ok("_acpd/status", json!({}))["pid"].is_u64());
-    let closed = |s: &TcpStream| {
-        s.set_nonblocking(true).unwrap();
-        let mut byte = [0u8; 1];
-        let gone = matches!((&*s).read(&mut byte), Ok(0));
-        s.set_nonblocking(false).unwrap();
-        gone
-    };
-    // The ones past the bound are closed unanswered at once (the accept loop is not held).
+    // Past the bounds, the oldest are closed at once (the accept loop is not held): 12 of
+    // them to keep 16.
     assert!(
         eventually(Duration::from_secs(10), || idle
             .iter()
             .filter(|s| closed(s))
             .count()
-            >= 8),
-        "more than 16 idle scrapers were kept"
+            >= 12),
+        "more than 16 idle connections were kept"
     );
+    for source in [[127, 0, 0, 1], [127, 0, 0, 2]] {
+        let started = std::time::Instant::now();
+        let mut s = connect_from(source, addr);
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: acpd\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "a scrape from {source:?} among silent connections got {answer:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+    }
     assert!(
         eventually(Duration::from_secs(30), || idle.iter().all(closed)),
         "acpd kept idle scrapers past its head timeout"

@@ -182,6 +182,7 @@ fn every_listed_family_moves_over_real_processes() {
     for series in [
         "acpd_otel_spans_exported_total",
         "acpd_otel_spans_dropped_total",
+        "acpd_otel_values_cut_total",
     ] {
         assert_eq!(sample(&text, series), Some(0.0), "{series}: {text}");
     }

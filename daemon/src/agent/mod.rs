@@ -59,6 +59,8 @@ PROMPT SCRIPT
   :update KIND          send a session/update {\"sessionUpdate\": KIND, \"acpdProbe\": true}
   :usage TOKENS         send a usage_update saying TOKENS tokens are in context
   :thought TEXT         stream TEXT as an agent_thought_chunk
+  :raw-update JSON      send a session/update whose update is JSON, written verbatim
+                        (escapes and numbers as written: \\ud800, 1.2e3)
   :image                stream an agent_message_chunk holding a tiny PNG image block
   :hang                 wait for session/cancel, then end the turn with cancelled
   :hang-deaf            wait forever, ignoring session/cancel

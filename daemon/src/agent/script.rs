@@ -43,6 +43,9 @@ pub(super) enum Step {
     /// A `usage_update` saying this many tokens are in context (what a budget counts).
     Usage(u64),
     Thought(String),
+    /// A `session/update` whose `update` is this JSON text, written verbatim (escapes as
+    /// they are, `\ud800` included, numbers as written: `1.2e3`).
+    RawUpdate(String),
     Image,
     Hang,
     HangDeaf,
@@ -203,6 +206,7 @@ fn parse_directive(name: &str, rest: &str) -> Result<Step, Bad> {
         "update" => Step::Update(required(rest, "KIND")?),
         "usage" => Step::Usage(number(&single(rest, "TOKENS")?, "TOKENS")?),
         "thought" => Step::Thought(rest.to_string()),
+        "raw-update" => Step::RawUpdate(required(rest, "JSON")?),
         "image" => no_args(rest, Step::Image)?,
         "hang" => no_args(rest, Step::Hang)?,
         "hang-deaf" => no_args(rest, Step::HangDeaf)?,

@@ -206,6 +206,13 @@ impl Turn<'_> {
                 }))
                 .await
             }
+            Step::RawUpdate(update) => {
+                let sid = serde_json::to_string(&self.session_id).unwrap_or_default();
+                let line = format!(
+                    r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":{sid},"update":{update}}}}}"#
+                );
+                self.raw(line.into_bytes()).await
+            }
             Step::Thought(text) => {
                 self.update(json!({
                     "sessionUpdate": "agent_thought_chunk",

@@ -51,21 +51,54 @@ struct UpdateHead<'a> {
     tool_call_id: Option<String>,
     #[serde(default)]
     status: Option<String>,
-    /// `usage_update`: the tokens in context.
-    #[serde(default)]
-    used: Option<u64>,
+    /// `usage_update`: the tokens in context, as written ([`tokens`] reads it).
+    #[serde(borrow, default)]
+    used: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct PromptReply {
+struct PromptReply<'a> {
     stop_reason: String,
     #[serde(default, rename = "_meta")]
     meta: Option<serde_json::Value>,
     /// The turn's token usage, when the agent reports it (read leniently: a malformed one is
-    /// no usage, never a protocol fault).
-    #[serde(default)]
-    usage: Option<serde_json::Value>,
+    /// no usage, never a protocol fault). Kept as text, so a number beyond `f64` (`1e400`)
+    /// is a huge count, not a line serde refuses.
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Usage<'a> {
+    #[serde(borrow, default)]
+    total_tokens: Option<&'a RawValue>,
+}
+
+/// A count of tokens an agent reported (`usage_update.used`, `usage.totalTokens`): any JSON
+/// number that is not negative. ACP types them as integers, but JSON has one number type and
+/// an agent written in JavaScript or Python may well send `1200.0` or `1.2e3`: an integral
+/// one counts as it is, a fractional one rounds up (a budget counts at least what was said),
+/// one beyond `u64` (or `f64`) is `u64::MAX` (the budget is spent: the agent said so). A
+/// negative number or anything not a number is refused, naming what it was: the caller
+/// ignores it, as it would no report at all.
+fn tokens(raw: &RawValue) -> Result<u64, &'static str> {
+    let text = raw.get();
+    if let Ok(n) = text.parse::<u64>() {
+        return Ok(n);
+    }
+    if !text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        return Err("not a number");
+    }
+    // The text is a JSON number (serde checked the line), which Rust's float syntax includes;
+    // a magnitude beyond f64 parses as infinity.
+    match text.parse::<f64>() {
+        Ok(f) if f.is_sign_negative() && f != 0.0 => Err("negative"),
+        // `as` saturates: infinity and anything past u64::MAX become u64::MAX.
+        Ok(f) => Ok(f.ceil() as u64),
+        Err(_) => Err("not a number"),
+    }
 }
 
 type Asked = FuturesUnordered<
@@ -85,6 +118,8 @@ struct Turn {
     open_tools: HashSet<String>,
     /// Tokens of this turn charged to the run's budget so far.
     charged: u64,
+    /// Set once a count the agent reported was not one (warned about once per turn).
+    bad_count_told: bool,
     /// The run's tool filter, held from the outside.
     guard: Option<ToolGuard>,
     /// Set when a filtered tool ran: the turn ends `tool-filter`.
@@ -92,6 +127,22 @@ struct Turn {
 }
 
 impl Turn {
+    /// Charges a count the agent reported in `field`; one that is not a count ([`tokens`]) is
+    /// ignored, and named in one warning per turn (an agent may send thousands).
+    fn count(&mut self, d: &Driver, ctl: &TurnControl, field: &str, raw: &RawValue) {
+        match tokens(raw) {
+            Ok(n) => self.spent_at_least(ctl, n),
+            Err(why) if !self.bad_count_told => {
+                self.bad_count_told = true;
+                let shown: String = raw.get().chars().take(64).collect();
+                tracing::warn!(provider = %d.shared.provider.name, run = %d.shared.log_id,
+                    "ignoring the agent's {field} {shown}: {why}, not a count of tokens (the \
+                     budget counts what it reports as a non-negative number)");
+            }
+            Err(_) => {}
+        }
+    }
+
     /// Raises what this turn has spent to `tokens` (never lowers it), charging the difference.
     fn spent_at_least(&mut self, ctl: &TurnControl, tokens: u64) {
         if let Some(meter) = &ctl.budget
@@ -124,6 +175,7 @@ pub(super) async fn turn(
         pending_asks: HashSet::new(),
         open_tools: HashSet::new(),
         charged: 0,
+        bad_count_told: false,
         guard: ctl.tool_filter.clone().map(ToolGuard::new),
         filter_broken: false,
     };
@@ -336,9 +388,12 @@ fn stopped(
             return (ending.unwrap_or(TurnEnd::Protocol), None);
         }
     };
-    let total = reply.usage.as_ref().and_then(|u| u.get("totalTokens"));
-    if let Some(total) = total.and_then(serde_json::Value::as_u64) {
-        t.spent_at_least(ctl, total);
+    let total = reply
+        .usage
+        .and_then(|u| serde_json::from_str::<Usage<'_>>(u.get()).ok())
+        .and_then(|u| u.total_tokens);
+    if let Some(total) = total {
+        t.count(d, ctl, "usage.totalTokens", total);
     }
     // A turn whose own final count spent the budget ends `budget` too.
     let ending = ending.or_else(|| {
@@ -386,7 +441,7 @@ async fn on_notification(
     };
     if head.session_update == "usage_update" {
         if let Some(used) = head.used {
-            t.spent_at_least(ctl, used);
+            t.count(d, ctl, "usage_update.used", used);
         }
         return;
     }

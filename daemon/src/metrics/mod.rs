@@ -470,6 +470,8 @@ pub(crate) struct Gauges {
     /// that failed): counted by the exporter itself, read at scrape time; 0 with export off.
     pub spans_exported: u64,
     pub spans_dropped: u64,
+    /// Span names, attribute values and status messages cut to `otel::MAX_TEXT` bytes.
+    pub spans_cut: u64,
 }
 
 /// The whole exposition: the counters of this process, then `gauges`.
@@ -527,6 +529,12 @@ pub(crate) fn render(gauges: &Gauges) -> String {
             "Spans never exported: the export queue was full, or the collector failed or \
              refused them",
             gauges.spans_dropped,
+        ),
+        (
+            "otel_values_cut",
+            "Span names, attribute values and status messages cut to their first 256 bytes \
+             (an editor's method name, say)",
+            gauges.spans_cut,
         ),
     ] {
         let counter = Counter::<u64>::default();

@@ -66,6 +66,7 @@ fn every_family_has_help_and_type_and_the_gauges_read_at_render() {
         queued: 4,
         spans_exported: 7,
         spans_dropped: 2,
+        spans_cut: 5,
     };
     let text = render(&gauges);
     for family in [
@@ -78,6 +79,7 @@ fn every_family_has_help_and_type_and_the_gauges_read_at_render() {
         "acpd_turn_seconds",
         "acpd_otel_spans_exported_total",
         "acpd_otel_spans_dropped_total",
+        "acpd_otel_values_cut_total",
         "acpd_forwarded_messages_total",
         "acpd_forwarded_bytes_total",
         "acpd_limit_hits_total",
@@ -103,6 +105,7 @@ fn every_family_has_help_and_type_and_the_gauges_read_at_render() {
         "acpd_queued_starts 4",
         "acpd_otel_spans_exported_total 7",
         "acpd_otel_spans_dropped_total 2",
+        "acpd_otel_values_cut_total 5",
         r#"acpd_teardown_steps_total{step="cgroup_kill"} "#,
         r#"acpd_limit_hits_total{limit="max_connections_per_child"} "#,
     ] {

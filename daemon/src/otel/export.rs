@@ -8,7 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use opentelemetry::Context;
+use std::borrow::Cow;
+
+use opentelemetry::trace::Status;
+use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Span, SpanData, SpanExporter, SpanProcessor};
@@ -16,6 +19,16 @@ use opentelemetry_sdk::trace::{BatchSpanProcessor, Span, SpanData, SpanExporter,
 /// Spans waiting for export at most; more are dropped (and counted) until the export thread
 /// has sent some. The SDK's own queue is larger, so it never drops behind acpd's back.
 pub(super) const MAX_QUEUED: usize = 2048;
+
+/// Bytes of spans waiting for export at most (names, attributes, status, `tracestate`, and
+/// the span's own record), whatever a parent put in what became them: a stalled collector
+/// costs acpd this much, not [`MAX_QUEUED`] times the largest span an editor can cause.
+pub(super) const MAX_QUEUED_BYTES: usize = 4 * 1024 * 1024;
+
+/// The longest span name, attribute value or status message kept, in bytes; a longer one is
+/// cut at the last UTF-8 character boundary within it (and counted). A method name is the
+/// editor's to choose and may be as long as a line.
+pub(crate) const MAX_TEXT: usize = 256;
 
 /// The largest collector answer read (its body is only an error's detail).
 const MAX_ANSWER: u64 = 64 * 1024;
@@ -26,9 +39,13 @@ const MAX_ANSWER: u64 = 64 * 1024;
 pub(super) struct Health {
     pub endpoint: String,
     queued: AtomicUsize,
+    /// What the queued spans weigh ([`weight`]).
+    queued_bytes: AtomicUsize,
     /// Spans the collector accepted.
     pub exported: AtomicU64,
     pub dropped: AtomicU64,
+    /// Span names, attribute values and status messages cut to [`MAX_TEXT`].
+    pub cut: AtomicU64,
     /// Set while the collector fails: the first failure is logged, the rest are not.
     failing: AtomicBool,
     dropping: AtomicBool,
@@ -39,8 +56,10 @@ impl Health {
         Arc::new(Health {
             endpoint,
             queued: AtomicUsize::new(0),
+            queued_bytes: AtomicUsize::new(0),
             exported: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            cut: AtomicU64::new(0),
             failing: AtomicBool::new(false),
             dropping: AtomicBool::new(false),
         })
@@ -73,14 +92,24 @@ pub(super) struct Bounded {
 impl SpanProcessor for Bounded {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
-    fn on_end(&self, span: SpanData) {
+    fn on_end(&self, mut span: SpanData) {
         let h = &self.health;
-        if h.queued.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED {
+        let cut = cut_span(&mut span);
+        if cut > 0 {
+            h.cut.fetch_add(cut, Ordering::Relaxed);
+        }
+        let bytes = weight(&span);
+        let over_count = h.queued.fetch_add(1, Ordering::Relaxed) >= MAX_QUEUED;
+        let over_bytes =
+            h.queued_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_QUEUED_BYTES;
+        if over_count || over_bytes {
             h.queued.fetch_sub(1, Ordering::Relaxed);
+            h.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
             h.dropped.fetch_add(1, Ordering::Relaxed);
             if !h.dropping.swap(true, Ordering::Relaxed) {
                 tracing::warn!(endpoint = %h.endpoint,
-                    "{MAX_QUEUED} spans wait for {}: dropping new ones until it takes them", h.endpoint);
+                    "{MAX_QUEUED} spans or {} MiB wait for {}: dropping new ones until it takes them",
+                    MAX_QUEUED_BYTES >> 20, h.endpoint);
             }
             return;
         }
@@ -110,13 +139,14 @@ pub(super) struct Counted<E> {
 impl<E: SpanExporter> SpanExporter for Counted<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len();
+        let bytes: usize = batch.iter().map(weight).sum();
         let result = self.inner.export(batch).await;
         let h = &self.health;
-        let _ = h
-            .queued
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
-                Some(q.saturating_sub(n))
+        for (held, gone) in [(&h.queued, n), (&h.queued_bytes, bytes)] {
+            let _ = held.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+                Some(q.saturating_sub(gone))
             });
+        }
         if result.is_err() {
             h.dropped.fetch_add(n as u64, Ordering::Relaxed);
         } else {
@@ -137,6 +167,110 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
     fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
         self.inner.set_resource(resource);
     }
+}
+
+/// `text` at most [`MAX_TEXT`] bytes long, cut at a character boundary.
+pub(crate) fn cut(text: &str) -> &str {
+    let mut end = MAX_TEXT.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.get(..end).unwrap_or_default()
+}
+
+/// Cuts `text` in place when it is longer than [`MAX_TEXT`]; whether it did.
+fn cut_owned(text: &mut Cow<'static, str>) -> bool {
+    if text.len() <= MAX_TEXT {
+        return false;
+    }
+    *text = Cow::Owned(cut(text).to_owned());
+    true
+}
+
+fn cut_value(value: &mut Value) -> u64 {
+    let cut_string = |s: &mut StringValue| {
+        if s.as_str().len() <= MAX_TEXT {
+            return 0;
+        }
+        *s = StringValue::from(cut(s.as_str()).to_owned());
+        1
+    };
+    match value {
+        Value::String(s) => cut_string(s),
+        Value::Array(Array::String(list)) => list.iter_mut().map(cut_string).sum(),
+        _ => 0,
+    }
+}
+
+/// Cuts a span's name, its attribute values (its events' too) and its status message to
+/// [`MAX_TEXT`]; how many it cut. Attribute keys are acpd's own constants.
+fn cut_span(span: &mut SpanData) -> u64 {
+    let mut n = u64::from(cut_owned(&mut span.name));
+    n += span
+        .attributes
+        .iter_mut()
+        .map(|kv| cut_value(&mut kv.value))
+        .sum::<u64>();
+    for event in span.events.events.iter_mut() {
+        n += u64::from(cut_owned(&mut event.name));
+        n += event
+            .attributes
+            .iter_mut()
+            .map(|kv| cut_value(&mut kv.value))
+            .sum::<u64>();
+    }
+    if let Status::Error { description } = &mut span.status {
+        n += u64::from(cut_owned(description));
+    }
+    n
+}
+
+fn value_bytes(value: &Value) -> usize {
+    match value {
+        Value::String(s) => s.as_str().len(),
+        Value::Array(Array::String(list)) => list.iter().map(|s| s.as_str().len()).sum(),
+        Value::Array(Array::Bool(list)) => list.len(),
+        Value::Array(Array::I64(list)) => 8 * list.len(),
+        Value::Array(Array::F64(list)) => 8 * list.len(),
+        _ => 0,
+    }
+}
+
+/// What a queued span holds, near enough to bound memory: its record, and every text and
+/// list hanging off it (the `tracestate` it carries included, up to 32 members of 512 bytes).
+fn weight(span: &SpanData) -> usize {
+    let attributes = |kvs: &[KeyValue]| -> usize {
+        kvs.iter()
+            .map(|kv| size_of::<KeyValue>() + kv.key.as_str().len() + value_bytes(&kv.value))
+            .sum()
+    };
+    let status = match &span.status {
+        Status::Error { description } => description.len(),
+        _ => 0,
+    };
+    let state: usize = span
+        .span_context
+        .trace_state()
+        .into_iter()
+        .map(|(k, v)| 2 * size_of::<String>() + k.len() + v.len())
+        .sum();
+    let events: usize = span
+        .events
+        .iter()
+        .map(|e| size_of_val(e) + e.name.len() + attributes(&e.attributes))
+        .sum();
+    let links: usize = span
+        .links
+        .iter()
+        .map(|l| size_of_val(l) + attributes(&l.attributes))
+        .sum();
+    size_of::<SpanData>()
+        + span.name.len()
+        + attributes(&span.attributes)
+        + status
+        + state
+        + events
+        + links
 }
 
 /// The exporter's HTTP client: ureq (already acpd's for the ACP Registry, with its TLS), called

@@ -77,13 +77,15 @@ pub(crate) fn exporting() -> Option<&'static Otel> {
     OTEL.get().and_then(Option::as_ref)
 }
 
-/// Spans exported and spans dropped so far: (0, 0) with export off.
-pub(crate) fn span_counts() -> (u64, u64) {
+/// Spans exported, spans dropped and texts cut ([`export::MAX_TEXT`]) so far: all 0 with
+/// export off.
+pub(crate) fn span_counts() -> (u64, u64, u64) {
     use std::sync::atomic::Ordering::Relaxed;
-    exporting().map_or((0, 0), |o| {
+    exporting().map_or((0, 0, 0), |o| {
         (
             o.health.exported.load(Relaxed),
             o.health.dropped.load(Relaxed),
+            o.health.cut.load(Relaxed),
         )
     })
 }
@@ -258,6 +260,16 @@ impl Otel {
                 ))
             })
             .collect();
+        // Cut here already, not only when the span ends: a call's span lives until the agent
+        // answers, and the method is the editor's to make as long as a line.
+        let cut = export::cut(method);
+        if cut.len() < method.len() {
+            // The span's name and its `rpc.method`.
+            self.health
+                .cut
+                .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+        }
+        let method = cut;
         let mut attributes = attributes;
         attributes.push(KeyValue::new("rpc.system", "jsonrpc"));
         attributes.push(KeyValue::new("rpc.method", method.to_string()));

@@ -116,3 +116,15 @@ fn a_span_of_a_new_trace_and_its_child_share_the_trace() {
     let next = o.span("acpd.run", Some(&meta), Vec::new());
     assert_eq!(next.ids().0, trace);
 }
+
+#[test]
+fn texts_are_cut_at_a_character_boundary() {
+    // 'é' is two bytes and '€' three: neither fits whole at byte 256 from an odd start.
+    for text in ["x".to_string() + &"é".repeat(200), "€".repeat(100)] {
+        let kept = export::cut(&text);
+        assert!(kept.len() <= export::MAX_TEXT && kept.len() > export::MAX_TEXT - 4);
+        assert!(text.starts_with(kept));
+    }
+    assert_eq!(export::cut("session/prompt"), "session/prompt");
+    assert_eq!(export::cut(""), "");
+}

@@ -165,7 +165,7 @@ pub(super) fn resolve(
     };
     let wall = match (&asked.wall, ceiling.wall) {
         (Some(text), max) => {
-            let d = crate::durations::parse_flag(text)
+            let d = crate::durations::parse_exact(text)
                 .map_err(|e| refuse(format!("budget.wall: {e}")))?;
             if d.is_zero() {
                 return Err(refuse("budget.wall must be longer than 0s".into()));

@@ -242,25 +242,27 @@ async fn the_prompt_results_usage_counts_and_turns_add_up() {
         p.budget = budget(Some(1000), None);
     }))
     .await;
-    // Turn 1: a usage_update of 300, then the result's own count of 600 for the turn.
+    // Turn 1: a usage_update of 300, then the result's own count of 600 for the turn
+    // (written as a float, as a JavaScript agent may: it counts the same).
     let (id, _) = fake.request("session/prompt").await;
     fake.send(&[
         usage(&fake, 300),
         Fake::answer(
             &id,
-            json!({ "stopReason": "end_turn", "usage": { "totalTokens": 600, "inputTokens": 500, "outputTokens": 100 } }),
+            json!({ "stopReason": "end_turn", "usage": { "totalTokens": 600.0, "inputTokens": 500, "outputTokens": 100 } }),
         ),
     ])
     .await;
     let result = registry.wait(OWNER, RUN).await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Completed, "{result:?}");
     assert_eq!(registry.runs()[0].spend.tokens(), 600);
-    // Turn 2 spends 500 more: the run's 1100 is past 1000, on the result's count alone.
+    // Turn 2 spends 500 more (499.2, rounded up): the run's 1100 is past 1000, on the
+    // result's count alone.
     registry.send(OWNER, RUN, prompt()).await.unwrap();
     let (id, _) = fake.request("session/prompt").await;
     fake.send(&[Fake::answer(
         &id,
-        json!({ "stopReason": "end_turn", "usage": { "totalTokens": 500 } }),
+        json!({ "stopReason": "end_turn", "usage": { "totalTokens": 499.2 } }),
     )])
     .await;
     let result = registry.wait(OWNER, RUN).await.unwrap();

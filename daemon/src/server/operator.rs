@@ -116,7 +116,7 @@ fn gauges(ctx: &super::ServerContext) -> crate::metrics::Gauges {
         by.insert((provider, "starting"), live.saturating_sub(filed));
     }
     let sessions = ctx.sessions.counts();
-    let (spans_exported, spans_dropped) = crate::otel::span_counts();
+    let (spans_exported, spans_dropped, spans_cut) = crate::otel::span_counts();
     let mut spares = spares;
     for provider in registry.config().providers.keys() {
         spares.entry(provider.clone()).or_default();
@@ -129,6 +129,7 @@ fn gauges(ctx: &super::ServerContext) -> crate::metrics::Gauges {
         queued: registry.queued() as u64,
         spans_exported,
         spans_dropped,
+        spans_cut,
     }
 }
 

@@ -108,8 +108,8 @@ mod tests;
 
 pub(crate) use outbox::Outbox;
 pub(crate) use peer::{Admit, Peer, Pending};
-pub(crate) use reader::LineReader;
 pub(crate) use reader::sleep_until_opt;
+pub(crate) use reader::{LineReader, unicode_escapes};
 
 /// A running connection: the sender and the queue of incoming messages (ends at EOF).
 pub struct Connection {

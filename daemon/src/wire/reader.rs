@@ -2,7 +2,7 @@
 //! that gives memory back after a large line and between messages.
 
 use acpd_protocol::codec::{FrameError, LineDecoder};
-use acpd_protocol::envelope::{self, Message};
+use acpd_protocol::envelope::{self, Message, MessageRef};
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncRead;
 use tokio::time::Instant;
@@ -222,9 +222,50 @@ pub(crate) async fn read_into<R: AsyncRead + Unpin>(
     .await
 }
 
-/// A framed line as a message.
+/// A framed line as a message, its lone surrogates replaced ([`unicode_escapes`]).
 pub(crate) fn parse(line: Result<Bytes, LineFault>) -> Result<Message, LineFault> {
-    Ok(envelope::parse(&line?)?)
+    Ok(envelope::parse(&unicode_escapes(line?))?)
+}
+
+/// `line` with every lone surrogate escape (`\ud800`) in its params or result replaced by
+/// `\ufffd`, so what acpd reads, and passes on, is Unicode a typed reader decodes (see
+/// `envelope::surrogates` for why replaced, not refused). The `id` is left as written: it is
+/// echoed to its sender, who matches it byte for byte. Costs a `\u` search on a line; looks
+/// further only at one with a lone surrogate, and copies only such a line. Every line acpd
+/// parses whole goes through it ([`parse`]); the relay's hot path, which does not, declines a
+/// text that holds one.
+pub(crate) fn unicode_escapes(line: Bytes) -> Bytes {
+    if memchr::memmem::find(&line, b"\\u").is_none()
+        || envelope::lone_surrogates(&line).next().is_none()
+    {
+        return line;
+    }
+    let value = match envelope::parse_ref(&line) {
+        Ok(
+            MessageRef::Request {
+                params: Some(v), ..
+            }
+            | MessageRef::Notification {
+                params: Some(v), ..
+            }
+            | MessageRef::Response { outcome: Ok(v), .. },
+        ) => v.get(),
+        // Nothing to replace but in the id (or an error, whose message the parse decoded).
+        Ok(_) => return line,
+        // Not a message as it is: an error's message or a method with a lone half does not
+        // decode. Replaced throughout, it may be one (its id was unreadable either way).
+        Err(_) => return envelope::replace_lone_surrogates(&line).map_or(line, Bytes::from),
+    };
+    let at = (value.as_ptr() as usize).wrapping_sub(line.as_ptr() as usize);
+    let Some(fixed) = envelope::replace_lone_surrogates(value.as_bytes()) else {
+        return line;
+    };
+    let mut out = line.to_vec();
+    if let Some(span) = out.get_mut(at..at + fixed.len()) {
+        span.copy_from_slice(&fixed);
+    }
+    tracing::debug!("replaced a lone surrogate escape in a line read with \\ufffd");
+    Bytes::from(out)
 }
 
 /// Sleeps until `deadline`, or forever without one: a `select!` branch for an optional timer.

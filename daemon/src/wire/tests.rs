@@ -288,3 +288,33 @@ async fn written_batch_buffers_are_given_back() {
     assert_eq!(again.as_ptr(), at, "the same allocation");
     assert!(again.is_empty());
 }
+
+#[test]
+fn lone_surrogates_are_replaced_in_what_is_read_but_not_in_an_id() {
+    let fixed = |line: &str| {
+        let read = unicode_escapes(bytes::Bytes::copy_from_slice(line.as_bytes()));
+        String::from_utf8(read.to_vec()).unwrap()
+    };
+    // In params and a result: replaced; an id as written.
+    assert_eq!(
+        fixed(r#"{"jsonrpc":"2.0","id":"\ud800","method":"m","params":{"t":"a\ud800"}}"#),
+        r#"{"jsonrpc":"2.0","id":"\ud800","method":"m","params":{"t":"a\ufffd"}}"#
+    );
+    assert_eq!(
+        fixed(r#"{"jsonrpc":"2.0","id":1,"result":{"t":"\udc00\ud83d\ude00"}}"#),
+        r#"{"jsonrpc":"2.0","id":1,"result":{"t":"\ufffd\ud83d\ude00"}}"#
+    );
+    // An error's message does not decode with one: replaced, the line is a message again.
+    let error = fixed(r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"\ud800"}}"#);
+    assert!(
+        matches!(
+            acpd_protocol::envelope::parse(error.as_bytes()),
+            Ok(Message::Response { .. })
+        ),
+        "{error}"
+    );
+    // Nothing to replace: the same bytes.
+    for same in [r#"{"t":"\u00e9\\ud800"}"#, "not json \\ud83d\\ude00", ""] {
+        assert_eq!(fixed(same), same);
+    }
+}

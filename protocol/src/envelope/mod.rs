@@ -21,6 +21,7 @@ mod rpc_error;
 mod scan;
 #[cfg(test)]
 mod scan_tests;
+mod surrogates;
 #[cfg(test)]
 mod template_tests;
 #[cfg(test)]
@@ -37,3 +38,4 @@ pub use rpc_error::{
     RESOURCE_NOT_FOUND, RpcError,
 };
 pub use scan::{LineTemplate, ParamsKeys};
+pub use surrogates::{lone_surrogates, replace_lone_surrogates};

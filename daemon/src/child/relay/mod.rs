@@ -285,6 +285,7 @@ impl Relay {
         if self.own_update_like_the_last(&line) {
             return None;
         }
+        let line = crate::wire::unicode_escapes(line);
         let message = envelope::parse_keyed(&line);
         if !matches!(message, Ok((MessageRef::Notification { .. }, _))) {
             self.flush_updates().await;

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use acpd_protocol::envelope::LineTemplate;
+use acpd_protocol::envelope::{LineTemplate, lone_surrogates};
 
 /// A forwarded update up to its params.
 const UPDATE_PREFIX: &[u8] = br#"{"jsonrpc":"2.0","method":"session/update","params":"#;
@@ -91,9 +91,15 @@ impl UpdateShape {
     }
 
     /// The line at the front of `bytes` when it fits this shape: its length and where its
-    /// text lies (see [`LineTemplate::fits`]; it holds no newline).
+    /// text lies (see [`LineTemplate::fits`]; it holds no newline). A text with a lone
+    /// surrogate escape does not fit: the full path replaces it (`envelope::surrogates`), and
+    /// only a text with an escape is looked at for one.
     pub(super) fn fits(&self, bytes: &[u8]) -> Option<(usize, Range<usize>)> {
-        self.template.fits(bytes)
+        let (n, content, plain) = self.template.fits_plain(bytes)?;
+        if !plain && lone_surrogates(&bytes[content.clone()]).next().is_some() {
+            return None;
+        }
+        Some((n, content))
     }
 
     /// Appends `line`, which [fits](UpdateShape::fits) with its text at `content`, spliced as

@@ -65,7 +65,16 @@ impl<const N: usize> LineTemplate<N> {
     /// [`LineTemplate::marks`] says, and it holds no newline (the template's pieces come from
     /// a line, and a string holds no control byte), so a reader need not search for its end:
     /// whatever follows it in `bytes` is not looked at beyond the template's suffix.
+    #[inline]
     pub fn fits(&self, bytes: &[u8]) -> Option<(usize, Range<usize>)> {
+        self.fits_plain(bytes).map(|(n, content, _)| (n, content))
+    }
+
+    /// [`LineTemplate::fits`], and whether the content is plain ASCII with no escape: a caller
+    /// that looks at escapes (a lone surrogate's, say) need not look at a plain one, which is
+    /// what most are.
+    #[inline]
+    pub fn fits_plain(&self, bytes: &[u8]) -> Option<(usize, Range<usize>, bool)> {
         if !bytes.starts_with(&self.prefix) {
             return None;
         }
@@ -73,7 +82,8 @@ impl<const N: usize> LineTemplate<N> {
         // The string opened at the prefix's end closes at its first unescaped quote, and the
         // suffix must follow: anything else, and the line is another one.
         let plain = super::strings::plain_end(bytes, start);
-        let close = if bytes.get(plain) == Some(&b'"') {
+        let is_plain = bytes.get(plain) == Some(&b'"');
+        let close = if is_plain {
             plain
         } else {
             // Not plain ASCII to a quote: the scan's whole string check from there (which
@@ -85,7 +95,7 @@ impl<const N: usize> LineTemplate<N> {
         if !bytes[close..].starts_with(&self.suffix) {
             return None;
         }
-        Some((close + self.suffix.len(), start..close))
+        Some((close + self.suffix.len(), start..close, is_plain))
     }
 
     /// The marks' offsets in a line of `len` bytes that [fits](LineTemplate::fits).
