@@ -24,6 +24,7 @@ mod config_errors;
 mod echo_sessions;
 mod failures;
 mod isolation;
+mod isolation_commit;
 mod nested;
 mod otlp;
 mod run;

@@ -2,9 +2,11 @@
 //! (`acpd/<run id>`), in acpd's data directory, so that children started on one repository
 //! never edit the same files or the parent's checkout. At the end of each turn the child's
 //! work is committed on its branch and reported (`changed`, `diffstat` against the base);
-//! dispose removes the worktree and keeps the branch. A marker beside each worktree names the
-//! acpd that owns it, so the next acpd removes the worktrees of one that was SIGKILLed
-//! ([`sweep`]).
+//! dispose removes the worktree and keeps the branch. Work git refuses to commit (a locked
+//! index, a nested repository, a file it cannot read) is reported as the turn's
+//! `workspace.failure`, and its worktree is never removed unless the disposer forces it. A
+//! marker beside each worktree names the acpd that owns it, so the next acpd removes the
+//! worktrees of one that was SIGKILLed ([`sweep`]), committing what they hold first.
 
 mod git;
 mod sweep;
@@ -12,7 +14,9 @@ mod sweep;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use acpd_protocol::subagent::WorkspaceReport;
+use acpd_protocol::subagent::{
+    IGNORED_LISTED, WorkspaceFailure, WorkspaceFailureKind, WorkspaceReport,
+};
 
 use git::git;
 pub(crate) use sweep::{mark_tmp, sweep, tmps_dir};
@@ -46,6 +50,21 @@ pub enum WorkspaceError {
         repo: PathBuf,
         message: String,
     },
+    #[error(
+        "git leaves {} off the branch: a directory holding a `.git` of its own (a nested repository, or a `.git` file) is not the worktree's to commit; move its files out of it and remove that `.git`",
+        paths.join(", ")
+    )]
+    NotAdded { paths: Vec<String> },
+    #[error(
+        "the work in the worktree {} is not committed on its branch ({source}); the worktree stays: commit or copy the work there, then `git worktree remove --force {}`",
+        path.display(), path.display()
+    )]
+    Uncommitted {
+        kind: WorkspaceFailureKind,
+        path: PathBuf,
+        #[source]
+        source: Box<WorkspaceError>,
+    },
     #[error("acpd has no data directory for worktrees (set XDG_DATA_HOME or HOME)")]
     NoDataDir,
     #[error("cannot prepare {}: {source}", path.display())]
@@ -62,6 +81,9 @@ pub enum WorkspaceError {
         source: std::io::Error,
     },
 }
+
+/// How many paths git left off a commit an error names.
+const NOT_ADDED_LISTED: usize = 20;
 
 /// The directory worktrees live in: `<data dir>/worktrees`.
 pub(crate) fn worktrees_dir() -> Option<PathBuf> {
@@ -278,25 +300,112 @@ impl Worktree {
     }
 
     /// Commits whatever the child left in the worktree (untracked files too, not ignored
-    /// ones) on its branch, then reports the branch against the base.
-    pub async fn settle(&self, turn: u32) -> Result<WorkspaceReport, WorkspaceError> {
-        self.commit_all(&format!("acpd: run {} turn {turn}", self.id))
-            .await?;
-        self.report().await
+    /// ones) on its branch, then reports the branch against the base. Never fails: work
+    /// that could not be committed is the report's `failure`, naming git's message and the
+    /// worktree that still holds it.
+    pub async fn settle(&self, turn: u32) -> WorkspaceReport {
+        let committed = self
+            .commit_all(&format!("acpd: run {} turn {turn}", self.id))
+            .await;
+        let mut report = match self.report().await {
+            Ok(r) => r,
+            Err(e) => WorkspaceReport {
+                branch: self.branch.clone(),
+                path: self.path.clone(),
+                base: self.base.clone(),
+                changed: Vec::new(),
+                diffstat: String::new(),
+                ignored: Vec::new(),
+                ignored_more: 0,
+                failure: Some(WorkspaceFailure {
+                    kind: WorkspaceFailureKind::Report,
+                    path: self.path.clone(),
+                    message: e.to_string(),
+                }),
+            },
+        };
+        if let Err(WorkspaceError::Uncommitted { kind, path, source }) = committed {
+            report.failure = Some(WorkspaceFailure {
+                kind,
+                path,
+                message: source.to_string(),
+            });
+        }
+        report
     }
 
     /// Commits whatever the child left in the worktree (untracked files too, not ignored
-    /// ones) on its branch as `message`; nothing when nothing changed.
+    /// ones) on its branch as `message`; nothing when nothing changed. Any refusal is
+    /// [`WorkspaceError::Uncommitted`]: the work is still only in the worktree.
     pub async fn commit_all(&self, message: &str) -> Result<(), WorkspaceError> {
+        let uncommitted = |kind| {
+            let path = self.path.clone();
+            move |e: WorkspaceError| WorkspaceError::Uncommitted {
+                kind,
+                path,
+                source: Box::new(e),
+            }
+        };
         let a = |s: &'static str| OsStr::new(s);
         self.git(&[a("add"), a("--all")], "stage the child's changes")
-            .await?;
+            .await
+            .map_err(uncommitted(WorkspaceFailureKind::Stage))?;
+        let staged = self
+            .git(
+                &[
+                    a("diff"),
+                    a("--cached"),
+                    a("--raw"),
+                    a("-z"),
+                    a("--no-abbrev"),
+                ],
+                "read staged changes",
+            )
+            .await
+            .map_err(uncommitted(WorkspaceFailureKind::Stage))?;
+        let nested = gitlinks(&staged.stdout);
+        if !nested.is_empty() {
+            // Unstaged again, so a later commit (of a later turn) never records the gitlink.
+            let mut reset = vec![a("reset"), a("--quiet"), a("--")];
+            reset.extend(nested.iter().map(OsStr::new));
+            let _ = self.git(&reset, "unstage a nested repository").await;
+        }
+        // What `add --all` passed over without a word (a directory with a `.git` file of
+        // its own), neither staged nor ignored: work the commit would silently drop.
+        let left = self
+            .git(
+                &[
+                    a("ls-files"),
+                    a("--others"),
+                    a("--exclude-standard"),
+                    a("--directory"),
+                    a("--no-empty-directory"),
+                    a("-z"),
+                ],
+                "list what git left unstaged",
+            )
+            .await
+            .map_err(uncommitted(WorkspaceFailureKind::Stage))?;
+        let left: Vec<String> = left
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|p| !p.is_empty())
+            .take(NOT_ADDED_LISTED)
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        let mut left_off = left;
+        for n in nested {
+            if !left_off.contains(&format!("{n}/")) {
+                left_off.push(n);
+            }
+        }
         let staged = self
             .git(
                 &[a("diff"), a("--cached"), a("--name-only"), a("-z")],
                 "read staged changes",
             )
-            .await?;
+            .await
+            .map_err(uncommitted(WorkspaceFailureKind::Stage))?;
         if !staged.stdout.is_empty() {
             self.git(
                 &[
@@ -312,8 +421,36 @@ impl Worktree {
                 ],
                 "commit the child's changes",
             )
-            .await?;
+            .await
+            .map_err(uncommitted(WorkspaceFailureKind::Commit))?;
         }
+        // The rest is committed; what git left off is still only in the worktree.
+        if !left_off.is_empty() {
+            return Err(uncommitted(WorkspaceFailureKind::NotAdded)(
+                WorkspaceError::NotAdded { paths: left_off },
+            ));
+        }
+        Ok(())
+    }
+
+    /// Commits what the worktree holds as `message`, then removes it (and, unless
+    /// `keep_branch`, its branch). Work that cannot be committed keeps the worktree, and its
+    /// marker goes so no sweep removes it either, unless `force`.
+    pub async fn dispose(
+        &self,
+        message: &str,
+        keep_branch: bool,
+        force: bool,
+    ) -> Result<(), WorkspaceError> {
+        if let Err(e) = self.commit_all(message).await {
+            if !force {
+                let _ = std::fs::remove_file(&self.marker);
+                tracing::warn!("{e}");
+                return Err(e);
+            }
+            tracing::warn!("{e}; removed all the same (force)");
+        }
+        self.remove(keep_branch).await;
         Ok(())
     }
 
@@ -352,12 +489,34 @@ impl Worktree {
                 "summarise the changes",
             )
             .await?;
+        let ignored = self
+            .git(
+                &[
+                    a("ls-files"),
+                    a("--others"),
+                    a("--ignored"),
+                    a("--exclude-standard"),
+                    a("--directory"),
+                    a("-z"),
+                ],
+                "list ignored files",
+            )
+            .await?;
+        let mut ignored_paths = ignored.stdout.split(|b| *b == 0).filter(|p| !p.is_empty());
+        let listed = ignored_paths
+            .by_ref()
+            .take(IGNORED_LISTED)
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
         Ok(WorkspaceReport {
             branch: self.branch.clone(),
             path: self.path.clone(),
             base: self.base.clone(),
             changed,
             diffstat: String::from_utf8_lossy(&stat.stdout).trim_end().to_string(),
+            ignored: listed,
+            ignored_more: ignored_paths.count() as u64,
+            failure: None,
         })
     }
 
@@ -367,6 +526,72 @@ impl Worktree {
         remove(&self.repo, &self.path, &self.branch, keep_branch).await;
         let _ = std::fs::remove_file(&self.marker);
     }
+}
+
+/// The worktree `<dir>/<id>` of `repo` that a stopped acpd left, when it is one: its git
+/// directory is the repository's `worktrees/<id>`, and that names this path back (a `.git`
+/// file in the worktree, which its child could rewrite, is never read).
+pub(super) async fn left_behind(repo: &Path, dir: &Path, id: &str) -> Option<Worktree> {
+    let a = |s: &'static str| OsStr::new(s);
+    let common = git(
+        repo,
+        None,
+        &[
+            a("rev-parse"),
+            a("--path-format=absolute"),
+            a("--git-common-dir"),
+        ],
+        "find the repository's git directory",
+    )
+    .await
+    .ok()?;
+    let path = dir.join(id);
+    if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+        return None;
+    }
+    let git_dir = PathBuf::from(common.line()).join("worktrees").join(id);
+    let named = std::fs::read_to_string(git_dir.join("gitdir")).ok()?;
+    if Path::new(named.trim()) != path.join(".git") {
+        return None;
+    }
+    Some(Worktree {
+        id: id.to_string(),
+        branch: format!("acpd/{id}"),
+        cwd: path.clone(),
+        path,
+        base: String::new(),
+        repo: repo.to_path_buf(),
+        git_dir,
+        marker: dir.join(format!("{id}.owner")),
+    })
+}
+
+/// The paths of `git diff --raw -z` entries whose new mode is a gitlink (160000): a
+/// repository inside the worktree, whose content would not be on the branch.
+fn gitlinks(raw: &[u8]) -> Vec<String> {
+    let mut fields = raw.split(|b| *b == 0);
+    let mut found = Vec::new();
+    while let Some(head) = fields.next() {
+        if head.is_empty() {
+            continue;
+        }
+        // `:old new oldsha newsha STATUS`, then one path (two for a rename or copy).
+        let text = String::from_utf8_lossy(head);
+        let mut parts = text.trim_start_matches(':').split(' ');
+        let new_mode = parts.nth(1).unwrap_or_default();
+        let status = parts.nth(2).unwrap_or_default();
+        let two_paths = status.starts_with(['R', 'C']);
+        let mut path = fields.next();
+        if two_paths {
+            path = fields.next();
+        }
+        if new_mode == "160000"
+            && let Some(p) = path
+        {
+            found.push(String::from_utf8_lossy(p).into_owned());
+        }
+    }
+    found
 }
 
 /// The removal shared with the sweep: `git worktree remove --force`, else the directory and a

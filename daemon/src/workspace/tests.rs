@@ -49,7 +49,8 @@ async fn a_worktree_commits_and_reports_the_child_s_work_and_goes_on_remove() {
     assert_eq!(wt.cwd, trees.join("run-1/sub"));
     std::fs::write(wt.cwd.join("a.txt"), "two\n").unwrap();
     std::fs::write(wt.cwd.join("new.txt"), "new\n").unwrap();
-    let report = wt.settle(1).await.unwrap();
+    let report = wt.settle(1).await;
+    assert_eq!(report.failure, None);
     assert_eq!(report.changed, ["sub/a.txt", "sub/new.txt"]);
     assert!(
         report.diffstat.contains("2 files changed"),
