@@ -114,3 +114,51 @@ fn acpd_run_with_uncommitted_work_exits_8_and_names_the_worktree() {
     assert!(stderr.contains("stays"), "{stderr}");
     assert!(PathBuf::from(path).join("sub/work.txt").is_file());
 }
+
+/// A child's `.gitignore` that hides its own work: nothing is committed, and the result
+/// names what was left out instead of reporting an empty turn in silence.
+#[test]
+fn files_a_child_s_gitignore_hides_are_listed_in_the_result() {
+    let s = Setup::new("");
+    let mut raw = s.acpd();
+    let run = start_in(
+        &mut raw,
+        &s.repo,
+        ":write .gitignore *\n:write hidden.txt secret",
+    );
+    let r = raw.wait_run(&run);
+    let w = &r["workspace"];
+    assert_eq!(w["changed"], json!([]), "{r}");
+    assert_eq!(w["ignored"], json!([".gitignore", "hidden.txt"]), "{r}");
+    assert!(w.get("failure").is_none(), "{r}");
+}
+
+/// What a turn had written when acpd was SIGKILLed is committed on the branch by the next
+/// acpd's sweep, not removed with the worktree.
+#[test]
+fn a_sigkilled_acpd_s_unfinished_turn_is_committed_by_the_sweep() {
+    let s = Setup::new("");
+    let mut raw = s.acpd();
+    let run = start_in(&mut raw, &s.repo, ":write half.txt done so far\n:hang");
+    let path = s.worktrees().join(&run);
+    let gone = std::time::Duration::from_secs(20);
+    assert!(crate::common::eventually(gone, || path
+        .join("half.txt")
+        .is_file()));
+    let pid = raw.pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _next = s.acpd();
+    assert!(
+        crate::common::eventually(gone, || !path.exists()),
+        "the next acpd did not sweep {}",
+        path.display()
+    );
+    assert_eq!(
+        git(&s.repo, &["show", &format!("acpd/{run}:half.txt")]),
+        "done so far"
+    );
+}
