@@ -218,6 +218,11 @@ fn read_checked(path: &Path, credential: bool) -> Result<Secrets, EnvFileError> 
             path.display()
         )));
     }
+    // The directories above it too: another user who can write one can swap the file.
+    match crate::trusted_path::check(path) {
+        Ok(()) | Err(crate::trusted_path::Untrusted::Io { .. }) => {}
+        Err(e) => return Err(unsafe_(format!("is not acpd's user's alone: {e}"))),
+    }
     if meta.len() > MAX_ENV_FILE {
         return Err(unsafe_(format!(
             "is larger than {MAX_ENV_FILE} bytes; an env file holds a few KEY=VALUE lines"
