@@ -91,6 +91,12 @@ impl Secrets {
         self.0.iter().any(|(k, v)| k == name && !v.is_empty())
     }
 
+    /// True when the file sets `name` to exactly `value` (so where `value` shows, the file
+    /// is named instead).
+    pub fn gives(&self, name: &str, value: &std::ffi::OsStr) -> bool {
+        self.0.iter().any(|(k, v)| k == name && value == v.as_str())
+    }
+
     /// `env` with these variables set over it (a name already there is replaced).
     pub fn over(&self, env: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
         let mut out: Vec<(OsString, OsString)> = env
