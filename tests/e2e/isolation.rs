@@ -69,7 +69,7 @@ impl Setup {
     }
 
     /// acpd with this setup's config, home and data dir; the subcommand is the caller's.
-    fn command(&self) -> Command {
+    pub(crate) fn command(&self) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.arg("--config")
             .arg(&self.env.config)

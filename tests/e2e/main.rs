@@ -25,6 +25,7 @@ mod echo_sessions;
 mod failures;
 mod isolation;
 mod isolation_commit;
+mod isolation_sweep;
 mod nested;
 mod otlp;
 mod run;

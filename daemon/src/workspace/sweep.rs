@@ -147,6 +147,8 @@ pub(crate) async fn sweep(dir: Option<&Path>, tmp_dir: Option<&Path>) -> usize {
             let _ = std::fs::remove_file(marker_path);
         }
     }
+    // Said once the pass is over, so a reader knows what was left is a live acpd's.
+    tracing::info!("startup sweep done: {swept} directories of stopped acpds removed");
     swept
 }
 
