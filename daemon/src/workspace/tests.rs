@@ -202,3 +202,43 @@ async fn a_worktree_made_again_resumes_its_own_branch() {
     again.remove(false).await;
     assert!(!has_own_branch(&repo_dir, "s-1").await);
 }
+
+/// A locked index (a git killed mid-write, another git at work in the worktree): the turn
+/// says its work is not committed and where it is; once the lock is gone, dispose commits it
+/// and removes the worktree.
+#[tokio::test]
+async fn a_locked_index_is_a_stage_failure_and_the_work_waits_for_dispose() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo_dir = tmp.path().join("repo");
+    std::fs::create_dir(&repo_dir).unwrap();
+    repo(&repo_dir).await;
+    let trees = tmp.path().join("trees");
+    let wt = Worktree::create_in(&trees, &repo_dir, "run-lock", None)
+        .await
+        .unwrap();
+    std::fs::write(wt.path.join("work.txt"), "work\n").unwrap();
+    let lock = wt.git_dir.join("index.lock");
+    std::fs::write(&lock, "").unwrap();
+    let report = wt.settle(1).await;
+    let failure = report.failure.expect("a failure");
+    assert_eq!(failure.kind, WorkspaceFailureKind::Stage);
+    assert_eq!(failure.path, wt.path);
+    assert!(
+        failure.message.contains("index.lock"),
+        "{}",
+        failure.message
+    );
+    let kept = wt.dispose("at dispose", true, false).await;
+    assert!(
+        matches!(kept, Err(WorkspaceError::Uncommitted { .. })),
+        "{kept:?}"
+    );
+    assert!(wt.path.join("work.txt").is_file());
+    std::fs::remove_file(&lock).unwrap();
+    wt.dispose("at dispose", true, false).await.unwrap();
+    assert!(!wt.path.exists());
+    assert_eq!(
+        sh_git(&repo_dir, &["show", "acpd/run-lock:work.txt"]).await,
+        "work"
+    );
+}
