@@ -448,6 +448,13 @@ mod tests {
         let e = write_config(&shared.join("config.toml"), "x", false)
             .unwrap_err()
             .to_string();
+        assert!(e.contains("writable by every user"), "{e}");
+        assert!(e.contains("chmod go-w"), "{e}");
+        // A sticky one too (as /tmp): acpd's own config gets a directory of its own.
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = write_config(&shared.join("config.toml"), "x", false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("writable by others"), "{e}");
     }
 }
