@@ -242,3 +242,28 @@ async fn a_locked_index_is_a_stage_failure_and_the_work_waits_for_dispose() {
         "work"
     );
 }
+
+/// A path git refuses to track (a `.gitmodules` that is a symlink) fails the whole `git add`:
+/// the turn says so, naming git's words, rather than reporting nothing changed.
+#[tokio::test]
+async fn a_path_git_refuses_is_a_stage_failure_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo_dir = tmp.path().join("repo");
+    std::fs::create_dir(&repo_dir).unwrap();
+    repo(&repo_dir).await;
+    let trees = tmp.path().join("trees");
+    let wt = Worktree::create_in(&trees, &repo_dir, "run-refused", None)
+        .await
+        .unwrap();
+    std::fs::write(wt.path.join("work.txt"), "work\n").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", wt.path.join(".gitmodules")).unwrap();
+    let failure = wt.settle(1).await.failure.expect("a failure");
+    assert_eq!(failure.kind, WorkspaceFailureKind::Stage);
+    assert!(
+        failure.message.contains("invalid path '.gitmodules'"),
+        "{}",
+        failure.message
+    );
+    wt.dispose("at dispose", true, true).await.unwrap();
+    assert!(!wt.path.exists(), "force removes it all the same");
+}
