@@ -36,6 +36,7 @@ mod server;
 mod store;
 mod supervise;
 mod trace;
+mod trusted_path;
 mod wire;
 mod workspace;
 

@@ -53,7 +53,7 @@ pub fn parse_params<T: DeserializeOwned>(params: Option<&RawValue>) -> Result<T,
 }
 
 /// No fields: the params of `_acpd/providers`, `status`, `runs`, `subagent/list`, and the reply
-/// of `subagent/cancel` and `subagent/dispose`. Serialises as `{}`.
+/// of `subagent/cancel`. Serialises as `{}`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Empty {}
 
@@ -64,14 +64,26 @@ pub struct RunRef {
     pub run_id: String,
 }
 
-/// `_acpd/subagent/dispose`: which run, and whether its worktree's branch stays (it does
-/// unless `keepBranch` is `false`).
+/// `_acpd/subagent/dispose`: which run, whether its worktree's branch stays (it does
+/// unless `keepBranch` is `false`), and whether a worktree whose work git refuses to commit
+/// is removed all the same (only with `force: true`; else it stays, and the reply says so).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DisposeRequest {
     pub run_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_branch: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force: Option<bool>,
+}
+
+/// `_acpd/subagent/dispose`'s reply: `{}`, or the worktree it kept because the work in it
+/// could not be committed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DisposeReply {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<crate::subagent::WorkspaceFailure>,
 }
 
 /// `_acpd/subagent/start`'s reply (its request is [`crate::subagent::StartRequest`]).

@@ -150,6 +150,53 @@ pub struct WorkspaceReport {
     pub changed: Vec<String>,
     /// `git diff --stat` of `base` against the branch.
     pub diffstat: String,
+    /// Untracked paths left out of the commit because a `.gitignore` (the repository's or
+    /// one the child wrote) ignores them; a directory is one entry ending in `/`. At most
+    /// [`IGNORED_LISTED`]; `ignoredMore` counts the rest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ignored_more: u64,
+    /// Set when this turn's work could not be committed: it is still only in the worktree
+    /// at `path`, which dispose keeps (unless forced) so it is not lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<WorkspaceFailure>,
+}
+
+/// How many ignored paths a [`WorkspaceReport`] names.
+pub const IGNORED_LISTED: usize = 100;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Why a turn's work in its worktree is not (all) on its branch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceFailure {
+    pub kind: WorkspaceFailureKind,
+    /// The worktree that holds the uncommitted work.
+    pub path: PathBuf,
+    /// What failed, in git's own words where git refused.
+    pub message: String,
+}
+
+/// The step of committing a turn's work that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkspaceFailureKind {
+    /// `git add` refused (a locked index, an empty nested repository, an unreadable file, a
+    /// path git will not track, a timeout).
+    Stage,
+    /// git left paths off the branch: a directory holding a `.git` of its own (a nested
+    /// repository, committed in or empty, or a `.git` file), whose files and commits would
+    /// not be on the branch.
+    NotAdded,
+    /// `git commit` refused.
+    Commit,
+    /// The work is committed, but listing what changed failed (`changed` and `diffstat`
+    /// are empty).
+    Report,
 }
 
 /// The outcome vocabulary of a subagent turn. Consumers must treat a value they do not know as

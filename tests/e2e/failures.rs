@@ -255,6 +255,42 @@ fn editor_missing_binary() {
     snap("editor_missing_binary", &env, &view);
 }
 
+/// A PATH the provider's `env_file` sets is named by the file, never shown: not on the
+/// terminal, not in the editor's error, not in the log.
+#[test]
+fn a_missing_program_on_an_env_file_s_path_names_the_file_not_the_value() {
+    const SECRET: &str = "/opt/secret-path-7f3a/bin";
+    let env = provider("[\"nosuchagent-acp\"]");
+    let file = env.path().join("agent.env");
+    in_env(
+        &env,
+        "agent.env",
+        format!("PATH={SECRET}\n").as_bytes(),
+        0o600,
+    );
+    let text = std::fs::read_to_string(&env.config).unwrap();
+    std::fs::write(
+        &env.config,
+        format!("{text}env_file = {:?}\n", file.display().to_string()),
+    )
+    .unwrap();
+    let said = format!(
+        "PATH searched: the PATH from env_file {} (value not shown)",
+        file.display()
+    );
+    let ran = run_x(&env);
+    assert!(ran.contains(&said), "{ran}");
+    assert!(!ran.contains("secret-path-7f3a"), "{ran}");
+    let view = editor_view(&env, "x");
+    assert!(view.contains(&said), "{view}");
+    let log = std::fs::read_to_string(env.path().join("acpd.log")).unwrap();
+    assert!(log.contains(&said), "{log}");
+    assert!(
+        !format!("{view}{log}").contains("secret-path-7f3a"),
+        "{view}{log}"
+    );
+}
+
 #[test]
 fn editor_missing_key_codex() {
     let env = preset_env("codex", &["--auth", "api-key"]);

@@ -15,21 +15,21 @@ use serde_json::json;
 const GONE: Duration = Duration::from_secs(20);
 
 /// [`common::git`]'s stdout, trimmed.
-fn git(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
     common::git(dir, args).trim().to_string()
 }
 
 /// A config whose provider `wt` works in worktrees (`extra` adds keys to it), a repository
 /// with `notes.txt` committed, and a home and data dir of the test's own.
-struct Setup {
-    env: Env,
-    repo: PathBuf,
+pub(crate) struct Setup {
+    pub(crate) env: Env,
+    pub(crate) repo: PathBuf,
     home: PathBuf,
     data: PathBuf,
 }
 
 impl Setup {
-    fn new(extra: &str) -> Setup {
+    pub(crate) fn new(extra: &str) -> Setup {
         Setup::with("", extra)
     }
 
@@ -59,7 +59,7 @@ impl Setup {
         }
     }
 
-    fn acpd(&self) -> Raw {
+    pub(crate) fn acpd(&self) -> Raw {
         let mut cmd = self.command();
         cmd.arg("stdio");
         let log = self.env.path().join("acpd.log");
@@ -69,7 +69,7 @@ impl Setup {
     }
 
     /// acpd with this setup's config, home and data dir; the subcommand is the caller's.
-    fn command(&self) -> Command {
+    pub(crate) fn command(&self) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.arg("--config")
             .arg(&self.env.config)
@@ -86,7 +86,7 @@ impl Setup {
     }
 
     /// `acpd run --json ARGS` in the repository, with the same home and data dir.
-    fn run(&self, args: &[&str]) -> (serde_json::Value, i32, String) {
+    pub(crate) fn run(&self, args: &[&str]) -> (serde_json::Value, i32, String) {
         let mut cmd = base();
         cmd.arg("--config")
             .arg(&self.env.config)
@@ -99,7 +99,7 @@ impl Setup {
         run_json(&mut cmd)
     }
 
-    fn worktrees(&self) -> PathBuf {
+    pub(crate) fn worktrees(&self) -> PathBuf {
         self.data.join("acpd/worktrees")
     }
 }

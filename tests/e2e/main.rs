@@ -27,6 +27,8 @@ mod confinement;
 mod echo_sessions;
 mod failures;
 mod isolation;
+mod isolation_commit;
+mod isolation_sweep;
 mod nested;
 mod otlp;
 mod otlp_bounds;

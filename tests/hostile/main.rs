@@ -15,5 +15,6 @@ mod backpressure;
 mod cli_safety;
 mod hostile_child;
 mod hostile_parent;
+mod planted_config;
 mod router_props;
 mod sessions_owner;

@@ -23,6 +23,9 @@ pub(super) struct Program {
     pub name: String,
     /// `PATH` in the child's environment (what `execvp` searches).
     pub path_var: Option<std::ffi::OsString>,
+    /// The env_file that gave that PATH: then it is named, and neither PATH nor a file found
+    /// on it is shown.
+    path_from: Option<String>,
     pub cwd: PathBuf,
 }
 
@@ -39,7 +42,28 @@ impl Program {
                 .rev()
                 .find(|(k, _)| k == OsStr::new("PATH"))
                 .map(|(_, v)| v.clone()),
+            path_from: None,
             cwd: cwd.to_path_buf(),
+        }
+    }
+
+    /// This program, its PATH given by the env_file `file`.
+    pub(super) fn with_path_from(mut self, file: String) -> Self {
+        self.path_from = Some(file);
+        self
+    }
+
+    /// How `file` (the one [`Program::file`] found) is shown: not where it is when that is a
+    /// directory of an env_file's PATH.
+    fn shown_file(&self, file: &Path) -> String {
+        match &self.path_from {
+            Some(env_file) if self.searches_path() => {
+                format!(
+                    "{:?} (found on the PATH from env_file {env_file})",
+                    self.name
+                )
+            }
+            _ => shown(file),
         }
     }
 
@@ -48,6 +72,9 @@ impl Program {
     }
 
     fn shown_path(&self) -> String {
+        if let Some(env_file) = &self.path_from {
+            return format!("the PATH from env_file {env_file} (value not shown)");
+        }
         match &self.path_var {
             Some(p) if !p.is_empty() => p.to_string_lossy().into_owned(),
             _ => "(unset: the C library's default, /bin:/usr/bin)".into(),
@@ -115,14 +142,14 @@ pub(super) fn exited_early(program: &Program) -> Option<String> {
         return Some(format!(
             "{} is an empty file: it has no #! line, so /bin/sh ran it and it did nothing; \
              point the provider's command at the agent's real executable",
-            shown(&file)
+            program.shown_file(&file)
         ));
     }
     if !head.starts_with(b"#!") && !head.starts_with(b"\x7fELF") && head.contains(&0) {
         return Some(format!(
             "{} is not an executable for this machine (no #! line, not ELF): /bin/sh could \
              not run it; point the provider's command at the agent's real executable",
-            shown(&file)
+            program.shown_file(&file)
         ));
     }
     None
@@ -150,7 +177,7 @@ fn explain(program: &Program, errno: Option<Errno>) -> (String, String) {
             ("no such file".into(), fix_command.into())
         };
     };
-    let at = shown(&file);
+    let at = program.shown_file(&file);
     let meta = std::fs::metadata(&file);
     if let Err(e) = &meta {
         if e.raw_os_error() == Some(Errno::ELOOP as i32) {
@@ -286,6 +313,7 @@ mod tests {
         Program {
             name: name.into(),
             path_var: Some(path.as_os_str().to_owned()),
+            path_from: None,
             cwd: cwd.to_path_buf(),
         }
     }
@@ -312,6 +340,29 @@ mod tests {
         assert!(said.contains("ENOENT"), "{said}");
         assert!(said.contains("PATH searched: /a:/b"), "{said}");
         assert!(said.contains("install it"), "{said}");
+    }
+
+    #[test]
+    fn a_path_from_an_env_file_is_named_by_the_file_and_never_shown() {
+        let d = tempfile::tempdir().unwrap();
+        let secret = d.path().join("secret-dir");
+        std::fs::create_dir_all(secret.join("agent")).unwrap();
+        let p = program("agent", &secret, d.path()).with_path_from("/etc/acpd/x.env".into());
+        let eacces = std::io::Error::from_raw_os_error(Errno::EACCES as i32);
+        let said = spawn_failed(&p, &eacces);
+        assert!(
+            said.contains(
+                "PATH searched: the PATH from env_file /etc/acpd/x.env (value not shown)"
+            ),
+            "{said}"
+        );
+        assert!(
+            said.contains(
+                "\"agent\" (found on the PATH from env_file /etc/acpd/x.env) is a directory"
+            ),
+            "{said}"
+        );
+        assert!(!said.contains("secret-dir"), "{said}");
     }
 
     #[test]

@@ -307,14 +307,14 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
     let provider = &spec.provider;
     // Read at every spawn, so a rotated key needs no reload; an unusable file fails the start
     // with its path and the reason, never a value.
-    let env = match &provider.env_file {
-        Some(file) => file
-            .read()
-            .inspect_err(
+    let (env, secrets) = match &provider.env_file {
+        Some(file) => {
+            let secrets = file.read().inspect_err(
                 |e| tracing::warn!(target: super::FAILURE_LOG, provider = %provider.name, "{e}"),
-            )?
-            .over(&spec.env),
-        None => spec.env.clone(),
+            )?;
+            (secrets.over(&spec.env), Some((file, secrets)))
+        }
+        None => (spec.env.clone(), None),
     };
     // Behind ssh or a launcher the local process is that tool, and the command, its env and
     // cwd go to `acpd supervise` on the far side in the setup line, before any ACP.
@@ -326,10 +326,16 @@ async fn spawn(spec: ChildSpec) -> Result<Handshake, StartFailure> {
         Some(_) => Default::default(),
     };
     // Behind ssh or a launcher the program that failed is that tool, started locally.
-    let program = local
-        .argv
-        .first()
-        .map(|argv0| Program::of(argv0, &local.env, &local.cwd));
+    // A PATH the env_file gave is named by the file, never shown (its values appear nowhere).
+    let program = local.argv.first().map(|argv0| {
+        let program = Program::of(argv0, &local.env, &local.cwd);
+        match (&secrets, &program.path_var) {
+            (Some((file, secrets)), Some(path)) if secrets.gives("PATH", path) => {
+                program.with_path_from(file.to_string())
+            }
+            _ => program,
+        }
+    });
     let mut spawned = match supervise::spawn_sandboxed(local, limits, spec.sandbox.clone()).await {
         Ok(spawned) => spawned,
         Err(error) => return Err(spawn_failed(&spec, program.as_ref(), error)),

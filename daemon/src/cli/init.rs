@@ -45,6 +45,8 @@ enum InitError {
     Exists { path: PathBuf },
     #[error("{}: {why}", dir.display())]
     UnsafeDir { dir: PathBuf, why: String },
+    #[error("refused: {0}")]
+    Untrusted(#[from] crate::trusted_path::Untrusted),
     #[error("cannot {what} {}: {source}", path.display())]
     Io {
         what: &'static str,
@@ -123,6 +125,11 @@ fn write_config(path: &Path, text: &str, force: bool) -> Result<(), InitError> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(InitError::NoPath);
     };
+    // Every directory above, as far as they exist, before anything is made: one another
+    // user can write lets them swap the config acpd (root's, too) later runs.
+    if let Some(existing) = dir.ancestors().find(|d| d.exists()) {
+        crate::trusted_path::check(existing)?;
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -161,6 +168,8 @@ fn write_config(path: &Path, text: &str, force: bool) -> Result<(), InitError> {
             meta.mode() & 0o7777
         )));
     }
+    // Where a symlinked directory leads, and everything above it.
+    crate::trusted_path::check(dir)?;
     let create = |file: &std::ffi::OsStr| -> Result<File, InitError> {
         let flags =
             OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
@@ -436,6 +445,13 @@ mod tests {
         let shared = root.path().join("shared");
         std::fs::create_dir(&shared).unwrap();
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = write_config(&shared.join("config.toml"), "x", false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("writable by every user"), "{e}");
+        assert!(e.contains("chmod go-w"), "{e}");
+        // A sticky one too (as /tmp): acpd's own config gets a directory of its own.
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
         let e = write_config(&shared.join("config.toml"), "x", false)
             .unwrap_err()
             .to_string();

@@ -22,6 +22,9 @@ const EXIT_MAX_TOKENS: u8 = 5;
 const EXIT_ABORTED: u8 = 6;
 /// The agent needs credentials: at any stage (its start, or its first prompt), one code.
 const EXIT_AUTH: u8 = 7;
+/// The turn completed, but git refused to commit its work: the worktree stays, named on
+/// stderr and in the result's `workspace.failure`.
+const EXIT_UNCOMMITTED: u8 = 8;
 const EXIT_INTERRUPTED: u8 = 130;
 
 #[derive(Debug, clap::Args)]
@@ -247,7 +250,11 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
         })
     };
     let result = registry.wait(0, &published.run_id).await;
-    let _ = registry.dispose(0, &published.run_id).await;
+    let kept = registry
+        .dispose_with(0, &published.run_id, true, false)
+        .await
+        .ok()
+        .flatten();
     canceller.abort();
     if let Some(nest) = nest {
         nest.close().await;
@@ -272,6 +279,14 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
     if let Err(e) = streamed.and_then(|()| report(&result, args.json)) {
         return stdout_failed(&e);
     }
+    if let Some(kept) = &kept {
+        errln!(
+            "acpd: the worktree {} stays: its work is not committed on the run's branch ({}); commit or copy it there, then `git worktree remove --force {}`",
+            kept.path.display(),
+            kept.message,
+            kept.path.display()
+        );
+    }
     if interrupted.is_cancelled() {
         return EXIT_INTERRUPTED;
     }
@@ -283,6 +298,7 @@ async fn run_disposed(config_path: Option<&Path>, args: RunArgs) -> u8 {
         return EXIT_AUTH;
     }
     match result.stop_reason {
+        StopReason::Completed if kept.is_some() => EXIT_UNCOMMITTED,
         StopReason::Completed => 0,
         StopReason::Error => EXIT_ERROR,
         StopReason::Refusal => EXIT_REFUSAL,

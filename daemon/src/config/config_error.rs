@@ -19,6 +19,9 @@ pub enum ConfigError {
     Missing { path: PathBuf, origin: &'static str },
     #[error("{}: cannot read config file: {source}", path.display())]
     Read { path: PathBuf, source: io::Error },
+    /// Another user could replace the file, and acpd would run the commands it names.
+    #[error("{}: refused: {reason}", path.display())]
+    Untrusted { path: PathBuf, reason: String },
     /// `line` is 1-based; `None` only if TOML reported no position at all. `text` is that
     /// line as the file has it, shown under the error.
     #[error("{}:{}: {key}: {message}{}", path.display(), line.map_or_else(|| "?".to_owned(), |l| l.to_string()), shown_line(*line, text.as_deref()))]
@@ -37,6 +40,7 @@ impl ConfigError {
         match self {
             ConfigError::Missing { path, .. }
             | ConfigError::Read { path, .. }
+            | ConfigError::Untrusted { path, .. }
             | ConfigError::Invalid { path, .. } => path,
         }
     }

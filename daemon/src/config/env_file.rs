@@ -91,6 +91,12 @@ impl Secrets {
         self.0.iter().any(|(k, v)| k == name && !v.is_empty())
     }
 
+    /// True when the file sets `name` to exactly `value` (so where `value` shows, the file
+    /// is named instead).
+    pub fn gives(&self, name: &str, value: &std::ffi::OsStr) -> bool {
+        self.0.iter().any(|(k, v)| k == name && value == v.as_str())
+    }
+
     /// `env` with these variables set over it (a name already there is replaced).
     pub fn over(&self, env: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
         let mut out: Vec<(OsString, OsString)> = env
@@ -217,6 +223,11 @@ fn read_checked(path: &Path, credential: bool) -> Result<Secrets, EnvFileError> 
             "has mode {mode:04o}, so others may read or change the key: run `chmod 600 {}`",
             path.display()
         )));
+    }
+    // The directories above it too: another user who can write one can swap the file.
+    match crate::trusted_path::check(path) {
+        Ok(()) | Err(crate::trusted_path::Untrusted::Io { .. }) => {}
+        Err(e) => return Err(unsafe_(format!("is not acpd's user's alone: {e}"))),
     }
     if meta.len() > MAX_ENV_FILE {
         return Err(unsafe_(format!(

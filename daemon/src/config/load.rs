@@ -23,6 +23,11 @@ impl Config {
                     path: path.clone(),
                     source,
                 })?;
+                // Checked where it is executed: a config another user can swap is theirs.
+                crate::trusted_path::check(&path).map_err(|e| ConfigError::Untrusted {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
                 Self::parse(&text, &path, echo_command)
             }
         }

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use acpd_protocol::acp::{ContentBlock, RequestPermissionRequest};
 use acpd_protocol::envelope::{Id, RpcError};
 use acpd_protocol::methods::{
-    DisposeRequest, Empty, ListReply, ProvidersReply, RunRef, RunSummary, SendReply, SendRequest,
-    StartReply, name,
+    DisposeReply, DisposeRequest, Empty, ListReply, ProvidersReply, RunRef, RunSummary, SendReply,
+    SendRequest, StartReply, name,
 };
 use acpd_protocol::permission::{Decision, cancelled, decide};
-use acpd_protocol::subagent::{ProviderInfo, StartRequest, SubagentResult};
+use acpd_protocol::subagent::{ProviderInfo, StartRequest, SubagentResult, WorkspaceFailure};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -116,29 +116,36 @@ impl Backend {
     }
 
     pub(super) async fn dispose(&self, run_id: &str) -> Result<(), Failure> {
-        self.dispose_keeping(run_id, true).await
+        self.dispose_with(run_id, true, false).await.map(drop)
     }
 
-    /// [`Backend::dispose`], deleting the run's worktree branch too unless `keep_branch`.
-    pub(super) async fn dispose_keeping(
+    /// [`Backend::dispose`], deleting the run's worktree branch too unless `keep_branch`,
+    /// and a worktree whose work git refuses to commit only when `force`; returns the
+    /// worktree it kept.
+    pub(super) async fn dispose_with(
         &self,
         run_id: &str,
         keep_branch: bool,
-    ) -> Result<(), Failure> {
+        force: bool,
+    ) -> Result<Option<WorkspaceFailure>, Failure> {
         match self {
             Backend::Local(l) => {
-                l.registry
-                    .dispose_keeping(OWNER, run_id, keep_branch)
+                let kept = l
+                    .registry
+                    .dispose_with(OWNER, run_id, keep_branch, force)
                     .await?;
                 lock(&l.activity).remove(run_id);
-                Ok(())
+                Ok(kept)
             }
             Backend::Daemon(d) => {
                 let request = DisposeRequest {
                     run_id: run_id.to_string(),
                     keep_branch: (!keep_branch).then_some(false),
+                    force: force.then_some(true),
                 };
-                d.call::<Empty>(name::DISPOSE, &request).await.map(drop)
+                d.call::<DisposeReply>(name::DISPOSE, &request)
+                    .await
+                    .map(|r| r.kept)
             }
         }
     }

@@ -103,12 +103,18 @@ impl AcpdMcp {
             }
             tools::DISPOSE => {
                 let args: DisposeArgs = tools::parse(tool, args)?;
-                backend
-                    .dispose_keeping(&args.run_id, args.keep_branch.unwrap_or(true))
+                let kept = backend
+                    .dispose_with(
+                        &args.run_id,
+                        args.keep_branch.unwrap_or(true),
+                        args.force.unwrap_or(false),
+                    )
                     .await?;
-                Ok(tools::ok_json(
-                    json!({ "runId": args.run_id, "disposed": true }),
-                ))
+                let mut answer = json!({ "runId": args.run_id, "disposed": true });
+                if let Some(kept) = kept {
+                    answer["kept"] = json!(kept);
+                }
+                Ok(tools::ok_json(answer))
             }
             tools::LIST => {
                 let NoArgs {} = tools::parse(tool, args)?;

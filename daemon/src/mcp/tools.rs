@@ -90,14 +90,17 @@ pub(super) struct RunArgs {
     pub run_id: String,
 }
 
-/// `subagent_dispose`: the run, and whether its worktree's branch stays (it does unless
-/// `keepBranch` is `false`).
+/// `subagent_dispose`: the run, whether its worktree's branch stays (it does unless
+/// `keepBranch` is `false`), and whether a worktree with work git refuses to commit goes
+/// all the same (`force`).
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct DisposeArgs {
     pub run_id: String,
     #[serde(default)]
     pub keep_branch: Option<bool>,
+    #[serde(default)]
+    pub force: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -247,6 +250,12 @@ fn dispose_schema() -> Arc<JsonObject> {
                 "description": "For a run in a worktree: keep its branch acpd/<runId> with the \
                                 subagent's committed work (default true); false deletes it.",
             },
+            "force": {
+                "type": "boolean",
+                "description": "For a run in a worktree whose work git refused to commit: \
+                                remove the worktree and that work all the same (default \
+                                false: it stays, and the answer names it as kept).",
+            },
         },
         "required": ["runId"],
         "additionalProperties": false,
@@ -359,7 +368,8 @@ pub(super) fn list(providers: &[ProviderInfo]) -> Vec<Tool> {
                 "End a run for good: its agent and every process it started are stopped, and \
                  the run is forgotten. Dispose runs you no longer need; they count toward the \
                  limits. A run's worktree is removed; its branch stays unless keepBranch is \
-                 false.",
+                 false. A worktree whose work could not be committed stays unless force is \
+                 true; the answer names it as kept.",
                 dispose_schema(),
             ),
             false,

@@ -103,6 +103,10 @@ pub struct Run {
     workspace: Mutex<Option<Arc<crate::workspace::Worktree>>>,
     /// Whether dispose keeps the worktree's branch (`keepBranch`, true unless asked not to).
     keep_branch: std::sync::atomic::AtomicBool,
+    /// Whether dispose removes a worktree whose work cannot be committed (`force`).
+    force: std::sync::atomic::AtomicBool,
+    /// The worktree dispose kept because its work could not be committed.
+    kept: Mutex<Option<acpd_protocol::subagent::WorkspaceFailure>>,
     /// What the run (with its nested runs) has spent, against its budget.
     pub spend: Arc<super::budget::Spend>,
 }
@@ -161,6 +165,8 @@ impl Run {
             slot: Mutex::new(Holding::default()),
             workspace: Mutex::new(init.workspace.map(Arc::new)),
             keep_branch: std::sync::atomic::AtomicBool::new(true),
+            force: std::sync::atomic::AtomicBool::new(false),
+            kept: Mutex::new(None),
             spend: init.spend,
         })
     }
@@ -285,10 +291,11 @@ impl Run {
         let mut result = self.result(turn, &report, &child);
         let workspace = lock(&self.workspace).clone();
         if let Some(w) = workspace {
-            match w.settle(turn).await {
-                Ok(r) => result.workspace = Some(r),
-                Err(e) => tracing::warn!(run = %self.run_id, turn, "worktree: {e}"),
+            let report = w.settle(turn).await;
+            if let Some(f) = &report.failure {
+                tracing::warn!(run = %self.run_id, turn, "worktree {}: {}", f.path.display(), f.message);
             }
+            result.workspace = Some(report);
         }
         let result = Arc::new(result);
         crate::metrics::get().turn_ended(&result, began.elapsed());
@@ -433,7 +440,8 @@ impl Run {
         // A disposed run keeps no output: whoever still waits learns it ended.
         self.state.send_replace(RunState::Disposed);
         let keep = self.keep_branch.load(std::sync::atomic::Ordering::Acquire);
-        self.drop_workspace(keep).await;
+        let force = self.force.load(std::sync::atomic::Ordering::Acquire);
+        self.drop_workspace(keep, force).await;
         settled
     }
 
@@ -443,11 +451,34 @@ impl Run {
             .store(false, std::sync::atomic::Ordering::Release);
     }
 
-    /// Removes the run's worktree, once (its child must be gone).
-    pub(super) async fn drop_workspace(&self, keep_branch: bool) {
+    /// Asks dispose to remove the worktree even with work git refuses to commit (`force`).
+    pub(super) fn force_removal(&self) {
+        self.force.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The worktree dispose kept, with why.
+    pub(super) fn kept(&self) -> Option<acpd_protocol::subagent::WorkspaceFailure> {
+        lock(&self.kept).clone()
+    }
+
+    /// Commits what the run's worktree holds and removes it, once (its child must be gone);
+    /// one whose work cannot be committed stays unless `force`, and [`Run::kept`] says so.
+    pub(super) async fn drop_workspace(&self, keep_branch: bool, force: bool) {
         let workspace = lock(&self.workspace).take();
-        if let Some(w) = workspace {
-            w.remove(keep_branch).await;
+        if let Some(w) = workspace
+            && let Err(crate::workspace::WorkspaceError::Uncommitted { kind, path, source }) = w
+                .dispose(
+                    &format!("acpd: run {} at dispose", w.id),
+                    keep_branch,
+                    force,
+                )
+                .await
+        {
+            *lock(&self.kept) = Some(acpd_protocol::subagent::WorkspaceFailure {
+                kind,
+                path,
+                message: source.to_string(),
+            });
         }
     }
 

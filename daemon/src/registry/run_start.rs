@@ -211,7 +211,7 @@ impl Registry {
             if opts.cancel.is_cancelled() {
                 drop(table);
                 child.teardown().await;
-                run.drop_workspace(false).await;
+                run.drop_workspace(false, true).await;
                 return Err(RegistryError::StartCancelled {
                     provider: run.provider.name.clone(),
                 });

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use acpd_protocol::subagent::SubagentResult;
+use acpd_protocol::subagent::{SubagentResult, WorkspaceFailure};
 
 use super::{Owner, Parent, Registry, RegistryError, Run, TOMBSTONES, Table, lock};
 
@@ -61,28 +61,36 @@ impl Registry {
     /// Cancels what runs, tears the child's tree down, reaps it, and forgets the run (a
     /// tombstone without output stays). A repeat succeeds.
     pub async fn dispose(&self, owner: Owner, run_id: &str) -> Result<(), RegistryError> {
-        self.dispose_keeping(owner, run_id, true).await
+        self.dispose_with(owner, run_id, true, false)
+            .await
+            .map(drop)
     }
 
-    /// [`Registry::dispose`], deleting the worktree's branch too unless `keep_branch`.
-    pub async fn dispose_keeping(
+    /// [`Registry::dispose`], deleting the worktree's branch too unless `keep_branch`, and
+    /// removing a worktree with work git refuses to commit only when `force`; returns the
+    /// worktree it kept because its work could not be committed.
+    pub async fn dispose_with(
         &self,
         owner: Owner,
         run_id: &str,
         keep_branch: bool,
-    ) -> Result<(), RegistryError> {
+        force: bool,
+    ) -> Result<Option<WorkspaceFailure>, RegistryError> {
         let run = match self.find(owner, run_id) {
             Ok(run) => run,
-            Err(RegistryError::RunEnded { .. }) => return Ok(()),
+            Err(RegistryError::RunEnded { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
         if !keep_branch {
             run.discard_branch();
         }
+        if force {
+            run.force_removal();
+        }
         self.dispose_nested(&Parent::Run(run.run_id.clone())).await;
         run.dispose().await;
         self.bury(&run);
-        Ok(())
+        Ok(run.kept())
     }
 
     /// Forgets a disposed run, keeping a tombstone (at most [`TOMBSTONES`]).

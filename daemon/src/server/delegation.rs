@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use acpd_protocol::envelope::Id;
 use acpd_protocol::methods::{
-    DisposeRequest, Empty, ListReply, ProvidersReply, RunRef, RunSummary, SendReply, SendRequest,
-    StartReply,
+    DisposeReply, DisposeRequest, Empty, ListReply, ProvidersReply, RunRef, RunSummary, SendReply,
+    SendRequest, StartReply,
 };
 use acpd_protocol::subagent::StartRequest;
 
@@ -54,14 +54,15 @@ pub(super) fn dispose(conn: &Arc<Conn>, id: Id, req: DisposeRequest) {
     let conn2 = conn.clone();
     conn.tracker.spawn(async move {
         let keep_branch = req.keep_branch.unwrap_or(true);
+        let force = req.force.unwrap_or(false);
         let registry = &conn2.ctx.registry;
         match registry
-            .dispose_keeping(conn2.owner, &req.run_id, keep_branch)
+            .dispose_with(conn2.owner, &req.run_id, keep_branch, force)
             .await
         {
-            Ok(()) => {
+            Ok(kept) => {
                 conn2.forget_run(&req.run_id);
-                let _ = conn2.peer.respond_ok(&id, &Empty {}).await;
+                let _ = conn2.peer.respond_ok(&id, &DisposeReply { kept }).await;
             }
             Err(e) => conn2.reply_err(&id, &typed_error(&e)).await,
         }

@@ -179,13 +179,9 @@ impl Sessions {
             let had_workspace = workspace.is_some();
             if let Some(w) = workspace {
                 tokio::join!(child.shut(), registry.dispose_nested(&nested));
-                match w.commit_all(&format!("acpd: session {id}")).await {
-                    Ok(()) => w.remove(true).await,
-                    // Never removed with work nobody saved: the next acpd's sweep takes it.
-                    Err(e) => tracing::warn!(session = %id,
-                        "cannot commit the session's work, so its worktree {} stays: {e}",
-                        w.path.display()),
-                }
+                // Never removed with work git refuses to commit: it stays, unswept, and
+                // the log names it.
+                let _ = w.dispose(&format!("acpd: session {id}"), true, false).await;
             }
             // No longer live here: another acpd may load it now. Released before the entry
             // goes, so a load of it in this process (which waits for the entry) claims after

@@ -2,17 +2,20 @@
 //! (`acpd/<run id>`), in acpd's data directory, so that children started on one repository
 //! never edit the same files or the parent's checkout. At the end of each turn the child's
 //! work is committed on its branch and reported (`changed`, `diffstat` against the base);
-//! dispose removes the worktree and keeps the branch. A marker beside each worktree names the
-//! acpd that owns it, so the next acpd removes the worktrees of one that was SIGKILLed
-//! ([`sweep`]).
+//! dispose removes the worktree and keeps the branch. Work git refuses to commit (a locked
+//! index, a nested repository, a file it cannot read) is reported as the turn's
+//! `workspace.failure`, and its worktree is never removed unless the disposer forces it. A
+//! marker beside each worktree names the acpd that owns it, so the next acpd removes the
+//! worktrees of one that was SIGKILLed ([`sweep`]), committing what they hold first.
 
+mod commit;
 mod git;
 mod sweep;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use acpd_protocol::subagent::WorkspaceReport;
+use acpd_protocol::subagent::WorkspaceFailureKind;
 
 use git::git;
 pub(crate) use sweep::{mark_tmp, sweep, tmps_dir};
@@ -45,6 +48,21 @@ pub enum WorkspaceError {
         wanted: String,
         repo: PathBuf,
         message: String,
+    },
+    #[error(
+        "git leaves {} off the branch: a directory holding a `.git` of its own (a nested repository, or a `.git` file) is not the worktree's to commit; move its files out of it and remove that `.git`",
+        paths.join(", ")
+    )]
+    NotAdded { paths: Vec<String> },
+    #[error(
+        "the work in the worktree {} is not committed on its branch ({source}); the worktree stays: commit or copy the work there, then `git worktree remove --force {}`",
+        path.display(), path.display()
+    )]
+    Uncommitted {
+        kind: WorkspaceFailureKind,
+        path: PathBuf,
+        #[source]
+        source: Box<WorkspaceError>,
     },
     #[error("acpd has no data directory for worktrees (set XDG_DATA_HOME or HOME)")]
     NoDataDir,
@@ -277,96 +295,50 @@ impl Worktree {
         git(&self.path, Some((&self.git_dir, &self.path)), args, what).await
     }
 
-    /// Commits whatever the child left in the worktree (untracked files too, not ignored
-    /// ones) on its branch, then reports the branch against the base.
-    pub async fn settle(&self, turn: u32) -> Result<WorkspaceReport, WorkspaceError> {
-        self.commit_all(&format!("acpd: run {} turn {turn}", self.id))
-            .await?;
-        self.report().await
-    }
-
-    /// Commits whatever the child left in the worktree (untracked files too, not ignored
-    /// ones) on its branch as `message`; nothing when nothing changed.
-    pub async fn commit_all(&self, message: &str) -> Result<(), WorkspaceError> {
-        let a = |s: &'static str| OsStr::new(s);
-        self.git(&[a("add"), a("--all")], "stage the child's changes")
-            .await?;
-        let staged = self
-            .git(
-                &[a("diff"), a("--cached"), a("--name-only"), a("-z")],
-                "read staged changes",
-            )
-            .await?;
-        if !staged.stdout.is_empty() {
-            self.git(
-                &[
-                    a("-c"),
-                    a("user.name=acpd"),
-                    a("-c"),
-                    a("user.email=acpd@localhost"),
-                    a("commit"),
-                    a("--quiet"),
-                    a("--no-verify"),
-                    a("-m"),
-                    OsStr::new(message),
-                ],
-                "commit the child's changes",
-            )
-            .await?;
-        }
-        Ok(())
-    }
-
-    /// The branch against the base: every path changed, and git's diffstat.
-    async fn report(&self) -> Result<WorkspaceReport, WorkspaceError> {
-        let a = |s: &'static str| OsStr::new(s);
-        let range = format!("{}..HEAD", self.base);
-        let names = self
-            .git(
-                &[
-                    a("diff"),
-                    a("--no-ext-diff"),
-                    a("--no-textconv"),
-                    a("--name-only"),
-                    a("-z"),
-                    OsStr::new(&range),
-                ],
-                "list changed paths",
-            )
-            .await?;
-        let changed = names
-            .stdout
-            .split(|b| *b == 0)
-            .filter(|p| !p.is_empty())
-            .map(|p| String::from_utf8_lossy(p).into_owned())
-            .collect();
-        let stat = self
-            .git(
-                &[
-                    a("diff"),
-                    a("--no-ext-diff"),
-                    a("--no-textconv"),
-                    a("--stat"),
-                    OsStr::new(&range),
-                ],
-                "summarise the changes",
-            )
-            .await?;
-        Ok(WorkspaceReport {
-            branch: self.branch.clone(),
-            path: self.path.clone(),
-            base: self.base.clone(),
-            changed,
-            diffstat: String::from_utf8_lossy(&stat.stdout).trim_end().to_string(),
-        })
-    }
-
     /// Removes the worktree (whatever is in it) and, unless `keep_branch`, its branch; then
     /// its marker. Failures are logged: a worktree left behind is pruned by a later sweep.
     pub async fn remove(&self, keep_branch: bool) {
         remove(&self.repo, &self.path, &self.branch, keep_branch).await;
         let _ = std::fs::remove_file(&self.marker);
     }
+}
+
+/// The worktree `<dir>/<id>` of `repo` that a stopped acpd left, when it is one: its git
+/// directory is the repository's `worktrees/<id>`, and that names this path back (a `.git`
+/// file in the worktree, which its child could rewrite, is never read).
+pub(super) async fn left_behind(repo: &Path, dir: &Path, id: &str) -> Option<Worktree> {
+    let a = |s: &'static str| OsStr::new(s);
+    let common = git(
+        repo,
+        None,
+        &[
+            a("rev-parse"),
+            a("--path-format=absolute"),
+            a("--git-common-dir"),
+        ],
+        "find the repository's git directory",
+    )
+    .await
+    .ok()?;
+    let path = dir.join(id);
+    if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+        return None;
+    }
+    let git_dir = PathBuf::from(common.line()).join("worktrees").join(id);
+    let named = std::fs::read_to_string(git_dir.join("gitdir")).ok()?;
+    if Path::new(named.trim()) != path.join(".git") {
+        return None;
+    }
+    Some(Worktree {
+        id: id.to_string(),
+        branch: format!("acpd/{id}"),
+        cwd: path.clone(),
+        path,
+        base: String::new(),
+        repo: repo.to_path_buf(),
+        git_dir,
+        marker: dir.join(format!("{id}.owner")),
+    })
 }
 
 /// The removal shared with the sweep: `git worktree remove --force`, else the directory and a

@@ -3,7 +3,8 @@
 //! `<id>.owner`, naming the acpd that made it ([`Owner`]: pid, start time, boot id and pid
 //! namespace) and, for a worktree, its repository; a starting acpd removes the
 //! directories whose owner is gone (a worktree's branch stays, with every turn's work
-//! committed on it). Several acpd processes share the directories: a live owner's are never
+//! committed on it, and what was left since the last turn committed by the sweep; a worktree
+//! whose work git refuses stays, its marker gone). Several acpd processes share the directories: a live owner's are never
 //! touched, and a pid reused by another process has another start time, or another boot.
 
 use std::io::Write as _;
@@ -100,6 +101,18 @@ pub(crate) async fn sweep(dir: Option<&Path>, tmp_dir: Option<&Path>) -> usize {
                 continue;
             }
             let path = dir.join(&id);
+            // What the child left since its last turn is committed first; a worktree whose
+            // work git refuses stays for its user, without a marker, so no sweep takes it.
+            // One its repository does not name (an acpd killed during `worktree add`, a
+            // repository gone) holds no child's work and is removed as it is.
+            if let Some(tree) = super::left_behind(&marker.repo, &dir, &id).await {
+                let message = format!("acpd: run {id}, left by a stopped acpd");
+                if let Err(e) = tree.commit_all(&message).await {
+                    tracing::warn!("{e}");
+                    let _ = std::fs::remove_file(marker_path);
+                    continue;
+                }
+            }
             tracing::info!(
                 "removing the worktree {} of a stopped acpd (pid {}); its branch acpd/{id} stays",
                 path.display(),
@@ -134,6 +147,8 @@ pub(crate) async fn sweep(dir: Option<&Path>, tmp_dir: Option<&Path>) -> usize {
             let _ = std::fs::remove_file(marker_path);
         }
     }
+    // Said once the pass is over, so a reader knows what was left is a live acpd's.
+    tracing::info!("startup sweep done: {swept} directories of stopped acpds removed");
     swept
 }
 

@@ -49,7 +49,8 @@ async fn a_worktree_commits_and_reports_the_child_s_work_and_goes_on_remove() {
     assert_eq!(wt.cwd, trees.join("run-1/sub"));
     std::fs::write(wt.cwd.join("a.txt"), "two\n").unwrap();
     std::fs::write(wt.cwd.join("new.txt"), "new\n").unwrap();
-    let report = wt.settle(1).await.unwrap();
+    let report = wt.settle(1).await;
+    assert_eq!(report.failure, None);
     assert_eq!(report.changed, ["sub/a.txt", "sub/new.txt"]);
     assert!(
         report.diffstat.contains("2 files changed"),
@@ -200,4 +201,69 @@ async fn a_worktree_made_again_resumes_its_own_branch() {
     );
     again.remove(false).await;
     assert!(!has_own_branch(&repo_dir, "s-1").await);
+}
+
+/// A locked index (a git killed mid-write, another git at work in the worktree): the turn
+/// says its work is not committed and where it is; once the lock is gone, dispose commits it
+/// and removes the worktree.
+#[tokio::test]
+async fn a_locked_index_is_a_stage_failure_and_the_work_waits_for_dispose() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo_dir = tmp.path().join("repo");
+    std::fs::create_dir(&repo_dir).unwrap();
+    repo(&repo_dir).await;
+    let trees = tmp.path().join("trees");
+    let wt = Worktree::create_in(&trees, &repo_dir, "run-lock", None)
+        .await
+        .unwrap();
+    std::fs::write(wt.path.join("work.txt"), "work\n").unwrap();
+    let lock = wt.git_dir.join("index.lock");
+    std::fs::write(&lock, "").unwrap();
+    let report = wt.settle(1).await;
+    let failure = report.failure.expect("a failure");
+    assert_eq!(failure.kind, WorkspaceFailureKind::Stage);
+    assert_eq!(failure.path, wt.path);
+    assert!(
+        failure.message.contains("index.lock"),
+        "{}",
+        failure.message
+    );
+    let kept = wt.dispose("at dispose", true, false).await;
+    assert!(
+        matches!(kept, Err(WorkspaceError::Uncommitted { .. })),
+        "{kept:?}"
+    );
+    assert!(wt.path.join("work.txt").is_file());
+    std::fs::remove_file(&lock).unwrap();
+    wt.dispose("at dispose", true, false).await.unwrap();
+    assert!(!wt.path.exists());
+    assert_eq!(
+        sh_git(&repo_dir, &["show", "acpd/run-lock:work.txt"]).await,
+        "work"
+    );
+}
+
+/// A path git refuses to track (a `.gitmodules` that is a symlink) fails the whole `git add`:
+/// the turn says so, naming git's words, rather than reporting nothing changed.
+#[tokio::test]
+async fn a_path_git_refuses_is_a_stage_failure_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo_dir = tmp.path().join("repo");
+    std::fs::create_dir(&repo_dir).unwrap();
+    repo(&repo_dir).await;
+    let trees = tmp.path().join("trees");
+    let wt = Worktree::create_in(&trees, &repo_dir, "run-refused", None)
+        .await
+        .unwrap();
+    std::fs::write(wt.path.join("work.txt"), "work\n").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", wt.path.join(".gitmodules")).unwrap();
+    let failure = wt.settle(1).await.failure.expect("a failure");
+    assert_eq!(failure.kind, WorkspaceFailureKind::Stage);
+    assert!(
+        failure.message.contains("invalid path '.gitmodules'"),
+        "{}",
+        failure.message
+    );
+    wt.dispose("at dispose", true, true).await.unwrap();
+    assert!(!wt.path.exists(), "force removes it all the same");
 }
