@@ -356,7 +356,12 @@ async fn acpd_stdio_reaps_a_dead_bridged_agents_group_before_exiting() {
     let grandchild = pid_after(&client.drain_text(&session), "grandchild ");
     assert!(exists(grandchild));
     let r = client.prompt(&session, ":signal KILL").await;
-    assert!(r.is_err(), "{r:?}");
+    let ended = r.expect("a prompt open when its agent dies ends, not fails");
+    assert_eq!(ended["stopReason"], "cancelled", "{ended}");
+    assert_eq!(
+        ended["_meta"]["acpd"]["sessionEnded"]["data"]["signal"], "SIGKILL",
+        "{ended}"
+    );
     let status = client.close().await;
     assert!(status.success(), "{status}");
     assert!(

@@ -136,3 +136,35 @@ pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// `acpd serve` on the socket `<dir>/run/acpd.sock`, logging to `<dir>/serve.log`, started from
+/// `cmd` (acpd with its config and environment); killed and reaped on drop.
+pub struct Served(pub std::process::Child, pub PathBuf);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Served {
+    pub fn start(mut cmd: Command, dir: &Path) -> Served {
+        let socket = dir.join("run/acpd.sock");
+        let log = std::fs::File::create(dir.join("serve.log")).unwrap();
+        let child = cmd
+            .args(["serve", "--socket"])
+            .arg(&socket)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        assert!(
+            eventually(Duration::from_secs(20), || socket.exists()),
+            "acpd serve did not listen on {}",
+            socket.display()
+        );
+        Served(child, socket)
+    }
+}

@@ -8,7 +8,7 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::raw::Raw;
@@ -277,33 +277,8 @@ fn a_child_in_a_worktree_delegates_there_and_to_a_worktree_of_its_own() {
     assert_eq!(branches.lines().count(), 2, "{branches}");
 }
 
-/// `acpd serve` on this setup, killed on drop.
-struct Served(std::process::Child, PathBuf);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn serve(s: &Setup) -> Served {
-    let socket = s.env.path().join("run/acpd.sock");
-    let log = std::fs::File::create(s.env.path().join("serve.log")).unwrap();
-    let child = s
-        .command()
-        .args(["serve", "--socket"])
-        .arg(&socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    assert!(
-        eventually(GONE, || socket.exists()),
-        "acpd serve did not listen"
-    );
-    Served(child, socket)
+    Served::start(s.command(), s.env.path())
 }
 
 /// A bridge session's sandboxed child (working in the home, where `.ssh` is denied) that

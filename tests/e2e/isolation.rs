@@ -601,33 +601,8 @@ fn a_bridge_worktree_is_refused_before_anything_is_made() {
     assert!(r["result"]["_meta"]["acpd"].is_null(), "{r}");
 }
 
-/// `acpd serve` on this setup's socket, logging to `serve.log`; killed on drop.
-struct Served(std::process::Child, PathBuf);
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn serve(s: &Setup) -> Served {
-    let socket = s.env.path().join("run/acpd.sock");
-    let log = std::fs::File::create(s.env.path().join("serve.log")).unwrap();
-    let child = s
-        .command()
-        .args(["serve", "--socket"])
-        .arg(&socket)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    assert!(
-        eventually(GONE, || socket.exists()),
-        "acpd serve did not listen"
-    );
-    Served(child, socket)
+    Served::start(s.command(), s.env.path())
 }
 
 fn editor(served: &Served) -> Raw {

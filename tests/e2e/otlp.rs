@@ -19,6 +19,18 @@ use crate::common::{Env, eventually, output_text};
 
 const TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 
+/// The endpoint of a collector on 127.0.0.1 that accepts connections and holds them, never
+/// reading or answering: every export waits out its timeout.
+pub(super) fn stalled_collector() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let held: Vec<TcpStream> = listener.incoming().flatten().collect();
+        drop(held);
+    });
+    endpoint
+}
+
 pub(super) fn traceparent(span: &str) -> String {
     format!("00-{TRACE}-{span}-01")
 }
@@ -368,13 +380,7 @@ fn without_export_trace_context_passes_untouched() {
 
 #[test]
 fn a_collector_that_takes_connections_and_never_answers_holds_no_turn() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    // Accepted and held, never read: every export waits for its timeout.
-    std::thread::spawn(move || {
-        let held: Vec<TcpStream> = listener.incoming().flatten().collect();
-        drop(held);
-    });
+    let endpoint = stalled_collector();
     let env = Env::new("");
     let otel = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),

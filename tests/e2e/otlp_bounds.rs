@@ -4,12 +4,11 @@
 //! and whose `tracestate` is as large as the SDK keeps (32 members of 256 + 256 bytes): each
 //! becomes one hop span, none can leave, and acpd's memory must stay flat.
 
-use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::otlp::{new_session, stdio, traceparent};
+use super::otlp::{new_session, stalled_collector, stdio, traceparent};
 use crate::common::raw::{peak_kib, rss_kib};
 use crate::common::{Env, eventually};
 
@@ -30,13 +29,7 @@ fn sample(text: &str, name: &str) -> u64 {
 
 #[test]
 fn a_stalled_collector_and_huge_method_names_hold_bounded_memory() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    // Accepted and held, never read or answered: the export thread waits out its timeout.
-    std::thread::spawn(move || {
-        let held: Vec<TcpStream> = listener.incoming().flatten().collect();
-        drop(held);
-    });
+    let endpoint = stalled_collector();
     let env = Env::new("");
     let otel = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
