@@ -30,6 +30,7 @@ mod isolation;
 mod nested;
 mod otlp;
 mod run;
+mod sandbox_doors;
 mod stdio;
 mod teardown;
 mod tool_filter;
