@@ -1,6 +1,8 @@
 //! A sandboxed child attacking acpd and the rest of the machine through doors the kernel
 //! mediates beside the file system: other processes' abstract Unix sockets (a session bus or
-//! an X server listening on one would run what it is told, outside the sandbox) and signals.
+//! an X server listening on one would run what it is told, outside the sandbox), signals, and
+//! descriptors acpd inherited from whoever started it (Landlock does not check a write through
+//! a descriptor opened before the sandbox).
 //! The child is a shell script that tries each door, writes what happened to a file in its
 //! workspace, then becomes the echo agent, under `acpd run`.
 
@@ -9,6 +11,7 @@ use crate::common;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener};
 use std::path::Path;
+use std::process::Command;
 
 use common::*;
 
@@ -40,7 +43,8 @@ const OWN: &str = "use Socket; socket(L, PF_UNIX, SOCK_STREAM, 0) or die \"socke
     print connect(S, pack_sockaddr_un(\"\\0\" . $ARGV[0])) ? \"connected\\n\" : \"refused: $!\\n\" }";
 
 /// `acpd run` of a provider whose child, sandboxed when `sandbox`, dials the abstract socket
-/// `name`, signals acpd (its parent) and dials an abstract socket of its own tree; what it
+/// `name`, signals acpd (its parent), dials an abstract socket of its own tree and writes to
+/// descriptor 7 (which acpd's parent opened on `leak.txt` and left open across exec); what it
 /// saw, one door a line.
 fn doors(name: &str, sandbox: bool) -> String {
     let env = Env::raw("");
@@ -53,7 +57,8 @@ fn doors(name: &str, sandbox: bool) -> String {
     let script = format!(
         "{{ printf 'abstract: '; {PERL} -e '{DIAL}' {name}; \
          if kill -0 $PPID 2>/dev/null; then echo 'signal: sent'; else echo 'signal: refused'; fi; \
-         printf 'own: '; {PERL} -e '{OWN}' {name}-own; }} > '{}' 2>&1; exec '{BIN}' agent echo",
+         printf 'own: '; {PERL} -e '{OWN}' {name}-own; \
+         if (echo escaped >&7) 2>/dev/null; then echo 'fd: written'; else echo 'fd: closed'; fi; }} > '{}' 2>&1; exec '{BIN}' agent echo",
         seen.display()
     );
     let argv = serde_json::to_string(&["/bin/sh", "-c", &script]).unwrap();
@@ -63,12 +68,29 @@ fn doors(name: &str, sandbox: bool) -> String {
         format!("[providers.door]\ncommand = {argv}\nsandbox = \"{sandbox}\"\n"),
     )
     .unwrap();
-    let (r, code, stderr) = run_json(
-        env.acpd()
-            .args(["run", "--json", "--provider", "door", "hi"])
-            .current_dir(&work)
-            .env("HOME", &home)
-            .env("XDG_DATA_HOME", env.path().join("data")),
+    let leak = env.path().join("leak.txt");
+    // acpd started with descriptor 7 open on `leak.txt`, not close-on-exec, as a careless
+    // launcher leaves one.
+    let mut cmd = Command::new("/bin/sh");
+    cmd.envs(base().get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .env_remove("ACPD_CONFIG")
+        .env_remove("ACPD_DEPTH")
+        .env_remove("ACPD_MAX_DEPTH")
+        .args(["-c", "exec 7>>\"$0\"; exec \"$@\""])
+        .arg(&leak)
+        .arg(BIN)
+        .arg("--config")
+        .arg(&env.config)
+        .args(["run", "--json", "--provider", "door", "hi"])
+        .current_dir(&work)
+        .env("HOME", &home)
+        .env("XDG_DATA_HOME", env.path().join("data"))
+        .env("STATE_DIRECTORY", env.path().join("state"));
+    let (r, code, stderr) = run_json(&mut cmd);
+    assert_eq!(
+        std::fs::read_to_string(&leak).unwrap(),
+        "",
+        "a child wrote through a descriptor acpd inherited"
     );
     assert_eq!(code, 0, "{r}\n{stderr}");
     assert_eq!(r["stopReason"], "completed", "{r}");
@@ -92,7 +114,8 @@ fn listen() -> (UnixListener, String) {
 }
 
 #[test]
-fn a_sandboxed_child_reaches_no_abstract_socket_and_signals_nothing_outside_its_sandbox() {
+fn a_sandboxed_child_reaches_no_abstract_socket_signal_or_inherited_descriptor_outside_its_sandbox()
+{
     let abi = landlock_abi();
     if abi < 6 || !Path::new(PERL).exists() {
         eprintln!("skipped: needs Landlock ABI 6 (scopes; this kernel: {abi}) and {PERL}");
@@ -101,14 +124,18 @@ fn a_sandboxed_child_reaches_no_abstract_socket_and_signals_nothing_outside_its_
     let (listener, name) = listen();
     // Without the sandbox the same child gets through both doors: the check below can fail.
     let open = doors(&name, false);
-    assert_eq!(open, "abstract: connected\nsignal: sent\nown: connected\n");
+    assert_eq!(
+        open,
+        "abstract: connected\nsignal: sent\nown: connected\nfd: closed\n"
+    );
     assert!(
         listener.accept().is_ok(),
         "the unsandboxed dial did not arrive"
     );
     let boxed = doors(&name, true);
     assert_eq!(
-        boxed, "abstract: refused: Operation not permitted\nsignal: refused\nown: connected\n",
+        boxed,
+        "abstract: refused: Operation not permitted\nsignal: refused\nown: connected\nfd: closed\n",
         "a sandboxed child got out, or could not reach its own tree's socket"
     );
     assert!(
