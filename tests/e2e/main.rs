@@ -33,5 +33,6 @@ mod run;
 mod sandbox_doors;
 mod stdio;
 mod teardown;
+mod terminal;
 mod tool_filter;
 mod trace;
