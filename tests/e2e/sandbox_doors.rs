@@ -13,7 +13,10 @@ use std::os::unix::net::{SocketAddr, UnixListener};
 use std::path::Path;
 use std::process::Command;
 
+use common::raw::Raw;
 use common::*;
+use serde_json::json;
+use std::time::{Duration, Instant};
 
 /// The Landlock ABI the kernel enforces; 0 when none.
 fn landlock_abi() -> i64 {
@@ -142,4 +145,102 @@ fn a_sandboxed_child_reaches_no_abstract_socket_signal_or_inherited_descriptor_o
         listener.accept().is_err(),
         "a sandboxed child's dial reached a listener outside its sandbox"
     );
+}
+
+/// A sandboxed agent in a bridge session asks the editor (which advertised `fs` and
+/// `terminal`) to do what its sandbox forbids: write outside its workspace, read a key, write
+/// through `..`, run a command. Only the write inside its workspace reaches the editor; the
+/// agent is told there is no terminal.
+#[test]
+fn a_sandboxed_sessions_editor_is_asked_nothing_outside_its_sandbox() {
+    if landlock_abi() < 1 {
+        eprintln!("skipped: this kernel enforces no Landlock");
+        return;
+    }
+    let env = Env::raw(&format!(
+        "[providers.boxed]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\nsandbox = \"landlock\"\n"
+    ));
+    let (work, home) = (env.path().join("work"), env.path().join("home"));
+    for d in [&work, &home] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let outside = env.path().join("outside.txt");
+    let mut cmd = env.acpd();
+    cmd.arg("stdio")
+        .current_dir(&work)
+        .env("HOME", &home)
+        .env("XDG_DATA_HOME", env.path().join("data"));
+    let mut raw = Raw::process(cmd, &env.path().join("acpd.log"));
+    raw.initialize(json!({"fs": {"readTextFile": true, "writeTextFile": true}, "terminal": true}));
+    let sid = raw.new_session(&work, "boxed");
+    let asks = [
+        json!({"path": outside, "content": "escaped"}),
+        json!({"path": home.join(".ssh/id_ed25519")}),
+        json!({"path": work.join("sub/../../outside.txt"), "content": "escaped"}),
+        json!({"command": "touch", "args": [outside]}),
+        json!({"path": work.join("inside.txt"), "content": "fine"}),
+    ];
+    let methods = [
+        "fs/write_text_file",
+        "fs/read_text_file",
+        "fs/write_text_file",
+        "terminal/create",
+        "fs/write_text_file",
+    ];
+    let mut script: Vec<String> = methods
+        .iter()
+        .zip(&asks)
+        .map(|(m, p)| format!(":request {m} {p}"))
+        .collect();
+    script.push(":client-caps".into());
+    let id = json!(raw.send_prompt(&sid, &script.join("\n")));
+    let mut asked = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = raw.next_within(left).expect("no answer to the prompt");
+        if line.is_response() && line.value["id"] == id {
+            break;
+        }
+        if line.is_request() {
+            asked.push(line.value["params"].clone());
+            let reply = json!({"jsonrpc": "2.0", "id": line.value["id"], "result": {}});
+            raw.line(&reply.to_string());
+        }
+        raw.seen.push(line);
+    }
+    let text: String = raw
+        .seen
+        .iter()
+        .filter_map(|l| l.value["params"]["update"]["content"]["text"].as_str())
+        .collect();
+    assert_eq!(asked.len(), 1, "the editor was asked {asked:?}");
+    assert_eq!(
+        asked[0]["path"],
+        json!(work.join("inside.txt")),
+        "{asked:?}"
+    );
+    let replies: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("error ") || l.starts_with("reply "))
+        .collect();
+    assert_eq!(
+        replies,
+        [
+            "error -33015",
+            "error -33015",
+            "error -33015",
+            "error -32601",
+            "reply {}"
+        ],
+        "{text}"
+    );
+    let caps = text
+        .lines()
+        .find_map(|l| l.strip_prefix("client-caps "))
+        .unwrap();
+    let caps: serde_json::Value = serde_json::from_str(caps).unwrap();
+    assert_eq!(caps["terminal"], json!(null), "{caps}");
+    assert_eq!(caps["fs"]["writeTextFile"], true, "{caps}");
+    assert!(!outside.exists());
 }

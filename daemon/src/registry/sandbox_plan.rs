@@ -133,7 +133,7 @@ pub(super) fn confine_repository(
         global
             .into_iter()
             .flatten()
-            .map(|p| resolved_as_far_as_it_exists(&p)),
+            .map(|p| crate::private_fs::resolved_as_far_as_it_exists(&p)),
     );
     for path in read {
         if limit.permits_write(&path) {
@@ -152,25 +152,6 @@ pub(super) fn confine_repository(
         }
     }
     Ok(())
-}
-
-/// `path` with its longest existing ancestor resolved (symlinks, `..`) and the rest appended:
-/// where a file made there later would land.
-fn resolved_as_far_as_it_exists(path: &Path) -> PathBuf {
-    let mut rest = Vec::new();
-    let mut at = path;
-    loop {
-        if let Ok(real) = std::fs::canonicalize(at) {
-            return rest.iter().rev().fold(real, |p, name| p.join(name));
-        }
-        match (at.parent(), at.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_os_string());
-                at = parent;
-            }
-            _ => return path.to_path_buf(),
-        }
-    }
 }
 
 /// The sandbox for a child of `provider` whose workspace is `root` (`own_root`: a worktree
