@@ -272,6 +272,26 @@ pub(crate) fn open_regular(path: &Path, links: Links) -> Result<File, OpenError>
     }
 }
 
+/// `path` with its longest existing ancestor resolved (symlinks, `..`) and the rest appended:
+/// where a file made there later would land. A `..` in the part that does not exist is kept
+/// as written: callers refuse paths with one.
+pub(crate) fn resolved_as_far_as_it_exists(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut at = path;
+    loop {
+        if let Ok(real) = std::fs::canonicalize(at) {
+            return rest.iter().rev().fold(real, |p, name| p.join(name));
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_os_string());
+                at = parent;
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

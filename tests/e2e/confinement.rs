@@ -301,7 +301,8 @@ fn a_child_dialing_the_socket_itself_gets_no_run_beyond_its_sandbox() {
     std::fs::create_dir_all(s.home.join(".ssh/keys")).unwrap();
     std::fs::create_dir_all(s.home.join("proj/sub")).unwrap();
     std::os::unix::fs::symlink(&outside, s.home.join("link")).unwrap();
-    // A repository the child may write, one it may not: worktrees of the first only.
+    // A repository the child may write (its `.git/config` too), one it may not: worktrees of
+    // neither.
     let repo = s.home.join("repo");
     let far_repo = outside.join("repo");
     for r in [&repo, &far_repo] {
@@ -321,9 +322,10 @@ fn a_child_dialing_the_socket_itself_gets_no_run_beyond_its_sandbox() {
         {"cwd": "/proc/self/cwd"},
         {"cwd": format!("{home}/.ssh/keys")},
         {"provider": "wt", "cwd": far_repo},
+        {"provider": "wt", "cwd": repo},
         // Within its limit: these start.
         {"cwd": format!("{home}/proj/sub")},
-        {"provider": "wt", "cwd": repo},
+        {"provider": "wt", "workspace": "shared", "cwd": repo},
     ]);
     std::fs::write(
         &script,
@@ -405,6 +407,7 @@ f.readline()
     assert!(!s.home.join(".ssh/keys/planted.txt").exists());
     assert!(!far_repo.join("planted.txt").exists());
     assert_eq!(git(&far_repo, &["branch", "--list", "acpd/*"]), "");
+    assert_eq!(git(&repo, &["branch", "--list", "acpd/*"]), "");
 }
 
 /// A sandboxed child that runs an acpd of its own (`acpd run`) with an unsandboxed provider:
@@ -458,4 +461,76 @@ fn an_acpd_started_inside_a_sandbox_passes_the_sandbox_on_to_its_children() {
         "{text}"
     );
     assert!(!escaped.exists());
+}
+
+/// A sandboxed child makes a repository of its own, whose config names a filter every file
+/// goes through, and asks for a worktree of it: acpd's git would check the files out through
+/// that filter, a program the child chose, run by acpd outside any sandbox. Refused before
+/// git runs in it, as is a worktree of the repository the child works in (it may write that
+/// repository's `.git/config` too).
+#[test]
+fn a_child_gets_no_worktree_of_a_repository_whose_config_it_may_write() {
+    if skip() {
+        return;
+    }
+    let outside = tempfile::tempdir().unwrap();
+    let pwned = outside.path().join("pwned");
+    let escaped = pwned.display();
+    // Runs in the child's sandbox: it may write `work`, so it may make a repository there.
+    let plant = format!(
+        "git init -q evil && git -C evil config filter.x.smudge \"sh -c 'echo ran > {escaped}; cat'\" \
+         && printf '* filter=x\\n' > evil/.gitattributes && echo hi > evil/f.txt \
+         && git -C evil add . && git -C evil -c user.name=c -c user.email=c@c commit -qm planted \
+         && git init -q -b main . && echo a > a.txt && git add a.txt \
+         && git -c user.name=c -c user.email=c@c commit -qm own"
+    );
+    let argv = serde_json::to_string(&[
+        "/bin/sh",
+        "-c",
+        &format!("{{ {plant}; }} > plant.log 2>&1; exec '{BIN}' agent echo"),
+    ])
+    .unwrap();
+    let s = Setup::new(&format!(
+        "[providers.planter]\ncommand = {argv}\nsandbox = \"landlock\"\nnetwork = false\n\
+         offer_delegation = true\n{GRACES}"
+    ));
+    let mut raw = s.stdio();
+    let script = [
+        delegate(json!({"provider": "wt", "cwd": s.work.join("evil"), "prompt": "hi"})),
+        delegate(json!({"provider": "wt", "cwd": s.work, "prompt": "hi"})),
+    ]
+    .join("\n");
+    let run = raw.ok(
+        "_acpd/subagent/start",
+        json!({"provider": "planter", "cwd": s.work,
+               "prompt": [{"type": "text", "text": script}]}),
+    )["runId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = raw.wait_run(&run);
+    let text = output_text(&r);
+    let log = std::fs::read_to_string(s.work.join("plant.log")).unwrap_or_default();
+    assert!(
+        s.work.join("evil/f.txt").is_file(),
+        "the plant failed: {log}"
+    );
+    assert!(
+        !pwned.exists(),
+        "acpd ran the child's filter outside its sandbox: {text}"
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for (line, dir) in lines
+        .iter()
+        .zip([s.work.join("evil/.git"), s.work.join(".git")])
+    {
+        assert!(line.starts_with("delegate failed: "), "{text}");
+        assert!(line.contains("NOT_PERMITTED"), "{line}");
+        assert!(
+            line.contains(&dir.display().to_string()),
+            "{dir:?} not in {line}"
+        );
+    }
+    assert_eq!(git(&s.work, &["branch", "--list", "acpd/*"]), "");
 }

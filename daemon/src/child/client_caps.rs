@@ -5,7 +5,8 @@ use acpd_protocol::envelope;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-/// A bridge child gets its editor's object exactly as the editor wrote it: capabilities and
+/// A bridge child gets its editor's object exactly as the editor wrote it (a sandboxed one
+/// without `terminal`, [`ClientCaps::without_terminal`]): capabilities and
 /// sub-keys newer than acpd's schema, `_meta`, numbers and escapes as written. acpd adds and
 /// overrides nothing there (the schema's defaults it used to add, `fs` and `terminal` off and
 /// `auth.terminal: false`, say what an absent key says), since it serves the child exactly
@@ -28,6 +29,24 @@ impl ClientCaps {
                 ClientCaps { raw, key }
             }
             _ => Self::default(),
+        }
+    }
+
+    /// These capabilities with `terminal` left out (an absent key says `false`), for a
+    /// sandboxed child: a terminal the editor runs is outside the sandbox, so acpd refuses
+    /// the child's `terminal/*` requests, and an agent told there is none runs its commands
+    /// itself, inside it.
+    pub fn without_terminal(self) -> Self {
+        let Ok(mut map) = serde_json::from_str::<Map<String, Value>>(self.raw.get()) else {
+            return self;
+        };
+        if map.remove("terminal").is_none() {
+            return self;
+        }
+        let raw = envelope::to_raw(&map);
+        ClientCaps {
+            key: key_of(raw.get()),
+            raw,
         }
     }
 

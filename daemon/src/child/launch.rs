@@ -63,6 +63,11 @@ pub(crate) async fn initialize(
     client_capabilities: ClientCaps,
     cancel: &CancellationToken,
 ) -> Result<Initialized, StartFailure> {
+    let client_capabilities = if spec.sandbox.is_some() {
+        client_capabilities.without_terminal()
+    } else {
+        client_capabilities
+    };
     let h = spawn(spec).await?;
     Initialized::handshake(h, &client_capabilities, Auth::Configured, cancel).await
 }

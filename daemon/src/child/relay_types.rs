@@ -18,6 +18,10 @@ pub struct RelayTarget {
     /// Which client methods the parent advertised, so a child's `fs/*` and `terminal/*`
     /// requests reach it (else −32601).
     pub serves: ParentServes,
+    /// The child's sandbox, when it has one: its `fs/*` requests reach the parent only for
+    /// paths beneath a directory it may write (the editor would read and write for it
+    /// outside the sandbox), and its `terminal/*` never do.
+    pub confinement: Option<std::sync::Arc<crate::supervise::Confinement>>,
     /// What the relay does before anything else, so no update can reach the parent before
     /// the session id it names.
     pub first: First,

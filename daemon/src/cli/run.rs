@@ -322,7 +322,8 @@ fn report(result: &SubagentResult, json: bool) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Streams text to stdout as it arrives, ending with a newline if the text did not. When
+/// Streams text to stdout as it arrives, ending with a newline if the text did not; on a
+/// terminal, with the agent's control characters escaped (its lines and tabs kept). When
 /// stdout cannot be written the run is stopped (`stop`), the rest of the stream is drained
 /// unprinted, and the error returned. The status line goes when the text starts on the same
 /// terminal; with stdout elsewhere it says the reply is streaming.
@@ -333,9 +334,15 @@ async fn print_stream(
 ) -> std::io::Result<()> {
     let mut last = b'\n';
     let mut first = true;
+    let terminal = std::io::stdout().is_terminal();
     while let Some(text) = rx.recv().await {
+        let text = if terminal {
+            crate::trace::escape_controls_keeping_lines(&text).into_owned()
+        } else {
+            text
+        };
         if std::mem::take(&mut first) {
-            if std::io::stdout().is_terminal() {
+            if terminal {
                 progress.done();
             } else {
                 progress.set("streaming the reply to stdout");

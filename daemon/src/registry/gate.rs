@@ -124,13 +124,24 @@ impl Registry {
             .await
             .map_err(RegistryError::from)?;
         let slot = self.claim(config, &provider, a.cancel).await?;
-        let workspace = match a.worktree {
-            Some(base) => Some(
+        let workspace = match (a.worktree, &a.confined) {
+            (Some(base), Some(limit)) => {
+                let dirs = crate::workspace::git_dirs(&cwd)
+                    .await
+                    .map_err(|e| workspace_failed(&provider, e))?;
+                super::sandbox_plan::confine_repository(&cwd, &dirs, limit)?;
+                Some(
+                    Worktree::create_pinned(&cwd, &a.log_id, base, &dirs[0])
+                        .await
+                        .map_err(|e| workspace_failed(&provider, e))?,
+                )
+            }
+            (Some(base), None) => Some(
                 Worktree::create(&cwd, &a.log_id, base)
                     .await
                     .map_err(|e| workspace_failed(&provider, e))?,
             ),
-            None => None,
+            (None, _) => None,
         };
         // A repository swapped in under the checked cwd while git ran: the worktree acpd made
         // must be of the repository that holds the directory that passed the check.

@@ -110,6 +110,50 @@ pub(super) fn confine(
     Ok(real)
 }
 
+/// Whether a worktree of the repository whose git directories are `dirs` may be made for a
+/// run asked for from inside a sandboxed child's tree: acpd runs git there outside any
+/// sandbox, and git runs whatever programs its configuration names (a `filter` driver runs on
+/// every checkout and `add`, whichever file `.gitattributes` or `info/attributes` gives it
+/// to). So no configuration git reads may lie where the asking child may write: neither the
+/// repository's git directories nor the user's global git config.
+pub(super) fn confine_repository(
+    cwd: &Path,
+    dirs: &[PathBuf],
+    limit: &Arc<Confinement>,
+) -> Result<(), RegistryError> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let xdg = std::env::var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| home.as_ref().map(|h| h.join(".config")));
+    let global = [
+        home.map(|h| h.join(".gitconfig")),
+        xdg.map(|x| x.join("git")),
+    ];
+    let read = dirs.iter().cloned().chain(
+        global
+            .into_iter()
+            .flatten()
+            .map(|p| crate::private_fs::resolved_as_far_as_it_exists(&p)),
+    );
+    for path in read {
+        if limit.permits_write(&path) {
+            return Err(RegistryError::Confined {
+                reason: format!(
+                    "a worktree of the repository of {:?} would have acpd run git, outside \
+                     any sandbox, under configuration the child asking may write ({:?}, which \
+                     may name programs for git to run; {}); ask for workspace \"shared\", or \
+                     for a repository whose git directory lies outside what the child may write",
+                    cwd.to_string_lossy(),
+                    path.to_string_lossy(),
+                    limit.describe()
+                ),
+                limit: limit.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The sandbox for a child of `provider` whose workspace is `root` (`own_root`: a worktree
 /// acpd made for it), held within `limit` when a sandboxed child asked for it, with its env's
 /// `TMPDIR` pointed at a private tmp; `None` when the provider has none (or `auto` found no

@@ -1,6 +1,6 @@
 //! The Landlock sandbox of one child's whole tree: writes only beneath the given directories,
-//! reads everywhere but a deny list, and optionally no TCP bind/connect (ABI 4+) and no
-//! signals to processes outside the sandbox (ABI 6+).
+//! reads everywhere but a deny list, and optionally no TCP bind/connect (ABI 4+); no signals
+//! to processes outside the sandbox and no connection to their abstract Unix sockets (ABI 6+).
 //!
 //! The ruleset is built in acpd, before the fork (opening every rule's path allocates); the
 //! forked child only calls `prctl(PR_SET_NO_NEW_PRIVS)` and `landlock_restrict_self` on its
@@ -183,7 +183,10 @@ impl Sandbox {
             ruleset = ruleset.handle_access(AccessNet::from_all(abi))?;
         }
         if version >= 6 {
-            ruleset = ruleset.scope(Scope::Signal)?;
+            // Abstract Unix sockets are reached by name, not path, so no file rule covers
+            // them: a session bus or X server listening on one would run what the child
+            // asks, outside the sandbox.
+            ruleset = ruleset.scope(Scope::Signal | Scope::AbstractUnixSocket)?;
         }
         let mut reads = Vec::new();
         allow_except(Path::new("/"), &deny, &mut reads);

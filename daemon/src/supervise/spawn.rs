@@ -230,7 +230,7 @@ fn spawn_here(
         .stderr(Stdio::piped())
         .process_group(0);
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe syscalls
-    // (write, prctl, getppid, setrlimit, sigprocmask, sched_setscheduler, landlock_restrict_self on a ruleset
+    // (write, close_range, prctl, getppid, setrlimit, sigprocmask, sched_setscheduler, landlock_restrict_self on a ruleset
     // built before the fork); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
@@ -241,6 +241,20 @@ fn spawn_here(
                     // Without its group it is still in our tree and its process group.
                     _ => {}
                 }
+            }
+            // No descriptor but its stdio reaches the child: one that acpd's launcher left
+            // open across exec would otherwise be the child's to write through, sandbox or
+            // not (Landlock checks opens, not descriptors). Marked close-on-exec rather than
+            // closed: the Landlock ruleset's is still used below. Every kernel with Landlock
+            // has the flag (5.11); without it, only an unsandboxed child starts.
+            let marked = nix::libc::syscall(
+                nix::libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                nix::libc::CLOSE_RANGE_CLOEXEC,
+            );
+            if marked != 0 && landlock.is_some() {
+                return Err(std::io::Error::last_os_error());
             }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             if nix::unistd::getppid() != parent {

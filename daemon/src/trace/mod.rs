@@ -29,7 +29,7 @@ mod trace_file;
 
 #[cfg(test)]
 pub(crate) use show::readable;
-pub(crate) use show::{ShowError, escape_controls, show};
+pub(crate) use show::{ShowError, escape_controls, escape_controls_keeping_lines, show};
 #[cfg(test)]
 pub(crate) use trace_dir::{DirError, open_dir};
 pub(crate) use trace_file::Trace;

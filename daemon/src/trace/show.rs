@@ -85,16 +85,29 @@ fn open_trace(path: &Path) -> std::io::Result<File> {
 /// escaped, so a peer's text cannot move the cursor, retitle the window, ring, erase or
 /// reorder what the terminal shows.
 pub(crate) fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
-    fn unsafe_char(c: char) -> bool {
-        c.is_control()
-            || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    }
+    escape_unless(text, |_| false)
+}
+
+/// [`escape_controls`] keeping line breaks and tabs: an agent's text as a terminal may show
+/// it, its lines kept, and no escape sequence of the agent's (a title, the clipboard through
+/// OSC 52, a cleared screen) reaching the terminal.
+pub(crate) fn escape_controls_keeping_lines(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_unless(text, |c| matches!(c, '\n' | '\t'))
+}
+
+fn escape_unless(text: &str, keep: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        !keep(c)
+            && (c.is_control()
+                || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'))
+    };
     if !text.chars().any(unsafe_char) {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
         match c {
+            c if !unsafe_char(c) => out.push(c),
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),

@@ -45,11 +45,11 @@ impl Out {
     }
 }
 
-/// Runs `git -C dir ARGS` (with `--git-dir`/`--work-tree` when `tree` is given); a non-zero
-/// exit is [`WorkspaceError::Git`] with git's own message.
+/// Runs `git -C dir ARGS` (with `--git-dir` when `tree` is given, and `--work-tree` when it
+/// names one); a non-zero exit is [`WorkspaceError::Git`] with git's own message.
 pub(super) async fn git(
     dir: &Path,
-    tree: Option<(&Path, &Path)>,
+    tree: Option<(&Path, Option<&Path>)>,
     args: &[&OsStr],
     what: &'static str,
 ) -> Result<Out, WorkspaceError> {
@@ -63,10 +63,12 @@ pub(super) async fn git(
     if let Some((git_dir, work_tree)) = tree {
         let mut g = OsString::from("--git-dir=");
         g.push(git_dir);
-        let mut w = OsString::from("--work-tree=");
-        w.push(work_tree);
         argv.push(g);
-        argv.push(w);
+        if let Some(work_tree) = work_tree {
+            let mut w = OsString::from("--work-tree=");
+            w.push(work_tree);
+            argv.push(w);
+        }
     }
     argv.extend(args.iter().map(|a| a.to_os_string()));
     let out = crate::supervise::run_helper(&argv, dir, env(), GIT_TIMEOUT)

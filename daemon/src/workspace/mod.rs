@@ -106,6 +106,51 @@ pub struct Worktree {
 }
 
 /// Run ids and session ids are uuids (with a prefix); anything else is refused as a name.
+/// The git directories of the repository holding `cwd`, absolute and resolved: its own and
+/// the common one (where its config, `info/attributes` and hooks live). What git reads there
+/// decides what programs it runs (a `filter` driver runs on every checkout and `add`).
+pub(crate) async fn git_dirs(cwd: &Path) -> Result<[PathBuf; 2], WorkspaceError> {
+    let a = |s: &'static str| OsStr::new(s);
+    let out = git(
+        cwd,
+        None,
+        &[
+            a("rev-parse"),
+            a("--path-format=absolute"),
+            a("--git-dir"),
+            a("--git-common-dir"),
+        ],
+        "find the repository",
+    )
+    .await
+    .map_err(|e| match e {
+        WorkspaceError::Git { message, .. } => WorkspaceError::NotARepository {
+            cwd: cwd.to_path_buf(),
+            message,
+        },
+        e => e,
+    })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines().map(|l| {
+        let path = PathBuf::from(l);
+        std::fs::canonicalize(&path).map_err(|source| WorkspaceError::Io {
+            what: "resolve",
+            path,
+            source,
+        })
+    });
+    match (lines.next(), lines.next()) {
+        (Some(git_dir), Some(common)) => Ok([git_dir?, common?]),
+        _ => Err(WorkspaceError::Git {
+            what: "find the repository",
+            message: format!(
+                "git rev-parse printed no git directory for {}",
+                cwd.display()
+            ),
+        }),
+    }
+}
+
 fn safe_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 100
@@ -173,6 +218,29 @@ impl Worktree {
         id: &str,
         base: Base<'_>,
     ) -> Result<Worktree, WorkspaceError> {
+        Self::create_with(dir, cwd, id, base, None).await
+    }
+
+    /// [`Worktree::create`] of the repository whose git directory is `git_dir` (found by
+    /// [`git_dirs`] and checked by the caller), named to git on every command that reads the
+    /// repository: a `.git` in `cwd` swapped after the check redirects nothing.
+    pub async fn create_pinned(
+        cwd: &Path,
+        id: &str,
+        base: Base<'_>,
+        git_dir: &Path,
+    ) -> Result<Worktree, WorkspaceError> {
+        let dir = worktrees_dir().ok_or(WorkspaceError::NoDataDir)?;
+        Self::create_with(&dir, cwd, id, base, Some(git_dir)).await
+    }
+
+    async fn create_with(
+        dir: &Path,
+        cwd: &Path,
+        id: &str,
+        base: Base<'_>,
+        pin: Option<&Path>,
+    ) -> Result<Worktree, WorkspaceError> {
         if !safe_id(id) {
             return Err(WorkspaceError::BadRef(id.to_string()));
         }
@@ -210,9 +278,10 @@ impl Worktree {
             return Err(WorkspaceError::BadRef(wanted.to_string()));
         }
         let spec = format!("{wanted}^{{commit}}");
+        let pin = pin.map(|g| (g, None));
         let base_commit = git(
             &repo,
-            None,
+            pin,
             &[
                 arg("rev-parse"),
                 arg("--verify"),
@@ -246,7 +315,7 @@ impl Worktree {
         if let Base::Commit(_) = base {
             add.push(OsStr::new(&base_commit));
         }
-        let added = git(&repo, None, &add, "add a worktree").await;
+        let added = git(&repo, pin, &add, "add a worktree").await;
         if let Err(e) = added {
             let _ = std::fs::remove_file(&marker);
             return Err(e);
@@ -292,7 +361,13 @@ impl Worktree {
 
     /// git in the worktree, through the git directory read at creation.
     async fn git(&self, args: &[&OsStr], what: &'static str) -> Result<git::Out, WorkspaceError> {
-        git(&self.path, Some((&self.git_dir, &self.path)), args, what).await
+        git(
+            &self.path,
+            Some((&self.git_dir, Some(&self.path))),
+            args,
+            what,
+        )
+        .await
     }
 
     /// Removes the worktree (whatever is in it) and, unless `keep_branch`, its branch; then

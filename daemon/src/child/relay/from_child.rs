@@ -178,6 +178,14 @@ impl Relay {
             let _ = d.wire.respond(&id, Err(&e)).await;
             return;
         }
+        if let Some(limit) = &self.t.confinement
+            && let Some(e) = outside_sandbox(limit, &method, params.as_deref())
+        {
+            tracing::warn!(provider = %d.shared.provider.name, %method,
+                "refused a sandboxed child's request: {}", e.message);
+            let _ = d.wire.respond(&id, Err(&e)).await;
+            return;
+        }
         // Exactly the child's own sessionId, rewritten to the parent's; a request with none is
         // forwarded as it is; anything else (another session's, two of them) never leaves.
         let params = match params.as_deref() {
@@ -389,4 +397,47 @@ pub(super) fn log_reported_failure(d: &Driver, session: &str, answer: &RawValue)
     tracing::warn!(provider = %d.shared.provider.name, %session,
         category = failure.category.as_str(), "the agent reported a failed turn: {diagnostic}");
     Some(category)
+}
+
+/// Why a sandboxed child's `fs/*` request may not reach the editor, which would read or write
+/// for it outside the sandbox: a `path` not beneath a directory the child may write (resolved
+/// as far as it exists, so neither a symlink nor `..` leads out). `None`: it may.
+fn outside_sandbox(
+    limit: &crate::supervise::Confinement,
+    method: &str,
+    params: Option<&RawValue>,
+) -> Option<RpcError> {
+    if !method.starts_with("fs/") {
+        return None;
+    }
+    use acpd_protocol::errors::ErrorName;
+    use std::path::Component;
+    #[derive(serde::Deserialize)]
+    struct Path {
+        path: std::path::PathBuf,
+    }
+    let asked = params.and_then(|p| serde_json::from_str::<Path>(p.get()).ok());
+    let resolved = asked
+        .as_ref()
+        .filter(|a| {
+            a.path.is_absolute()
+                && a.path
+                    .components()
+                    .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        })
+        .map(|a| crate::private_fs::resolved_as_far_as_it_exists(&a.path));
+    if resolved.as_ref().is_some_and(|r| limit.permits_write(r)) {
+        return None;
+    }
+    let shown = asked.map_or_else(|| "(none)".to_string(), |a| format!("{:?}", a.path));
+    let why = format!(
+        "{method}: the path {shown} does not lie beneath a directory this sandboxed agent may \
+         write ({}), so the editor is not asked to reach it for the agent; give an absolute \
+         path in its workspace",
+        limit.describe()
+    );
+    Some(
+        RpcError::new(ErrorName::NotPermitted.code(), why)
+            .with_data(serde_json::json!({ "code": ErrorName::NotPermitted.as_str() })),
+    )
 }

@@ -13,6 +13,7 @@ fn parent(child: &Child, detach: Option<Duration>) -> LineReader<DuplexStream> {
         parent: conn.peer.clone(),
         session_id: "minted".into(),
         serves: ParentServes::default(),
+        confinement: None,
         first: crate::child::First::Nothing,
         detach,
         on_closed: None,

@@ -437,16 +437,18 @@ async fn attach(conn: Arc<Conn>, sid: String, child: Child, first: First, seat: 
         sessions.insert(sid.clone(), SessionRef::Bridge(handle));
     }
     let client = conn.client();
+    let confinement = child.confinement();
     child.relay(RelayTarget {
         parent: conn.peer.clone(),
         session_id: sid.clone(),
         serves: ParentServes {
             read_text_file: client.has("/fs/readTextFile"),
             write_text_file: client.has("/fs/writeTextFile"),
-            terminal: client.has("/terminal"),
+            terminal: client.has("/terminal") && confinement.is_none(),
             elicitation: client.has("/elicitation"),
             subagents: client.subagents,
         },
+        confinement,
         first,
         detach: conn.ctx.sessions.detach,
         on_closed: Some(Box::new({
