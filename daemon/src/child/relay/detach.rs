@@ -75,7 +75,7 @@ impl Relay {
                     }
                     Some(Ok(_)) => dropped += 1,
                 },
-                cmd = d.cmds.recv() => match cmd {
+                cmd = d.cmds.recv() => match cmd.map(|q| q.cmd) {
                     None => return Err(RelayEnd::Closed),
                     Some(Cmd::Relay(t)) => {
                         tracing::info!(provider = %d.shared.provider.name, %session, dropped, "bridge session attached again");

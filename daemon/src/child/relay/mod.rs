@@ -33,6 +33,7 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::driver::{ChildOutput, Driver, LAST_WORDS};
+use super::queue::Queued;
 use super::{Cmd, First, RelayEnd, RelayTarget, strict};
 use crate::supervise;
 use crate::trace::Hop;
@@ -253,8 +254,10 @@ impl Relay {
                 () = d.wire.out.room(ROOM), if !room => {}
                 cmd = d.cmds.recv(), if room => match cmd {
                     None => return RelayEnd::Closed,
-                    Some(cmd) => {
+                    Some(Queued { cmd, held }) => {
                         self.parent_cmd(d, cmd).await;
+                        // Handed to the child's outbox (bounded in bytes itself), or answered.
+                        drop(held);
                         if let Some(before) = self.late.as_mut() {
                             *before = before.saturating_sub(1);
                             self.late_cancel(d).await;
@@ -361,7 +364,7 @@ impl Relay {
         d.cmds.close();
         // Calls after a cancel still waiting are refused for that session's end now.
         super::lock(&d.shared.late_cancel).take();
-        while let Ok(cmd) = d.cmds.try_recv() {
+        while let Ok(Queued { cmd, .. }) = d.cmds.try_recv() {
             if let Cmd::Call { id, method, .. } = cmd {
                 calls.push((id, method));
             }
