@@ -201,5 +201,27 @@ fn deaf_bridge_child_flooded_with_large_messages_keeps_acpd_bounded() {
         assert_eq!(e["error"]["data"]["limit"], "session_queue", "{e}");
         assert_eq!(e["error"]["data"]["sessionId"], deaf.as_str(), "{e}");
     }
+    // Every refusal is counted, and the drops are logged once for the streak, not per message.
+    let scrape = json!({"jsonrpc": "2.0", "id": FIRST_ID + 2000, "method": "_acpd/metrics"});
+    writer.write_all(format!("{scrape}\n").as_bytes()).unwrap();
+    let text = raw.answer(&json!(FIRST_ID + 2000)).value["result"]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let counted: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("acpd_limit_hits_total{limit=\"session_queue\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no session_queue count in\n{text}"));
+    let least = refused.len() + NOTIFICATIONS - 8;
+    assert!(
+        counted >= least as u64,
+        "{counted} refusals counted, {least} expected"
+    );
+    let warned = raw
+        .log()
+        .matches("dropping a notification of the editor's")
+        .count();
+    assert_eq!(warned, 1, "the drops were logged {warned} times");
     drop(writer);
 }

@@ -329,7 +329,7 @@ impl Child {
             after_ok,
         };
         let refused = if late.is_some() {
-            Refused::Full(cmd)
+            Refused::Full(Box::new(cmd))
         } else {
             match self.cmds.try_send(cmd, len) {
                 Ok(()) => return Ok(()),
@@ -353,7 +353,7 @@ impl Child {
         let late = lock(&self.shared.late_cancel);
         let len = method.len() + params.get().len();
         let refused = if late.is_some() {
-            Some(Refused::Full(Cmd::Notify { method, params }))
+            Some(Refused::Full(Box::new(Cmd::Notify { method, params })))
         } else {
             self.cmds
                 .try_send(Cmd::Notify { method, params }, len)
@@ -415,8 +415,8 @@ impl Child {
             return;
         }
         let len = params.get().len();
-        if let Err(Refused::Full(Cmd::Cancel(params))) =
-            self.cmds.try_send(Cmd::Cancel(params), len)
+        if let Err(Refused::Full(cmd)) = self.cmds.try_send(Cmd::Cancel(params), len)
+            && let Cmd::Cancel(params) = *cmd
         {
             *late = Some(params);
             drop(late);

@@ -31,7 +31,7 @@ pub(crate) struct Queued {
 /// Why a command was not queued.
 pub(super) enum Refused {
     /// Past [`CMD_DEPTH`] or [`QUEUE_BYTES`]: the agent is not reading fast enough.
-    Full(Cmd),
+    Full(Box<Cmd>),
     /// The driver has ended.
     Closed,
 }
@@ -58,12 +58,12 @@ impl CmdTx {
             let cost = len.min(QUEUE_BYTES) as u32;
             match self.bytes.clone().try_acquire_many_owned(cost) {
                 Ok(p) => Some(p),
-                Err(TryAcquireError::NoPermits) => return Err(Refused::Full(cmd)),
+                Err(TryAcquireError::NoPermits) => return Err(Refused::Full(Box::new(cmd))),
                 Err(TryAcquireError::Closed) => return Err(Refused::Closed),
             }
         };
         self.tx.try_send(Queued { cmd, held }).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(q) => Refused::Full(q.cmd),
+            mpsc::error::TrySendError::Full(q) => Refused::Full(Box::new(q.cmd)),
             mpsc::error::TrySendError::Closed(_) => Refused::Closed,
         })
     }
