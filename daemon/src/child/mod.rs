@@ -15,7 +15,7 @@ mod collect;
 mod driver;
 mod handshake;
 mod launch;
-mod queue;
+pub(crate) mod queue;
 mod relay;
 mod relay_types;
 mod start_failure;
