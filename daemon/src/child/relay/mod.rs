@@ -109,6 +109,9 @@ struct Relay {
     /// Commands still to take before the parent's cancel that found the queue full is sent
     /// (see `Shared::late_cancel`).
     late: Option<usize>,
+    /// The parent's next command, taken off the queue and waiting for room in the child's
+    /// outbox: the pump goes on reading the child meanwhile, never blocked on a write.
+    next: Option<Queued>,
 }
 
 /// A `session/prompt` on its way: when acpd forwarded it, and whether the editor asked to
@@ -143,6 +146,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         updates: shape::UpdateBatch::default(),
         last_update: None,
         late: None,
+        next: None,
     };
     if let Some(trace) = &r.tracer {
         trace.note(
@@ -194,7 +198,11 @@ impl Relay {
         tokio::pin!(stopped, parent_broke, deaf, leader_exit);
         loop {
             let last_words = exited.map(|(_, at)| at);
-            let room = d.wire.out.has_room(ROOM);
+            // What the next command needs free in the outbox to be queued without waiting.
+            let room = self
+                .next
+                .as_ref()
+                .map(|q| ROOM + q.held.as_ref().map_or(0, |h| h.num_permits()));
             tokio::select! {
                 biased;
                 () = &mut stopped => return RelayEnd::Closed,
@@ -245,28 +253,31 @@ impl Relay {
                 // prompt it cancels; the pump keeps reading the child all the while.
                 _ = d.shared.relay_cancel.notified() => {
                     if self.late.is_none() && super::lock(&d.shared.late_cancel).is_some() {
-                        self.late = Some(d.cmds.len());
+                        self.late = Some(d.cmds.len() + usize::from(self.next.is_some()));
                         self.late_cancel(d).await;
                     }
                 }
-                // The child is behind on reading: take no more of the parent's calls until it
-                // catches up (its own output keeps flowing meanwhile).
-                () = d.wire.out.room(ROOM), if !room => {}
-                cmd = d.cmds.recv(), if room => match cmd {
+                cmd = d.cmds.recv(), if self.next.is_none() => match cmd {
                     None => return RelayEnd::Closed,
-                    Some(Queued { cmd, held }) => {
+                    Some(cmd) => self.next = Some(cmd),
+                },
+                // The child is behind on reading: the parent's next command waits here, its
+                // share of the session's byte budget held, until it catches up (its own
+                // output keeps flowing meanwhile).
+                () = d.wire.out.room(room.unwrap_or(ROOM)), if room.is_some() => {
+                    if let Some(Queued { cmd, held }) = self.next.take() {
                         self.parent_cmd(d, cmd).await;
                         // Handed to the child's outbox (bounded in bytes itself), or answered.
                         drop(held);
-                        if let Some(before) = self.late.as_mut() {
-                            *before = before.saturating_sub(1);
-                            self.late_cancel(d).await;
-                        }
-                        if self.attach_next.is_some() {
-                            return RelayEnd::ParentGone;
-                        }
                     }
-                },
+                    if let Some(before) = self.late.as_mut() {
+                        *before = before.saturating_sub(1);
+                        self.late_cancel(d).await;
+                    }
+                    if self.attach_next.is_some() {
+                        return RelayEnd::ParentGone;
+                    }
+                }
                 Some((id, ask, result)) = self.forwarded.next(), if !self.forwarded.is_empty() => {
                     self.parent_answered(d, id, ask, result).await;
                 }
@@ -361,6 +372,13 @@ impl Relay {
             let _ = d.wire.respond(&id, Err(&e)).await;
         }
         let mut calls: Vec<(Id, String)> = self.open.drain().map(|(_, call)| call).collect();
+        if let Some(Queued {
+            cmd: Cmd::Call { id, method, .. },
+            ..
+        }) = self.next.take()
+        {
+            calls.push((id, method));
+        }
         d.cmds.close();
         // Calls after a cancel still waiting are refused for that session's end now.
         super::lock(&d.shared.late_cancel).take();
