@@ -201,7 +201,7 @@ fn deaf_bridge_child_flooded_with_large_messages_keeps_acpd_bounded() {
         assert_eq!(e["error"]["data"]["limit"], "session_queue", "{e}");
         assert_eq!(e["error"]["data"]["sessionId"], deaf.as_str(), "{e}");
     }
-    // Every refusal is counted, and the drops are logged once for the streak, not per message.
+    // Every refusal is counted; the drops are logged at most once per 10 s, not per message.
     let scrape = json!({"jsonrpc": "2.0", "id": FIRST_ID + 2000, "method": "_acpd/metrics"});
     writer.write_all(format!("{scrape}\n").as_bytes()).unwrap();
     let text = raw.answer(&json!(FIRST_ID + 2000)).value["result"]["text"]
@@ -220,8 +220,11 @@ fn deaf_bridge_child_flooded_with_large_messages_keeps_acpd_bounded() {
     );
     let warned = raw
         .log()
-        .matches("dropping a notification of the editor's")
+        .matches("dropped a notification of the editor's")
         .count();
-    assert_eq!(warned, 1, "the drops were logged {warned} times");
+    assert!(
+        (1..=10).contains(&warned),
+        "the drops were logged {warned} times"
+    );
     drop(writer);
 }

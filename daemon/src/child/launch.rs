@@ -276,7 +276,7 @@ impl Initialized {
             out: h.wire.out.clone(),
             stderr: h.stderr,
             late_cancel: std::sync::Mutex::new(None),
-            dropping: Default::default(),
+            drops: Default::default(),
             relay_cancel: Notify::new(),
             relay_detach: Notify::new(),
             stop: CancellationToken::new(),

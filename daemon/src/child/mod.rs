@@ -209,6 +209,9 @@ pub struct TurnReport {
     pub child_spent: bool,
 }
 
+/// Messages dropped to a full queue are logged at most this often.
+const DROP_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long a question about a nested run waits for its bridge session's relay.
 const PARENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -229,9 +232,8 @@ struct Shared {
     /// calls and notifications are refused as if the queue were still full, so none of what
     /// the parent sent after the cancel reaches the child before it.
     late_cancel: std::sync::Mutex<Option<Box<RawValue>>>,
-    /// A notification of the parent's was dropped to a full queue and none queued since: the
-    /// next drop is not logged again.
-    dropping: std::sync::atomic::AtomicBool,
+    /// When a dropped message was last logged, and how many were dropped since.
+    drops: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
     /// Wakes the relay for a [`Shared::late_cancel`]: a cancel is never lost to a full queue.
     relay_cancel: Notify,
     /// The parent's connection closed: detach (relay mode, with `detach`).
@@ -372,23 +374,29 @@ impl Child {
         self.dropped(refused, "an update about a nested run");
     }
 
-    /// Counts and logs a message the queue refused: a warning for the first of a streak
-    /// (an editor flooding a stalled agent gets one line per streak, not one per message).
+    /// Counts and logs a message the queue refused: one warning per [`DROP_WARN_EVERY`] at
+    /// most, saying how many went since the last (an editor flooding a stalled agent must not
+    /// flood the log too).
     fn dropped(&self, refused: Option<Refused>, what: &str) {
-        use std::sync::atomic::Ordering;
         match refused {
-            None => self.shared.dropping.store(false, Ordering::Relaxed),
+            None => {}
             Some(Refused::Closed) => {
                 tracing::debug!(session = %self.shared.log_id, "dropping {what}: the session is over");
             }
             Some(Refused::Full(_)) => {
                 crate::metrics::get().limit_hit(crate::metrics::Limit::SessionQueue);
-                if !self.shared.dropping.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(session = %self.shared.log_id, provider = %self.shared.provider.name,
-                        "dropping {what} and any more until the agent catches up: its queue is full \
-                         ({} MiB or {CMD_DEPTH} messages wait for an agent that is not reading them)",
-                        QUEUE_BYTES >> 20);
+                let mut drops = lock(&self.shared.drops);
+                drops.1 += 1;
+                if drops.0.is_some_and(|at| at.elapsed() < DROP_WARN_EVERY) {
+                    return;
                 }
+                let count = std::mem::take(&mut drops.1);
+                drops.0 = Some(std::time::Instant::now());
+                drop(drops);
+                tracing::warn!(session = %self.shared.log_id, provider = %self.shared.provider.name,
+                    "dropped {what}, {count} since the last warning: the queue toward the agent \
+                     is full ({} MiB or {CMD_DEPTH} messages wait for an agent that is not reading them)",
+                    QUEUE_BYTES >> 20);
             }
         }
     }
