@@ -65,7 +65,8 @@ const BATCH_CAPACITY: usize = UPDATES_AT_ONCE + 4 * 1024;
 /// Child requests waiting on the parent at once; more are refused to the child.
 const MAX_FORWARDED: usize = 64;
 
-/// Room the child's outbox must have before another parent call is taken.
+/// Room the child's outbox must have, beyond the parent's next command's own bytes, before that
+/// command is handed to it.
 const ROOM: usize = 64 * 1024;
 
 struct Relay {
