@@ -97,3 +97,134 @@ fn slow_parent_keeps_acpd_memory_bounded() {
         "acpd grew from {before} to {peak} KiB while forwarding {total} bytes"
     );
 }
+
+/// Fast graces, a long `write_timeout` (the deaf child's session outlives the flood) and a
+/// long keep-alive.
+fn deaf_env() -> Env {
+    Env::raw(&format!(
+        "write_timeout = \"120s\"\n[providers.fast]\ncommand = [\"{BIN}\", \"agent\", \"echo\"]\n\
+         cancel_grace = \"300ms\"\neof_grace = \"300ms\"\nterm_grace = \"300ms\"\n\
+         keep_alive = \"600s\"\n"
+    ))
+}
+
+/// An editor floods a bridge session whose agent stopped reading its stdin with 400
+/// notifications and 32 requests of 1 MiB each. What waits for that agent is bounded in bytes
+/// per session, not in messages (256 × 1 MiB sat in acpd before): acpd's peak memory grows by
+/// far less than the flood, every request past the bound is answered at once with a typed
+/// error naming the limit and the session, and another session on the same connection still
+/// answers its prompt.
+#[test]
+fn deaf_bridge_child_flooded_with_large_messages_keeps_acpd_bounded() {
+    use common::raw::Raw;
+    use serde_json::json;
+    const NOTIFICATIONS: usize = 400;
+    const REQUESTS: u64 = 32;
+    const FIRST_ID: u64 = 100_000;
+    const SIZE: usize = 1024 * 1024;
+    const GROWTH_KIB: u64 = 32 * 1024;
+    let env = deaf_env();
+    let mut raw = Raw::stdio(&env);
+    raw.initialize(json!({}));
+    let acpd = raw.pid();
+    let deaf = raw.new_session(env.path(), "fast");
+    let other = raw.new_session(env.path(), "fast");
+    let id = json!(raw.send_prompt(&deaf, ":deaf-stdin\nok"));
+    let answer = raw.answer(&id).value;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let before = status_kib(acpd, "VmHWM:");
+
+    let mut writer = raw.take_writer();
+    let blob = "x".repeat(SIZE);
+    let flood_sid = deaf.clone();
+    let flood = std::thread::spawn(move || {
+        let mut line = |msg: serde_json::Value| {
+            let mut bytes = msg.to_string().into_bytes();
+            bytes.push(b'\n');
+            writer.write_all(&bytes).unwrap();
+        };
+        for _ in 0..NOTIFICATIONS {
+            line(json!({"jsonrpc": "2.0", "method": "_test/blob",
+                "params": {"sessionId": flood_sid, "blob": blob}}));
+        }
+        for n in 0..REQUESTS {
+            line(
+                json!({"jsonrpc": "2.0", "id": FIRST_ID + n, "method": "_test/blob",
+                "params": {"sessionId": flood_sid, "blob": blob}}),
+            );
+        }
+        writer
+    });
+    let mut writer = flood.join().unwrap();
+    let ask = json!({"jsonrpc": "2.0", "id": FIRST_ID + 1000, "method": "session/prompt",
+        "params": {"sessionId": other, "prompt": [{"type": "text", "text": "ok"}]}});
+    writer.write_all(format!("{ask}\n").as_bytes()).unwrap();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (mut refused, mut other_answer) = (Vec::new(), None);
+    while other_answer.is_none() && std::time::Instant::now() < deadline {
+        let Some(line) = raw.next_within(Duration::from_millis(500)) else {
+            assert!(!raw.eof, "acpd hung up");
+            continue;
+        };
+        let Some(n) = line.value["id"].as_u64().filter(|_| line.is_response()) else {
+            continue;
+        };
+        if n == FIRST_ID + 1000 {
+            other_answer = Some(line.value);
+        } else if (FIRST_ID..FIRST_ID + REQUESTS).contains(&n) {
+            refused.push(line.value);
+        }
+    }
+    let peak = status_kib(acpd, "VmHWM:");
+    eprintln!(
+        "acpd peak {peak} KiB ({before} KiB before the flood); {} requests refused",
+        refused.len()
+    );
+    assert!(
+        peak - before < GROWTH_KIB,
+        "acpd grew from {before} to {peak} KiB under a flood of {} MiB",
+        NOTIFICATIONS as u64 + REQUESTS
+    );
+    let other_answer = other_answer.expect("the other session's prompt was not answered");
+    assert_eq!(
+        other_answer["result"]["stopReason"], "end_turn",
+        "{other_answer}"
+    );
+    assert!(
+        refused.len() as u64 >= REQUESTS - 8,
+        "only {} of {REQUESTS} requests past the bound were answered",
+        refused.len()
+    );
+    for e in &refused {
+        assert_eq!(e["error"]["code"], -33013, "{e}");
+        assert_eq!(e["error"]["data"]["limit"], "session_queue", "{e}");
+        assert_eq!(e["error"]["data"]["sessionId"], deaf.as_str(), "{e}");
+    }
+    // Every refusal is counted; the drops are logged at most once per 10 s, not per message.
+    let scrape = json!({"jsonrpc": "2.0", "id": FIRST_ID + 2000, "method": "_acpd/metrics"});
+    writer.write_all(format!("{scrape}\n").as_bytes()).unwrap();
+    let text = raw.answer(&json!(FIRST_ID + 2000)).value["result"]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let counted: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("acpd_limit_hits_total{limit=\"session_queue\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no session_queue count in\n{text}"));
+    let least = refused.len() + NOTIFICATIONS - 8;
+    assert!(
+        counted >= least as u64,
+        "{counted} refusals counted, {least} expected"
+    );
+    let warned = raw
+        .log()
+        .matches("dropped a notification of the editor's")
+        .count();
+    assert!(
+        (1..=10).contains(&warned),
+        "the drops were logged {warned} times"
+    );
+    drop(writer);
+}

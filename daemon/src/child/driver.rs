@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 
 use acpd_protocol::permission;
 
+use super::queue::Queued;
 use super::{Cmd, RelayEnd, Shared, collect, lock, relay};
 use crate::wire::{CallError, LineFault, LineReader, Outbox};
 
@@ -78,11 +79,11 @@ impl ChildWire {
 pub(super) struct Driver {
     pub shared: Arc<Shared>,
     pub wire: ChildWire,
-    pub cmds: mpsc::Receiver<Cmd>,
+    pub cmds: mpsc::Receiver<Queued>,
 }
 
 impl Driver {
-    pub(super) fn new(shared: Arc<Shared>, wire: ChildWire, cmds: mpsc::Receiver<Cmd>) -> Self {
+    pub(super) fn new(shared: Arc<Shared>, wire: ChildWire, cmds: mpsc::Receiver<Queued>) -> Self {
         Driver { shared, wire, cmds }
     }
 
@@ -100,7 +101,7 @@ impl Driver {
                         break;
                     }
                 }
-                cmd = self.cmds.recv() => match cmd {
+                cmd = self.cmds.recv() => match cmd.map(|q| q.cmd) {
                     None => break,
                     Some(Cmd::Prompt { prompt, ctl, reply }) => {
                         // Boxed, so an idle child's task holds only a small future.

@@ -13,14 +13,14 @@ use acpd_protocol::outcome::air;
 use acpd_protocol::subagent::{Category, Stage};
 use serde_json::value::RawValue;
 use tokio::io::AsyncWriteExt as _;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cause::{self, Program};
 use super::driver::{ChildWire, Driver};
 use super::handshake::{Handshake, handshake_failure};
-use super::{AgentInfo, CMD_DEPTH, Child, ChildSpec, ClientCaps, Shared, StartFailure};
+use super::{AgentInfo, Child, ChildSpec, ClientCaps, Shared, StartFailure};
 use crate::config::ProviderConfig;
 use crate::supervise::{self, Graces, ProcessTree, SpawnError, StderrTail};
 use crate::trace::Hop;
@@ -269,7 +269,7 @@ impl Initialized {
             Open::Made { session_id, reply } => (session_id, reply),
         };
         let h = self.h;
-        let (tx, rx) = mpsc::channel(CMD_DEPTH);
+        let (tx, rx) = super::queue::CmdTx::channel();
         let shared = Arc::new(Shared {
             provider: h.spec.provider.clone(),
             relay_child: h.spec.relay,
@@ -281,6 +281,7 @@ impl Initialized {
             out: h.wire.out.clone(),
             stderr: h.stderr,
             late_cancel: std::sync::Mutex::new(None),
+            drops: Default::default(),
             relay_cancel: Notify::new(),
             relay_detach: Notify::new(),
             stop: CancellationToken::new(),

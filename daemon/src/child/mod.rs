@@ -15,6 +15,7 @@ mod collect;
 mod driver;
 mod handshake;
 mod launch;
+pub(crate) mod queue;
 mod relay;
 mod relay_types;
 mod start_failure;
@@ -40,6 +41,8 @@ use crate::wire::{Outbox, WireLimits};
 
 pub(crate) use client_caps::ClientCaps;
 pub(crate) use launch::{Initialized, Open, initialize, probe};
+pub(crate) use queue::CallRefused;
+use queue::{CMD_DEPTH, CmdTx, QUEUE_BYTES, Refused};
 pub(crate) use relay_types::{AfterOk, Cmd};
 pub(crate) use relay_types::{First, ParentServes, RelayEnd, RelayTarget};
 use start_failure::failure;
@@ -206,6 +209,9 @@ pub struct TurnReport {
     pub child_spent: bool,
 }
 
+/// Messages dropped to a full queue are logged at most this often.
+const DROP_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long a question about a nested run waits for its bridge session's relay.
 const PARENT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -226,6 +232,8 @@ struct Shared {
     /// calls and notifications are refused as if the queue were still full, so none of what
     /// the parent sent after the cancel reaches the child before it.
     late_cancel: std::sync::Mutex<Option<Box<RawValue>>>,
+    /// When a dropped message was last logged, and how many were dropped since.
+    drops: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
     /// Wakes the relay for a [`Shared::late_cancel`]: a cancel is never lost to a full queue.
     relay_cancel: Notify,
     /// The parent's connection closed: detach (relay mode, with `detach`).
@@ -246,13 +254,9 @@ struct Shared {
 /// The owner's handle on a live, initialized child with one ACP session.
 #[derive(Clone)]
 pub struct Child {
-    cmds: mpsc::Sender<Cmd>,
+    cmds: CmdTx,
     shared: Arc<Shared>,
 }
-
-/// Commands queued toward one driver: calls beyond this are refused (the parent's
-/// `max_pending_requests` keeps a well-behaved connection far below it).
-const CMD_DEPTH: usize = 256;
 
 impl Child {
     /// Whether `other` is a handle to this same child.
@@ -281,8 +285,8 @@ impl Child {
                 reply: tx,
             })
             .await;
-        match (sent, rx.await) {
-            (Ok(()), Ok(report)) => report,
+        match (sent.is_ok(), rx.await) {
+            (true, Ok(report)) => report,
             _ => {
                 let status = self.shared.tree.exit_status();
                 TurnReport {
@@ -304,67 +308,103 @@ impl Child {
     /// Starts relaying the session to `target` (relay mode). Until then the child's output
     /// waits in its pipe, so nothing it says before the parent knows the session is lost.
     pub fn relay(&self, target: RelayTarget) {
-        let _ = self.cmds.try_send(Cmd::Relay(target));
+        let _ = self.cmds.try_send(Cmd::Relay(target), 0);
     }
 
-    /// Forwards a parent's call (relay mode). Refused when the driver's queue is full or the
-    /// session is over; the caller answers the parent with the error.
+    /// Forwards a parent's call (relay mode). Refused when the driver's queue is full (in
+    /// messages or bytes, see [`queue`]) or the session is over; the caller answers the parent
+    /// with the error.
     pub fn call(
         &self,
         id: Id,
         method: String,
         params: Option<Box<RawValue>>,
         after_ok: Option<AfterOk>,
-    ) -> Result<(), Box<(Id, RpcError)>> {
+    ) -> Result<(), Box<(Id, CallRefused)>> {
         let late = lock(&self.shared.late_cancel);
-        if late.is_some() {
-            return Err(Box::new((
-                id,
-                RpcError::internal("the agent is not keeping up; retry later"),
-            )));
-        }
-        self.cmds
-            .try_send(Cmd::Call {
-                id,
-                method,
-                params,
-                after_ok,
-            })
-            .map_err(|e| {
-                let (id, why) = match e {
-                    mpsc::error::TrySendError::Full(Cmd::Call { id, .. }) => {
-                        (id, "the agent is not keeping up; retry later")
-                    }
-                    mpsc::error::TrySendError::Closed(Cmd::Call { id, .. }) => {
-                        (id, "the session is over")
-                    }
-                    _ => unreachable_id(),
-                };
-                Box::new((id, RpcError::internal(why)))
-            })
+        let len = method.len() + params.as_ref().map_or(0, |p| p.get().len());
+        let answer_to = id.clone();
+        let cmd = Cmd::Call {
+            id,
+            method,
+            params,
+            after_ok,
+        };
+        let refused = if late.is_some() {
+            Refused::Full(Box::new(cmd))
+        } else {
+            match self.cmds.try_send(cmd, len) {
+                Ok(()) => return Ok(()),
+                Err(refused) => refused,
+            }
+        };
+        let why = match refused {
+            Refused::Full(_) => {
+                crate::metrics::get().limit_hit(crate::metrics::Limit::SessionQueue);
+                CallRefused::QueueFull
+            }
+            Refused::Closed => CallRefused::Over,
+        };
+        Err(Box::new((answer_to, why)))
     }
 
-    /// Forwards a parent's extension notification (relay mode); dropped, and logged, when
-    /// the driver's queue is full or the session is over (a notification has no answer).
+    /// Forwards a parent's extension notification (relay mode). One that finds the driver's
+    /// queue full is dropped, counted (`acpd_limit_hits_total{limit="session_queue"}`) and
+    /// logged: a notification has no answer to carry the refusal.
     pub fn notify(&self, method: String, params: Box<RawValue>) {
         let late = lock(&self.shared.late_cancel);
-        if late.is_some() || self.cmds.try_send(Cmd::Notify { method, params }).is_err() {
-            tracing::debug!(session = %self.shared.log_id, "dropping a parent notification");
-        }
+        let len = method.len() + params.get().len();
+        let refused = if late.is_some() {
+            Some(Refused::Full(Box::new(Cmd::Notify { method, params })))
+        } else {
+            self.cmds
+                .try_send(Cmd::Notify { method, params }, len)
+                .err()
+        };
+        drop(late);
+        self.dropped(refused, "a notification of the editor's");
     }
 
     /// Tells the parent about a run nested under this session (relay mode): `params` of a
-    /// `session/update`. Dropped, and logged, when the driver's queue is full.
+    /// `session/update`. Dropped, counted and logged like [`Child::notify`] when the driver's
+    /// queue is full.
     pub fn announce(&self, params: Box<RawValue>) {
-        if self.cmds.try_send(Cmd::Announce(params)).is_err() {
-            tracing::debug!(session = %self.shared.log_id, "dropping a nested run's update");
+        let len = params.get().len();
+        let refused = self.cmds.try_send(Cmd::Announce(params), len).err();
+        self.dropped(refused, "an update about a nested run");
+    }
+
+    /// Counts and logs a message the queue refused: one warning per [`DROP_WARN_EVERY`] at
+    /// most, saying how many went since the last (an editor flooding a stalled agent must not
+    /// flood the log too).
+    fn dropped(&self, refused: Option<Refused>, what: &str) {
+        match refused {
+            None => {}
+            Some(Refused::Closed) => {
+                tracing::debug!(session = %self.shared.log_id, "dropping {what}: the session is over");
+            }
+            Some(Refused::Full(_)) => {
+                crate::metrics::get().limit_hit(crate::metrics::Limit::SessionQueue);
+                let mut drops = lock(&self.shared.drops);
+                drops.1 += 1;
+                if drops.0.is_some_and(|at| at.elapsed() < DROP_WARN_EVERY) {
+                    return;
+                }
+                let count = std::mem::take(&mut drops.1);
+                drops.0 = Some(std::time::Instant::now());
+                drop(drops);
+                tracing::warn!(session = %self.shared.log_id, provider = %self.shared.provider.name,
+                    "dropped {what}, {count} since the last warning: the queue toward the agent \
+                     is full ({} MiB or {CMD_DEPTH} messages wait for an agent that is not reading them)",
+                    QUEUE_BYTES >> 20);
+            }
         }
     }
 
     /// The connection of the editor this session is attached to (see [`Cmd::Parent`]).
     pub async fn parent_peer(&self) -> Option<crate::wire::Peer> {
         let (tx, rx) = oneshot::channel();
-        self.cmds.try_send(Cmd::Parent(tx)).ok()?;
+        self.cmds.try_send(Cmd::Parent(tx), 0).ok()?;
         // A relay held up by an agent that is not reading answers late: nobody then.
         tokio::time::timeout(PARENT_WAIT, rx)
             .await
@@ -382,8 +422,9 @@ impl Child {
             // Nothing was queued since the one waiting: it cancels the same turn.
             return;
         }
-        if let Err(mpsc::error::TrySendError::Full(Cmd::Cancel(params))) =
-            self.cmds.try_send(Cmd::Cancel(params))
+        let len = params.get().len();
+        if let Err(Refused::Full(cmd)) = self.cmds.try_send(Cmd::Cancel(params), len)
+            && let Cmd::Cancel(params) = *cmd
         {
             *late = Some(params);
             drop(late);
@@ -514,11 +555,6 @@ impl Shared {
         crate::otel::exporting()?;
         lock(&self.span).as_ref().map(crate::otel::Span::meta)
     }
-}
-
-/// `Child::call` only ever queues `Cmd::Call`.
-fn unreachable_id() -> (Id, &'static str) {
-    (Id::Num(-1), "the session is over")
 }
 
 /// ACP's "Session not found" (-32002), naming the id.

@@ -456,7 +456,7 @@ impl DaemonConn {
 
 /// What the daemon asks of us: a permission request (nobody here can answer one, so it is
 /// rejected, as `acpd run` does without a terminal); anything else is not ours.
-async fn answer_daemon(peer: wire::Peer, mut incoming: mpsc::Receiver<Incoming>) {
+async fn answer_daemon(peer: wire::Peer, mut incoming: wire::Inbox) {
     while let Some(msg) = incoming.recv().await {
         match msg {
             Incoming::Request { id, method, params } => answer(&peer, id, &method, params).await,

@@ -80,10 +80,11 @@ pub(crate) enum Limit {
     MemoryMax,
     PidsMax,
     Budget,
+    SessionQueue,
 }
 
 impl Limit {
-    const ALL: [Limit; 13] = [
+    const ALL: [Limit; 14] = [
         Limit::MaxChildren,
         Limit::MaxConcurrent,
         Limit::QueueTimeout,
@@ -97,9 +98,10 @@ impl Limit {
         Limit::MemoryMax,
         Limit::PidsMax,
         Limit::Budget,
+        Limit::SessionQueue,
     ];
 
-    /// The config key's name.
+    /// The config key's name (or the fixed limit's, as the docs name it).
     const fn name(self) -> &'static str {
         match self {
             Limit::MaxChildren => "max_children",
@@ -115,6 +117,8 @@ impl Limit {
             Limit::MemoryMax => "memory_max",
             Limit::PidsMax => "pids_max",
             Limit::Budget => "budget",
+            // Not a key: a bridge session's fixed queue toward its agent (`child::QUEUE_BYTES`).
+            Limit::SessionQueue => "session_queue",
         }
     }
 
@@ -151,7 +155,7 @@ pub(crate) struct Metrics {
     turn_seconds: Family<Named, Histogram>,
     messages: [Counter; 2],
     bytes: [Counter; 2],
-    limits: [Counter; 13],
+    limits: [Counter; 14],
     steps: [Counter; 4],
 }
 

@@ -40,6 +40,7 @@ pub(super) async fn request(
     let session_method = kind != Forwarded::Other;
     match (target, session) {
         (Some(SessionRef::Bridge(b)), session) => {
+            let sid = session.clone().unwrap_or_default();
             let activity = activity(conn, kind, session, params.as_deref(), &b);
             // A new title is the agent's to refuse: written once it answered with a
             // result. A prompt it was given is activity whatever it answers.
@@ -48,8 +49,8 @@ pub(super) async fn request(
                 other => (other, None),
             };
             let sent = match kind {
-                Forwarded::Prompt => b.prompt(id, method, params, after_ok),
-                _ => b.forward(id, method, params, after_ok),
+                Forwarded::Prompt => b.prompt(&sid, id, method, params, after_ok),
+                _ => b.forward(&sid, id, method, params, after_ok),
             };
             match sent {
                 Ok(()) => {

@@ -20,11 +20,14 @@ use acpd_protocol::codec::FrameError;
 use acpd_protocol::envelope::{EnvelopeError, Id, Message, RpcError};
 use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 /// Messages queued between a reader and its owner.
 pub(crate) const QUEUE_DEPTH: usize = 64;
+/// Bytes of messages queued between a reader and its owner: past it the reader stops reading
+/// the peer until the owner catches up. A larger message (up to `max_line`) takes it all.
+const IN_BUDGET: usize = 4 * 1024 * 1024;
 /// Lines queued toward one peer, whatever their size (the byte budget bounds the rest).
 const OUT_DEPTH: usize = 256;
 /// Bytes queued toward one peer before senders wait. A larger line takes the whole budget.
@@ -114,7 +117,7 @@ pub(crate) use reader::{LineReader, unicode_escapes};
 /// A running connection: the sender and the queue of incoming messages (ends at EOF).
 pub struct Connection {
     pub peer: Peer,
-    pub incoming: mpsc::Receiver<Incoming>,
+    pub incoming: Inbox,
     /// Cancelled when the peer's input ended (EOF or a read error).
     pub eof: CancellationToken,
 }
@@ -140,27 +143,42 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let (in_tx, in_rx) = mpsc::channel::<Incoming>(QUEUE_DEPTH);
+    let (in_tx, in_rx) = mpsc::channel(QUEUE_DEPTH);
     let pending = Arc::new(Pending::default());
     let eof = CancellationToken::new();
+    let budget = Arc::new(Semaphore::new(IN_BUDGET));
     tokio::spawn(read_loop(
         LineReader::new(reader, limits),
         pending.clone(),
-        in_tx,
+        (in_tx, budget),
         eof.clone(),
     ));
     let out = Outbox::start(writer, limits.write_timeout);
     Connection {
         peer: Peer::new(out, pending),
-        incoming: in_rx,
+        incoming: Inbox(in_rx),
         eof,
+    }
+}
+
+/// A message read, with the share of [`IN_BUDGET`] it holds until its owner takes it.
+type Read = (Incoming, Option<OwnedSemaphorePermit>);
+
+/// The queue of a connection's incoming messages, bounded in messages ([`QUEUE_DEPTH`]) and
+/// bytes ([`IN_BUDGET`]).
+pub struct Inbox(mpsc::Receiver<Read>);
+
+impl Inbox {
+    /// The next message; `None` once the peer's input has ended and all were taken.
+    pub async fn recv(&mut self) -> Option<Incoming> {
+        self.0.recv().await.map(|(message, _)| message)
     }
 }
 
 async fn read_loop<R: AsyncRead + Unpin>(
     mut reader: LineReader<R>,
     pending: Arc<Pending>,
-    incoming: mpsc::Sender<Incoming>,
+    (incoming, budget): (mpsc::Sender<Read>, Arc<Semaphore>),
     eof: CancellationToken,
 ) {
     while let Some(msg) = reader.next().await {
@@ -177,7 +195,23 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             Err(fault) => Incoming::Fault(fault),
         };
-        if incoming.send(forward).await.is_err() {
+        let len = match &forward {
+            Incoming::Request { method, params, .. }
+            | Incoming::Notification { method, params } => {
+                method.len() + params.as_ref().map_or(0, |p| p.get().len())
+            }
+            Incoming::Fault(_) => 0,
+        };
+        // The budget is never closed: waiting is the peer's own backpressure.
+        let held = match len {
+            0 => None,
+            n => (budget
+                .clone()
+                .acquire_many_owned(n.min(IN_BUDGET) as u32)
+                .await)
+                .ok(),
+        };
+        if incoming.send((forward, held)).await.is_err() {
             // The owner is gone; keep draining so pending calls still complete.
             continue;
         }

@@ -230,11 +230,6 @@ impl Outbox {
             std::future::pending::<()>().await;
         }
     }
-
-    /// Whether a line of `len` bytes would be queued without waiting.
-    pub fn has_room(&self, len: usize) -> bool {
-        self.tx.capacity() > 0 && self.budget.available_permits() >= len.min(OUT_BUDGET)
-    }
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(

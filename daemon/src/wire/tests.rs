@@ -125,6 +125,38 @@ async fn queued_bytes_are_bounded_by_the_budget() {
     );
 }
 
+/// An owner that does not take what its peer sends holds at most `IN_BUDGET` bytes of it
+/// (not `QUEUE_DEPTH` lines of up to `max_line`): past it the reader stops reading the peer,
+/// and what was held is delivered once the owner takes it.
+#[tokio::test(start_paused = true)]
+async fn read_bytes_waiting_for_the_owner_are_bounded_by_the_budget() {
+    const LINE: usize = 512 * 1024;
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let (ar, aw) = tokio::io::split(a);
+    let (_br, mut bw) = tokio::io::split(b);
+    let mut conn = connect(ar, aw, 16 * 1024 * 1024);
+    let blob = "z".repeat(LINE);
+    let line = format!("{{\"jsonrpc\":\"2.0\",\"method\":\"m\",\"params\":[\"{blob}\"]}}\n");
+    let mut written = 0usize;
+    for _ in 0..QUEUE_DEPTH {
+        let write = bw.write_all(line.as_bytes());
+        match tokio::time::timeout(Duration::from_secs(1), write).await {
+            Ok(Ok(())) => written += 1,
+            _ => break,
+        }
+    }
+    // The budget's lines, the one the reader holds waiting for room, the pipe's share.
+    let bound = IN_BUDGET / LINE + 3;
+    assert!(written <= bound, "{written} lines of {LINE} bytes taken");
+    for _ in 0..written {
+        let next = conn.incoming.recv().await;
+        assert!(
+            matches!(next, Some(Incoming::Notification { .. })),
+            "{next:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_repeated_unanswered_id_is_not_admitted_twice() {
     let (a, _b) = tokio::io::duplex(1024);

@@ -21,6 +21,13 @@ impl Relay {
         let session = self.t.session_id.clone();
         tracing::info!(provider = %d.shared.provider.name, %session, ?wait, "bridge session detached");
         self.leave(d).await;
+        // The old connection's command that was waiting for room: its cancel still stops the
+        // turn, and an attach still attaches.
+        match self.next.take().map(|q| q.cmd) {
+            Some(Cmd::Cancel(params)) => self.cancel(d, params).await,
+            Some(Cmd::Relay(t)) => self.attach_next = Some(t),
+            _ => {}
+        }
         // The cancel the old connection sent last, waiting behind a full queue: what came
         // before it will never be sent now, and its turn is still to be stopped.
         self.late = None;
@@ -75,7 +82,7 @@ impl Relay {
                     }
                     Some(Ok(_)) => dropped += 1,
                 },
-                cmd = d.cmds.recv() => match cmd {
+                cmd = d.cmds.recv() => match cmd.map(|q| q.cmd) {
                     None => return Err(RelayEnd::Closed),
                     Some(Cmd::Relay(t)) => {
                         tracing::info!(provider = %d.shared.provider.name, %session, dropped, "bridge session attached again");

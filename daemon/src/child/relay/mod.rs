@@ -11,6 +11,7 @@
 //! under ids acpd mints (`<session id>.<n>`), and calls on them are routed back.
 
 mod detach;
+mod end;
 mod from_child;
 mod from_parent;
 mod ids;
@@ -33,11 +34,13 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use super::driver::{ChildOutput, Driver, LAST_WORDS};
+use super::queue::Queued;
 use super::{Cmd, First, RelayEnd, RelayTarget, strict};
 use crate::supervise;
 use crate::trace::Hop;
 use crate::wire::sleep_until_opt;
 use crate::wire::{CallError, LineFault, LineReader};
+use end::CANCELLED_HERE;
 
 type Forwarded = FuturesUnordered<
     std::pin::Pin<
@@ -62,7 +65,8 @@ const BATCH_CAPACITY: usize = UPDATES_AT_ONCE + 4 * 1024;
 /// Child requests waiting on the parent at once; more are refused to the child.
 const MAX_FORWARDED: usize = 64;
 
-/// Room the child's outbox must have before another parent call is taken.
+/// Room the child's outbox must have, beyond the parent's next command's own bytes, before that
+/// command is handed to it.
 const ROOM: usize = 64 * 1024;
 
 struct Relay {
@@ -108,6 +112,9 @@ struct Relay {
     /// Commands still to take before the parent's cancel that found the queue full is sent
     /// (see `Shared::late_cancel`).
     late: Option<usize>,
+    /// The parent's next command, taken off the queue and waiting for room in the child's
+    /// outbox: the pump goes on reading the child meanwhile, never blocked on a write.
+    next: Option<Queued>,
 }
 
 /// A `session/prompt` on its way: when acpd forwarded it, and whether the editor asked to
@@ -142,6 +149,7 @@ pub(super) async fn run(d: &mut Driver, t: RelayTarget) -> RelayEnd {
         updates: shape::UpdateBatch::default(),
         last_update: None,
         late: None,
+        next: None,
     };
     if let Some(trace) = &r.tracer {
         trace.note(
@@ -193,7 +201,11 @@ impl Relay {
         tokio::pin!(stopped, parent_broke, deaf, leader_exit);
         loop {
             let last_words = exited.map(|(_, at)| at);
-            let room = d.wire.out.has_room(ROOM);
+            // What the next command needs free in the outbox to be queued without waiting.
+            let room = self
+                .next
+                .as_ref()
+                .map(|q| ROOM + q.held.as_ref().map_or(0, |h| h.num_permits()));
             tokio::select! {
                 biased;
                 () = &mut stopped => return RelayEnd::Closed,
@@ -244,26 +256,31 @@ impl Relay {
                 // prompt it cancels; the pump keeps reading the child all the while.
                 _ = d.shared.relay_cancel.notified() => {
                     if self.late.is_none() && super::lock(&d.shared.late_cancel).is_some() {
-                        self.late = Some(d.cmds.len());
+                        self.late = Some(d.cmds.len() + usize::from(self.next.is_some()));
                         self.late_cancel(d).await;
                     }
                 }
-                // The child is behind on reading: take no more of the parent's calls until it
-                // catches up (its own output keeps flowing meanwhile).
-                () = d.wire.out.room(ROOM), if !room => {}
-                cmd = d.cmds.recv(), if room => match cmd {
+                cmd = d.cmds.recv(), if self.next.is_none() => match cmd {
                     None => return RelayEnd::Closed,
-                    Some(cmd) => {
-                        self.parent_cmd(d, cmd).await;
-                        if let Some(before) = self.late.as_mut() {
-                            *before = before.saturating_sub(1);
-                            self.late_cancel(d).await;
-                        }
-                        if self.attach_next.is_some() {
-                            return RelayEnd::ParentGone;
-                        }
-                    }
+                    Some(cmd) => self.next = Some(cmd),
                 },
+                // The child is behind on reading: the parent's next command waits here, its
+                // share of the session's byte budget held, until it catches up (its own
+                // output keeps flowing meanwhile).
+                () = d.wire.out.room(room.unwrap_or(ROOM)), if room.is_some() => {
+                    if let Some(Queued { cmd, held }) = self.next.take() {
+                        self.parent_cmd(d, cmd).await;
+                        // Handed to the child's outbox (bounded in bytes itself), or answered.
+                        drop(held);
+                    }
+                    if let Some(before) = self.late.as_mut() {
+                        *before = before.saturating_sub(1);
+                        self.late_cancel(d).await;
+                    }
+                    if self.attach_next.is_some() {
+                        return RelayEnd::ParentGone;
+                    }
+                }
                 Some((id, ask, result)) = self.forwarded.next(), if !self.forwarded.is_empty() => {
                     self.parent_answered(d, id, ask, result).await;
                 }
@@ -316,98 +333,6 @@ impl Relay {
                     Err(e) => bad_line(d, &self.t.session_id, &e.into()),
                 }
             }
-        }
-    }
-
-    /// Every call still open gets an answer that says why the session ended.
-    async fn finish(&mut self, d: &mut Driver, end: &RelayEnd) {
-        let name = &d.shared.provider.name;
-        let error = match end {
-            RelayEnd::ChildGone { exit_code, signal } => {
-                let how = match (exit_code, signal) {
-                    (Some(c), _) => format!("exit code {c}"),
-                    (None, Some(s)) => format!("signal {s}"),
-                    _ => "its output closed".to_string(),
-                };
-                RpcError::new(INTERNAL_ERROR, format!("agent \"{name}\" exited ({how}); the session is closed"))
-                    .with_data(json!({ "provider": name, "category": "process-exit", "exitCode": exit_code, "signal": signal }))
-            }
-            RelayEnd::Protocol(why) => RpcError::new(
-                INTERNAL_ERROR,
-                format!("agent \"{name}\" sent a line acpd could not take ({why}); the session is closed: start a new one, and if it happens again, check the agent's stderr in acpd's log"),
-            )
-            .with_data(json!({ "provider": name, "category": "protocol" })),
-            RelayEnd::ChildDeaf => RpcError::new(
-                INTERNAL_ERROR,
-                format!("agent \"{name}\" stopped reading its input (write_timeout); the session is closed"),
-            )
-            .with_data(json!({ "provider": name, "category": "hung" })),
-            RelayEnd::ParentGone
-            | RelayEnd::Closed
-            | RelayEnd::OpenRefused
-            | RelayEnd::Expired => RpcError::internal("the session was closed"),
-        };
-        let parent = self.t.parent.clone();
-        let stop = d.shared.stop.clone();
-        for id in self
-            .waiting
-            .drain()
-            .chain(self.asks.drain().map(|(id, _)| id))
-        {
-            let e = RpcError::internal("the session is closed");
-            let _ = d.wire.respond(&id, Err(&e)).await;
-        }
-        let mut calls: Vec<(Id, String)> = self.open.drain().map(|(_, call)| call).collect();
-        d.cmds.close();
-        // Calls after a cancel still waiting are refused for that session's end now.
-        super::lock(&d.shared.late_cancel).take();
-        while let Ok(cmd) = d.cmds.try_recv() {
-            if let Cmd::Call { id, method, .. } = cmd {
-                calls.push((id, method));
-            }
-        }
-        if !matches!(end, RelayEnd::ParentGone | RelayEnd::Expired) {
-            let cancelled = ended_cancelled(end, &error);
-            for (id, method) in calls {
-                let outcome = match &cancelled {
-                    Some(c) if method == "session/prompt" => Ok(&**c),
-                    _ => Err(&error),
-                };
-                tokio::select! {
-                    biased;
-                    _ = parent.respond(&id, outcome) => {}
-                    _ = stop.cancelled() => break,
-                }
-            }
-        }
-        let turn_end = match end {
-            RelayEnd::ChildGone { exit_code, signal } => TurnEnd::ProcessExit {
-                exit_code: *exit_code,
-                signal: signal.clone(),
-            }
-            .with_limit(d.shared.tree.limit_hit()),
-            RelayEnd::Protocol(_) => TurnEnd::Protocol,
-            // Not reading its input: hung, as an idle run's child is.
-            RelayEnd::ChildDeaf => TurnEnd::Idle,
-            RelayEnd::OpenRefused => TurnEnd::RpcError {
-                code: INTERNAL_ERROR,
-            },
-            // Answered `cancelled` (the editor's close, acpd stopping), or never answered
-            // because the editor left: aborted, as a run its owner's end disposes.
-            RelayEnd::Closed | RelayEnd::ParentGone | RelayEnd::Expired => CANCELLED_HERE,
-        };
-        let here = matches!(
-            end,
-            RelayEnd::Closed | RelayEnd::ParentGone | RelayEnd::Expired
-        );
-        self.prompts_ended(d, &turn_end, here);
-    }
-
-    /// Every prompt still open ended as `end` (`here`: acpd or the editor ended it):
-    /// observed in the turn histogram.
-    pub(super) fn prompts_ended(&mut self, d: &Driver, end: &TurnEnd, here: bool) {
-        for (_, p) in self.prompts.drain() {
-            observe_prompt(d, p, end, here);
         }
     }
 
@@ -571,33 +496,6 @@ impl Relay {
         if matches!(outcome, Ok(r) if strict::doubled(r).is_none()) {
             record().await;
         }
-    }
-}
-
-/// How a prompt ends that acpd (not the agent) ended for the editor: its close, acpd
-/// stopping, the editor leaving before the answer. Aborted, as a run its owner's end disposes.
-const CANCELLED_HERE: TurnEnd = TurnEnd::Stopped {
-    reason: ChildStopReason::Cancelled,
-    reported_failure: None,
-};
-
-/// The answer to a prompt still open when its session ends as `end` with no answer of the
-/// agent's, if it is not `error`: the turn ends `cancelled`, as ACP ends a turn nobody will
-/// answer (an editor reads −32603 as acpd failing), when the editor closed the session, acpd
-/// stopped, or the agent exited — then `_meta.acpd.sessionEnded` names the exit in the words
-/// and `data` other open calls get as their error. A session acpd ended because of what the
-/// agent sent (a bad line, not reading) keeps its error: it says what acpd refused and what to
-/// do next.
-fn ended_cancelled(end: &RelayEnd, error: &RpcError) -> Option<Box<RawValue>> {
-    match end {
-        RelayEnd::Closed => Some(envelope::to_raw(&json!({ "stopReason": "cancelled" }))),
-        RelayEnd::ChildGone { .. } => Some(envelope::to_raw(&json!({
-            "stopReason": "cancelled",
-            "_meta": { "acpd": { "sessionEnded": {
-                "message": error.message, "data": error.data_value(),
-            } } },
-        }))),
-        _ => None,
     }
 }
 

@@ -236,6 +236,7 @@ pub(crate) fn prompt() -> Vec<ContentBlock> {
 }
 
 mod auth_and_air;
+mod queue;
 mod relay;
 mod session_end;
 mod turn_clocks;

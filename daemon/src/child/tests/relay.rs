@@ -162,7 +162,7 @@ async fn relay_passes_a_parents_extension_notification_to_the_child() {
 
 /// A relay toward a parent connection over duplex pipes; the parent's end is returned so the
 /// pipe stays open.
-fn relay_to(child: &Child, detach: Option<Duration>) -> LineReader<DuplexStream> {
+pub(super) fn relay_to(child: &Child, detach: Option<Duration>) -> LineReader<DuplexStream> {
     relay_as(child, "minted", detach)
 }
 
@@ -288,11 +288,11 @@ async fn chunks_after_an_attach_name_the_session_as_the_new_editor_knows_it() {
     child.shut().await;
 }
 
-fn raw(v: serde_json::Value) -> Box<serde_json::value::RawValue> {
+pub(super) fn raw(v: serde_json::Value) -> Box<serde_json::value::RawValue> {
     serde_json::value::RawValue::from_string(v.to_string()).unwrap()
 }
 
-fn prompt_params(text: &str) -> Option<Box<serde_json::value::RawValue>> {
+pub(super) fn prompt_params(text: &str) -> Option<Box<serde_json::value::RawValue>> {
     Some(raw(
         json!({ "sessionId": "minted", "prompt": [{ "type": "text", "text": text }] }),
     ))

@@ -34,21 +34,29 @@ pub(super) struct BridgeHandle {
 }
 
 impl BridgeHandle {
-    /// Forwards a parent's call; on refusal the caller answers the parent.
+    /// Forwards a parent's call on session `session` (the id the parent named); on refusal
+    /// the caller answers the parent.
     pub(super) fn forward(
         &self,
+        session: &str,
         id: Id,
         method: String,
         params: Option<Box<RawValue>>,
         after_ok: Option<crate::child::AfterOk>,
     ) -> Result<(), Box<(Id, RpcError)>> {
-        self.child.call(id, method, params, after_ok)
+        self.child
+            .call(id, method, params, after_ok)
+            .map_err(|refused| {
+                let (id, why) = *refused;
+                Box::new((id, why.to_rpc_error(session)))
+            })
     }
 
     /// Forwards a parent's `session/prompt` like [`BridgeHandle::forward`]; one holding
     /// content the agent did not advertise is converted where ACP allows, or refused.
     pub(super) fn prompt(
         &self,
+        session: &str,
         id: Id,
         method: String,
         params: Option<Box<RawValue>>,
@@ -68,7 +76,7 @@ impl BridgeHandle {
             }
             None => None,
         };
-        self.forward(id, method, params, after_ok)
+        self.forward(session, id, method, params, after_ok)
     }
 
     /// Forwards a parent's `session/cancel` with its params, in order with its other messages.

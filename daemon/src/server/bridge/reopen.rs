@@ -173,7 +173,7 @@ async fn again(
     let registry = &conn.ctx.registry;
     registry.offer_in(&mut forwarded, child.provider(), registry.bridge_depth());
     let method = reopen.method().to_string();
-    if let Err(refused) = b.forward(id, method, Some(raw(&forwarded)), None) {
+    if let Err(refused) = b.forward(sid, id, method, Some(raw(&forwarded)), None) {
         let (id, e) = *refused;
         conn.reply_err(&id, &e).await;
     }
