@@ -168,3 +168,16 @@ impl Served {
         Served(child, socket)
     }
 }
+
+/// The Landlock ABI the kernel enforces; 0 when none.
+pub fn landlock_abi() -> i64 {
+    // SAFETY: the documented version query (no attribute, size 0, the version flag).
+    unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    }
+}

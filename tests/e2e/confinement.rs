@@ -17,19 +17,6 @@ use serde_json::{Value, json};
 
 const GONE: Duration = Duration::from_secs(20);
 
-/// The Landlock ABI the kernel enforces; 0 when none.
-fn landlock_abi() -> i64 {
-    // SAFETY: the documented version query (no attribute, size 0, the version flag).
-    unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<u8>(),
-            0usize,
-            1u32,
-        )
-    }
-}
-
 fn skip() -> bool {
     let abi = landlock_abi();
     if abi < 4 {

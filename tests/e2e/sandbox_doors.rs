@@ -18,19 +18,6 @@ use common::*;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-/// The Landlock ABI the kernel enforces; 0 when none.
-fn landlock_abi() -> i64 {
-    // SAFETY: the documented version query (no attribute, size 0, the version flag).
-    unsafe {
-        nix::libc::syscall(
-            nix::libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<u8>(),
-            0usize,
-            1u32,
-        )
-    }
-}
-
 const PERL: &str = "/usr/bin/perl";
 
 /// Perl connecting to the abstract socket named by its argument: `connected`, or `refused:`

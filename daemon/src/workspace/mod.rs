@@ -123,13 +123,7 @@ pub(crate) async fn git_dirs(cwd: &Path) -> Result<[PathBuf; 2], WorkspaceError>
         "find the repository",
     )
     .await
-    .map_err(|e| match e {
-        WorkspaceError::Git { message, .. } => WorkspaceError::NotARepository {
-            cwd: cwd.to_path_buf(),
-            message,
-        },
-        e => e,
-    })?;
+    .map_err(|e| not_a_repository(cwd, e))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let mut lines = text.lines().map(|l| {
         let path = PathBuf::from(l);
@@ -252,13 +246,7 @@ impl Worktree {
             "find the repository",
         )
         .await
-        .map_err(|e| match e {
-            WorkspaceError::Git { message, .. } => WorkspaceError::NotARepository {
-                cwd: cwd.to_path_buf(),
-                message,
-            },
-            e => e,
-        })?;
+        .map_err(|e| not_a_repository(cwd, e))?;
         let repo = PathBuf::from(top.line());
         let prefix = git(
             cwd,
@@ -458,6 +446,17 @@ async fn remove(repo: &Path, path: &Path, branch: &str, keep_branch: bool) {
         .await
     {
         tracing::warn!("{e}");
+    }
+}
+
+/// Git's refusal to find a repository at `cwd`, told as what it means for a start.
+fn not_a_repository(cwd: &Path, e: WorkspaceError) -> WorkspaceError {
+    match e {
+        WorkspaceError::Git { message, .. } => WorkspaceError::NotARepository {
+            cwd: cwd.to_path_buf(),
+            message,
+        },
+        e => e,
     }
 }
 
