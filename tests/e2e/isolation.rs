@@ -104,7 +104,7 @@ impl Setup {
     }
 }
 
-fn start(raw: &mut Raw, cwd: &Path, text: &str) -> String {
+pub(crate) fn start(raw: &mut Raw, cwd: &Path, text: &str) -> String {
     raw.ok(
         "_acpd/subagent/start",
         json!({"cwd": cwd, "prompt": [{"type": "text", "text": text}]}),

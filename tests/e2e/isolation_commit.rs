@@ -5,17 +5,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use crate::isolation::{Setup, git};
-
-fn start_in(raw: &mut crate::common::raw::Raw, cwd: &std::path::Path, text: &str) -> String {
-    raw.ok(
-        "_acpd/subagent/start",
-        json!({"cwd": cwd, "prompt": [{"type": "text", "text": text}]}),
-    )["runId"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
+use crate::isolation::{Setup, git, start as start_in};
 
 /// A `.git` file the child writes makes its directory a repository of its own to git: `git
 /// add --all` records a gitlink, not the files. Before, the turn reported `sub` changed and
