@@ -294,7 +294,25 @@ impl Worktree {
         })?;
         let path = dir.join(id);
         // The marker first: an acpd killed during `worktree add` leaves it to be swept.
-        let marker = sweep::mark(dir, id, &repo)?;
+        // Pinned: the common git directory, asked of the pinned one, for the sweep.
+        let common = match pin {
+            Some(tree) => Some(PathBuf::from(
+                git(
+                    &repo,
+                    Some(tree),
+                    &[
+                        arg("rev-parse"),
+                        arg("--path-format=absolute"),
+                        arg("--git-common-dir"),
+                    ],
+                    "find the repository's git directory",
+                )
+                .await?
+                .line(),
+            )),
+            None => None,
+        };
+        let marker = sweep::mark(dir, id, &repo, common.as_deref())?;
         let mut add = vec![arg("worktree"), arg("add"), arg("--quiet")];
         match base {
             Base::Commit(_) => add.extend([arg("-b"), OsStr::new(&branch), path.as_os_str()]),
@@ -368,26 +386,38 @@ impl Worktree {
 
 /// The worktree `<dir>/<id>` of `repo` that a stopped acpd left, when it is one: its git
 /// directory is the repository's `worktrees/<id>`, and that names this path back (a `.git`
-/// file in the worktree, which its child could rewrite, is never read).
-pub(super) async fn left_behind(repo: &Path, dir: &Path, id: &str) -> Option<Worktree> {
+/// file in the worktree, which its child could rewrite, is never read). `common`: the
+/// repository's common git directory as its marker pinned it; without one, asked of `repo`.
+pub(super) async fn left_behind(
+    repo: &Path,
+    common: Option<&Path>,
+    dir: &Path,
+    id: &str,
+) -> Option<Worktree> {
     let a = |s: &'static str| OsStr::new(s);
-    let common = git(
-        repo,
-        None,
-        &[
-            a("rev-parse"),
-            a("--path-format=absolute"),
-            a("--git-common-dir"),
-        ],
-        "find the repository's git directory",
-    )
-    .await
-    .ok()?;
+    let common = match common {
+        Some(c) => c.to_path_buf(),
+        None => PathBuf::from(
+            git(
+                repo,
+                None,
+                &[
+                    a("rev-parse"),
+                    a("--path-format=absolute"),
+                    a("--git-common-dir"),
+                ],
+                "find the repository's git directory",
+            )
+            .await
+            .ok()?
+            .line(),
+        ),
+    };
     let path = dir.join(id);
     if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
         return None;
     }
-    let git_dir = PathBuf::from(common.line()).join("worktrees").join(id);
+    let git_dir = common.join("worktrees").join(id);
     let named = std::fs::read_to_string(git_dir.join("gitdir")).ok()?;
     if Path::new(named.trim()) != path.join(".git") {
         return None;

@@ -20,16 +20,27 @@ struct Marker {
     #[serde(flatten)]
     owner: Owner,
     repo: PathBuf,
+    /// The repository's common git directory, when it was pinned at creation (a run from
+    /// inside a sandboxed child's tree, whose `repo` that child may write): the sweep reads
+    /// it, never a `.git` in `repo` the child could have rewritten.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    common: Option<PathBuf>,
 }
 
 /// Writes the marker for worktree `id` of `repo`, owned by this process.
-pub(super) fn mark(dir: &Path, id: &str, repo: &Path) -> Result<PathBuf, WorkspaceError> {
+pub(super) fn mark(
+    dir: &Path,
+    id: &str,
+    repo: &Path,
+    common: Option<&Path>,
+) -> Result<PathBuf, WorkspaceError> {
     write_marker(
         dir,
         id,
         &Marker {
             owner: Owner::me(),
             repo: repo.to_path_buf(),
+            common: common.map(Path::to_path_buf),
         },
     )
 }
@@ -105,7 +116,9 @@ pub(crate) async fn sweep(dir: Option<&Path>, tmp_dir: Option<&Path>) -> usize {
             // work git refuses stays for its user, without a marker, so no sweep takes it.
             // One its repository does not name (an acpd killed during `worktree add`, a
             // repository gone) holds no child's work and is removed as it is.
-            if let Some(tree) = super::left_behind(&marker.repo, &dir, &id).await {
+            if let Some(tree) =
+                super::left_behind(&marker.repo, marker.common.as_deref(), &dir, &id).await
+            {
                 let message = format!("acpd: run {id}, left by a stopped acpd");
                 if let Err(e) = tree.commit_all(&message).await {
                     tracing::warn!("{e}");
