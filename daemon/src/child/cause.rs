@@ -187,11 +187,13 @@ fn explain(program: &Program, errno: Option<Errno>) -> (String, String) {
             );
         }
         if let Ok(target) = std::fs::read_link(&file) {
+            // Where it points is as secret as the env_file's PATH it was found on.
+            let to = match &program.path_from {
+                Some(_) if program.searches_path() => "a file".to_string(),
+                _ => shown(&target),
+            };
             return (
-                format!(
-                    "{at} is a symbolic link to {}, which does not exist",
-                    shown(&target)
-                ),
+                format!("{at} is a symbolic link to {to}, which does not exist"),
                 "reinstall the agent, or fix the link".into(),
             );
         }
@@ -362,6 +364,21 @@ mod tests {
             ),
             "{said}"
         );
+        assert!(!said.contains("secret-dir"), "{said}");
+    }
+
+    /// A dangling link found on an env_file's PATH: where it points is inside that PATH's
+    /// directories as often as not, so it is not shown either.
+    #[test]
+    fn a_dangling_link_on_an_env_file_s_path_does_not_show_its_target() {
+        let d = tempfile::tempdir().unwrap();
+        let secret = d.path().join("secret-dir");
+        std::fs::create_dir_all(&secret).unwrap();
+        std::os::unix::fs::symlink(secret.join("gone"), secret.join("agent")).unwrap();
+        let p = program("agent", &secret, d.path()).with_path_from("/etc/acpd/x.env".into());
+        let enoent = std::io::Error::from_raw_os_error(Errno::ENOENT as i32);
+        let said = spawn_failed(&p, &enoent);
+        assert!(said.contains("symbolic link"), "{said}");
         assert!(!said.contains("secret-dir"), "{said}");
     }
 
