@@ -171,11 +171,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
 
 /// `text` at most [`MAX_TEXT`] bytes long, cut at a character boundary.
 pub(crate) fn cut(text: &str) -> &str {
-    let mut end = MAX_TEXT.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.get(..end).unwrap_or_default()
+    acpd_protocol::utf8::head(text, MAX_TEXT)
 }
 
 /// Cuts `text` in place when it is longer than [`MAX_TEXT`]; whether it did.

@@ -105,7 +105,6 @@ pub struct Worktree {
     marker: PathBuf,
 }
 
-/// Run ids and session ids are uuids (with a prefix); anything else is refused as a name.
 /// The git directories of the repository holding `cwd`, absolute and resolved: its own and
 /// the common one (where its config, `info/attributes` and hooks live). What git reads there
 /// decides what programs it runs (a `filter` driver runs on every checkout and `add`).
@@ -145,6 +144,7 @@ pub(crate) async fn git_dirs(cwd: &Path) -> Result<[PathBuf; 2], WorkspaceError>
     }
 }
 
+/// Run ids and session ids are uuids (with a prefix); anything else is refused as a name.
 fn safe_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 100
