@@ -250,11 +250,18 @@ pub(crate) fn unicode_escapes(line: Bytes) -> Bytes {
             }
             | MessageRef::Response { outcome: Ok(v), .. },
         ) => v.get(),
-        // Nothing to replace but in the id (or an error, whose message the parse decoded).
+        // An error, whose `data` is passed on as written: replaced throughout (the ids acpd
+        // matches answers by are its own, which hold none). Not a message as it is (an
+        // error's message or a method with a lone half does not decode): replaced
+        // throughout, it may be one (its id was unreadable either way).
+        Ok(MessageRef::Response {
+            outcome: Err(_), ..
+        })
+        | Err(_) => {
+            return envelope::replace_lone_surrogates(&line).map_or(line, Bytes::from);
+        }
+        // Nothing to replace but in the id.
         Ok(_) => return line,
-        // Not a message as it is: an error's message or a method with a lone half does not
-        // decode. Replaced throughout, it may be one (its id was unreadable either way).
-        Err(_) => return envelope::replace_lone_surrogates(&line).map_or(line, Bytes::from),
     };
     let at = (value.as_ptr() as usize).wrapping_sub(line.as_ptr() as usize);
     let Some(fixed) = envelope::replace_lone_surrogates(value.as_bytes()) else {

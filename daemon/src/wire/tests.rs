@@ -345,6 +345,12 @@ fn lone_surrogates_are_replaced_in_what_is_read_but_not_in_an_id() {
         ),
         "{error}"
     );
+    // An error's data is passed on as written, so it is replaced too (ids acpd matches
+    // answers by are its own, which hold none).
+    assert_eq!(
+        fixed(r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x","data":{"t":"\ud800"}}}"#),
+        r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x","data":{"t":"\ufffd"}}}"#
+    );
     // Nothing to replace: the same bytes.
     for same in [r#"{"t":"\u00e9\\ud800"}"#, "not json \\ud83d\\ude00", ""] {
         assert_eq!(fixed(same), same);
