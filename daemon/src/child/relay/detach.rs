@@ -26,6 +26,7 @@ impl Relay {
         match self.next.take().map(|q| q.cmd) {
             Some(Cmd::Cancel(params)) => self.cancel(d, params).await,
             Some(Cmd::Relay(t)) => self.attach_next = Some(t),
+            Some(Cmd::Call { id, method, .. }) => self.left_unsent(&id, &method).await,
             _ => {}
         }
         // The cancel the old connection sent last, waiting behind a full queue: what came
@@ -89,9 +90,8 @@ impl Relay {
                         self.switch(d, t).await;
                         return Ok(());
                     }
-                    Some(Cmd::Call { id, .. }) => {
-                        tracing::debug!(%id, "a call for a detached session");
-                    }
+                    // The old connection's, queued before it ended: never sent now.
+                    Some(Cmd::Call { id, method, .. }) => self.left_unsent(&id, &method).await,
                     // The old connection's last word may be a cancel: its turn still stops.
                     Some(Cmd::Cancel(params)) => self.cancel(d, params).await,
                     Some(_) => {}
@@ -123,6 +123,17 @@ impl Relay {
         for id in std::mem::take(&mut self.waiting) {
             let e = RpcError::internal("the client disconnected");
             let _ = d.wire.respond(&id, Err(&e)).await;
+        }
+    }
+
+    /// A call of the connection that left, still queued toward the agent: never sent now. A
+    /// prompt ends `cancelled` for it, as one already forwarded does ([`Relay::leave`]); its
+    /// other calls get no answer, as theirs do.
+    async fn left_unsent(&self, id: &acpd_protocol::envelope::Id, method: &str) {
+        if method == "session/prompt" {
+            let cancelled =
+                acpd_protocol::envelope::to_raw(&serde_json::json!({ "stopReason": "cancelled" }));
+            let _ = self.t.parent.respond(id, Ok(&cancelled)).await;
         }
     }
 

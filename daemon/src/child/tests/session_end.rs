@@ -121,3 +121,23 @@ async fn a_prompt_open_when_acpd_stops_ends_cancelled() {
     drop(fake);
     shut.await.unwrap();
 }
+
+/// The editor's prompt still queued toward the agent when its connection ends (a detach): it
+/// ends `cancelled` for it, as a forwarded one does.
+#[tokio::test]
+async fn a_prompt_still_queued_at_a_detach_ends_cancelled() {
+    let (child, fake) = start(provider(|_| {}), true).await;
+    let mut p = parent(&child, Some(Duration::from_secs(30)));
+    let params = serde_json::value::RawValue::from_string(
+        json!({ "sessionId": "minted", "prompt": [] }).to_string(),
+    )
+    .unwrap();
+    child
+        .call(Id::Num(5), "session/prompt".into(), Some(params), None)
+        .unwrap();
+    child.detach();
+    let result = answer_to_prompt(&mut p).await;
+    assert_eq!(result, json!({ "stopReason": "cancelled" }));
+    drop(fake);
+    child.shut().await;
+}
