@@ -284,6 +284,7 @@ impl Initialized {
             drops: Default::default(),
             relay_cancel: Notify::new(),
             relay_detach: Notify::new(),
+            relay_left: Notify::new(),
             stop: CancellationToken::new(),
             done: CancellationToken::new(),
             relay_end: std::sync::Mutex::new(None),

@@ -238,6 +238,9 @@ struct Shared {
     relay_cancel: Notify,
     /// The parent's connection closed: detach (relay mode, with `detach`).
     relay_detach: Notify,
+    /// The relay has answered what the leaving connection was owed (its prompts, `cancelled`):
+    /// that connection's outbox may close now.
+    relay_left: Notify,
     /// Set when the owner shuts the child: the driver stops at once.
     stop: CancellationToken,
     /// Cancelled when the driver has ended (relay: the session is over).
@@ -257,6 +260,9 @@ pub struct Child {
     cmds: CmdTx,
     shared: Arc<Shared>,
 }
+
+/// How long a closing connection waits for a detaching relay's last answers to it.
+const LEFT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Child {
     /// Whether `other` is a handle to this same child.
@@ -436,6 +442,18 @@ impl Child {
     /// to another for its `detach` time, then ends (relay mode).
     pub fn detach(&self) {
         self.shared.relay_detach.notify_one();
+    }
+
+    /// [`Child::detach`] at once; the future it returns ends once the relay has answered the leaving connection's open
+    /// prompts (or after [`LEFT_WAIT`]): the connection closes its outbox right after, and an
+    /// answer queued later would never reach its editor.
+    pub fn detach_answered(&self) -> impl std::future::Future<Output = ()> + '_ {
+        let mut left = Box::pin(self.shared.relay_left.notified());
+        left.as_mut().enable();
+        self.detach();
+        async move {
+            let _ = tokio::time::timeout(LEFT_WAIT, left).await;
+        }
     }
 
     /// Stops the driver and runs the teardown ladder. Idempotent; returns once the tree is gone.

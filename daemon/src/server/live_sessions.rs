@@ -208,11 +208,13 @@ impl Sessions {
         if self.detach.is_some() && !shutting_down {
             // Signalled before anyone can take it, so the detach never lands on the next
             // connection.
-            child.detach();
+            let answered = child.detach_answered();
             if let Some(live) = lock(&self.live).get_mut(id) {
                 live.attached = false;
             }
             self.released.notify_waiters();
+            // The leaving connection's outbox closes after this: its prompts' answers first.
+            answered.await;
         } else {
             child.shut().await;
         }

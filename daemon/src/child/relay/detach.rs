@@ -29,6 +29,7 @@ impl Relay {
             Some(Cmd::Call { id, method, .. }) => self.left_unsent(&id, &method).await,
             _ => {}
         }
+        d.shared.relay_left.notify_waiters();
         // The cancel the old connection sent last, waiting behind a full queue: what came
         // before it will never be sent now, and its turn is still to be stopped.
         self.late = None;
