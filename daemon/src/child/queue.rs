@@ -113,7 +113,10 @@ impl CallRefused {
     pub fn to_rpc_error(self, session: &str) -> RpcError {
         match self {
             CallRefused::QueueFull => queue_full(session),
-            CallRefused::Over => RpcError::internal(format!("session {session} is over")),
+            CallRefused::Over => RpcError::internal(format!(
+                "session {session} is over (its agent exited or the session was closed); \
+                 start a new session, or session/load this one"
+            )),
         }
     }
 }
