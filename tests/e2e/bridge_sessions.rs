@@ -63,6 +63,16 @@ fn one_echo_keeping_sessions() -> Env {
     })
 }
 
+/// The echo's session files: `<id>.json` only, never the temporary file a write in progress
+/// renames into place (it may vanish between listing and reading).
+fn echo_session_files(env: &Env) -> Vec<PathBuf> {
+    std::fs::read_dir(env.path().join("echo-sessions"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect()
+}
+
 fn dir_arg(dir: &Path) -> String {
     dir.to_str().unwrap().to_string()
 }
@@ -1143,10 +1153,7 @@ fn deleting_an_unknown_id_answers_as_the_agent_and_passes_nothing_on() {
     let (mut raw, _) = connect(&env, json!({}));
     let s = new_in(&mut raw, &cwd, "main");
     assert_eq!(say(&mut raw, &s, "kept"), "kept");
-    let files: Vec<PathBuf> = std::fs::read_dir(env.path().join("echo-sessions"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let files = echo_session_files(&env);
     assert_eq!(files.len(), 1, "{files:?}");
     let own = files[0].file_stem().unwrap().to_str().unwrap().to_string();
     assert_ne!(own, s, "the agent's id is not the one the editor knows");
@@ -1208,9 +1215,8 @@ fn acpd_stdio_makes_the_first_session_ahead_in_its_cwd() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let files = |env: &Env| -> Vec<(String, Value)> {
-        std::fs::read_dir(env.path().join("echo-sessions"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
+        echo_session_files(env)
+            .into_iter()
             .map(|p| {
                 let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
                 (p.file_stem().unwrap().to_str().unwrap().to_string(), v)

@@ -768,6 +768,8 @@ fn echo_sessions(d: &Daemon) -> std::collections::BTreeMap<String, Value> {
         .unwrap()
         .filter_map(|e| {
             let path = e.ok()?.path();
+            // Not a write in progress (a temporary file renamed into place).
+            path.extension().filter(|x| *x == "json")?;
             let value: Value = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
             Some((path.file_stem()?.to_str()?.to_string(), value))
         })
