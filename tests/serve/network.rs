@@ -33,7 +33,10 @@ impl Face {
         let mut url = String::new();
         assert!(
             eventually(Duration::from_secs(10), || {
-                url = daemon.status()["listening"][0].as_str().unwrap_or("").to_owned();
+                url = daemon.status()["listening"][0]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned();
                 !url.is_empty()
             }),
             "no endpoint in status: {}",
@@ -52,15 +55,23 @@ impl Face {
             .args(args)
             .output()
             .unwrap();
-        assert!(out.status.success(), "token create: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "token create: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
         assert!(token.starts_with("acpd_"), "{token}");
         token
     }
 
     pub(crate) fn ws(&self, token: &str) -> Ws {
-        Ws::connect(&self.url, &self.cert, &[("Authorization", &format!("Bearer {token}"))])
-            .unwrap_or_else(|r| panic!("upgrade refused: {r:?}"))
+        Ws::connect(
+            &self.url,
+            &self.cert,
+            &[("Authorization", &format!("Bearer {token}"))],
+        )
+        .unwrap_or_else(|r| panic!("upgrade refused: {r:?}"))
     }
 }
 
@@ -84,7 +95,10 @@ fn a_websocket_client_runs_a_session_through_the_face() {
     let mut ws = face.ws(&token);
     let init = ws.call("initialize", initialize()["params"].clone());
     assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
-    let new = ws.call("session/new", json!({"cwd": face.daemon.env.path(), "mcpServers": []}));
+    let new = ws.call(
+        "session/new",
+        json!({"cwd": face.daemon.env.path(), "mcpServers": []}),
+    );
     let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
     let answer = ws.call(
         "session/prompt",
@@ -102,7 +116,10 @@ fn a_streamable_http_client_runs_a_session_through_the_face() {
     let init = http.post(&initialize(), None, None);
     assert_eq!(init.status, 200, "{init:?}");
     assert_eq!(init.json()["result"]["protocolVersion"], 1);
-    let conn = init.header("acp-connection-id").expect("Acp-Connection-Id").to_owned();
+    let conn = init
+        .header("acp-connection-id")
+        .expect("Acp-Connection-Id")
+        .to_owned();
     let main = http.sse(&conn, None).unwrap();
     let mut seen = Vec::new();
     let new = json!({"jsonrpc": "2.0", "id": 1, "method": "session/new",
@@ -115,7 +132,8 @@ fn a_streamable_http_client_runs_a_session_through_the_face() {
         "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "over http"}]}});
     // A session's message without its header is refused, as the transport RFD has it.
     assert_eq!(http.post(&prompt, Some(&conn), None).status, 400);
-    assert_eq!(http.post(&prompt, Some(&conn), Some(&sid)).status, 202);
+    let r = http.post(&prompt, Some(&conn), Some(&sid));
+    assert_eq!(r.status, 202, "{r:?}");
     let mut updates = Vec::new();
     let answer = wait_for(&stream, &mut updates, |m| m["id"] == 2);
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
@@ -137,14 +155,21 @@ fn requests_without_a_valid_token_get_nothing_and_name_the_rule() {
     let wrong = Http::new(&face.url, &face.cert, Some("acpd_not-a-token-acpd-made"));
     let r = wrong.post(&initialize(), None, None);
     assert_eq!(r.status, 401, "{r:?}");
-    assert!(r.header("www-authenticate").unwrap().contains("invalid_token"));
+    assert!(
+        r.header("www-authenticate")
+            .unwrap()
+            .contains("invalid_token")
+    );
     // A token in the URL is refused even with a good header, and never echoed or logged.
     let mut leaky = Http::new(&face.url, &face.cert, Some(&token));
     leaky.url = format!("{}?access_token={token}", leaky.url);
     let r = leaky.post(&initialize(), None, None);
     assert_eq!(r.status, 400, "{r:?}");
     assert!(!r.body.contains(&token));
-    for (k, v) in [("Cookie", format!("session={token}")), ("Sec-WebSocket-Protocol", token.clone())] {
+    for (k, v) in [
+        ("Cookie", format!("session={token}")),
+        ("Sec-WebSocket-Protocol", token.clone()),
+    ] {
         let refused = Ws::connect(
             &face.url,
             &face.cert,
@@ -154,12 +179,22 @@ fn requests_without_a_valid_token_get_nothing_and_name_the_rule() {
         .unwrap_or_else(|| panic!("{k} with a token was accepted"));
         assert_eq!(refused.status, 400, "{k}: {refused:?}");
     }
-    let refused = Ws::connect(&face.url, &face.cert, &[]).err().expect("no token, no socket");
+    let refused = Ws::connect(&face.url, &face.cert, &[])
+        .err()
+        .expect("no token, no socket");
     assert_eq!(refused.status, 401);
-    assert!(!face.daemon.log().contains(&token), "the token reached the log");
+    assert!(
+        !face.daemon.log().contains(&token),
+        "the token reached the log"
+    );
     let metrics = face.daemon.cli(&["status", "--metrics"]);
     let text = String::from_utf8_lossy(&metrics.stdout);
-    for reason in ["unauthenticated", "token_unknown", "credentials_in_url", "credentials_in_cookie"] {
+    for reason in [
+        "unauthenticated",
+        "token_unknown",
+        "credentials_in_url",
+        "credentials_in_cookie",
+    ] {
         let line = format!("acpd_network_refused_total{{reason=\"{reason}\"}}");
         let n: f64 = text
             .lines()

@@ -170,7 +170,7 @@ impl HttpConn {
             MessageRef::Request {
                 ref id, ref method, ..
             } => {
-                let route = route_of(method, keys.session_id, session)?;
+                let route = route_of(method, session_of(keys.session_id).as_deref(), session)?;
                 // A load's answer comes on the main stream (its replay on the session's).
                 let answer = if method == "session/load" {
                     Route::Connection
@@ -180,7 +180,7 @@ impl HttpConn {
                 self.routing().answers.insert(id_key(id), answer);
             }
             MessageRef::Notification { ref method, .. } => {
-                route_of(method, keys.session_id, session)?;
+                route_of(method, session_of(keys.session_id).as_deref(), session)?;
             }
         }
         self.to_acpd
@@ -255,15 +255,14 @@ impl HttpConn {
                     .remove(&id_key(&id))
                     .unwrap_or(Route::Connection),
                 Ok((MessageRef::Request { id, .. }, keys)) => {
-                    let route = keys
-                        .session_id
-                        .map_or(Route::Connection, |s| Route::Session(s.to_owned()));
+                    let route =
+                        session_of(keys.session_id).map_or(Route::Connection, Route::Session);
                     self.routing().asked.insert(id_key(&id), route.clone());
                     route
                 }
-                Ok((MessageRef::Notification { .. }, keys)) => keys
-                    .session_id
-                    .map_or(Route::Connection, |s| Route::Session(s.to_owned())),
+                Ok((MessageRef::Notification { .. }, keys)) => {
+                    session_of(keys.session_id).map_or(Route::Connection, Route::Session)
+                }
                 _ => Route::Connection,
             };
             if !self.room_for(&route).await {
@@ -391,6 +390,11 @@ impl HttpConn {
             }
         }
     }
+}
+
+/// A params' `sessionId` as the scan found it (a JSON string, quotes and escapes included).
+fn session_of(written: Option<&str>) -> Option<String> {
+    serde_json::from_str(written?).ok()
 }
 
 /// The stream a request addresses: its `Acp-Session-Id` header, which must match the params'
