@@ -98,12 +98,15 @@ impl Ws {
     /// Upgrades `url` (https) to a WebSocket with `headers` (e.g. Authorization).
     pub fn connect(url: &str, cert: &Cert, headers: &[(&str, &str)]) -> Result<Ws, HttpRefusal> {
         use tungstenite::client::IntoClientRequest;
-        let wss = url.replacen("https://", "wss://", 1).replacen("127.0.0.1", "localhost", 1);
+        let wss = url
+            .replacen("https://", "wss://", 1)
+            .replacen("127.0.0.1", "localhost", 1);
         let mut request = wss.into_client_request().unwrap();
         for (k, v) in headers {
-            request
-                .headers_mut()
-                .insert(tungstenite::http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            request.headers_mut().insert(
+                tungstenite::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
         }
         match tungstenite::client::client(request, tls_connect(url, cert)) {
             Ok((socket, _)) => Ok(Ws {
@@ -144,7 +147,9 @@ impl Ws {
             match self.socket.read() {
                 Ok(tungstenite::Message::Text(t)) => return Ok(serde_json::from_str(&t).unwrap()),
                 Ok(tungstenite::Message::Close(frame)) => {
-                    return Err(frame.map(|f| format!("{}: {}", u16::from(f.code), f.reason)).unwrap_or_default());
+                    return Err(frame
+                        .map(|f| format!("{}: {}", u16::from(f.code), f.reason))
+                        .unwrap_or_default());
                 }
                 Ok(_) => continue,
                 Err(e) => return Err(format!("read failed: {e}")),
@@ -158,7 +163,9 @@ impl Ws {
         self.next_id += 1;
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         loop {
-            let m = self.recv().unwrap_or_else(|e| panic!("closed waiting for {method}: {e}"));
+            let m = self
+                .recv()
+                .unwrap_or_else(|e| panic!("closed waiting for {method}: {e}"));
             if m.get("id") == Some(&json!(id)) && m.get("method").is_none() {
                 return m;
             }
@@ -196,7 +203,9 @@ impl Reply {
 
 impl Http {
     pub fn new(url: &str, cert: &Cert, token: Option<&str>) -> Http {
-        let roots = ureq::tls::RootCerts::Specific(Arc::new(vec![ureq::tls::Certificate::from_der(&cert.der).to_owned()]));
+        let roots = ureq::tls::RootCerts::Specific(Arc::new(vec![
+            ureq::tls::Certificate::from_der(&cert.der).to_owned(),
+        ]));
         let tls = ureq::tls::TlsConfig::builder().root_certs(roots).build();
         let agent = ureq::Agent::config_builder()
             .tls_config(tls)
@@ -211,7 +220,10 @@ impl Http {
         }
     }
 
-    fn auth(&self, mut req: ureq::RequestBuilder<ureq::typestate::WithBody>) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
+    fn auth(
+        &self,
+        mut req: ureq::RequestBuilder<ureq::typestate::WithBody>,
+    ) -> ureq::RequestBuilder<ureq::typestate::WithBody> {
         if let Some(t) = &self.token {
             req = req.header("Authorization", &format!("Bearer {t}"));
         }
@@ -220,7 +232,9 @@ impl Http {
 
     /// POSTs `message` on connection `conn` (none: an initialize), for session `session`.
     pub fn post(&self, message: &Value, conn: Option<&str>, session: Option<&str>) -> Reply {
-        let mut req = self.auth(self.agent.post(&self.url)).header("Content-Type", "application/json");
+        let mut req = self
+            .auth(self.agent.post(&self.url))
+            .header("Content-Type", "application/json");
         if let Some(c) = conn {
             req = req.header("Acp-Connection-Id", c);
         }
@@ -231,7 +245,10 @@ impl Http {
     }
 
     pub fn delete(&self, conn: &str) -> Reply {
-        let mut req = self.agent.delete(&self.url).header("Acp-Connection-Id", conn);
+        let mut req = self
+            .agent
+            .delete(&self.url)
+            .header("Acp-Connection-Id", conn);
         if let Some(t) = &self.token {
             req = req.header("Authorization", &format!("Bearer {t}"));
         }
@@ -283,11 +300,19 @@ fn reply(response: ureq::http::Response<ureq::Body>) -> Reply {
         .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned()))
         .collect();
     let body = response.into_body().read_to_string().unwrap_or_default();
-    Reply { status, headers, body }
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// Waits (at most 20 s) for a message on `rx` that `want` accepts; the ones before it are kept.
-pub fn wait_for(rx: &mpsc::Receiver<Value>, seen: &mut Vec<Value>, want: impl Fn(&Value) -> bool) -> Value {
+pub fn wait_for(
+    rx: &mpsc::Receiver<Value>,
+    seen: &mut Vec<Value>,
+    want: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());

@@ -15,7 +15,7 @@ mod common;
 mod bridge_detach;
 mod daemon;
 mod mcp;
-mod network;
 mod metrics;
 mod metrics_coverage;
+mod network;
 mod reload;
