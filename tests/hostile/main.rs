@@ -15,6 +15,7 @@ mod backpressure;
 mod cli_safety;
 mod hostile_child;
 mod hostile_parent;
+mod network;
 mod planted_config;
 mod router_props;
 mod sessions_owner;
