@@ -126,17 +126,24 @@ pub(crate) async fn serve(
     }
     let cancel_all = CancellationToken::new();
     let sessions = Sessions::new(crate::server::open_store(), detach);
+    let tokens = crate::store::tokens::TokenBook::new(sessions.store.clone());
+    if let Err(e) = tokens.reload().await {
+        tracing::warn!(
+            "{e}; no network token is accepted until `acpd token create` or `acpd token revoke` reloads them"
+        );
+    }
     let reload = reloader(registry.clone(), opts.load);
     let ctx = ServerContext {
         registry: registry.clone(),
         caller_cwd: None,
         daemon: Arc::new(DaemonInfo {
             reload: Some(reload.clone()),
+            tokens: Some(tokens),
             ..DaemonInfo::default()
         }),
         shutdown: cancel_all.clone(),
         sessions: sessions.clone(),
-        peer_uid: None,
+        principal: None,
         origin: None,
     };
     registry.keep_warm(cancel_all.clone());
@@ -190,7 +197,7 @@ pub(crate) async fn serve(
                     continue;
                 }
                 let cred = stream.peer_cred().ok();
-                let peer_uid = cred.map(|c| c.uid());
+                let principal = cred.map(|c| server::Principal::Uid(c.uid()));
                 let origin = cred
                     .and_then(|c| c.pid())
                     .map(|pid| Arc::new(crate::registry::Origin::of(pid)));
@@ -208,7 +215,7 @@ pub(crate) async fn serve(
                 }
                 let slot = Slot::take(&open);
                 let (reader, writer) = stream.into_split();
-                let conn_ctx = ServerContext { peer_uid, origin, ..ctx.clone() };
+                let conn_ctx = ServerContext { principal, origin, ..ctx.clone() };
                 tracker.spawn(async move {
                     let _slots = (slot, tree_slot);
                     server::serve(reader, writer, conn_ctx).await;
