@@ -281,10 +281,10 @@ impl Http {
             let reader = BufReader::new(body.into_with_config().limit(u64::MAX).reader());
             for line in reader.lines() {
                 let Ok(line) = line else { return };
-                if let Some(data) = line.strip_prefix("data: ") {
-                    if tx.send(serde_json::from_str(data).unwrap()).is_err() {
-                        return;
-                    }
+                if let Some(data) = line.strip_prefix("data: ")
+                    && tx.send(serde_json::from_str(data).unwrap()).is_err()
+                {
+                    return;
                 }
             }
         });
@@ -372,6 +372,8 @@ impl Face {
             .acpd()
             .args(["token", "create", name])
             .args(args)
+            .arg("--socket")
+            .arg(&self.daemon.socket)
             .output()
             .unwrap();
         assert!(

@@ -218,6 +218,10 @@ fn a_connection_cut_mid_turn_detaches_its_session_which_loads_again() {
         json!({"sessionId": sid, "cwd": cwd, "mcpServers": []}),
     );
     assert!(load.get("result").is_some(), "{load}");
+    // The turn the cut left running goes on (a detached session keeps working); the editor
+    // that came back ends it, then prompts again.
+    again
+        .send(&json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}}));
     let answer = again.call(
         "session/prompt",
         json!({"sessionId": sid, "prompt": [{"type": "text", "text": "after the cut"}]}),
@@ -312,4 +316,150 @@ fn headers_sent_a_byte_a_second_are_cut_off_at_the_header_timeout() {
     );
     assert!(refused(&face, "http_header_timeout") >= 1.0);
     still_served(&face, &token);
+}
+
+/// What answers `method` with `params` gets, its id left out (compared across tokens).
+fn answer_of(ws: &mut Ws, method: &str, params: serde_json::Value) -> serde_json::Value {
+    let mut answer = ws.call(method, params);
+    answer.as_object_mut().unwrap().remove("id");
+    answer
+}
+
+#[test]
+fn a_second_token_finds_nothing_of_the_firsts_sessions() {
+    let env = Env::raw("");
+    let sessions = env.path().join("echo-sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    let face = Face::with_config(
+        env,
+        &format!(
+            "default_provider = \"kept\"\n[providers.kept]\ncommand = [\"{BIN}\", \"agent\", \
+             \"echo\", \"--sessions\", \"{}\"]\n",
+            sessions.display()
+        ),
+    );
+    let cwd = face.daemon.env.path().to_path_buf();
+    let (a, b) = (face.token("alice", &[]), face.token("bob", &[]));
+    let mut alice = face.ws(&a);
+    alice.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let new = alice.call("session/new", json!({"cwd": cwd, "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    alice.call(
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "alice's"}]}),
+    );
+    let ghost = "acpd-00000000-0000-4000-8000-000000000000";
+    let mut bob = face.ws(&b);
+    bob.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let listed = bob.call("session/list", json!({}));
+    assert!(!listed.to_string().contains(&sid), "{listed}");
+    for (method, extra) in [
+        ("session/load", json!({"cwd": cwd, "mcpServers": []})),
+        ("session/resume", json!({"cwd": cwd, "mcpServers": []})),
+        (
+            "session/prompt",
+            json!({"prompt": [{"type": "text", "text": "bob's"}]}),
+        ),
+        ("session/close", json!({})),
+        ("session/delete", json!({})),
+    ] {
+        let with = |id: &str| {
+            let mut p = extra.clone();
+            p["sessionId"] = json!(id);
+            p
+        };
+        let theirs = answer_of(&mut bob, method, with(&sid));
+        let unknown = answer_of(&mut bob, method, with(ghost));
+        assert_eq!(
+            theirs.to_string().replace(&sid, "ID"),
+            unknown.to_string().replace(ghost, "ID"),
+            "{method}: another token's session is not answered as an unknown one"
+        );
+    }
+    // Alice's session is untouched.
+    let answer = alice.call(
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "still mine"}]}),
+    );
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    // A connection id is no key either: Bob's token cannot use Alice's HTTP connection.
+    let http_a = common::remote::Http::new(&face.url, &face.cert, Some(&a));
+    let init = http_a.post(
+        &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": 1, "clientCapabilities": {}}}),
+        None,
+        None,
+    );
+    let conn = init.header("acp-connection-id").unwrap().to_owned();
+    let http_b = common::remote::Http::new(&face.url, &face.cert, Some(&b));
+    let r = http_b.post(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}}),
+        Some(&conn),
+        None,
+    );
+    assert_eq!(r.status, 404, "{r:?}");
+    assert_eq!(http_b.sse(&conn, None).unwrap_err().status, 404);
+    assert_eq!(http_b.delete(&conn).status, 404);
+}
+
+#[test]
+fn a_revoked_or_expired_token_loses_its_live_connections_at_once() {
+    let face = Face::start("");
+    let revoked = face.token("stolen", &[]);
+    let brief = face.token("brief", &["--expires", "3s"]);
+    let mut gone = face.ws(&revoked);
+    gone.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let mut ends = face.ws(&brief);
+    ends.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let out = face
+        .daemon
+        .env
+        .acpd()
+        .args(["token", "revoke", "stolen", "--socket"])
+        .arg(&face.daemon.socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let started = Instant::now();
+    let closed = gone
+        .recv()
+        .expect_err("the revoked token's connection stayed open");
+    assert!(closed.starts_with("1008"), "{closed}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let closed = ends
+        .recv()
+        .expect_err("the expired token's connection stayed open");
+    assert!(closed.starts_with("1008"), "{closed}");
+    for token in [&revoked, &brief] {
+        let refused = Ws::connect(
+            &face.url,
+            &face.cert,
+            &[("Authorization", &format!("Bearer {token}"))],
+        )
+        .err()
+        .expect("a dead token was accepted");
+        assert_eq!(refused.status, 401);
+    }
+    assert!(refused(&face, "token_revoked") >= 1.0);
+    assert!(refused(&face, "token_expired") >= 1.0);
 }

@@ -6,7 +6,6 @@
 use crate::common;
 
 use common::remote::{Face, Http, Ws, wait_for};
-use common::*;
 use serde_json::{Value, json};
 
 fn initialize() -> Value {
