@@ -7,6 +7,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncRead;
 use tokio::time::Instant;
 
+use super::half::{HalfBudget, Held};
 use super::{LineFault, READ_CHUNK, WireLimits};
 
 /// Reads framed, parsed messages from a byte stream.
@@ -20,6 +21,8 @@ pub(crate) struct LineReader<R> {
     partial_since: Option<Instant>,
     /// Where each line read is traced (`trace_dir`).
     tap: Option<Tap>,
+    /// A parent's share of the budget for unfinished messages; `None` toward a child.
+    held: Option<Held>,
 }
 
 /// A trace and the hop it records.
@@ -36,7 +39,15 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             eof: false,
             partial_since: None,
             tap: None,
+            held: None,
         }
+    }
+
+    /// Holds an unfinished line past [`half::ALLOWANCE`](super::half::ALLOWANCE) only with
+    /// `budget`'s bytes: a parent's connection, one of many that share it.
+    pub(crate) fn budgeted(mut self, budget: &std::sync::Arc<HalfBudget>) -> Self {
+        self.held = Some(budget.held());
+        self
     }
 
     /// Records every line read in `tap`'s trace.
@@ -70,14 +81,14 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
                 self.decoder.decode(&mut self.buf)
             };
             if let Some(item) = item {
-                self.partial_since = None;
-                self.shrink();
+                self.taken();
                 return Some(self.framed(item));
             }
             if self.eof {
                 return None;
             }
             self.shrink();
+            self.fit_held();
             if self.buf.is_empty() {
                 self.partial_since = None;
             } else if self.partial_since.is_none() {
@@ -86,22 +97,61 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             let stall = self
                 .partial_since
                 .map(|t| crate::durations::deadline_from(t, self.limits.line_timeout));
+            // Room for the next read is taken from the budget before it: what a silent peer
+            // holds was granted. Waiting for it reads nothing, and ends at the line's deadline.
+            let room = match (&mut self.held, stall) {
+                (Some(held), Some(deadline)) => {
+                    // One byte more at least; the grains taken make room for whole reads. (No
+                    // more than `max_line` and a `\r\n` is ever buffered: past it the decoder
+                    // skips the line, so asks for no more.)
+                    if let Err(e) = held.grow(self.buf.len() + 1, deadline).await {
+                        self.abandon();
+                        return Some(Err(e.into()));
+                    }
+                    held.room()
+                }
+                (Some(held), None) => held.room(),
+                (None, _) => usize::MAX,
+            };
+            let at_most = room.saturating_sub(self.buf.len());
             tokio::select! {
                 // Bytes that are already there always win over the deadline: the owner may
                 // have been busy elsewhere while the rest of the line arrived.
                 biased;
-                read = read_into(&mut self.reader, &mut self.buf) => match read {
+                read = read_into(&mut self.reader, &mut self.buf, at_most) => match read {
                     Ok(0) | Err(_) => self.eof = true,
                     Ok(_) => {}
                 },
                 _ = sleep_until_opt(stall), if stall.is_some() => {
-                    self.partial_since = None;
-                    // Its memory is freed and the rest of it, up to its newline, skipped.
-                    if self.decoder.abandon_partial(&mut self.buf) {
+                    if self.abandon() {
                         return Some(Err(LineFault::Stalled(self.limits.line_timeout)));
                     }
                 }
             }
+        }
+    }
+
+    /// Drops the unfinished line whose deadline passed: its memory is freed, its share of the
+    /// budget given back, and the rest of it, up to its newline, skipped. Whether there was
+    /// one to drop (not an oversized one already being skipped).
+    fn abandon(&mut self) -> bool {
+        self.partial_since = None;
+        let dropped = self.decoder.abandon_partial(&mut self.buf);
+        self.fit_held();
+        dropped
+    }
+
+    /// After a line was taken from the buffer: a new one starts, in less memory.
+    fn taken(&mut self) {
+        self.partial_since = None;
+        self.shrink();
+        self.fit_held();
+    }
+
+    /// Gives back the budget the buffered bytes no longer need (no atomic while none is held).
+    fn fit_held(&mut self) {
+        if let Some(held) = &mut self.held {
+            held.fit(self.buf.len());
         }
     }
 
@@ -112,8 +162,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             return None;
         }
         let item = self.decoder.decode(&mut self.buf)?;
-        self.partial_since = None;
-        self.shrink();
+        self.taken();
         Some(self.framed(item))
     }
 
@@ -145,10 +194,15 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         }
         if taken > 0 {
             self.decoder.consume(&mut self.buf, end);
-            self.partial_since = None;
-            self.shrink();
+            self.taken();
         }
         taken
+    }
+
+    /// Bytes buffered, for tests of what a reader holds.
+    #[cfg(test)]
+    pub(super) fn buffered_len(&self) -> usize {
+        self.buf.len()
     }
 
     /// The read buffer's allocation, for tests of its release.
@@ -182,23 +236,31 @@ fn counted(e: acpd_protocol::codec::FrameError) -> acpd_protocol::codec::FrameEr
 /// finds nothing: once per burst, not per read.
 const STREAM_BUFFER: usize = 64 * 1024;
 
-/// Reads once into `buf`. A reader that waits holds no buffer: when a read finds nothing and
-/// `buf` is empty, its allocation is given back before the poll returns, and the bytes that
-/// wake it land in a buffer on the stack of the poll that finds them, then only what arrived is
-/// copied into a new one (reserving one before waiting kept 16 KiB per idle child, resident
-/// wherever it landed on a reused heap page). While bytes keep coming the buffer is kept and
-/// read into directly: taking and freeing it for every read cost a stream a copy and two
-/// trips through the allocator per read. Cancel-safe: bytes read are in `buf` before the poll
-/// returns.
+/// Reads once into `buf`, at most `at_most` bytes (at least 1). A reader that waits holds no
+/// buffer: when a read finds nothing and `buf` is empty, its allocation is given back before
+/// the poll returns, and the bytes that wake it land in a buffer on the stack of the poll that
+/// finds them, then only what arrived is copied into a new one (reserving one before waiting
+/// kept 16 KiB per idle child, resident wherever it landed on a reused heap page). While bytes
+/// keep coming the buffer is kept and read into directly: taking and freeing it for every read
+/// cost a stream a copy and two trips through the allocator per read. Cancel-safe: bytes read
+/// are in `buf` before the poll returns.
 pub(crate) async fn read_into<R: AsyncRead + Unpin>(
     reader: &mut R,
     buf: &mut BytesMut,
+    at_most: usize,
 ) -> std::io::Result<usize> {
+    let at_most = at_most.max(1);
     std::future::poll_fn(|cx| {
         // A stream's buffer, or a line that is still arriving: read straight into it.
         if buf.capacity() >= READ_CHUNK || !buf.is_empty() {
             buf.reserve(READ_CHUNK);
-            let polled = tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *reader), cx, buf);
+            let polled = if buf.capacity() - buf.len() > at_most {
+                // A budgeted line's room ends before the buffer's does.
+                let mut capped = tokio::io::AsyncReadExt::take(&mut *reader, at_most as u64);
+                tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut capped), cx, buf)
+            } else {
+                tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *reader), cx, buf)
+            };
             if polled.is_pending() && buf.is_empty() {
                 *buf = BytesMut::new();
             }
@@ -208,7 +270,8 @@ pub(crate) async fn read_into<R: AsyncRead + Unpin>(
         // next gets an allocation of its own size (not a stream's buffer per message).
         *buf = BytesMut::new();
         let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
-        let mut read = tokio::io::ReadBuf::uninit(&mut stack);
+        let stack = &mut stack[..at_most.min(READ_CHUNK)];
+        let mut read = tokio::io::ReadBuf::uninit(stack);
         std::pin::Pin::new(&mut *reader)
             .poll_read(cx, &mut read)
             .map_ok(|()| {
