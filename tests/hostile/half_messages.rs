@@ -158,3 +158,38 @@ fn hold_unfinished_messages(held: usize) {
 fn a_hundred_unfinished_16_mib_messages_hold_at_most_the_budget_for_line_timeout() {
     hold_unfinished_messages(100);
 }
+
+/// A large line answered, then a small unfinished one behind it, on each of 8 connections:
+/// the small one must not keep the large one's memory resident until its deadline (it sat in
+/// the same allocation: 8 × 8 MiB held by 8 × 32 KiB).
+#[test]
+fn an_unfinished_line_behind_a_large_one_does_not_keep_its_memory() {
+    const LINE: usize = 8 << 20;
+    let env = Env::new("");
+    let d = Daemon::start(&env);
+    let acpd = d.pid().as_raw() as u32;
+    let mut probe = Raw::socket(&d.socket);
+    probe.initialize(json!({}));
+    let before = rss_kib(acpd);
+    let mut conns = Vec::new();
+    for id in 0..8 {
+        let mut raw = Raw::socket(&d.socket);
+        let mut bytes = partial(id);
+        bytes.truncate(LINE);
+        bytes.extend_from_slice(b"\"}}\n");
+        bytes.extend_from_slice(&partial(id)[..32 << 10]);
+        raw.write(&bytes).unwrap();
+        // Answered (refused before initialize): the whole line was read and handled.
+        raw.answer(&json!(id));
+        conns.push(raw);
+    }
+    let mut now = rss_kib(acpd);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            now = rss_kib(acpd);
+            now < before + 16 * 1024
+        }),
+        "8 unfinished 32 KiB lines keep acpd {} MiB larger",
+        now.saturating_sub(before) / 1024
+    );
+}

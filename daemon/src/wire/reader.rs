@@ -23,6 +23,9 @@ pub(crate) struct LineReader<R> {
     tap: Option<Tap>,
     /// A parent's share of the budget for unfinished messages; `None` toward a child.
     held: Option<Held>,
+    /// A large line was taken from the allocation `buf` still points into: its bytes stay
+    /// resident as long as what follows it there.
+    after_large_line: bool,
 }
 
 /// A trace and the hop it records.
@@ -40,6 +43,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             partial_since: None,
             tap: None,
             held: None,
+            after_large_line: false,
         }
     }
 
@@ -75,18 +79,20 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     /// it), or a framing fault; `None` at end of input. Cancel-safe like [`LineReader::next`].
     pub(crate) async fn next_line(&mut self) -> Option<Result<Bytes, LineFault>> {
         loop {
+            let before = self.buf.len();
             let item = if self.eof {
                 self.decoder.decode_eof(&mut self.buf)
             } else {
                 self.decoder.decode(&mut self.buf)
             };
             if let Some(item) = item {
-                self.taken();
+                self.taken(before - self.buf.len());
                 return Some(self.framed(item));
             }
             if self.eof {
                 return None;
             }
+            self.leave_large_line();
             self.shrink();
             self.fit_held();
             if self.buf.is_empty() {
@@ -141,11 +147,28 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         dropped
     }
 
-    /// After a line was taken from the buffer: a new one starts, in less memory.
-    fn taken(&mut self) {
+    /// After `consumed` bytes of lines were taken from the buffer: a new one starts, in less
+    /// memory.
+    fn taken(&mut self, consumed: usize) {
         self.partial_since = None;
+        self.after_large_line |= consumed > 4 * READ_CHUNK;
         self.shrink();
         self.fit_held();
+    }
+
+    /// Once only an unfinished line (or nothing) is left behind a large one, moves it to an
+    /// allocation of its own: sharing the large line's, it kept all of it resident (8 MiB held
+    /// by 32 KiB, not counted in the budget) until it ended. Each byte is moved at most once:
+    /// only the bytes that came after a large line, and only when no whole line is left.
+    fn leave_large_line(&mut self) {
+        if std::mem::take(&mut self.after_large_line) {
+            let rest = self.buf.split();
+            self.buf = BytesMut::new();
+            if !rest.is_empty() {
+                self.buf.reserve(rest.len() + READ_CHUNK);
+                self.buf.extend_from_slice(&rest);
+            }
+        }
     }
 
     /// Gives back the budget the buffered bytes no longer need (no atomic while none is held).
@@ -161,8 +184,9 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         if self.eof {
             return None;
         }
+        let before = self.buf.len();
         let item = self.decoder.decode(&mut self.buf)?;
-        self.taken();
+        self.taken(before - self.buf.len());
         Some(self.framed(item))
     }
 
@@ -194,7 +218,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         }
         if taken > 0 {
             self.decoder.consume(&mut self.buf, end);
-            self.taken();
+            self.taken(end);
         }
         taken
     }
