@@ -13,6 +13,7 @@ mod common;
 
 mod backpressure;
 mod cli_safety;
+mod half_messages;
 mod hostile_child;
 mod hostile_parent;
 mod network;

@@ -220,7 +220,12 @@ where
         peer,
         mut incoming,
         eof,
-    } = wire::connect_with(reader, writer, config.wire_limits());
+    } = wire::connect_with(
+        reader,
+        writer,
+        config.wire_limits(),
+        Some(wire::half::HalfBudget::global()),
+    );
     peer.limit_pending(config.max_pending_requests);
     let (events_tx, events_rx) = mpsc::channel(wire::QUEUE_DEPTH);
     let conn = Arc::new(Conn {
