@@ -1,6 +1,7 @@
 //! How acpd meets the outside world: its own stdio, the daemon's Unix socket, systemd's
 //! notifications, signals, reload and shutdown.
 
+mod activation;
 mod nest_socket;
 mod notify;
 mod per_child;
@@ -9,6 +10,7 @@ mod shutdown;
 mod socket;
 mod stdio;
 
+pub use activation::{Activated, ActivationError, activated_listeners};
 pub(crate) use nest_socket::NestSocket;
 pub(crate) use serve::{ServeError, ServeOptions, serve};
 pub(crate) use shutdown::{Shutdown, bound as shutdown_bound};
