@@ -87,6 +87,16 @@ fn the_deb_installs_runs_a_turn_and_purges() {
     assert_eq!(srv.trim(), "acpd:acpd 2770");
     let unit = c.sh("systemctl cat acpd.service").ok("systemctl cat");
     assert!(unit.contains("ExecStart=/usr/bin/acpd"), "{unit}");
+    // The network face's socket is installed for the operator to enable, never enabled by
+    // the package; its TLS credentials' directory is root's alone.
+    assert_eq!(
+        c.sh("systemctl is-enabled acpd-https.socket").stdout.trim(),
+        "disabled"
+    );
+    let tls = c
+        .sh("stat -c '%U:%G %a' /etc/acpd/tls")
+        .ok("stat /etc/acpd/tls");
+    assert_eq!(tls.trim(), "root:root 700");
     c.sh("useradd --create-home --shell /bin/bash alice && usermod -aG acpd alice")
         .ok("alice");
     // An agent whose env_file is a systemd credential; the echo agent prints the variable.
@@ -142,6 +152,22 @@ fn the_deb_installs_runs_a_turn_and_purges() {
     assert!(!status.contains(SECRET), "{status}");
     let journal = c.sh("journalctl --no-pager -o cat -u acpd").stdout;
     assert!(!journal.contains(SECRET), "{journal}");
+
+    // The TLS credentials: an empty /etc/acpd/tls started the unit above; files there reach
+    // the service as tls_cert and tls_key at its next start (the key's copy readable by user
+    // acpd, as the docs' threat model says), the originals root's alone.
+    c.write("/etc/acpd/tls/cert", "not checked here\n");
+    c.write("/etc/acpd/tls/key", "not checked here either\n");
+    c.sh("chmod 600 /etc/acpd/tls/cert /etc/acpd/tls/key && systemctl restart acpd")
+        .ok("restart with TLS credentials");
+    let creds = c
+        .sh("ls /run/credentials/acpd.service/ && runuser -u acpd -- cat /run/credentials/acpd.service/tls_key")
+        .ok("the service's credentials");
+    assert!(
+        creds.contains("tls_cert") && creds.contains("not checked here either"),
+        "{creds}"
+    );
+    assert!(c.sh("runuser -u acpd -- cat /etc/acpd/tls/key").code != 0);
 
     // A world-readable source is still handed over 0400 by systemd; acpd refuses a copy it
     // would have to trust otherwise, e.g. a plain path readable by others.
