@@ -6,8 +6,11 @@
 //! `FileDescriptorName=` (from `LISTEN_FDNAMES`), which says how to serve it (`https`).
 
 use std::net::TcpListener;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
+
+/// More sockets than any acpd unit passes (they pass two); a larger `LISTEN_FDS` is a mistake
+/// (a stale variable), not read as a loop over that many descriptors.
+const MAX_ACTIVATED: usize = 256;
 
 /// What systemd passed, sorted.
 #[derive(Debug, Default)]
@@ -19,8 +22,8 @@ pub struct Activated {
     /// (`acpd.socket`), and `unknown` stands for a name systemd did not give. One unit with two
     /// `ListenStream=` lines gives two listeners of the same name.
     pub tcp: Vec<(String, TcpListener)>,
-    /// Sockets passed but not taken (already closed), each saying which and why. They are
-    /// returned, not logged, because they are taken before logging is set up.
+    /// Sockets passed but not served (kept from children), each saying which and why. They
+    /// are returned, not logged, because they are taken before logging is set up.
     pub ignored: Vec<ActivationError>,
 }
 
@@ -41,17 +44,29 @@ pub enum ActivationError {
          acpd.socket's: remove the extra ListenStream= path"
     )]
     SecondUnix { index: usize, name: String },
+    #[error(
+        "LISTEN_FDS={count} is more sockets than acpd takes (at most {MAX_ACTIVATED}); socket \
+         activation ignored: check the socket units that start acpd.service"
+    )]
+    TooMany { count: usize },
 }
 
 /// Takes the sockets systemd passed to this process (`LISTEN_PID`, `LISTEN_FDS`; both are
 /// removed from the environment, so call it before any thread exists) and sorts them by type.
 /// Without socket activation, everything is empty.
 pub fn activated_listeners() -> Activated {
+    let mut activated = Activated::default();
+    let count = std::env::var("LISTEN_FDS")
+        .ok()
+        .and_then(|n| n.parse().ok());
+    if let Some(count) = count.filter(|&n: &usize| n > MAX_ACTIVATED) {
+        activated.ignored.push(ActivationError::TooMany { count });
+        return activated;
+    }
     // Read before listenfd clears LISTEN_FDS; LISTEN_FDNAMES means nothing without it.
     let names = std::env::var("LISTEN_FDNAMES").ok();
     let mut fds = listenfd::ListenFd::from_env();
     let names = fd_names(names.as_deref(), fds.len());
-    let mut activated = Activated::default();
     for (index, name) in names.into_iter().enumerate() {
         // listenfd checks the type and family and sets FD_CLOEXEC on the one it hands out;
         // one it refuses stays for the next try.
@@ -68,11 +83,13 @@ pub fn activated_listeners() -> Activated {
             Ok(Some(listener)) => activated.tcp.push((name, listener)),
             Ok(None) => {}
             Err(source) => {
+                // Left open but kept from every child: children inherit what is not
+                // close-on-exec. Not closed: LISTEN_FDS may be wrong about what it is (or
+                // whether it is open at all), and closing it would claim it is acpd's.
                 if let Ok(Some(fd)) = fds.take_raw_fd(index) {
-                    // SAFETY: systemd passed this descriptor to this process alone, and
-                    // listenfd handed it out once, to here: nothing else owns it. Dropping it
-                    // closes it, so no child inherits it (systemd keeps its own copy).
-                    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+                    // SAFETY: fcntl on any integer is defined: a descriptor that is not open
+                    // gives EBADF and changes nothing.
+                    unsafe { nix::libc::fcntl(fd, nix::libc::F_SETFD, nix::libc::FD_CLOEXEC) };
                 }
                 activated.ignored.push(ActivationError::NotAListener {
                     index,
@@ -113,6 +130,7 @@ mod tests {
     #[test]
     #[ignore = "run under systemd-socket-activate by the tests below"]
     fn probe() {
+        let passed: usize = std::env::var("LISTEN_FDS").map_or(0, |n| n.parse().unwrap_or(0));
         let activated = activated_listeners();
         let mut out = String::new();
         if let Some(unix) = &activated.unix {
@@ -130,10 +148,26 @@ mod tests {
         for why in &activated.ignored {
             out += &format!("ignored={why} ");
         }
+        if passed > MAX_ACTIVATED {
+            // Nothing was taken: what is open is not the sockets' (cargo's jobserver, say).
+            println!("PROBE {}", out.trim_end());
+            return;
+        }
         assert!(
             std::env::var_os("LISTEN_FDS").is_none(),
             "LISTEN_FDS left set"
         );
+        // Every passed descriptor still open is close-on-exec: no child inherits one.
+        let inheritable: Vec<String> = (3..3 + passed as i32)
+            .filter(|&fd| {
+                let flags = unsafe { nix::libc::fcntl(fd, nix::libc::F_GETFD) };
+                flags != -1 && flags & nix::libc::FD_CLOEXEC == 0
+            })
+            .map(|fd| fd.to_string())
+            .collect();
+        if !inheritable.is_empty() {
+            out += &format!("inheritable={} ", inheritable.join(","));
+        }
         println!("PROBE {}", out.trim_end());
     }
 
@@ -278,6 +312,44 @@ mod tests {
             probe.starts_with("ignored=systemd passed socket #0 (named https), which is neither")
                 && probe.ends_with("remove it from its socket unit"),
             "{probe}"
+        );
+    }
+
+    /// The probe itself, started with a LISTEN_FDS no systemd set: nothing behind it, or far
+    /// too many.
+    fn stale(listen_fds: &str) -> String {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "runtime::activation::tests::probe"])
+            .args(["--nocapture", "--test-threads=1", "-q"])
+            .env("LISTEN_FDS", listen_fds)
+            .env_remove("LISTEN_PID")
+            .env_remove("LISTEN_FDNAMES")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = stdout.lines().find_map(|l| l.strip_prefix("PROBE "));
+        line.unwrap_or_else(|| panic!("no PROBE line: {stdout}"))
+            .to_owned()
+    }
+
+    #[test]
+    fn a_stale_listen_fds_is_reported_not_fatal() {
+        let probe = stale("2");
+        assert!(
+            probe.starts_with("ignored=systemd passed socket #0 (named unknown), which is neither")
+                && probe.contains("ignored=systemd passed socket #1 (named unknown)")
+                && !probe.contains("inheritable="),
+            "{probe}"
+        );
+        assert_eq!(
+            stale("100000000"),
+            "ignored=LISTEN_FDS=100000000 is more sockets than acpd takes (at most 256); socket \
+             activation ignored: check the socket units that start acpd.service"
         );
     }
 
