@@ -59,19 +59,21 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// The Unix listener systemd passed through socket activation, if any.
+/// The Unix listener systemd passed through socket activation, if any: found by its type, as
+/// systemd passes acpd.socket's and acpd-https.socket's in either order.
 fn take_activated() -> Option<std::os::unix::net::UnixListener> {
-    let mut fds = listenfd::ListenFd::from_env();
-    match fds.take_unix_listener(0) {
-        Ok(listener) => listener,
-        Err(e) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "acpd: ignoring the socket systemd passed: {e}"
-            );
-            None
-        }
+    let activated = acpd::activated_listeners();
+    for why in &activated.ignored {
+        let _ = writeln!(std::io::stderr(), "acpd: ignoring: {why}");
     }
+    for (name, _) in &activated.tcp {
+        let _ = writeln!(
+            std::io::stderr(),
+            "acpd: ignoring the TCP socket systemd passed (named {name}): this acpd does not \
+             serve the network face"
+        );
+    }
+    activated.unix
 }
 
 /// Logs go to stderr only (stdout carries ACP or the run's output): journald-native with
