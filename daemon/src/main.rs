@@ -31,7 +31,7 @@ fn main() -> ExitCode {
     // LISTEN_FDS is read (and the environment cleaned) before any thread exists.
     let activated = match cli.command {
         Command::Serve(_) => take_activated(),
-        _ => None,
+        _ => acpd::Activated::default(),
     };
     init_logging(matches!(cli.command, Command::Run(_)));
     // One connection's pipeline (reader → router → writer) runs best on one thread: a message
@@ -59,21 +59,14 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// The Unix listener systemd passed through socket activation, if any: found by its type, as
+/// The listeners systemd passed through socket activation, if any: found by their type, as
 /// systemd passes acpd.socket's and acpd-https.socket's in either order.
-fn take_activated() -> Option<std::os::unix::net::UnixListener> {
+fn take_activated() -> acpd::Activated {
     let activated = acpd::activated_listeners();
     for why in &activated.ignored {
         let _ = writeln!(std::io::stderr(), "acpd: ignoring: {why}");
     }
-    for (name, _) in &activated.tcp {
-        let _ = writeln!(
-            std::io::stderr(),
-            "acpd: ignoring the TCP socket systemd passed (named {name}): this acpd does not \
-             serve the network face"
-        );
-    }
-    activated.unix
+    activated
 }
 
 /// Logs go to stderr only (stdout carries ACP or the run's output): journald-native with

@@ -53,6 +53,18 @@ pub(crate) enum FaceError {
     },
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    #[error(
+        "the TCP socket systemd passed is named {name:?}: acpd serves a passed port named \
+         `https` (TLS) or `http` (loopback only); set FileDescriptorName=https in its socket unit"
+    )]
+    UnknownActivated { name: String },
+    #[error(
+        "the socket systemd passed as `http` listens on {addr}, beyond this machine, without TLS; \
+         name it `https` (FileDescriptorName=https) and set tls_cert and tls_key"
+    )]
+    ActivatedPlain { addr: std::net::SocketAddr },
+    #[error("the TCP socket systemd passed cannot be used: {0}")]
+    Activation(std::io::Error),
 }
 
 /// What every network connection shares.
@@ -76,21 +88,40 @@ pub(crate) struct Listeners {
 impl Listeners {
     /// Binds every `listen` URL (and reads the certificate if one is https), so a bad port or
     /// certificate is a start error, before acpd reports ready.
-    pub(crate) async fn bind(net: &NetworkConfig) -> Result<Listeners, FaceError> {
-        let certs = if net.listen.iter().any(|l| l.tls) {
-            let (cert, key) = tls::files(net)?;
-            Some(tls::Certificates::new(tls::load(&cert, &key)?))
-        } else {
-            None
-        };
+    pub(crate) async fn bind(
+        net: &NetworkConfig,
+        activated: Vec<(String, std::net::TcpListener)>,
+    ) -> Result<Listeners, FaceError> {
         let mut bound = Vec::new();
+        for (name, listener) in activated {
+            let addr = listener.local_addr().map_err(FaceError::Activation)?;
+            let tls = match name.as_str() {
+                "https" => true,
+                "http" if addr.ip().is_loopback() => false,
+                "http" => return Err(FaceError::ActivatedPlain { addr }),
+                _ => return Err(FaceError::UnknownActivated { name }),
+            };
+            listener.set_nonblocking(true).map_err(FaceError::Activation)?;
+            let listener = TcpListener::from_std(listener).map_err(FaceError::Activation)?;
+            bound.push((ListenUrl { addr, tls }, listener));
+        }
         for url in &net.listen {
+            // A port systemd passed is served from its socket, not bound again.
+            if bound.iter().any(|(b, _)| b.addr == url.addr) {
+                continue;
+            }
             let listener = TcpListener::bind(url.addr)
                 .await
                 .map_err(|source| FaceError::Bind { url: *url, source })?;
             let addr = listener.local_addr().unwrap_or(url.addr);
             bound.push((ListenUrl { addr, ..*url }, listener));
         }
+        let certs = if bound.iter().any(|(l, _)| l.tls) {
+            let (cert, key) = tls::files(net)?;
+            Some(tls::Certificates::new(tls::load(&cert, &key)?))
+        } else {
+            None
+        };
         Ok(Listeners { bound, certs })
     }
 
