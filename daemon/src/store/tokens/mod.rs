@@ -61,6 +61,8 @@ impl Role {
 pub(crate) const PREFIX: &str = "acpd_";
 /// The random part, in bytes (256 bits).
 const SECRET_BYTES: usize = 32;
+/// A token's length: the prefix and 32 bytes in unpadded base64.
+const TOKEN_LEN: usize = PREFIX.len() + SECRET_BYTES.div_ceil(3) * 4 - 1;
 /// The longest token name, in bytes.
 pub(crate) const MAX_NAME: usize = 64;
 
@@ -211,7 +213,8 @@ impl TokenBook {
     /// The grant of `bearer` (the whole `acpd_…` text), when it is a live token: known, not
     /// revoked, not expired by the clock now. No query: the table was read by the last reload.
     pub(crate) fn verify(&self, bearer: &str) -> Result<TokenGrant, TokenRefusal> {
-        if !bearer.starts_with(PREFIX) {
+        // Nothing else is worth hashing (a header may be long).
+        if bearer.len() != TOKEN_LEN || !bearer.starts_with(PREFIX) {
             return Err(TokenRefusal::Unknown);
         }
         let known = self.known();
