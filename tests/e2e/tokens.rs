@@ -238,3 +238,35 @@ fn a_running_daemon_reads_the_tokens_again() {
         "the token is still shown once"
     );
 }
+
+/// Eight processes creating one name at once: one token, seven errors naming it.
+#[test]
+fn racing_creates_of_one_name_make_one_token() {
+    let env = Env::new("");
+    let children: Vec<_> = (0..8)
+        .map(|_| {
+            env.acpd()
+                .args(["token", "create", "same"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let made: Vec<_> = outs.iter().filter(|o| code(o) == 0).collect();
+    assert_eq!(made.len(), 1, "{outs:?}");
+    for o in outs.iter().filter(|o| code(o) != 0) {
+        assert_eq!(code(o), 2, "{}", stderr(o));
+        assert!(
+            stderr(o).contains("a token named same exists already"),
+            "{}",
+            stderr(o)
+        );
+    }
+    let out = env.acpd().args(["token", "list"]).output().unwrap();
+    assert_eq!(stdout(&out).lines().count(), 2, "{}", stdout(&out));
+}

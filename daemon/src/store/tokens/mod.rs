@@ -146,6 +146,9 @@ struct Inner {
     store: Store,
     known: RwLock<Arc<Known>>,
     changed: tokio::sync::watch::Sender<u64>,
+    /// Held from a reload's read to its swap: two reloads at once (a create's and a revoke's)
+    /// swap in the order they read, so an older read never puts a revoked token back.
+    reloading: tokio::sync::Mutex<()>,
     /// When each token's use was last written.
     used: Mutex<HashMap<i64, Instant>>,
 }
@@ -190,6 +193,7 @@ impl TokenBook {
                 store,
                 known: RwLock::default(),
                 changed: tokio::sync::watch::channel(0).0,
+                reloading: tokio::sync::Mutex::new(()),
                 used: Mutex::default(),
             }),
         }
@@ -246,6 +250,7 @@ impl TokenBook {
 
     /// Reads the table again and tells the watchers. On an error the book keeps what it had.
     pub(crate) async fn reload(&self) -> Result<(), StoreError> {
+        let _one_at_a_time = self.inner.reloading.lock().await;
         let rows = self.inner.store.token_digests().await?;
         let mut known = Known::default();
         for (row, digest) in rows {
