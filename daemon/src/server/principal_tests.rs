@@ -128,3 +128,42 @@ async fn a_tokens_sessions_are_unknown_ids_to_every_other_principal() {
     }
     conn.peer.close();
 }
+
+/// Reading the tokens again is the operator's: acpd's own user over the socket, never a token
+/// nor another user; a refused ask changes nothing (a token created since stays unknown).
+#[tokio::test]
+async fn only_acpds_own_user_reloads_the_tokens() {
+    let store = Store::in_memory();
+    let book = crate::store::tokens::TokenBook::new(store.clone());
+    let ctx = ServerContext {
+        daemon: Arc::new(DaemonInfo {
+            tokens: Some(book.clone()),
+            ..DaemonInfo::default()
+        }),
+        ..base(&store)
+    };
+    let (_, made) = store
+        .create_token("laptop", Role::Controller, None)
+        .await
+        .unwrap();
+    let own = nix::unistd::Uid::effective().as_raw();
+    for who in [token(1, "laptop"), Principal::Uid(own.wrapping_add(1))] {
+        let conn = connect(&ctx, &who).await;
+        let answer = ask(&conn, name::TOKENS_RELOAD, "unused-session-id").await;
+        assert_eq!(answer["data"]["code"], "NOT_PERMITTED", "{who:?}: {answer}");
+        assert!(
+            answer["message"]
+                .as_str()
+                .unwrap()
+                .contains("only acpd's own user"),
+            "{answer}"
+        );
+        conn.peer.close();
+    }
+    assert!(book.verify(&made).is_err());
+    let conn = connect(&ctx, &Principal::Uid(own)).await;
+    let answer = ask(&conn, name::TOKENS_RELOAD, "unused-session-id").await;
+    assert_eq!(answer, json!({"result": {}}));
+    assert_eq!(&*book.verify(&made).unwrap().name, "laptop");
+    conn.peer.close();
+}
