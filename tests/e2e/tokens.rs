@@ -270,3 +270,22 @@ fn racing_creates_of_one_name_make_one_token() {
     let out = env.acpd().args(["token", "list"]).output().unwrap();
     assert_eq!(stdout(&out).lines().count(), 2, "{}", stdout(&out));
 }
+
+/// A token nobody could read (stdout closed) is not left accepted: it is revoked again, exit 74.
+#[test]
+fn a_token_never_shown_is_revoked() {
+    let env = Env::new("");
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    let out = env
+        .acpd()
+        .args(["token", "create", "lost"])
+        .stdout(std::process::Stdio::from(write))
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 74, "{}", stderr(&out));
+    assert!(stderr(&out).contains("revoked again"), "{}", stderr(&out));
+    let out = env.acpd().args(["token", "list"]).output().unwrap();
+    let row = stdout(&out).lines().nth(1).unwrap().to_owned();
+    assert!(row.starts_with("lost ") && row.contains("revoked"), "{row}");
+}
