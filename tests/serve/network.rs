@@ -139,3 +139,260 @@ fn requests_without_a_valid_token_get_nothing_and_name_the_rule() {
         assert!(n >= 1.0, "{line} {n}");
     }
 }
+
+/// `curl` over HTTP/2 (ALPN h2): the initialize POST and its `Acp-Connection-Id`.
+#[test]
+fn http2_clients_are_served_through_alpn() {
+    if std::process::Command::new("curl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: curl is not installed");
+        return;
+    }
+    let face = Face::start("");
+    let token = face.token("laptop", &[]);
+    let port = face
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches("/acp")
+        .to_owned();
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-i", "--http2", "--cacert"])
+        .arg(&face.cert.cert)
+        .args(["--resolve", &format!("localhost:{port}:127.0.0.1")])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args(["-H", "Content-Type: application/json"])
+        .args(["--data", &initialize().to_string()])
+        .arg(format!("https://localhost:{port}/acp"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("HTTP/2 200"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.to_ascii_lowercase().contains("acp-connection-id: "),
+        "{text}"
+    );
+    assert!(text.contains("\"protocolVersion\":1"), "{text}");
+}
+
+/// A browser page is let in only from an origin on `allowed_origins`.
+#[test]
+fn a_browser_origin_off_the_list_is_refused() {
+    let face = Face::start("allowed_origins = [\"https://app.example\"]");
+    let token = face.token("laptop", &[]);
+    let auth = format!("Bearer {token}");
+    let refused = Ws::connect(
+        &face.url,
+        &face.cert,
+        &[("Authorization", &auth), ("Origin", "https://evil.example")],
+    )
+    .err()
+    .expect("a foreign origin was let in");
+    assert_eq!(refused.status, 403, "{refused:?}");
+    assert!(refused.body.contains("allowed_origins"), "{}", refused.body);
+    Ws::connect(
+        &face.url,
+        &face.cert,
+        &[("Authorization", &auth), ("Origin", "https://app.example")],
+    )
+    .expect("the listed origin");
+}
+
+/// A renewed certificate is served after `acpd reload` (SIGHUP), without a restart; a bad one
+/// is refused and the one in use kept.
+#[test]
+fn a_reload_puts_a_renewed_certificate_in_force() {
+    let face = Face::start("");
+    let token = face.token("laptop", &[]);
+    let renewed_dir = tempfile::tempdir().unwrap();
+    let renewed = common::remote::Cert::new(renewed_dir.path());
+    // Not yet: a client trusting only the renewed certificate is refused by TLS.
+    assert!(
+        std::panic::catch_unwind(|| {
+            let mut ws = Ws::connect(
+                &face.url,
+                &renewed,
+                &[("Authorization", &format!("Bearer {token}"))],
+            );
+            let _ = ws.as_mut().map(|w| w.socket.read());
+        })
+        .is_err()
+    );
+    std::fs::copy(&renewed.cert, &face.cert.cert).unwrap();
+    std::fs::copy(&renewed.key, &face.cert.key).unwrap();
+    let out = face.daemon.cli(&["reload"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut ws = Ws::connect(
+        &face.url,
+        &renewed,
+        &[("Authorization", &format!("Bearer {token}"))],
+    )
+    .unwrap_or_else(|r| panic!("{r:?}"));
+    let init = ws.call("initialize", initialize()["params"].clone());
+    assert_eq!(init["result"]["protocolVersion"], 1);
+    // A broken certificate file: the reload keeps the renewed one.
+    std::fs::write(&face.cert.cert, "not a certificate").unwrap();
+    let _ = face.daemon.cli(&["reload"]);
+    assert!(
+        common::eventually(std::time::Duration::from_secs(10), || face
+            .daemon
+            .log()
+            .contains("TLS certificate reload rejected")),
+        "{}",
+        face.daemon.log()
+    );
+    Ws::connect(
+        &face.url,
+        &renewed,
+        &[("Authorization", &format!("Bearer {token}"))],
+    )
+    .expect("the certificate in use was kept");
+}
+
+/// What would expose sessions without TLS beyond this machine, or serve https without a
+/// certificate, is a start error saying what to do.
+#[test]
+fn a_plain_listener_beyond_loopback_or_https_without_a_certificate_does_not_start() {
+    let env = common::Env::new("");
+    for (flag, says) in [
+        ("http://0.0.0.0:18443", "without TLS beyond this machine"),
+        ("https://127.0.0.1:0", "needs a certificate"),
+    ] {
+        let out = env
+            .acpd()
+            .env_remove("CREDENTIALS_DIRECTORY")
+            .args(["serve", "--socket"])
+            .arg(env.path().join("acpd.sock"))
+            .args(["--listen", flag])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag} started");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{flag}: {err}");
+    }
+    let out = common::Env::raw("listen = [\"http://192.0.2.1:8080\"]\n")
+        .acpd()
+        .args(["serve"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("listen") && err.contains("without TLS"),
+        "{err}"
+    );
+}
+
+/// The TCP port systemd passes (acpd-https.socket: `FileDescriptorName=https`) is served, in
+/// either order with the Unix socket.
+#[test]
+fn the_https_port_systemd_passes_is_served() {
+    if std::process::Command::new("systemd-socket-activate")
+        .arg("--help")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: systemd-socket-activate is not installed (Debian package systemd)");
+        return;
+    }
+    for tcp_first in [true, false] {
+        let env = common::Env::new("default_provider = \"fast\"");
+        let cert = common::remote::Cert::new(env.path());
+        let config = format!(
+            "tls_cert = {:?}\ntls_key = {:?}\n{}",
+            cert.cert,
+            cert.key,
+            std::fs::read_to_string(&env.config).unwrap()
+        );
+        std::fs::write(&env.config, config).unwrap();
+        let socket = env.path().join("activated.sock");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let tcp = format!("127.0.0.1:{port}");
+        let unix = socket.to_str().unwrap().to_owned();
+        let (first, second) = if tcp_first {
+            (&tcp, &unix)
+        } else {
+            (&unix, &tcp)
+        };
+        let name = |l: &String| if *l == tcp { "https" } else { "acpd.socket" };
+        // Made before the daemon starts: it reads the tokens as it starts.
+        let out = env
+            .acpd()
+            .args(["token", "create", "laptop", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        let activator = std::process::Command::new("systemd-socket-activate")
+            .args(["-l", first, "-l", second])
+            .arg(format!("--fdname={}:{}", name(first), name(second)))
+            // systemd-socket-activate passes its program only the variables named with -E.
+            .arg(format!(
+                "--setenv=STATE_DIRECTORY={}",
+                env.path().join("state").display()
+            ))
+            .args(["--", common::BIN, "--config"])
+            .arg(&env.config)
+            .args(["serve"])
+            .env("XDG_CONFIG_HOME", "/nonexistent-acpd-test-config")
+            .env("STATE_DIRECTORY", env.path().join("state"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(env.path().join("serve.log")).unwrap())
+            .spawn()
+            .unwrap();
+        // Ended however the test ends: a failed assertion must not leave acpd serving.
+        let mut activator = common::Served(activator, env.path().to_path_buf());
+        assert!(common::eventually(
+            std::time::Duration::from_secs(10),
+            || socket.exists()
+        ));
+        let status = env
+            .acpd()
+            .args(["status", "--json", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        let status: Value = serde_json::from_slice(&status.stdout).unwrap_or(Value::Null);
+        assert_eq!(
+            status["listening"],
+            json!([format!("https://{tcp}/acp")]),
+            "{status}"
+        );
+        let url = format!("https://{tcp}/acp");
+        let log = || std::fs::read_to_string(env.path().join("serve.log")).unwrap_or_default();
+        let mut ws = Ws::connect(
+            &url,
+            &cert,
+            &[("Authorization", &format!("Bearer {token}"))],
+        )
+        .unwrap_or_else(|r| panic!("{r:?}; log: {}", log()));
+        let init = ws.call("initialize", initialize()["params"].clone());
+        assert_eq!(init["result"]["protocolVersion"], 1);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(activator.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        assert!(activator.0.wait().unwrap().success());
+    }
+}
