@@ -33,7 +33,30 @@ pub struct ConnectArgs {
     /// With no daemon running, serve this one connection in-process instead of failing.
     #[arg(long)]
     pub or_stdio: bool,
-    /// How long the connect step may take (a stopped daemon, a full backlog).
+    /// Connect to the acpd at URL over the network instead of the local socket: its
+    /// WebSocket endpoint, wss://HOST:PORT/acp for https://HOST:PORT (plain http:// only to
+    /// 127.0.0.1 / ::1).
+    #[arg(long, value_name = "URL", conflicts_with = "or_stdio")]
+    pub url: Option<String>,
+    /// With --url: the file holding the token (`acpd token create` on the server; mode 600).
+    /// Default: $ACPD_TOKEN.
+    #[arg(long, value_name = "FILE", requires = "url")]
+    pub token_file: Option<PathBuf>,
+    /// With --url: trust only the certificates in this PEM file (a private CA, or the server's
+    /// own certificate) instead of the public roots.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "url",
+        conflicts_with = "fingerprint"
+    )]
+    pub ca: Option<PathBuf>,
+    /// With --url: accept only the server certificate with this SHA-256 fingerprint
+    /// (SHA256:HEX, as `openssl x509 -noout -fingerprint -sha256` prints it).
+    #[arg(long, value_name = "SHA256:HEX", requires = "url")]
+    pub fingerprint: Option<super::remote::Fingerprint>,
+    /// How long the connect step may take (a stopped daemon, a full backlog; with --url, the
+    /// name lookup, TLS and the upgrade).
     #[command(flatten)]
     pub timeout: super::client::TimeoutArg,
     /// Make provider NAME this connection's default (as `acpd stdio --provider`); the daemon
@@ -142,6 +165,17 @@ fn provider_limits(config: &crate::config::Config) -> Vec<(&str, crate::supervis
 /// Bridges stdin/stdout to the daemon byte for byte: no ACP parsing, so the daemon sees the
 /// editor's own bytes.
 pub(super) async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
+    if let Some(url) = &args.url {
+        return super::remote::connect(super::remote::Remote {
+            url,
+            token_file: args.token_file.as_deref(),
+            ca: args.ca.as_deref(),
+            fingerprint: args.fingerprint,
+            within: args.timeout.timeout,
+            provider: args.provider.as_deref(),
+        })
+        .await;
+    }
     let path = match socket_path(&args.socket) {
         Ok(p) => p,
         Err(_) if args.or_stdio => {
@@ -201,8 +235,7 @@ async fn choose_provider(
 ) -> Result<(), u8> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const ANSWER_MAX: usize = 64 * 1024;
-    let request = serde_json::json!({"jsonrpc": "2.0", "id": "acpd-connect",
-        "method": crate::server::CONNECT, "params": {"provider": name}});
+    let request = provider_request(name);
     let exchange = async {
         to_daemon
             .write_all(format!("{request}\n").as_bytes())
@@ -231,7 +264,20 @@ async fn choose_provider(
             return Err(1);
         }
     };
-    let answer: serde_json::Value = serde_json::from_slice(&line).unwrap_or_default();
+    judge_provider_answer(&line)
+}
+
+/// The `_acpd/connect` request that makes `name` the connection's default provider.
+pub(super) fn provider_request(name: &str) -> String {
+    serde_json::json!({"jsonrpc": "2.0", "id": "acpd-connect",
+        "method": crate::server::CONNECT, "params": {"provider": name}})
+    .to_string()
+}
+
+/// Whether the answer to [`provider_request`] took it; `Err` is the exit code, the reason on
+/// stderr.
+pub(super) fn judge_provider_answer(line: &[u8]) -> Result<(), u8> {
+    let answer: serde_json::Value = serde_json::from_slice(line).unwrap_or_default();
     if answer.get("result").is_some() {
         return Ok(());
     }
@@ -245,7 +291,7 @@ async fn choose_provider(
         _ => {
             errln!(
                 "acpd: the daemon did not take --provider (it answered {:?})",
-                String::from_utf8_lossy(&line)
+                String::from_utf8_lossy(line)
             );
             Err(1)
         }

@@ -27,6 +27,7 @@ mod progress;
 mod prompt;
 mod registry;
 mod reload;
+mod remote;
 mod report;
 mod run;
 mod supervise;
