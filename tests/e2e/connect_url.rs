@@ -128,12 +128,7 @@ async fn lines_and_frames_cross_one_for_one_to_a_pinned_certificate() {
 async fn a_ca_file_is_trusted_and_an_unknown_issuer_is_refused_with_its_fingerprint() {
     let cert = Cert::new();
     let peer = Peer::start(&cert).await;
-    let dir = tempfile::tempdir().unwrap();
-    let pem = cert.pem_file(dir.path());
-    let mut c = Connect::start(
-        &["--url", &peer.url(), "--ca", pem.to_str().unwrap()],
-        Some(TOKEN),
-    );
+    let mut c = Connect::start(&["--url", &peer.url(), "--ca", cert.pem()], Some(TOKEN));
     c.send("{}").await;
     assert_eq!(c.line().await, "{}");
     assert_eq!(c.exit().await.0, 0);

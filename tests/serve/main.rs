@@ -17,4 +17,6 @@ mod daemon;
 mod mcp;
 mod metrics;
 mod metrics_coverage;
+mod network;
+mod network_connect;
 mod reload;

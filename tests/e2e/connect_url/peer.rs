@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::{SinkExt as _, StreamExt as _};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
@@ -15,53 +16,56 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Bytes, Message};
 
+use crate::common::remote;
+
 /// The token the peer accepts.
 pub const TOKEN: &str = "acpd_test-token-for-the-peer-0123456789abcdefgh";
 
-/// A self-signed certificate for localhost and 127.0.0.1, its key, PEM and fingerprint.
+/// The face's test certificate (`common::remote::Cert`: localhost and 127.0.0.1, in PEM
+/// files) and its fingerprint.
 pub struct Cert {
-    pub der: CertificateDer<'static>,
-    key: Vec<u8>,
-    pub pem: String,
+    pub files: remote::Cert,
     /// `SHA256:` and the lowercase hex of the DER's SHA-256.
     pub fingerprint: String,
+    _dir: tempfile::TempDir,
 }
 
 impl Cert {
     pub fn new() -> Cert {
-        let made = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
-            .unwrap();
-        let der = made.cert.der().clone();
-        let hex: String = Sha256::digest(der.as_ref())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let files = remote::Cert::new(dir.path());
         Cert {
-            pem: made.cert.pem(),
-            key: made.signing_key.serialize_der(),
-            der,
-            fingerprint: format!("SHA256:{hex}"),
+            fingerprint: fingerprint(&files.der),
+            files,
+            _dir: dir,
         }
     }
 
-    /// A PEM file with the certificate in `dir`.
-    pub fn pem_file(&self, dir: &std::path::Path) -> std::path::PathBuf {
-        let path = dir.join("server.pem");
-        std::fs::write(&path, &self.pem).unwrap();
-        path
+    /// The PEM file holding the certificate.
+    pub fn pem(&self) -> &str {
+        self.files.cert.to_str().unwrap()
     }
 
     fn server_config(&self) -> Arc<rustls::ServerConfig> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key.clone()));
+        let key = PrivateKeyDer::from_pem_file(&self.files.key).unwrap();
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_no_client_auth()
-            .with_single_cert(vec![self.der.clone()], key)
+            .with_single_cert(vec![CertificateDer::from(self.files.der.clone())], key)
             .unwrap();
         Arc::new(config)
     }
+}
+
+/// `SHA256:` and the lowercase hex of the SHA-256 of a certificate's DER.
+pub fn fingerprint(der: &[u8]) -> String {
+    let hex: String = Sha256::digest(der)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("SHA256:{hex}")
 }
 
 /// What the peer saw of its one client.
