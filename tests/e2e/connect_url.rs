@@ -219,6 +219,19 @@ async fn a_token_file_others_may_read_is_refused_before_connecting() {
         stderr.contains(&format!("run `chmod 600 {}`", file.display())),
         "{stderr}"
     );
+    // A FIFO where the token file belongs (nobody writing it) is refused, not waited on; a
+    // --ca file that holds no certificate too.
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mut args = args.to_vec();
+    args[5] = fifo.to_str().unwrap();
+    let (code, stderr) = Connect::start(&args, None).exit().await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("it is not a regular file"), "{stderr}");
+    let ca = ["--url", &peer.url(), "--ca", file.to_str().unwrap()];
+    let (code, stderr) = Connect::start(&ca, Some(TOKEN)).exit().await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("it holds no PEM certificate"), "{stderr}");
     assert!(peer.seen.lock().unwrap().authorization.is_none());
 }
 

@@ -249,25 +249,40 @@ fn read_token_file(path: &Path) -> Result<String, RemoteError> {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(failed)?;
-    let mode = file.metadata().map_err(failed)?.permissions().mode();
+    let (bytes, mode) = read_regular(path, TOKEN_FILE_MAX).map_err(failed)?;
     if mode & 0o077 != 0 {
         return Err(RemoteError::TokenFileOpen {
             path: path.to_path_buf(),
             mode: mode & 0o7777,
         });
     }
-    let mut text = String::new();
-    file.take(TOKEN_FILE_MAX + 1)
-        .read_to_string(&mut text)
-        .map_err(failed)?;
-    if text.len() as u64 > TOKEN_FILE_MAX {
-        return Err(RemoteError::BadToken {
-            origin: path.display().to_string(),
-            why: "the file is far too long to be a token",
-        });
+    String::from_utf8(bytes).map_err(|_| RemoteError::BadToken {
+        origin: path.display().to_string(),
+        why: "it is not UTF-8",
+    })
+}
+
+/// A regular file's bytes (at most `max`) and its mode. Opened without blocking, so a FIFO
+/// or a device put where a file belongs is an error instead of a hang.
+pub(super) fn read_regular(path: &Path, max: u64) -> std::io::Result<(Vec<u8>, u32)> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("it is not a regular file"));
     }
-    Ok(text)
+    if meta.len() > max {
+        return Err(std::io::Error::other(format!(
+            "it is {} bytes, more than the {max} it may hold",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes)?;
+    Ok((bytes, meta.permissions().mode()))
 }
 
 /// A byte stream a WebSocket runs over: TLS, or plain TCP to this machine.

@@ -107,16 +107,19 @@ pub(super) fn client_config(trust: &Trust) -> Result<Arc<ClientConfig>, RemoteEr
     Ok(Arc::new(config))
 }
 
+/// The most a `--ca` file may hold (a whole system bundle is about 200 KiB).
+const CA_FILE_MAX: u64 = 4 << 20;
+
 /// The certificates of a `--ca` PEM file, as the only roots.
 fn ca_roots(path: &Path) -> Result<RootCertStore, RemoteError> {
     let bad = |why: String| RemoteError::CaFile {
         path: path.to_path_buf(),
         why,
     };
+    let (pem, _) = super::read_regular(path, CA_FILE_MAX).map_err(|e| bad(e.to_string()))?;
     let mut roots = RootCertStore::empty();
-    let certs = CertificateDer::pem_file_iter(path).map_err(|e| bad(pem_reason(e)))?;
-    for cert in certs {
-        let cert = cert.map_err(|e| bad(pem_reason(e)))?;
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| bad(format!("it is not valid PEM ({e})")))?;
         roots
             .add(cert)
             .map_err(|e| bad(format!("a certificate in it is not usable as a root ({e})")))?;
@@ -127,13 +130,6 @@ fn ca_roots(path: &Path) -> Result<RootCertStore, RemoteError> {
         ));
     }
     Ok(roots)
-}
-
-fn pem_reason(e: rustls_pki_types::pem::Error) -> String {
-    match e {
-        rustls_pki_types::pem::Error::Io(e) => e.to_string(),
-        other => format!("it is not valid PEM ({other:?})"),
-    }
 }
 
 /// Why a certificate was refused, with what the user needs to act on it; carried through
