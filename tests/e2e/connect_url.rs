@@ -350,6 +350,34 @@ async fn an_editor_that_stops_reading_holds_the_server_back_without_buffering() 
     assert_eq!(c.exit().await.0, 0);
 }
 
+/// An idle connection is pinged every 15 s (what keeps NATs and proxies from dropping it).
+#[tokio::test]
+async fn an_idle_connection_is_pinged_every_15_seconds() {
+    let cert = Cert::new();
+    let peer = Peer::start(&cert).await;
+    let mut c = Connect::start(
+        &["--url", &peer.url(), "--fingerprint", &cert.fingerprint],
+        Some(TOKEN),
+    );
+    c.send("{}").await;
+    assert_eq!(c.line().await, "{}");
+    let opened = std::time::Instant::now();
+    let deadline = opened + Duration::from_secs(25);
+    while peer.seen.lock().unwrap().pings.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let first = *peer
+        .seen
+        .lock()
+        .unwrap()
+        .pings
+        .first()
+        .expect("a ping within 25 s");
+    let after = first.duration_since(opened);
+    assert!(after >= Duration::from_secs(13), "pinged after {after:?}");
+    assert_eq!(c.exit().await.0, 0);
+}
+
 fn rss_kib(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status

@@ -4,7 +4,7 @@
 //! missing token end it with the reason.
 
 use crate::common;
-use crate::network::Face;
+use common::remote::Face;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt as _;
@@ -172,4 +172,56 @@ fn a_wrong_pin_or_no_token_ends_acpd_connect_url_with_the_reason() {
     // The face's own words, then where a token goes.
     assert!(stderr.contains("no token"), "{stderr}");
     assert!(stderr.contains("--token-file FILE"), "{stderr}");
+}
+
+#[test]
+fn a_revoked_token_ends_acpd_connect_url_with_the_servers_reason() {
+    let face = Face::start("");
+    let token = face.token("laptop", &[]);
+    let ca = face.cert.cert.to_str().unwrap().to_owned();
+    let mut editor = Editor::start(&face, &["--ca", &ca], Some(&token));
+    let init = editor.call(0, "initialize", json!({"protocolVersion": 1}));
+    assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+    let out = face
+        .daemon
+        .env
+        .acpd()
+        .args(["token", "revoke", "laptop", "--socket"])
+        .arg(&face.daemon.socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // connect ends by itself, stdin still open.
+    assert!(
+        common::eventually(WAIT, || matches!(editor.child.try_wait(), Ok(Some(_)))),
+        "acpd connect still runs after its token was revoked"
+    );
+    let (code, stderr) = editor.exit();
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("ended the connection: it closed the connection (1008)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn provider_chooses_the_connections_default_over_the_network_too() {
+    let face = Face::start("");
+    let token = face.token("laptop", &[]);
+    let ca = face.cert.cert.to_str().unwrap().to_owned();
+    let mut editor = Editor::start(&face, &["--ca", &ca, "--provider", "fast"], Some(&token));
+    let init = editor.call(0, "initialize", json!({"protocolVersion": 1}));
+    assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+    assert_eq!(editor.exit().0, 0);
+    let (code, stderr) =
+        Editor::start(&face, &["--ca", &ca, "--provider", "nope"], Some(&token)).exit();
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--provider: ") && stderr.contains("no provider named \"nope\""),
+        "{stderr}"
+    );
 }

@@ -74,6 +74,8 @@ pub struct Seen {
     pub authorization: Option<String>,
     pub texts: Vec<String>,
     pub close: Option<(u16, String)>,
+    /// When each ping arrived.
+    pub pings: Vec<std::time::Instant>,
 }
 
 pub struct Peer {
@@ -145,6 +147,10 @@ async fn serve(
     while let Some(Ok(message)) = ws.next().await {
         let text = match message {
             Message::Text(text) => text.to_string(),
+            Message::Ping(_) => {
+                seen.lock().unwrap().pings.push(std::time::Instant::now());
+                continue;
+            }
             Message::Close(frame) => {
                 seen.lock().unwrap().close =
                     frame.map(|f| (u16::from(f.code), f.reason.to_string()));
