@@ -32,7 +32,10 @@ impl Connect {
     fn start(args: &[&str], token: Option<&str>) -> Connect {
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = common::base();
-        cmd.args(["connect", "--timeout", "10s"]).args(args);
+        cmd.arg("connect").args(args);
+        if !args.contains(&"--timeout") {
+            cmd.args(["--timeout", "10s"]);
+        }
         cmd.env_remove("ACPD_TOKEN");
         if let Some(token) = token {
             let file = dir.path().join("token");
@@ -269,7 +272,7 @@ async fn the_servers_close_ends_connect_with_its_reason() {
         &["--url", &peer.url(), "--fingerprint", &cert.fingerprint],
         Some(TOKEN),
     );
-    c.send("close the token was revoked").await;
+    c.send("close the token was revoked\u{1b}[2J").await;
     let status = tokio::time::timeout(WAIT, c.child.wait())
         .await
         .unwrap()
@@ -282,6 +285,10 @@ async fn the_servers_close_ends_connect_with_its_reason() {
             "ended the connection: it closed the connection (1008): the token was revoked"
         ),
         "{stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "the reason is escaped: {stderr:?}"
     );
 }
 
@@ -376,6 +383,57 @@ async fn an_idle_connection_is_pinged_every_15_seconds() {
     let after = first.duration_since(opened);
     assert!(after >= Duration::from_secs(13), "pinged after {after:?}");
     assert_eq!(c.exit().await.0, 0);
+}
+
+/// A frame over 16 MiB from the server ends connect (the limit named), as do a server that
+/// never answers (at --timeout) and one that speaks plain HTTP where TLS was asked for.
+#[tokio::test]
+async fn an_oversized_frame_a_silent_server_and_a_plain_one_are_each_named() {
+    let cert = Cert::new();
+    let peer = Peer::start(&cert).await;
+    let mut c = Connect::start(
+        &["--url", &peer.url(), "--fingerprint", &cert.fingerprint],
+        Some(TOKEN),
+    );
+    c.send(&format!("flood 1 {}", 16 << 20)).await;
+    let status = tokio::time::timeout(WAIT, c.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(1));
+    let (_, stderr) = c.exit().await;
+    assert!(stderr.contains("over the 16777216-byte limit"), "{stderr}");
+
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = silent.accept().await {
+            held.push(tcp);
+        }
+    });
+    let (code, stderr) = Connect::start(&["--url", &url, "--timeout", "1s"], None)
+        .exit()
+        .await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("within 1s while in the TLS handshake"),
+        "{stderr}"
+    );
+    held.abort();
+
+    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://127.0.0.1:{}", plain.local_addr().unwrap().port());
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = plain.accept().await {
+            let _ = tcp
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let (code, stderr) = Connect::start(&["--url", &url], None).exit().await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("is not speaking TLS"), "{stderr}");
 }
 
 fn rss_kib(pid: i32) -> u64 {
