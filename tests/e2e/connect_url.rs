@@ -30,8 +30,17 @@ struct Connect {
 
 impl Connect {
     fn start(args: &[&str], token: Option<&str>) -> Connect {
+        Connect::start_with(args, token, |_| {})
+    }
+
+    fn start_with(
+        args: &[&str],
+        token: Option<&str>,
+        tweak: impl FnOnce(&mut std::process::Command),
+    ) -> Connect {
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = common::base();
+        tweak(&mut cmd);
         cmd.arg("connect").args(args);
         if !args.contains(&"--timeout") {
             cmd.args(["--timeout", "10s"]);
@@ -94,9 +103,14 @@ impl Connect {
 async fn lines_and_frames_cross_one_for_one_to_a_pinned_certificate() {
     let cert = Cert::new();
     let peer = Peer::start(&cert).await;
-    let mut c = Connect::start(
+    // With every log line on (the WebSocket crate's own trace of the request included), the
+    // token still never reaches stderr.
+    let mut c = Connect::start_with(
         &["--url", &peer.url(), "--fingerprint", &cert.fingerprint],
         Some(TOKEN),
+        |cmd| {
+            cmd.env("ACPD_LOG", "trace,tungstenite::handshake::client=trace");
+        },
     );
     let request = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#;
     c.send(request).await;
