@@ -225,3 +225,24 @@ fn provider_chooses_the_connections_default_over_the_network_too() {
         "{stderr}"
     );
 }
+
+/// `echo REQUEST | acpd connect --url`: stdin ends right after the request, and its answer
+/// still comes (the close frame waits for it, as the socket's half-close does).
+#[test]
+fn a_request_written_just_before_stdin_ends_is_still_answered() {
+    let face = Face::start("");
+    let token = face.token("laptop", &[]);
+    let ca = face.cert.cert.to_str().unwrap().to_owned();
+    for _ in 0..5 {
+        let mut editor = Editor::start(&face, &["--ca", &ca], Some(&token));
+        let request = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                             "params": {"protocolVersion": 1}});
+        writeln!(editor.stdin.as_mut().unwrap(), "{request}").unwrap();
+        drop(editor.stdin.take());
+        let answer = editor.lines.recv_timeout(WAIT);
+        let (code, stderr) = editor.exit();
+        let answer: Value = serde_json::from_str(&answer.unwrap_or_default()).unwrap_or_default();
+        assert_eq!(answer["result"]["protocolVersion"], 1, "{answer} {stderr}");
+        assert_eq!(code, 0, "{stderr}");
+    }
+}

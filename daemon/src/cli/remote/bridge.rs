@@ -22,8 +22,13 @@ use crate::runtime::{Reader, Writer};
 /// lost (three pings unanswered).
 const PING_EVERY: Duration = Duration::from_secs(15);
 const SILENT_FOR: Duration = Duration::from_secs(45);
-/// How long the server's close is waited for once stdin has ended.
+/// Once stdin has ended: how long the answers to the requests already sent are waited for
+/// before the close frame goes (a WebSocket has no half-close: the server answers nothing
+/// after it), and then how long the server's close is waited for.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
+/// The most request ids waited for at the end (an editor that never reads its answers cannot
+/// grow the set past it).
+const PENDING_MAX: usize = 4096;
 /// How long `--provider`'s answer is waited for.
 const PROVIDER_WAIT: Duration = Duration::from_secs(30);
 /// The read size from stdin.
@@ -45,6 +50,7 @@ pub(super) enum Bridged {
 pub(super) async fn bridge(ws: Ws, stdin: Reader, mut stdout: Writer) -> Bridged {
     let (mut sink, mut frames) = ws.split();
     let editor_done = Cell::new(false);
+    let pending = Pending::default();
     // A stdin line the codec refused, answered on stdout as the daemon answers it on its
     // socket (−32700); at most a few wait while a frame is being written.
     let (faults, mut faulted) = tokio::sync::mpsc::channel::<String>(4);
@@ -57,7 +63,10 @@ pub(super) async fn bridge(ws: Ws, stdin: Reader, mut stdout: Writer) -> Bridged
             let message = tokio::select! {
                 line = lines.next() => match line {
                     None => break,
-                    Some(Ok(text)) => Message::Text(text),
+                    Some(Ok(text)) => {
+                        pending.sent(&text);
+                        Message::Text(text)
+                    }
                     Some(Err(e)) => {
                         let _ = faults.send(fault_line(&e)).await;
                         continue;
@@ -70,6 +79,7 @@ pub(super) async fn bridge(ws: Ws, stdin: Reader, mut stdout: Writer) -> Bridged
             }
         }
         editor_done.set(true);
+        let _ = tokio::time::timeout(CLOSE_WAIT, pending.drained()).await;
         let bye = CloseFrame {
             code: CloseCode::Normal,
             reason: "the editor closed its input".into(),
@@ -112,6 +122,7 @@ pub(super) async fn bridge(ws: Ws, stdin: Reader, mut stdout: Writer) -> Bridged
             };
             match frame {
                 Message::Text(text) => {
+                    pending.answered(&text);
                     if write_line(&mut stdout, &text).await.is_err() {
                         return Bridged::EditorGone;
                     }
@@ -142,6 +153,60 @@ pub(super) async fn bridge(ws: Ws, stdin: Reader, mut stdout: Writer) -> Bridged
                     Some(why) => Bridged::ServerGone(why),
                 },
             }
+        }
+    }
+}
+
+/// The ids of the editor's requests not answered yet, so that an editor that writes a request
+/// and closes stdin (`echo … | acpd connect --url`) still gets its answer, as over the socket.
+/// A frame is parsed for its id only while some request is outstanding.
+#[derive(Default)]
+struct Pending {
+    ids: std::cell::RefCell<std::collections::HashSet<String>>,
+    answered: tokio::sync::Notify,
+}
+
+/// The parts of a JSON-RPC message that tell a request or an answer, and its id.
+#[derive(serde::Deserialize)]
+struct Head {
+    id: Option<serde_json::Value>,
+    method: Option<serde::de::IgnoredAny>,
+}
+
+impl Pending {
+    fn sent(&self, line: &str) {
+        let mut ids = self.ids.borrow_mut();
+        if ids.len() >= PENDING_MAX {
+            return;
+        }
+        if let Ok(Head {
+            id: Some(id),
+            method: Some(_),
+        }) = serde_json::from_str::<Head>(line)
+            && !id.is_null()
+        {
+            ids.insert(id.to_string());
+        }
+    }
+
+    fn answered(&self, frame: &str) {
+        if self.ids.borrow().is_empty() {
+            return;
+        }
+        if let Ok(Head {
+            id: Some(id),
+            method: None,
+        }) = serde_json::from_str::<Head>(frame)
+            && self.ids.borrow_mut().remove(&id.to_string())
+        {
+            self.answered.notify_one();
+        }
+    }
+
+    /// Resolves once every request sent has been answered.
+    async fn drained(&self) {
+        while !self.ids.borrow().is_empty() {
+            self.answered.notified().await;
         }
     }
 }
