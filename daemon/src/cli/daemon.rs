@@ -212,7 +212,8 @@ pub(super) async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8
     };
     let (mut from_daemon, mut to_daemon) = stream.into_split();
     if let Some(name) = &args.provider
-        && let Err(code) = choose_provider(&mut from_daemon, &mut to_daemon, name).await
+        && let Err(code) =
+            super::connect_provider::over_socket(&mut from_daemon, &mut to_daemon, name).await
     {
         return code;
     }
@@ -238,79 +239,6 @@ pub(super) fn known_provider(config: &crate::config::Config, name: &str) -> Resu
         "no provider named {name:?}; {}",
         crate::config::suggest::unknown_provider(config, name)
     ))
-}
-
-/// `acpd connect --provider NAME`: one `_acpd/connect` request and its one-line answer, read
-/// a byte at a time so nothing of what follows is taken from the pipe. `Err` is the exit code,
-/// the reason on stderr.
-async fn choose_provider(
-    from_daemon: &mut tokio::net::unix::OwnedReadHalf,
-    to_daemon: &mut tokio::net::unix::OwnedWriteHalf,
-    name: &str,
-) -> Result<(), u8> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const ANSWER_MAX: usize = 64 * 1024;
-    let request = provider_request(name);
-    let exchange = async {
-        to_daemon
-            .write_all(format!("{request}\n").as_bytes())
-            .await?;
-        let mut line = Vec::new();
-        let mut byte = [0u8; 1];
-        while line.len() < ANSWER_MAX {
-            if from_daemon.read(&mut byte).await? == 0 {
-                break;
-            }
-            if byte[0] == b'\n' {
-                break;
-            }
-            line.push(byte[0]);
-        }
-        Ok::<_, std::io::Error>(line)
-    };
-    let line = match tokio::time::timeout(std::time::Duration::from_secs(30), exchange).await {
-        Ok(Ok(line)) => line,
-        Ok(Err(e)) => {
-            errln!("acpd: cannot tell the daemon the provider: {e}");
-            return Err(1);
-        }
-        Err(_) => {
-            errln!("acpd: the daemon did not answer --provider within 30s");
-            return Err(1);
-        }
-    };
-    judge_provider_answer(&line)
-}
-
-/// The `_acpd/connect` request that makes `name` the connection's default provider.
-pub(super) fn provider_request(name: &str) -> String {
-    serde_json::json!({"jsonrpc": "2.0", "id": "acpd-connect",
-        "method": crate::server::CONNECT, "params": {"provider": name}})
-    .to_string()
-}
-
-/// Whether the answer to [`provider_request`] took it; `Err` is the exit code, the reason on
-/// stderr.
-pub(super) fn judge_provider_answer(line: &[u8]) -> Result<(), u8> {
-    let answer: serde_json::Value = serde_json::from_slice(line).unwrap_or_default();
-    if answer.get("result").is_some() {
-        return Ok(());
-    }
-    match answer.pointer("/error/message").and_then(|m| m.as_str()) {
-        // The daemon's refusal of this very request (another error, a LIMIT line, is no
-        // usage error).
-        Some(why) if answer["id"] == "acpd-connect" => {
-            errln!("acpd: --provider: {why}");
-            Err(super::EXIT_USAGE)
-        }
-        _ => {
-            errln!(
-                "acpd: the daemon did not take --provider (it answered {:?})",
-                String::from_utf8_lossy(line)
-            );
-            Err(1)
-        }
-    }
 }
 
 /// How a `connect` pipe ended.

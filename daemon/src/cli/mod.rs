@@ -17,6 +17,7 @@ macro_rules! errln {
 }
 
 mod client;
+mod connect_provider;
 mod credentials;
 mod daemon;
 mod help;

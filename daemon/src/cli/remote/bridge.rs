@@ -317,7 +317,7 @@ impl Lines {
 /// `acpd connect --url … --provider NAME`: `_acpd/connect` as the first frame, and its answer
 /// judged as over the socket. `Err` is the exit code, the reason on stderr.
 pub(super) async fn choose_provider(ws: &mut Ws, name: &str) -> Result<(), u8> {
-    let request = crate::cli::daemon::provider_request(name);
+    let request = crate::cli::connect_provider::provider_request(name);
     let exchange = async {
         ws.send(Message::text(request))
             .await
@@ -352,5 +352,5 @@ pub(super) async fn choose_provider(ws: &mut Ws, name: &str) -> Result<(), u8> {
             return Err(1);
         }
     };
-    crate::cli::daemon::judge_provider_answer(answer.as_bytes())
+    crate::cli::connect_provider::judge_provider_answer(answer.as_bytes())
 }
