@@ -262,6 +262,11 @@ async fn plain_http_is_refused_off_this_machine_and_a_closed_port_is_named() {
         stderr.contains("refusing plain http:// to 192.0.2.7"),
         "{stderr}"
     );
+    let pin = Cert::new().fingerprint;
+    let args = ["--url", "http://127.0.0.1:9", "--fingerprint", &pin];
+    let (code, stderr) = Connect::start(&args, None).exit().await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("an http:// URL has none"), "{stderr}");
     // A port nothing listens on (bound, then closed).
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -444,7 +444,15 @@ async fn run(remote: &Remote<'_>) -> Result<u8, RemoteError> {
     let target = Target::parse(remote.url)?;
     let auth = authorization(remote.token_file)?;
     let tls = match (target.tls, remote.ca, remote.fingerprint) {
-        (false, _, _) => None,
+        (false, None, None) => None,
+        (false, _, _) => {
+            return Err(RemoteError::BadUrl {
+                url: remote.url.to_string(),
+                why: "--ca and --fingerprint check a TLS certificate, and an http:// URL has \
+                      none; use https://"
+                    .into(),
+            });
+        }
         (true, _, Some(pin)) => Some(tls::client_config(&Trust::Pinned(pin))?),
         (true, Some(ca), None) => Some(tls::client_config(&Trust::Ca(ca.to_path_buf()))?),
         (true, None, None) => Some(tls::client_config(&Trust::PublicRoots)?),
