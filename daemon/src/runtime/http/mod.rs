@@ -101,9 +101,7 @@ impl Listeners {
                 "http" => return Err(FaceError::ActivatedPlain { addr }),
                 _ => return Err(FaceError::UnknownActivated { name }),
             };
-            listener
-                .set_nonblocking(true)
-                .map_err(FaceError::Activation)?;
+            listener.set_nonblocking(true).map_err(FaceError::Activation)?;
             let listener = TcpListener::from_std(listener).map_err(FaceError::Activation)?;
             bound.push((ListenUrl { addr, tls }, listener));
         }
