@@ -78,12 +78,20 @@ fn init_logging(run: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
+    // The WebSocket client's trace of its handshake request (`acpd connect --url`) holds the
+    // Authorization header: capped at debug whatever ACPD_LOG says, so a token is never logged.
+    let secret = || "tungstenite::handshake::client=debug".parse();
     let filter = || {
-        tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG").unwrap_or_else(|_| match run {
-            // `acpd::failure` is child::FAILURE_LOG, the target of those lines.
-            true => tracing_subscriber::EnvFilter::new("warn,acpd::failure=off"),
-            false => tracing_subscriber::EnvFilter::new("warn,acpd::runtime::serve=info"),
-        })
+        let filter =
+            tracing_subscriber::EnvFilter::try_from_env("ACPD_LOG").unwrap_or_else(|_| match run {
+                // `acpd::failure` is child::FAILURE_LOG, the target of those lines.
+                true => tracing_subscriber::EnvFilter::new("warn,acpd::failure=off"),
+                false => tracing_subscriber::EnvFilter::new("warn,acpd::runtime::serve=info"),
+            });
+        match secret() {
+            Ok(directive) => filter.add_directive(directive),
+            Err(_) => filter,
+        }
     };
     if stderr_is_journal()
         && let Ok(journal) = tracing_journald::layer().map(|l| l.with_field_prefix(None))

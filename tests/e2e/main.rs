@@ -24,6 +24,7 @@ mod catalog;
 mod cli;
 mod config_errors;
 mod confinement;
+mod connect_url;
 mod echo_sessions;
 mod failures;
 mod isolation;

@@ -18,4 +18,5 @@ mod mcp;
 mod metrics;
 mod metrics_coverage;
 mod network;
+mod network_connect;
 mod reload;

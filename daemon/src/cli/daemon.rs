@@ -38,7 +38,30 @@ pub struct ConnectArgs {
     /// With no daemon running, serve this one connection in-process instead of failing.
     #[arg(long)]
     pub or_stdio: bool,
-    /// How long the connect step may take (a stopped daemon, a full backlog).
+    /// Connect to the acpd at URL over the network instead of the local socket: its
+    /// WebSocket endpoint, wss://HOST:PORT/acp for https://HOST:PORT (plain http:// only to
+    /// 127.0.0.1 / ::1).
+    #[arg(long, value_name = "URL", conflicts_with = "or_stdio")]
+    pub url: Option<String>,
+    /// With --url: the file holding the token (`acpd token create` on the server; mode 600).
+    /// Default: $ACPD_TOKEN.
+    #[arg(long, value_name = "FILE", requires = "url")]
+    pub token_file: Option<PathBuf>,
+    /// With --url: trust only the certificates in this PEM file (a private CA, or the server's
+    /// own certificate) instead of the public roots.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "url",
+        conflicts_with = "fingerprint"
+    )]
+    pub ca: Option<PathBuf>,
+    /// With --url: accept only the server certificate with this SHA-256 fingerprint
+    /// (SHA256:HEX, as `openssl x509 -noout -fingerprint -sha256` prints it).
+    #[arg(long, value_name = "SHA256:HEX", requires = "url")]
+    pub fingerprint: Option<super::remote::Fingerprint>,
+    /// How long the connect step may take (a stopped daemon, a full backlog; with --url, the
+    /// name lookup, TLS and the upgrade).
     #[command(flatten)]
     pub timeout: super::client::TimeoutArg,
     /// Make provider NAME this connection's default (as `acpd stdio --provider`); the daemon
@@ -157,6 +180,17 @@ fn provider_limits(config: &crate::config::Config) -> Vec<(&str, crate::supervis
 /// Bridges stdin/stdout to the daemon byte for byte: no ACP parsing, so the daemon sees the
 /// editor's own bytes.
 pub(super) async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8 {
+    if let Some(url) = &args.url {
+        return super::remote::connect(super::remote::Remote {
+            url,
+            token_file: args.token_file.as_deref(),
+            ca: args.ca.as_deref(),
+            fingerprint: args.fingerprint,
+            within: args.timeout.timeout,
+            provider: args.provider.as_deref(),
+        })
+        .await;
+    }
     let path = match socket_path(&args.socket) {
         Ok(p) => p,
         Err(_) if args.or_stdio => {
@@ -178,7 +212,8 @@ pub(super) async fn connect(config_path: Option<&Path>, args: ConnectArgs) -> u8
     };
     let (mut from_daemon, mut to_daemon) = stream.into_split();
     if let Some(name) = &args.provider
-        && let Err(code) = choose_provider(&mut from_daemon, &mut to_daemon, name).await
+        && let Err(code) =
+            super::connect_provider::over_socket(&mut from_daemon, &mut to_daemon, name).await
     {
         return code;
     }
@@ -204,67 +239,6 @@ pub(super) fn known_provider(config: &crate::config::Config, name: &str) -> Resu
         "no provider named {name:?}; {}",
         crate::config::suggest::unknown_provider(config, name)
     ))
-}
-
-/// `acpd connect --provider NAME`: one `_acpd/connect` request and its one-line answer, read
-/// a byte at a time so nothing of what follows is taken from the pipe. `Err` is the exit code,
-/// the reason on stderr.
-async fn choose_provider(
-    from_daemon: &mut tokio::net::unix::OwnedReadHalf,
-    to_daemon: &mut tokio::net::unix::OwnedWriteHalf,
-    name: &str,
-) -> Result<(), u8> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const ANSWER_MAX: usize = 64 * 1024;
-    let request = serde_json::json!({"jsonrpc": "2.0", "id": "acpd-connect",
-        "method": crate::server::CONNECT, "params": {"provider": name}});
-    let exchange = async {
-        to_daemon
-            .write_all(format!("{request}\n").as_bytes())
-            .await?;
-        let mut line = Vec::new();
-        let mut byte = [0u8; 1];
-        while line.len() < ANSWER_MAX {
-            if from_daemon.read(&mut byte).await? == 0 {
-                break;
-            }
-            if byte[0] == b'\n' {
-                break;
-            }
-            line.push(byte[0]);
-        }
-        Ok::<_, std::io::Error>(line)
-    };
-    let line = match tokio::time::timeout(std::time::Duration::from_secs(30), exchange).await {
-        Ok(Ok(line)) => line,
-        Ok(Err(e)) => {
-            errln!("acpd: cannot tell the daemon the provider: {e}");
-            return Err(1);
-        }
-        Err(_) => {
-            errln!("acpd: the daemon did not answer --provider within 30s");
-            return Err(1);
-        }
-    };
-    let answer: serde_json::Value = serde_json::from_slice(&line).unwrap_or_default();
-    if answer.get("result").is_some() {
-        return Ok(());
-    }
-    match answer.pointer("/error/message").and_then(|m| m.as_str()) {
-        // The daemon's refusal of this very request (another error, a LIMIT line, is no
-        // usage error).
-        Some(why) if answer["id"] == "acpd-connect" => {
-            errln!("acpd: --provider: {why}");
-            Err(super::EXIT_USAGE)
-        }
-        _ => {
-            errln!(
-                "acpd: the daemon did not take --provider (it answered {:?})",
-                String::from_utf8_lossy(&line)
-            );
-            Err(1)
-        }
-    }
 }
 
 /// How a `connect` pipe ended.

@@ -36,7 +36,10 @@ pub(super) const CONNECT: &str = "\
 Examples:
   acpd connect                               an editor's agent entry, through the daemon
   acpd connect --provider codex
-  acpd connect --or-stdio                    serve in-process when no daemon runs";
+  acpd connect --or-stdio                    serve in-process when no daemon runs
+  acpd connect --url https://devbox:8443 --token-file ~/.acpd-token
+                                             a daemon on another machine (wss://devbox:8443/acp)
+  acpd connect --url https://10.0.0.5:8443 --fingerprint SHA256:3f0c…   its self-signed certificate";
 
 pub(super) const MCP: &str = "\
 Examples:

@@ -17,6 +17,7 @@ macro_rules! errln {
 }
 
 mod client;
+mod connect_provider;
 mod credentials;
 mod daemon;
 mod help;
@@ -27,6 +28,7 @@ mod progress;
 mod prompt;
 mod registry;
 mod reload;
+mod remote;
 mod report;
 mod run;
 mod supervise;
@@ -153,7 +155,8 @@ pub enum Command {
     /// Run the long-lived daemon on a Unix socket (systemd: Type=notify, socket activation).
     #[command(after_help = help::SERVE)]
     Serve(daemon::ServeArgs),
-    /// Bridge stdin/stdout to the daemon's socket: the agent command editors launch.
+    /// Bridge stdin/stdout to the daemon's socket (or, with --url, a remote acpd's WebSocket):
+    /// the agent command editors launch.
     #[command(after_help = help::CONNECT)]
     Connect(daemon::ConnectArgs),
     /// Serve MCP on stdin/stdout: the registry as tools (delegate, subagent_*) for any agent.
