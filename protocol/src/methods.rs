@@ -242,6 +242,9 @@ pub struct StatusReply {
     /// How this daemon contains its children's process trees, and why.
     #[serde(default)]
     pub containment: StatusContainment,
+    /// The network face's endpoints (`listen`), with the ports bound: `https://IP:PORT/acp`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listening: Vec<String>,
 }
 
 /// `_acpd/status` `containment`: `mode` is `cgroup` or `process-group`; `path` the daemon's

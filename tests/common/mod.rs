@@ -5,6 +5,7 @@
 pub mod client;
 pub mod daemon;
 pub mod raw;
+pub mod remote;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -17,4 +17,5 @@ mod daemon;
 mod mcp;
 mod metrics;
 mod metrics_coverage;
+mod network;
 mod reload;

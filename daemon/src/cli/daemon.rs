@@ -22,6 +22,11 @@ pub struct SocketArg {
 pub struct ServeArgs {
     #[command(flatten)]
     pub socket: SocketArg,
+    /// Also serve ACP to remote editors at URL (repeatable; added to the config's `listen`):
+    /// `https://0.0.0.0:8443` (needs tls_cert and tls_key), or `http://127.0.0.1:8080` for
+    /// local development only.
+    #[arg(long, value_name = "URL", value_parser = parse_listen)]
+    pub listen: Vec<crate::config::network::ListenUrl>,
     #[command(flatten)]
     pub setup: super::Setup,
 }
@@ -77,13 +82,22 @@ fn socket_path(arg: &SocketArg) -> Result<PathBuf, u8> {
     }
 }
 
+fn parse_listen(text: &str) -> Result<crate::config::network::ListenUrl, String> {
+    text.parse()
+}
+
 pub(super) async fn serve(
     config_path: Option<&Path>,
-    socket: SocketArg,
+    args: ServeArgs,
     activated: Option<std::os::unix::net::UnixListener>,
 ) -> u8 {
+    let listen = args.listen;
+    let with_flags = move |mut config: crate::config::Config| {
+        config.network.listen.extend(listen.iter().copied());
+        config
+    };
     let config = match config_or_usage(config_path) {
-        Ok(c) => c,
+        Ok(c) => with_flags.clone()(c),
         Err(code) => return code,
     };
     if let Err(code) = contain(&config) {
@@ -95,8 +109,8 @@ pub(super) async fn serve(
     let explicit = config_path.map(Path::to_path_buf);
     let opts = ServeOptions {
         activated,
-        socket: socket.socket,
-        load: Box::new(move || load_config(explicit.as_deref())),
+        socket: args.socket.socket,
+        load: Box::new(move || load_config(explicit.as_deref()).map(&with_flags)),
     };
     let shutdown =
         match runtime::Shutdown::on_signals(&[SignalKind::terminate(), SignalKind::interrupt()]) {

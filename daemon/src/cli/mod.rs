@@ -337,7 +337,7 @@ async fn command(cli: Cli, activated: Option<std::os::unix::net::UnixListener>) 
         Command::Install(args) => install::install(args),
         Command::Init(args) => init::init(config, args).await,
         Command::Stdio(args) => stdio(config, args.provider.as_deref()).await,
-        Command::Serve(args) => daemon::serve(config, args.socket, activated).await,
+        Command::Serve(args) => daemon::serve(config, args, activated).await,
         Command::Connect(args) => daemon::connect(config, args).await,
         Command::Mcp(McpCommand { args, .. }) => {
             // Only for runs in this process (no daemon answering).

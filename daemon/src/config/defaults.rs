@@ -78,6 +78,7 @@ impl Config {
             metrics_listen: None,
             containment: Default::default(),
             child_stderr: None,
+            network: Default::default(),
             providers: BTreeMap::from([(ECHO.to_owned(), Arc::new(echo))]),
         }
     }

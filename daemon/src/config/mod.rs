@@ -14,6 +14,7 @@
 //! - [`validate`]: the value checks both share (sizes, durations, names).
 //! - [`config_error`]: [`ConfigError`] and how a TOML error is pointed at its key and line.
 //! - `hosts`, [`presets`], [`durations`]: remote providers, presets, duration bounds.
+//! - [`network`]: the network face's keys (`listen`, TLS, origins, remote limits).
 //! - [`suggest`]: did-you-mean for keys, presets and providers.
 
 mod config_error;
@@ -23,6 +24,7 @@ pub(crate) use crate::durations;
 mod hosts;
 pub(crate) use hosts::{Remote, Via};
 mod load;
+pub(crate) mod network;
 pub(crate) mod presets;
 mod providers;
 mod schema;

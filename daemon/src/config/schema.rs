@@ -33,6 +33,16 @@ pub(super) struct RawConfig {
     pub(super) metrics_listen: Option<Spanned<String>>,
     pub(super) containment: Option<crate::supervise::ContainmentSetting>,
     pub(super) child_stderr: Option<crate::supervise::ChildStderrMode>,
+    pub(super) listen: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) tls_cert: Option<Spanned<String>>,
+    pub(super) tls_key: Option<Spanned<String>>,
+    pub(super) allowed_origins: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) max_network_connections: Option<Spanned<usize>>,
+    pub(super) max_connections_per_token: Option<Spanned<usize>>,
+    pub(super) http_header_timeout: Option<Spanned<String>>,
+    pub(super) http_idle_timeout: Option<Spanned<String>>,
+    pub(super) http_keepalive: Option<Spanned<String>>,
+    pub(super) requests_per_second: Option<Spanned<usize>>,
     #[serde(default)]
     pub(super) providers: BTreeMap<Spanned<String>, RawProvider>,
 }

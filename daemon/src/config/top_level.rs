@@ -40,7 +40,7 @@ impl Config {
         echo_command: Vec<String>,
         presets: &PresetContext,
     ) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(path, text, &e))?;
+        let mut raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(path, text, &e))?;
         let at = |span: Range<usize>, key: &str, message: &str| ConfigError::Invalid {
             path: path.to_path_buf(),
             line: Some(line_of(text, span.start)),
@@ -50,6 +50,7 @@ impl Config {
         };
         let mut config = Self::builtin(echo_command);
         config.source = Some(path.to_path_buf());
+        config.network = super::network::build(super::network::RawNetwork::take(&mut raw), &at)?;
         if let Some(depth) = raw.max_depth {
             config.max_depth = depth;
         }

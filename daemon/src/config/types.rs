@@ -158,6 +158,8 @@ pub struct Config {
     /// Where children's stderr goes (`child_stderr`); `None`: the command's default (`acpd
     /// stdio` forwards it to its own stderr, `acpd serve` only logs it). Read at start.
     pub child_stderr: Option<crate::supervise::ChildStderrMode>,
+    /// (`acpd serve`) The network face: listeners, TLS files, origins and remote limits.
+    pub network: super::network::NetworkConfig,
     /// Sorted by name (the built-in echo is just the entry named `echo`).
     pub providers: BTreeMap<String, Arc<ProviderConfig>>,
 }

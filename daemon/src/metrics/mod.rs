@@ -157,7 +157,33 @@ pub(crate) struct Metrics {
     bytes: [Counter; 2],
     limits: [Counter; 14],
     steps: [Counter; 4],
+    network_refused: Family<Fixed<1>, Counter>,
 }
+
+/// Why the network face refused or ended a request or connection (`network_refused`'s
+/// `reason`): the rule or limit's name, every one listed here so each series exists from the
+/// start.
+pub(crate) const NETWORK_REFUSALS: &[&str] = &[
+    "unauthenticated",
+    "token_unknown",
+    "token_revoked",
+    "token_expired",
+    "credentials_in_url",
+    "credentials_in_cookie",
+    "credentials_in_subprotocol",
+    "origin",
+    "max_network_connections",
+    "max_connections_per_token",
+    "requests_per_second",
+    "max_line",
+    "http_header_timeout",
+    "http_idle_timeout",
+    "tls_handshake",
+    "binary_frame",
+    "client_not_reading",
+    "unread_streams",
+    "bad_request",
+];
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
@@ -280,7 +306,18 @@ impl Metrics {
             "Rungs of the teardown ladder reached: eof (every teardown), term, kill, cgroup_kill",
             steps,
         );
+        let network_refused = Family::<Fixed<1>, Counter>::default();
+        for reason in NETWORK_REFUSALS {
+            member(&network_refused, [("reason", reason)]);
+        }
+        registry.register(
+            "network_refused",
+            "Requests and connections the network face refused or ended, by reason: the rule \
+             or limit's name (unauthenticated, token_revoked, max_connections_per_token, …)",
+            network_refused.clone(),
+        );
         Metrics {
+            network_refused,
             registry,
             connections_total,
             connections_open,
@@ -314,6 +351,14 @@ impl Metrics {
 
     pub(crate) fn limit_hit(&self, limit: Limit) {
         self.limits[limit as usize].inc();
+    }
+
+    /// A refusal of the network face, by the name of its rule (one of [`NETWORK_REFUSALS`]).
+    pub(crate) fn network_refused(&self, reason: &'static str) {
+        debug_assert!(NETWORK_REFUSALS.contains(&reason), "{reason}");
+        self.network_refused
+            .get_or_create(&[("reason", reason)])
+            .inc();
     }
 
     pub(crate) fn teardown_step(&self, step: Step) {

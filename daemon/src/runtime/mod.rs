@@ -1,6 +1,7 @@
 //! How acpd meets the outside world: its own stdio, the daemon's Unix socket, systemd's
-//! notifications, signals, reload and shutdown.
+//! notifications, signals, reload and shutdown, and the network face (`http`).
 
+pub(crate) mod http;
 mod nest_socket;
 mod notify;
 mod per_child;

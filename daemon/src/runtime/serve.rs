@@ -48,6 +48,8 @@ pub(crate) enum ServeError {
     Activation(std::io::Error),
     #[error("cannot set up signal handling: {0}")]
     Signals(std::io::Error),
+    #[error(transparent)]
+    Face(#[from] super::http::FaceError),
     #[error(
         "cannot serve metrics on {addr} (metrics_listen): {source}; pick a free port, or remove \
          metrics_listen from the config"
@@ -115,6 +117,17 @@ pub(crate) async fn serve(
             return Err(e);
         }
     };
+    let face_listeners = match bind_face(&config).await {
+        Ok(l) => l,
+        Err(e) => {
+            drop(listener);
+            if let Some(path) = &bound_path {
+                let _ = std::fs::remove_file(path);
+            }
+            supervise::forget_records();
+            return Err(e);
+        }
+    };
     let detach = config.detach_timeout;
     let registry = Registry::new(config, DepthContext::from_env());
     let offered = bound_path.clone().or_else(|| {
@@ -126,7 +139,8 @@ pub(crate) async fn serve(
     }
     let cancel_all = CancellationToken::new();
     let sessions = Sessions::new(crate::server::open_store(), detach);
-    let reload = reloader(registry.clone(), opts.load);
+    let face: Arc<std::sync::OnceLock<Arc<super::http::Face>>> = Arc::default();
+    let reload = reloader(registry.clone(), opts.load, face.clone());
     let ctx = ServerContext {
         registry: registry.clone(),
         caller_cwd: None,
@@ -150,6 +164,16 @@ pub(crate) async fn serve(
         ));
     }
     let tracker = TaskTracker::new();
+    if let Some(listeners) = face_listeners {
+        let urls: Vec<String> = listeners
+            .urls()
+            .iter()
+            .map(|u| format!("{u}/acp"))
+            .collect();
+        let _ = ctx.daemon.listening.set(urls);
+        let auth = super::http::token_authenticator(&ctx);
+        let _ = face.set(listeners.serve(ctx.clone(), auth, tracker.clone(), cancel_all.clone()));
+    }
     let own_uid = Uid::effective();
     // Connections being served, counted here (not in the connection task) so a burst of
     // accepts cannot overshoot max_connections before the tasks start.
@@ -270,6 +294,15 @@ fn listen(
     Ok((listener, bound_path, hup))
 }
 
+/// The network face's listeners (`listen`), when configured: bound before acpd reports ready,
+/// so a taken port or an unreadable certificate is a start error.
+async fn bind_face(config: &Config) -> Result<Option<super::http::Listeners>, ServeError> {
+    if config.network.listen.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(super::http::Listeners::bind(&config.network).await?))
+}
+
 /// The `metrics_listen` listener, when configured; its address (the port the kernel chose,
 /// for port 0) logged.
 async fn bind_metrics(
@@ -372,6 +405,7 @@ fn allow_gid(config: &Config) -> Option<nix::unistd::Gid> {
 fn reloader(
     registry: Registry,
     load: Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>,
+    face: Arc<std::sync::OnceLock<Arc<super::http::Face>>>,
 ) -> server::Reload {
     crate::server::Reloader::new(Box::new(move || {
         notify::reloading();
@@ -384,7 +418,13 @@ fn reloader(
                 if config.metrics_listen != registry.config().metrics_listen {
                     tracing::warn!("metrics_listen changed: it takes effect at the next restart");
                 }
+                if config.network.listen != registry.config().network.listen {
+                    tracing::warn!("listen changed: it takes effect at the next restart");
+                }
                 registry.reload(config);
+                if let Some(face) = face.get() {
+                    face.reload();
+                }
                 tracing::info!(source = ?source, "config reloaded");
                 Ok(registry.config())
             }

@@ -111,6 +111,8 @@ pub(crate) struct DaemonInfo {
     pub connections: std::sync::atomic::AtomicUsize,
     /// `_acpd/reload`: `acpd serve` only (`acpd stdio` is restarted by whoever runs it).
     pub reload: Option<Reload>,
+    /// The network face's endpoints, set once its listeners are bound.
+    pub listening: std::sync::OnceLock<Vec<String>>,
 }
 
 /// Re-reads the config from where it was read at start and puts it in force for new runs,
@@ -123,6 +125,7 @@ impl Default for DaemonInfo {
             started: std::time::Instant::now(),
             connections: Default::default(),
             reload: None,
+            listening: Default::default(),
         }
     }
 }

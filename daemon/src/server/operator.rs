@@ -176,6 +176,7 @@ fn status_reply(conn: &Conn) -> StatusReply {
         },
         spares: registry.spare_counts(),
         containment: containment(),
+        listening: conn.ctx.daemon.listening.get().cloned().unwrap_or_default(),
     }
 }
 

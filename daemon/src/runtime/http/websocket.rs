@@ -1,0 +1,133 @@
+//! ACP over WebSocket on `/acp`: one JSON-RPC message per text frame each way. A binary frame
+//! is refused (close 1003), a frame over `max_line` ends the connection (1009), a peer that
+//! neither sends nor answers pings for `http_idle_timeout` is gone, and one that stops reading
+//! is closed after acpd's `write_timeout` — each with a close reason, never a silent drop.
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+
+use super::bridge::Bridged;
+use super::live::Place;
+
+/// What one WebSocket connection is held to.
+#[derive(Clone, Copy)]
+pub(super) struct WsLimits {
+    pub max_message: usize,
+    pub keepalive: Duration,
+    pub idle: Duration,
+    pub write_timeout: Duration,
+    pub requests_per_second: u32,
+}
+
+/// Serves one upgraded connection until either side ends it.
+pub(super) async fn serve(
+    upgraded: hyper::upgrade::Upgraded,
+    bridged: Bridged,
+    place: Place,
+    limits: WsLimits,
+    rate: std::sync::Arc<super::guard::RateLimits>,
+) {
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(limits.max_message))
+        .max_frame_size(Some(limits.max_message));
+    let ws =
+        WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
+    let (mut sink, mut stream) = ws.split();
+    let Bridged {
+        to_acpd,
+        mut from_acpd,
+    } = bridged;
+    let mut ping = tokio::time::interval(limits.keepalive);
+    ping.reset();
+    let mut heard = tokio::time::Instant::now();
+    let close = |code: CloseCode, reason: &str| {
+        Message::Close(Some(CloseFrame {
+            code,
+            reason: reason.to_owned().into(),
+        }))
+    };
+    let ending: Option<Message> = loop {
+        let idle_at = heard + limits.idle;
+        tokio::select! {
+            frame = stream.next() => {
+                heard = tokio::time::Instant::now();
+                match frame {
+                    Some(Ok(Message::Text(text))) => {
+                        while let Err(wait) = rate.take(place_token(&place), limits.requests_per_second, std::time::Instant::now()) {
+                            tokio::time::sleep(wait).await;
+                        }
+                        if let Err(e) = to_acpd.send(text.as_bytes(), limits.write_timeout).await {
+                            break Some(close(CloseCode::Again, &format!("acpd could not take the message: {e}")));
+                        }
+                    }
+                    Some(Ok(Message::Binary(_))) => {
+                        crate::metrics::get().network_refused("binary_frame");
+                        break Some(close(CloseCode::Unsupported, "binary frames are refused: send each JSON-RPC message as a text frame"));
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                    Some(Ok(Message::Close(_))) | None => break None,
+                    Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(e))) => {
+                        crate::metrics::get().limit_hit(crate::metrics::Limit::MaxLine);
+                        break Some(close(CloseCode::Size, &format!("{e} (max_line)")));
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!("websocket read failed: {e}");
+                        break None;
+                    }
+                }
+            }
+            line = from_acpd.next() => {
+                let Some(line) = line else {
+                    break Some(close(CloseCode::Normal, "acpd ended the connection"));
+                };
+                // acpd writes UTF-8 JSON only; a line that is not (never expected) is dropped
+                // with a log line rather than sent as a frame the client must refuse.
+                let Ok(text) = String::from_utf8(line.to_vec()) else {
+                    tracing::warn!("acpd wrote a line that is not UTF-8 to a websocket; not sent");
+                    continue;
+                };
+                match tokio::time::timeout(limits.write_timeout, sink.send(Message::text(text))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => break None,
+                    Err(_) => {
+                        crate::metrics::get().network_refused("client_not_reading");
+                        tracing::warn!("closing a websocket whose client stopped reading (write_timeout)");
+                        break None;
+                    }
+                }
+            }
+            _ = ping.tick() => {
+                if tokio::time::timeout(limits.write_timeout, sink.send(Message::Ping(Default::default()))).await.is_err() {
+                    crate::metrics::get().network_refused("client_not_reading");
+                    break None;
+                }
+            }
+            () = tokio::time::sleep_until(idle_at) => {
+                crate::metrics::get().network_refused("http_idle_timeout");
+                break Some(close(CloseCode::Away, "nothing heard for http_idle_timeout"));
+            }
+            () = place.cancel.cancelled() => {
+                break Some(close(CloseCode::Policy, "the connection's token was revoked or expired, or acpd is stopping"));
+            }
+        }
+    };
+    to_acpd.close().await;
+    if let Some(message) = ending {
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            let _ = sink.send(message).await;
+            let _ = sink.close().await;
+        })
+        .await;
+    }
+    drop(place);
+}
+
+fn place_token(place: &Place) -> i64 {
+    place.token()
+}
