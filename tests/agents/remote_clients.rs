@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::common::daemon::Daemon;
+use crate::common::remote::{Cert, host_port};
 use crate::common::*;
 use crate::node::{self, interop_dir};
 
@@ -169,12 +170,8 @@ impl Face {
         let dir = env.path().to_path_buf();
         let sessions = dir.join("echo-sessions");
         std::fs::create_dir_all(&sessions).unwrap();
-        let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
-            .unwrap();
-        let ca = dir.join("cert.pem");
-        let key = dir.join("key.pem");
-        std::fs::write(&ca, cert.cert.pem()).unwrap();
-        std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
+        let cert = Cert::new(&dir);
+        let (ca, key) = (cert.cert, cert.key);
         let toml = format!(
             "default_provider = \"p\"\ndetach_timeout = \"0s\"\ntls_cert = {ca:?}\ntls_key = {key:?}\n\
              [providers.p]\ncommand = [{BIN:?}, \"agent\", \"echo\", \"--sessions\", {sessions:?}]\n\
@@ -361,22 +358,19 @@ fn summary(mut cmd: Command) -> Value {
         .unwrap_or_else(|e| panic!("{cmd:?} printed no JSON summary ({e}): {stdout}\n{stderr}"))
 }
 
-/// The `host:port` the daemon's network listener bound (port 0 asked), from its log.
+/// The `host:port` the daemon's network listener bound (port 0 asked), as `acpd status` lists
+/// its endpoints (`https://127.0.0.1:PORT/acp`).
 fn listening(daemon: &Daemon) -> String {
-    let mut found = None;
+    let mut url = String::new();
     let seen = eventually(SETTLE, || {
-        found = daemon
-            .log()
-            .split("https://127.0.0.1:")
-            .skip(1)
-            .find_map(|rest| {
-                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                (!port.is_empty() && port != "0").then(|| format!("127.0.0.1:{port}"))
-            });
-        found.is_some()
+        url = daemon.status()["listening"][0]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        !url.is_empty()
     });
-    assert!(seen, "the daemon's log names no listener: {}", daemon.log());
-    found.unwrap()
+    assert!(seen, "acpd status lists no endpoint: {}", daemon.log());
+    host_port(&url)
 }
 
 #[test]
