@@ -182,12 +182,8 @@ impl Face {
             cmd.args(["--listen", "https://127.0.0.1:0"]);
         });
         let addr = listening(&daemon);
-        let out = daemon
-            .env
-            .acpd()
-            .args(["token", "create", "peers"])
-            .output()
-            .unwrap();
+        // With `--socket`, so that this daemon reads its tokens again at once.
+        let out = daemon.cli(&["token", "create", "peers"]);
         assert!(
             out.status.success(),
             "acpd token create: {}",
@@ -374,7 +370,7 @@ fn listening(daemon: &Daemon) -> String {
 }
 
 #[test]
-#[ignore = "needs the network face (acpd serve --listen, tls_cert/tls_key, acpd token create)"]
+#[ignore = "needs acpd token create (branch tokens) and the face checking its tokens (face refuses every token until then)"]
 fn typescript_sdk_http_client_gets_what_the_unix_socket_gets() {
     if !node_ready() {
         return;
@@ -391,7 +387,7 @@ fn typescript_sdk_http_client_gets_what_the_unix_socket_gets() {
 }
 
 #[test]
-#[ignore = "needs the network face (acpd serve --listen, tls_cert/tls_key, acpd token create)"]
+#[ignore = "needs acpd token create (branch tokens) and the face checking its tokens (face refuses every token until then)"]
 fn typescript_sdk_ws_client_gets_what_the_unix_socket_gets() {
     if !node_ready() {
         return;
@@ -408,7 +404,7 @@ fn typescript_sdk_ws_client_gets_what_the_unix_socket_gets() {
 }
 
 #[test]
-#[ignore = "needs the network face (acpd serve --listen, tls_cert/tls_key, acpd token create)"]
+#[ignore = "needs acpd token create (branch tokens) and the face checking its tokens (face refuses every token until then)"]
 fn rust_sdk_http_client_gets_what_the_unix_socket_gets() {
     if !node_ready() {
         return;
@@ -431,7 +427,7 @@ fn rust_sdk_http_client_gets_what_the_unix_socket_gets() {
 }
 
 #[test]
-#[ignore = "needs the network face (acpd serve --listen, tls_cert/tls_key, acpd token create)"]
+#[ignore = "needs acpd token create (branch tokens) and the face checking its tokens (face refuses every token until then)"]
 fn acpremote_mirror_gets_what_the_unix_socket_gets() {
     if !node_ready() {
         return;
