@@ -26,6 +26,9 @@ pub mod name {
     pub const LIST: &str = "_acpd/subagent/list";
     /// The operator's: re-read the daemon's config (only acpd's own user may).
     pub const RELOAD: &str = "_acpd/reload";
+    /// The operator's: read the network tokens again (`acpd token create`/`revoke` ask it, so
+    /// a revoked token's connections end at once). Only acpd's own user may.
+    pub const TOKENS_RELOAD: &str = "_acpd/tokens/reload";
     /// The operator's: the daemon's metrics in Prometheus text format ([`super::MetricsReply`]).
     pub const METRICS: &str = "_acpd/metrics";
     /// Notification: a turn started ([`crate::subagent::Started`]).
@@ -36,8 +39,19 @@ pub mod name {
     pub const PREFIX: &str = "_acpd/";
 
     /// The requests a parent may call (not the notifications acpd sends).
-    pub const REQUESTS: [&str; 11] = [
-        PROVIDERS, STATUS, RUNS, START, WAIT, CANCEL, DISPOSE, SEND, LIST, RELOAD, METRICS,
+    pub const REQUESTS: [&str; 12] = [
+        PROVIDERS,
+        STATUS,
+        RUNS,
+        START,
+        WAIT,
+        CANCEL,
+        DISPOSE,
+        SEND,
+        LIST,
+        RELOAD,
+        TOKENS_RELOAD,
+        METRICS,
     ];
 }
 

@@ -281,10 +281,10 @@ impl Http {
             let reader = BufReader::new(body.into_with_config().limit(u64::MAX).reader());
             for line in reader.lines() {
                 let Ok(line) = line else { return };
-                if let Some(data) = line.strip_prefix("data: ") {
-                    if tx.send(serde_json::from_str(data).unwrap()).is_err() {
-                        return;
-                    }
+                if let Some(data) = line.strip_prefix("data: ")
+                    && tx.send(serde_json::from_str(data).unwrap()).is_err()
+                {
+                    return;
                 }
             }
         });
@@ -323,5 +323,75 @@ pub fn wait_for(
             return m;
         }
         seen.push(m);
+    }
+}
+
+/// A daemon serving https on a free port with a fresh certificate, and its echo provider.
+pub struct Face {
+    pub daemon: super::daemon::Daemon,
+    pub cert: Cert,
+    pub url: String,
+}
+
+impl Face {
+    /// With the echo provider `fast` the default and `extra` top-level keys.
+    pub fn start(extra: &str) -> Face {
+        let env = super::Env::new("");
+        let providers = std::fs::read_to_string(&env.config).unwrap();
+        Face::with_config(
+            env,
+            &format!("default_provider = \"fast\"\n{extra}\n{providers}"),
+        )
+    }
+
+    /// Serves `config` (its top-level keys first) from `env`, with the listener and certificate.
+    pub fn with_config(env: super::Env, config: &str) -> Face {
+        let cert = Cert::new(env.path());
+        std::fs::write(&env.config, format!("{}{config}", cert.config())).unwrap();
+        let daemon = super::daemon::Daemon::start(env);
+        let mut url = String::new();
+        assert!(
+            super::eventually(Duration::from_secs(10), || {
+                url = daemon.status()["listening"][0]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned();
+                !url.is_empty()
+            }),
+            "no endpoint in status: {}",
+            daemon.log()
+        );
+        Face { daemon, cert, url }
+    }
+
+    /// `acpd token create NAME [args]`: the token it printed.
+    pub fn token(&self, name: &str, args: &[&str]) -> String {
+        let out = self
+            .daemon
+            .env
+            .acpd()
+            .args(["token", "create", name])
+            .args(args)
+            .arg("--socket")
+            .arg(&self.daemon.socket)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "token create: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        assert!(token.starts_with("acpd_"), "{token}");
+        token
+    }
+
+    pub fn ws(&self, token: &str) -> Ws {
+        Ws::connect(
+            &self.url,
+            &self.cert,
+            &[("Authorization", &format!("Bearer {token}"))],
+        )
+        .unwrap_or_else(|r| panic!("upgrade refused: {r:?}"))
     }
 }

@@ -13,8 +13,10 @@ mod common;
 
 mod backpressure;
 mod cli_safety;
+mod half_messages;
 mod hostile_child;
 mod hostile_parent;
+mod network;
 mod planted_config;
 mod router_props;
 mod sessions_owner;

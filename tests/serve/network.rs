@@ -5,75 +5,8 @@
 
 use crate::common;
 
-use std::time::Duration;
-
-use common::daemon::Daemon;
-use common::remote::{Cert, Http, Ws, wait_for};
-use common::*;
+use common::remote::{Face, Http, Ws, wait_for};
 use serde_json::{Value, json};
-
-/// A daemon serving https on a free port with a fresh certificate, and its echo provider.
-pub(crate) struct Face {
-    pub daemon: Daemon,
-    pub cert: Cert,
-    pub url: String,
-}
-
-impl Face {
-    pub(crate) fn start(extra: &str) -> Face {
-        let env = Env::new("");
-        let cert = Cert::new(env.path());
-        let config = format!(
-            "default_provider = \"fast\"\n{}{extra}\n{}",
-            cert.config(),
-            std::fs::read_to_string(&env.config).unwrap()
-        );
-        std::fs::write(&env.config, config).unwrap();
-        let daemon = Daemon::start(env);
-        let mut url = String::new();
-        assert!(
-            eventually(Duration::from_secs(10), || {
-                url = daemon.status()["listening"][0]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_owned();
-                !url.is_empty()
-            }),
-            "no endpoint in status: {}",
-            daemon.log()
-        );
-        Face { daemon, cert, url }
-    }
-
-    /// `acpd token create NAME [args]`: the token it printed.
-    pub(crate) fn token(&self, name: &str, args: &[&str]) -> String {
-        let out = self
-            .daemon
-            .env
-            .acpd()
-            .args(["token", "create", name])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "token create: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-        assert!(token.starts_with("acpd_"), "{token}");
-        token
-    }
-
-    pub(crate) fn ws(&self, token: &str) -> Ws {
-        Ws::connect(
-            &self.url,
-            &self.cert,
-            &[("Authorization", &format!("Bearer {token}"))],
-        )
-        .unwrap_or_else(|r| panic!("upgrade refused: {r:?}"))
-    }
-}
 
 fn initialize() -> Value {
     json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",

@@ -93,6 +93,28 @@ Examples:
   acpd supervise -- my-agent --acp           run a command as acpd runs its children
   acpd supervise --term-grace 10s -- my-agent";
 
+pub(super) const TOKEN: &str = "\
+Examples:
+  acpd token create laptop --expires 30d > laptop.token
+                                             the token on stdout, once; keep the file private
+  acpd token list
+  acpd token revoke laptop                   refused from now on, its connections end";
+
+pub(super) const TOKEN_CREATE: &str = "\
+Examples:
+  acpd token create laptop > laptop.token    a controller token that never expires
+  acpd token create ci --role observer --expires 12h";
+
+pub(super) const TOKEN_LIST: &str = "\
+Examples:
+  acpd token list
+  acpd token list --json | jq '.tokens[] | select(.state == \"live\") | .name'";
+
+pub(super) const TOKEN_REVOKE: &str = "\
+Examples:
+  acpd token revoke laptop
+  acpd token revoke laptop --socket /run/acpd/acpd.sock   the daemon to tell";
+
 pub(super) const AGENT: &str = "\
 Examples:
   acpd agent echo                            the built-in scripted ACP agent

@@ -30,6 +30,7 @@ mod reload;
 mod report;
 mod run;
 mod supervise;
+mod token;
 
 use std::io::Write as _;
 
@@ -189,6 +190,9 @@ pub enum Command {
     /// Run CMD as a supervised tree: the far side of `host`/`launcher` providers.
     #[command(after_help = help::SUPERVISE)]
     Supervise(supervise::SuperviseArgs),
+    /// Network tokens: who may reach the daemon's network listeners (`listen`).
+    #[command(subcommand, after_help = help::TOKEN)]
+    Token(token::TokenCommand),
     /// Built-in ACP agents.
     #[command(subcommand, after_help = help::AGENT)]
     Agent(AgentCommand),
@@ -354,6 +358,7 @@ async fn command(cli: Cli, activated: Option<std::os::unix::net::UnixListener>) 
         Command::Doctor(args) => daemon::doctor(config, args.provider, args.quiet).await,
         Command::Registry(command) => registry::registry(config, command).await,
         Command::Supervise(args) => supervise::supervise(args).await,
+        Command::Token(command) => token::token(command).await,
         Command::Agent(AgentCommand::Echo(args)) => {
             let (stdin, stdout) = crate::runtime::stdio();
             crate::agent::run_echo(args, stdin, stdout)
@@ -411,7 +416,7 @@ pub(crate) async fn stdio(config: Option<&std::path::Path>, provider: Option<&st
         shutdown: Default::default(),
         // One editor per process: its sessions end with it (and are loaded again later).
         sessions: crate::server::Sessions::new(crate::server::open_store(), None),
-        peer_uid: None,
+        principal: None,
         origin: None,
     };
     crate::runtime::serve_stdio(ctx, shutdown).await;

@@ -81,10 +81,11 @@ pub(crate) enum Limit {
     PidsMax,
     Budget,
     SessionQueue,
+    UnfinishedMessageBudget,
 }
 
 impl Limit {
-    const ALL: [Limit; 14] = [
+    const ALL: [Limit; 15] = [
         Limit::MaxChildren,
         Limit::MaxConcurrent,
         Limit::QueueTimeout,
@@ -99,6 +100,7 @@ impl Limit {
         Limit::PidsMax,
         Limit::Budget,
         Limit::SessionQueue,
+        Limit::UnfinishedMessageBudget,
     ];
 
     /// The config key's name (or the fixed limit's, as the docs name it).
@@ -119,6 +121,8 @@ impl Limit {
             Limit::Budget => "budget",
             // Not a key: a bridge session's fixed queue toward its agent (`child::QUEUE_BYTES`).
             Limit::SessionQueue => "session_queue",
+            // Not a key: the process-wide `wire::half::BUDGET`.
+            Limit::UnfinishedMessageBudget => crate::wire::half::LIMIT_NAME,
         }
     }
 
@@ -155,7 +159,7 @@ pub(crate) struct Metrics {
     turn_seconds: Family<Named, Histogram>,
     messages: [Counter; 2],
     bytes: [Counter; 2],
-    limits: [Counter; 14],
+    limits: [Counter; 15],
     steps: [Counter; 4],
     network_refused: Family<Fixed<1>, Counter>,
 }

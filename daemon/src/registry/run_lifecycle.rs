@@ -64,7 +64,7 @@ pub(super) struct RunInit {
     /// What the run's child may write (its sandbox), which binds the runs it starts.
     pub confinement: Option<Arc<crate::supervise::Confinement>>,
     pub parent: Option<super::Parent>,
-    pub uid: Option<u32>,
+    pub principal: Option<crate::store::Principal>,
     pub workspace: Option<crate::workspace::Worktree>,
     pub spend: Arc<super::budget::Spend>,
 }
@@ -72,9 +72,10 @@ pub(super) struct RunInit {
 pub struct Run {
     pub run_id: String,
     pub owner: Owner,
-    /// The user who started it (the connection's SO_PEERCRED uid; a nested run, its parent
-    /// run's); `None` in-process. `_acpd/runs` shows a run only to this user and acpd's own.
-    pub uid: Option<u32>,
+    /// Who started it (the connection's SO_PEERCRED user or network token; a nested run, its
+    /// parent run's); `None` in-process. `_acpd/runs` shows a run only to this principal and
+    /// acpd's own user.
+    pub principal: Option<crate::store::Principal>,
     pub provider: Arc<ProviderConfig>,
     pub label: Option<String>,
     /// The parent-facing session id acpd minted (never the child's own).
@@ -144,7 +145,7 @@ impl Run {
         Arc::new(Run {
             run_id: init.run_id,
             owner: init.owner,
-            uid: init.uid,
+            principal: init.principal,
             provider: init.provider,
             label: init.label,
             session_id: init.session_id,

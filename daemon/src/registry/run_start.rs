@@ -46,8 +46,8 @@ pub struct StartOptions {
     /// The run or bridge session whose child asked for this run (see [`super::lineage`]): the
     /// run is one level deeper than that child, and goes with it.
     pub nest: Option<Nest>,
-    /// The uid of the user asking (see [`Run::uid`]); a nested run takes its parent run's.
-    pub uid: Option<u32>,
+    /// Who is asking (see [`Run::principal`]); a nested run takes its parent run's.
+    pub principal: Option<crate::store::Principal>,
 }
 
 /// A run that passed the publication boundary.
@@ -193,12 +193,12 @@ impl Registry {
             schema,
             tool_filter: tool_filter.map(Arc::new),
             confinement: child.confinement(),
-            uid: match opts.nest.as_ref().map(|n| &n.parent) {
+            principal: match opts.nest.as_ref().map(|n| &n.parent) {
                 Some(Parent::Run(parent)) => lock(&self.inner.table)
                     .runs
                     .get(parent)
-                    .map_or(opts.uid, |p| p.uid),
-                _ => opts.uid,
+                    .map_or(opts.principal, |p| p.principal.clone()),
+                _ => opts.principal,
             },
             parent: opts.nest.map(|n| n.parent),
             workspace,

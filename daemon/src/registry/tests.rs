@@ -58,7 +58,7 @@ async fn published_under(p: ProviderConfig, above: Option<Arc<Spend>>) -> (Regis
         confinement: None,
         parent: None,
         workspace: None,
-        uid: None,
+        principal: None,
         spend,
     });
     lock(&registry.inner.table)

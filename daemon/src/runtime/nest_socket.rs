@@ -79,7 +79,7 @@ impl NestSocket {
             daemon: Default::default(),
             shutdown: CancellationToken::new(),
             sessions: crate::server::Sessions::new(crate::store::Store::in_memory(), None),
-            peer_uid: None,
+            principal: None,
             origin: None,
         };
         Self::open(&ctx)
@@ -184,7 +184,7 @@ async fn accept(
             continue;
         }
         let conn_ctx = ServerContext {
-            peer_uid: cred.map(|c| c.uid()),
+            principal: cred.map(|c| server::Principal::Uid(c.uid())),
             origin,
             caller_cwd: None,
             // Ends with the editor's connection too (see `close`), disposing what it started.

@@ -139,6 +139,12 @@ pub(crate) async fn serve(
     }
     let cancel_all = CancellationToken::new();
     let sessions = Sessions::new(crate::server::open_store(), detach);
+    let tokens = crate::store::tokens::TokenBook::new(sessions.store.clone());
+    if let Err(e) = tokens.reload().await {
+        tracing::warn!(
+            "{e}; no network token is accepted until `acpd token create` or `acpd token revoke` reloads them"
+        );
+    }
     let face: Arc<std::sync::OnceLock<Arc<super::http::Face>>> = Arc::default();
     let reload = reloader(registry.clone(), opts.load, face.clone());
     let ctx = ServerContext {
@@ -146,11 +152,12 @@ pub(crate) async fn serve(
         caller_cwd: None,
         daemon: Arc::new(DaemonInfo {
             reload: Some(reload.clone()),
+            tokens: Some(tokens.clone()),
             ..DaemonInfo::default()
         }),
         shutdown: cancel_all.clone(),
         sessions: sessions.clone(),
-        peer_uid: None,
+        principal: None,
         origin: None,
     };
     registry.keep_warm(cancel_all.clone());
@@ -171,7 +178,7 @@ pub(crate) async fn serve(
             .map(|u| format!("{u}/acp"))
             .collect();
         let _ = ctx.daemon.listening.set(urls);
-        let auth = super::http::token_authenticator(&ctx);
+        let auth: Arc<dyn super::http::guard::Authenticator> = Arc::new(tokens.clone());
         let _ = face.set(listeners.serve(ctx.clone(), auth, tracker.clone(), cancel_all.clone()));
     }
     let own_uid = Uid::effective();
@@ -214,7 +221,7 @@ pub(crate) async fn serve(
                     continue;
                 }
                 let cred = stream.peer_cred().ok();
-                let peer_uid = cred.map(|c| c.uid());
+                let principal = cred.map(|c| server::Principal::Uid(c.uid()));
                 let origin = cred
                     .and_then(|c| c.pid())
                     .map(|pid| Arc::new(crate::registry::Origin::of(pid)));
@@ -232,7 +239,7 @@ pub(crate) async fn serve(
                 }
                 let slot = Slot::take(&open);
                 let (reader, writer) = stream.into_split();
-                let conn_ctx = ServerContext { peer_uid, origin, ..ctx.clone() };
+                let conn_ctx = ServerContext { principal, origin, ..ctx.clone() };
                 tracker.spawn(async move {
                     let _slots = (slot, tree_slot);
                     server::serve(reader, writer, conn_ctx).await;

@@ -198,7 +198,7 @@ async fn start_nested(
         cancel: conn.closing.child_token(),
         run_id: Some(run_id.clone()),
         nest,
-        uid: conn.ctx.peer_uid,
+        principal: conn.ctx.principal.clone(),
         ..Default::default()
     };
     match conn.ctx.registry.start(opts).await {

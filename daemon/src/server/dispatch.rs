@@ -65,6 +65,8 @@ pub(super) enum Request {
     Runs,
     /// `_acpd/reload`.
     Reload,
+    /// `_acpd/tokens/reload`.
+    ReloadTokens,
     /// `_acpd/metrics`.
     Metrics,
     /// An `_acpd/*` request whose params do not read as its body: why.
@@ -125,6 +127,7 @@ impl Request {
             name::STATUS => empty(params, Request::Status),
             name::RUNS => empty(params, Request::Runs),
             name::RELOAD => empty(params, Request::Reload),
+            name::TOKENS_RELOAD => empty(params, Request::ReloadTokens),
             name::METRICS => empty(params, Request::Metrics),
             _ => Request::UnknownAcpd,
         }
@@ -290,6 +293,9 @@ async fn handle(conn: &Arc<Conn>, id: Id, method: String, request: Request) {
         Request::Reload => {
             // In its own task, like every method that waits: the read may block.
             tracker.spawn(operator::reload(conn.clone(), id));
+        }
+        Request::ReloadTokens => {
+            tracker.spawn(operator::reload_tokens(conn.clone(), id));
         }
         Request::Invalid(reason) => {
             let e = typed_error(&RegistryError::InvalidRequest { reason });

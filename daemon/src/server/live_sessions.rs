@@ -12,7 +12,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 use tokio_util::task::TaskTracker;
 
-use super::{lock, session_not_found};
+use super::{Principal, lock, session_not_found};
 use crate::child::Child;
 use crate::registry::Slot;
 use crate::store::{Holder, Store};
@@ -29,14 +29,14 @@ pub(crate) struct Sessions {
     /// This acpd process, as it holds leases on the sessions live in it.
     pub holder: Holder,
     live: Mutex<HashMap<String, Live>>,
-    /// Ids being opened right now (a load spawning its child) and by which uid, so a second
-    /// load of the same id waits its turn instead of opening it twice (and another user's
-    /// load learns nothing of it).
-    opening: Mutex<HashMap<String, Option<u32>>>,
-    /// Ids a `session/delete` is deleting right now and by which uid: the lease the delete took
+    /// Ids being opened right now (a load spawning its child) and by which principal, so a
+    /// second load of the same id waits its turn instead of opening it twice (and another
+    /// principal's load learns nothing of it).
+    opening: Mutex<HashMap<String, Option<Principal>>>,
+    /// Ids a `session/delete` is deleting right now and by which principal: the lease the delete took
     /// is kept until the agent answered it (the session it ends on the way does not release
     /// it), and no load here opens it meanwhile.
-    deleting: Mutex<HashMap<String, Option<u32>>>,
+    deleting: Mutex<HashMap<String, Option<Principal>>>,
     /// Woken when a connection releases its sessions or a live session ends (see
     /// [`RELEASE_WAIT`]).
     pub released: tokio::sync::Notify,
@@ -49,8 +49,8 @@ pub(crate) struct Sessions {
 struct Live {
     child: Child,
     workspace: Option<SessionWorkspace>,
-    /// The uid of the connection that opened it: only that user may attach it again.
-    uid: Option<u32>,
+    /// The principal of the connection that opened it: only it may attach it again.
+    owner: Option<Principal>,
     attached: bool,
 }
 
@@ -155,7 +155,7 @@ impl Sessions {
         id: &str,
         child: Child,
         slot: Slot,
-        uid: Option<u32>,
+        owner: Option<Principal>,
         registry: crate::registry::Registry,
         workspace: Option<crate::workspace::Worktree>,
     ) {
@@ -164,7 +164,7 @@ impl Sessions {
             Live {
                 workspace: workspace.as_ref().map(SessionWorkspace::of_worktree),
                 child: child.clone(),
-                uid,
+                owner,
                 attached: true,
             },
         );
@@ -220,17 +220,17 @@ impl Sessions {
         }
     }
 
-    /// What a load of `id` by `uid` finds: a detached session it may attach (taken), nothing
+    /// What a load of `id` by `who` finds: a detached session it may attach (taken), nothing
     /// live (the id is then reserved until the returned guard drops or the session is filed),
     /// or an error when the session is open on another connection or being opened.
     pub(crate) fn take_for_load(
         self: &Arc<Self>,
         id: &str,
-        uid: Option<u32>,
+        who: Option<&Principal>,
     ) -> Result<Taken, RpcError> {
         let mut live = lock(&self.live);
         if let Some(deleter) = lock(&self.deleting).get(id) {
-            if *deleter != uid {
+            if deleter.as_ref() != who {
                 return Ok(Taken::Foreign);
             }
             return Err(RpcError::invalid_request(format!(
@@ -238,7 +238,7 @@ impl Sessions {
             )));
         }
         if let Some(opener) = lock(&self.opening).get(id) {
-            if *opener != uid {
+            if opener.as_ref() != who {
                 return Ok(Taken::Foreign);
             }
             return Err(RpcError::invalid_request(format!(
@@ -246,13 +246,13 @@ impl Sessions {
             )));
         }
         let Some(entry) = live.get_mut(id) else {
-            lock(&self.opening).insert(id.to_string(), uid);
+            lock(&self.opening).insert(id.to_string(), who.cloned());
             return Ok(Taken::Reserved(Reservation {
                 sessions: self.clone(),
                 id: id.to_string(),
             }));
         };
-        if entry.uid != uid {
+        if entry.owner.as_ref() != who {
             return Err(session_not_found(id));
         }
         if entry.attached {
@@ -262,12 +262,12 @@ impl Sessions {
         Ok(Taken::Detached(entry.child.clone()))
     }
 
-    /// Marks `id` as being deleted by `uid` until the guard drops (see [`Sessions::deleting`]);
+    /// Marks `id` as being deleted by `who` until the guard drops (see [`Sessions::deleting`]);
     /// an error when another delete of it runs.
     pub(crate) fn begin_delete(
         self: &Arc<Self>,
         id: &str,
-        uid: Option<u32>,
+        who: Option<&Principal>,
     ) -> Result<Deleting, RpcError> {
         let mut deleting = lock(&self.deleting);
         if deleting.contains_key(id) {
@@ -275,19 +275,19 @@ impl Sessions {
                 "session {id} is being deleted by another request; retry when it answers"
             )));
         }
-        deleting.insert(id.to_string(), uid);
+        deleting.insert(id.to_string(), who.cloned());
         Ok(Deleting {
             sessions: self.clone(),
             id: id.to_string(),
         })
     }
 
-    /// Ends a detached session of `uid`; false when there is none.
-    pub(crate) async fn end_detached(&self, id: &str, uid: Option<u32>) -> bool {
+    /// Ends a detached session of `who`; false when there is none.
+    pub(crate) async fn end_detached(&self, id: &str, who: Option<&Principal>) -> bool {
         let child = {
             let live = lock(&self.live);
             live.get(id)
-                .filter(|l| !l.attached && l.uid == uid)
+                .filter(|l| !l.attached && l.owner.as_ref() == who)
                 .map(|l| l.child.clone())
         };
         match child {
@@ -347,12 +347,15 @@ impl Sessions {
             .collect()
     }
 
-    /// The live sessions of `uid`, for `acpd runs`.
-    pub(crate) fn entries(&self, uid: Option<u32>) -> Vec<acpd_protocol::methods::SessionEntry> {
+    /// The live sessions of `who`, for `acpd runs`.
+    pub(crate) fn entries(
+        &self,
+        who: Option<&Principal>,
+    ) -> Vec<acpd_protocol::methods::SessionEntry> {
         let live = lock(&self.live);
         let mut entries: Vec<_> = live
             .iter()
-            .filter(|(_, l)| l.uid == uid)
+            .filter(|(_, l)| l.owner.as_ref() == who)
             .map(|(id, l)| acpd_protocol::methods::SessionEntry {
                 session_id: id.clone(),
                 provider: l.child.provider().name.clone(),
@@ -393,11 +396,11 @@ mod tests {
     #[tokio::test]
     async fn another_users_load_never_makes_the_owners_fail() {
         let sessions = Sessions::new(Store::in_memory(), None);
-        let theirs = sessions.take_for_load("acpd-x", Some(1001));
+        let theirs = sessions.take_for_load("acpd-x", Some(&Principal::Uid(1001)));
         assert!(matches!(theirs, Ok(Taken::Reserved(_))));
         assert!(
             matches!(
-                sessions.take_for_load("acpd-x", Some(0)),
+                sessions.take_for_load("acpd-x", Some(&Principal::Uid(0))),
                 Ok(Taken::Foreign)
             ),
             "the owner's load was refused while another user's held the id"
@@ -410,7 +413,7 @@ mod tests {
             .await
             .expect("the waiting load is woken when the other one lets go");
         assert!(matches!(
-            sessions.take_for_load("acpd-x", Some(0)),
+            sessions.take_for_load("acpd-x", Some(&Principal::Uid(0))),
             Ok(Taken::Reserved(_))
         ));
     }

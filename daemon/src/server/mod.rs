@@ -43,6 +43,7 @@ mod reloader;
 mod session_delete;
 mod session_list;
 
+pub(crate) use crate::store::Principal;
 pub(crate) use live_sessions::{Sessions, open_store};
 pub(crate) use operator::metrics_text;
 pub(crate) use reloader::Reloader;
@@ -97,8 +98,11 @@ pub(crate) struct ServerContext {
     pub shutdown: CancellationToken,
     /// Every live bridge session of this process and the durable session map.
     pub sessions: Arc<Sessions>,
-    /// The connected user (`acpd serve`); only they may attach their detached sessions.
-    pub peer_uid: Option<u32>,
+    /// Who is connected: the socket peer's user, or the token a network connection
+    /// authenticated with. Sessions belong to it: only it lists, loads, attaches, closes and
+    /// deletes them, and another principal's are answered as unknown ids. `None`: no peer
+    /// (`acpd stdio`, in-process), whose sessions are acpd's own user's in the map.
+    pub principal: Option<Principal>,
     /// What acpd read of the connected process (a socket's `SO_PEERCRED` pid) as it
     /// connected: a child of this acpd delegating in turn is known by its ancestry, never by
     /// what it says.
@@ -113,6 +117,9 @@ pub(crate) struct DaemonInfo {
     pub reload: Option<Reload>,
     /// The network face's endpoints, set once its listeners are bound.
     pub listening: std::sync::OnceLock<Vec<String>>,
+    /// The network tokens (`acpd serve` only): what a network connection authenticates
+    /// against, read again on `_acpd/tokens/reload`.
+    pub tokens: Option<crate::store::tokens::TokenBook>,
 }
 
 /// Re-reads the config from where it was read at start and puts it in force for new runs,
@@ -126,6 +133,7 @@ impl Default for DaemonInfo {
             connections: Default::default(),
             reload: None,
             listening: Default::default(),
+            tokens: None,
         }
     }
 }
@@ -212,7 +220,12 @@ where
         peer,
         mut incoming,
         eof,
-    } = wire::connect_with(reader, writer, config.wire_limits());
+    } = wire::connect_with(
+        reader,
+        writer,
+        config.wire_limits(),
+        Some(wire::half::HalfBudget::global()),
+    );
     peer.limit_pending(config.max_pending_requests);
     let (events_tx, events_rx) = mpsc::channel(wire::QUEUE_DEPTH);
     let conn = Arc::new(Conn {
@@ -305,12 +318,13 @@ impl Conn {
         }
     }
 
-    /// The uid of the user on the other end: the socket peer's, or acpd's own (stdio, whose
-    /// caller is whoever started acpd). Sessions in the map belong to it.
-    fn caller(&self) -> u32 {
+    /// Whose rows in the session map this connection's are: its principal's, or acpd's own
+    /// user's (stdio, whose caller is whoever started acpd).
+    fn caller(&self) -> crate::store::RowOwner {
         self.ctx
-            .peer_uid
-            .unwrap_or_else(|| nix::unistd::Uid::effective().as_raw())
+            .principal
+            .as_ref()
+            .map_or_else(crate::store::RowOwner::own, Principal::row_owner)
     }
 
     /// The `authenticate` params this connection used with `provider`.

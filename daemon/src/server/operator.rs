@@ -1,8 +1,9 @@
 //! The operator's methods: `_acpd/status` (daemon-wide, any connection may ask), `_acpd/runs`
-//! (every live run and bridge session, as far as the caller may see them) and `_acpd/reload`
-//! ("re-read the config, and tell me whether it took").
+//! (every live run and bridge session, as far as the caller may see them), `_acpd/reload`
+//! ("re-read the config, and tell me whether it took") and `_acpd/tokens/reload` ("read the
+//! network tokens again": `acpd token create`/`revoke` ask it).
 //!
-//! Only acpd's own user may reload, and not from inside a child's process tree (agents run as
+//! Only acpd's own user may reload either, over the Unix socket (never a network token), and not from inside a child's process tree (agents run as
 //! acpd's user too, but reloading is the operator's). Group members (`allow_group`) cannot
 //! write the config, so a reload is not theirs to trigger, and its answer would show them the
 //! file's path and, in a rejection, the offending key and value of a file they may not be
@@ -18,8 +19,8 @@ use acpd_protocol::methods::{
     ProviderLoad, ReloadReply, RunBudget, RunInfo, RunsReply, StatusLimits, StatusReply,
 };
 
-use super::Conn;
 use super::delegation::live_runs;
+use super::{Conn, Principal};
 use crate::config::{Config, ConfigError};
 use crate::registry::Parent;
 
@@ -29,12 +30,12 @@ pub(super) async fn status(conn: &Conn, id: Id) {
 }
 
 /// `_acpd/runs`: the operator's view. acpd's own user (and an in-process caller) sees every
-/// run; any other user (`allow_group`) only the runs it started.
+/// run; any other user (`allow_group`) and every network token only the runs it started.
 pub(super) async fn runs(conn: &Conn, id: Id) {
-    let own = nix::unistd::Uid::effective().as_raw();
-    let caller = conn.ctx.peer_uid.filter(|&uid| uid != own);
+    let own = Principal::Uid(nix::unistd::Uid::effective().as_raw());
+    let caller = conn.ctx.principal.as_ref().filter(|&p| *p != own);
     let runs = live_runs(conn)
-        .filter(|r| caller.is_none_or(|uid| r.uid == Some(uid)))
+        .filter(|r| caller.is_none_or(|p| r.principal.as_ref() == Some(p)))
         .map(|r| RunInfo {
             run_id: r.run_id.clone(),
             provider: r.provider.name.clone(),
@@ -58,7 +59,7 @@ pub(super) async fn runs(conn: &Conn, id: Id) {
             },
         })
         .collect();
-    let sessions = conn.ctx.sessions.entries(conn.ctx.peer_uid);
+    let sessions = conn.ctx.sessions.entries(conn.ctx.principal.as_ref());
     let _ = conn
         .peer
         .respond_ok(&id, &RunsReply { runs, sessions })
@@ -190,17 +191,8 @@ pub(super) async fn reload(conn: Arc<Conn>, id: Id) {
         let e = RpcError::method_not_found(acpd_protocol::methods::name::RELOAD);
         return conn.reply_err(&id, &e).await;
     };
-    let own = nix::unistd::Uid::effective().as_raw();
-    if conn.ctx.peer_uid != Some(own) {
-        tracing::warn!(peer_uid = ?conn.ctx.peer_uid, "refused _acpd/reload from another user");
-        let why = format!("only acpd's own user (uid {own}) may reload it");
-        return conn.reply_err(&id, &not_permitted(why)).await;
-    }
-    if !matches!(conn.lineage(), crate::registry::Lineage::Outside) {
-        tracing::warn!("refused _acpd/reload from inside a child's tree");
-        let why = "a connection from inside the process tree of one of this acpd's children (an \
-                   agent) may not reload it; reloading is the operator's";
-        return conn.reply_err(&id, &not_permitted(why.into())).await;
+    if let Err(e) = operator_only(&conn, "reload it") {
+        return conn.reply_err(&id, &e).await;
     }
     // Reading and checking the file is blocking work, off this task; the connection keeps
     // being served.
@@ -210,6 +202,52 @@ pub(super) async fn reload(conn: Arc<Conn>, id: Id) {
         }
         Err(e) => conn.reply_err(&id, &rejected(&e)).await,
     }
+}
+
+/// `_acpd/tokens/reload`: reads the network tokens again, so a token just created is accepted
+/// and the live connections of one just revoked end at once. Answers how many tokens there are.
+pub(super) async fn reload_tokens(conn: Arc<Conn>, id: Id) {
+    let Some(book) = conn.ctx.daemon.tokens.clone() else {
+        let e = RpcError::method_not_found(acpd_protocol::methods::name::TOKENS_RELOAD);
+        return conn.reply_err(&id, &e).await;
+    };
+    if let Err(e) = operator_only(&conn, "read its tokens again") {
+        return conn.reply_err(&id, &e).await;
+    }
+    match book.reload().await {
+        Ok(()) => {
+            tracing::info!("network tokens read again");
+            let _ = conn.peer.respond_ok(&id, &serde_json::json!({})).await;
+        }
+        Err(e) => {
+            tracing::warn!("cannot read the network tokens again: {e}");
+            let e = RpcError::internal(format!(
+                "the daemon cannot read the network tokens again: {e}; the tokens it read \
+                 before stay in force"
+            ));
+            conn.reply_err(&id, &e).await;
+        }
+    }
+}
+
+/// `Err` unless the caller is acpd's own user over the socket, from outside its children's
+/// trees: the operator. `what` is what they asked, as "may {what}" says it.
+fn operator_only(conn: &Conn, what: &str) -> Result<(), RpcError> {
+    let own = nix::unistd::Uid::effective().as_raw();
+    if conn.ctx.principal != Some(Principal::Uid(own)) {
+        tracing::warn!(principal = ?conn.ctx.principal, "refused to {what}: not acpd's own user");
+        let why = format!("only acpd's own user (uid {own}), over its socket, may {what}");
+        return Err(not_permitted(why));
+    }
+    if !matches!(conn.lineage(), crate::registry::Lineage::Outside) {
+        tracing::warn!("refused to {what} from inside a child's tree");
+        let why = format!(
+            "a connection from inside the process tree of one of this acpd's children (an \
+             agent) may not {what}; that is the operator's"
+        );
+        return Err(not_permitted(why));
+    }
+    Ok(())
 }
 
 fn not_permitted(why: String) -> RpcError {

@@ -30,7 +30,7 @@ pub(super) async fn close_elsewhere(conn: Arc<Conn>, id: Id, params: Option<Box<
     if conn
         .ctx
         .sessions
-        .end_detached(&sid, conn.ctx.peer_uid)
+        .end_detached(&sid, conn.ctx.principal.as_ref())
         .await
     {
         let _ = conn.peer.respond_ok(&id, &json!({})).await;
@@ -111,7 +111,11 @@ pub(super) async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>
     }
     // Taken for the delete, until the agent answered it: no other acpd loads it meanwhile,
     // and the session ended below does not give the lease up on its way out.
-    let deleting = match conn.ctx.sessions.begin_delete(&sid, conn.ctx.peer_uid) {
+    let deleting = match conn
+        .ctx
+        .sessions
+        .begin_delete(&sid, conn.ctx.principal.as_ref())
+    {
         Ok(d) => d,
         Err(e) => {
             ready.close().await;
@@ -142,7 +146,7 @@ pub(super) async fn delete(conn: Arc<Conn>, id: Id, params: Option<Box<RawValue>
     }
     conn.ctx
         .sessions
-        .end_detached(&sid, conn.ctx.peer_uid)
+        .end_detached(&sid, conn.ctx.principal.as_ref())
         .await;
     let params = raw(&json!({ "sessionId": row.child_session_id }));
     let answer = ready.call("session/delete", &params, &conn.closing).await;

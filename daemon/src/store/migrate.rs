@@ -7,7 +7,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::StoreError;
 
 /// Bumped with every schema change; [`migrate`] brings older files up to it.
-pub(super) const SCHEMA: i64 = 3;
+pub(super) const SCHEMA: i64 = 4;
 
 /// Brings the schema up to [`SCHEMA`] in one IMMEDIATE transaction, so two processes opening a
 /// new file at once create it once.
@@ -67,6 +67,25 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
         // rows an agent lists from now on are marked when they come in.
         tx.execute_batch("ALTER TABLE sessions ADD COLUMN listed_only INTEGER NOT NULL DEFAULT 0;")
             .map_err(query)?;
+    }
+    if found < 4 {
+        // Network tokens (store/tokens/): only each one's SHA-256 is kept. A session opened
+        // with a token carries its id; every row from before is a user's (NULL).
+        tx.execute_batch(
+            "CREATE TABLE tokens (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                name TEXT NOT NULL,
+                role TEXT NOT NULL,
+                digest BLOB NOT NULL UNIQUE,
+                created_at TEXT NOT NULL,
+                expires_at INTEGER,
+                revoked_at TEXT,
+                last_used_at TEXT
+            );
+            CREATE INDEX tokens_by_name ON tokens (name);
+            ALTER TABLE sessions ADD COLUMN owner_token INTEGER;",
+        )
+        .map_err(query)?;
     }
     tx.pragma_update(None, "user_version", SCHEMA)
         .map_err(query)?;

@@ -16,6 +16,9 @@
 //! - `probe_cache.rs`: each provider's cached `initialize` answer.
 //! - `migrate.rs`: the schema version and the steps that bring a file up to it.
 //! - `timestamps.rs`: the one time format rows are written and sorted in.
+//! - `principal.rs`: [`Principal`], who a session belongs to (a user or a network token), and
+//!   [`RowOwner`], how a row records it.
+//! - `tokens/`: the network tokens' table and [`tokens::TokenBook`], the daemon's view of it.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 
 mod migrate;
+mod principal;
 mod probe_cache;
 mod rows;
 mod session_map;
@@ -31,8 +35,10 @@ mod store_error;
 #[cfg(test)]
 mod tests;
 mod timestamps;
+pub(crate) mod tokens;
 
 use migrate::migrate;
+pub(crate) use principal::{Principal, RowOwner};
 #[cfg(test)]
 pub(crate) use rows::MAX_TITLE;
 pub(crate) use rows::{Claim, Holder, Listed, SessionRow, cap_title};
@@ -42,6 +48,12 @@ pub(crate) use timestamps::now;
 /// How long a writer waits for another process's write before giving up.
 const BUSY: Duration = Duration::from_secs(5);
 const FILE_NAME: &str = "sessions.sqlite3";
+
+/// The store's file in acpd's state directory (`crate::supervise::default_state_dir`), `None`
+/// when there is no state directory.
+pub(crate) fn default_path() -> Option<PathBuf> {
+    crate::supervise::default_state_dir().map(|dir| dir.join(FILE_NAME))
+}
 
 /// A handle on the store; clones share one connection (SQLite serialises a connection's
 /// statements anyway, and one acpd process writes little).

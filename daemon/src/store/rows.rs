@@ -19,10 +19,10 @@ pub struct SessionRow {
     pub title: Option<String>,
     /// RFC 3339 UTC with milliseconds ([`now`](super::now)): sorts as text.
     pub updated_at: String,
-    /// The uid of the user whose session it is: who opened it through acpd, or acpd's own
-    /// user for one an agent listed (the agent runs as acpd's user, its sessions are theirs).
-    /// Nobody else sees or touches it.
-    pub owner: u32,
+    /// Whose session it is: the user who opened it through acpd (or the token, with acpd's
+    /// own uid), or acpd's own user for one an agent listed (the agent runs as acpd's user,
+    /// its sessions are theirs). Nobody else sees or touches it.
+    pub owner: super::RowOwner,
     /// The acpd process in which the session is live, if any: one session is live in one
     /// acpd at a time.
     pub lease: Option<Holder>,
@@ -83,7 +83,7 @@ pub(crate) fn cap_title(mut title: String) -> String {
 }
 
 pub(super) const COLUMNS: &str = "acpd_id, provider, child_session_id, cwd, title, updated_at, owner_uid, \
-                       lease_pid, lease_start, lease_boot";
+                       lease_pid, lease_start, lease_boot, owner_token";
 
 pub(super) fn session_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -93,7 +93,10 @@ pub(super) fn session_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow>
         cwd: PathBuf::from(OsString::from_vec(r.get(3)?)),
         title: r.get(4)?,
         updated_at: r.get(5)?,
-        owner: r.get(6)?,
+        owner: super::RowOwner {
+            uid: r.get(6)?,
+            token: r.get(10)?,
+        },
         lease: lease_of(r, 7)?,
     })
 }

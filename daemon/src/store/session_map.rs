@@ -7,7 +7,7 @@ use rusqlite::{OptionalExtension as _, TransactionBehavior, params};
 
 use super::rows::{COLUMNS, lease_of, path_bytes, session_row};
 use super::timestamps::{normalize_time, now};
-use super::{Claim, Holder, Listed, SessionRow, Store, StoreError, cap_title};
+use super::{Claim, Holder, Listed, RowOwner, SessionRow, Store, StoreError, cap_title};
 
 impl Store {
     /// Adds `row` (a session someone opened: `session/new`, `session/fork`), or replaces the row
@@ -27,12 +27,13 @@ impl Store {
             )?;
             tx.execute(
                 "INSERT INTO sessions (acpd_id, provider, child_session_id, cwd, title, updated_at,
-                   owner_uid, lease_pid, lease_start, lease_boot, listed_only)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0)
+                   owner_uid, lease_pid, lease_start, lease_boot, listed_only, owner_token)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0, ?11)
                  ON CONFLICT (acpd_id) DO UPDATE SET provider = excluded.provider,
                    child_session_id = excluded.child_session_id, cwd = excluded.cwd,
                    title = excluded.title, updated_at = excluded.updated_at,
-                   owner_uid = excluded.owner_uid, lease_pid = excluded.lease_pid,
+                   owner_uid = excluded.owner_uid, owner_token = excluded.owner_token,
+                   lease_pid = excluded.lease_pid,
                    lease_start = excluded.lease_start, lease_boot = excluded.lease_boot,
                    listed_only = 0",
                 params![
@@ -42,37 +43,50 @@ impl Store {
                     path_bytes(&row.cwd),
                     title,
                     row.updated_at,
-                    row.owner,
+                    row.owner.uid,
                     lease.as_ref().map(|h| h.pid),
                     lease.as_ref().map(|h| h.start.to_string()),
                     lease.as_ref().map(|h| h.boot.clone()),
+                    row.owner.token,
                 ],
             )?;
             tx.commit()
         })
         .await
     }
-    /// The row of `acpd_id` if it is `owner`'s: another user's session is not there for them.
+    /// The row of `acpd_id` if it is `owner`'s: another user's or token's session is not there
+    /// for them.
     pub async fn get_owned(
         &self,
         acpd_id: &str,
-        owner: u32,
+        owner: RowOwner,
     ) -> Result<Option<SessionRow>, StoreError> {
         Ok(self.get(acpd_id).await?.filter(|r| r.owner == owner))
     }
     /// Makes `me` the holder of `owner`'s session `acpd_id`, unless another live acpd holds it.
     /// A dead holder's lease (its process gone, or from another boot) is taken over. A row only
     /// an agent's listing brought in is now one its owner opened: no listing bounds it any more.
-    pub async fn claim(&self, acpd_id: &str, owner: u32, me: &Holder) -> Result<Claim, StoreError> {
+    pub async fn claim(
+        &self,
+        acpd_id: &str,
+        owner: RowOwner,
+        me: &Holder,
+    ) -> Result<Claim, StoreError> {
         let (acpd_id, me) = (acpd_id.to_owned(), me.clone());
         self.run(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let found = tx
                 .query_row(
-                    "SELECT owner_uid, lease_pid, lease_start, lease_boot FROM sessions
-                     WHERE acpd_id = ?1",
+                    "SELECT owner_uid, lease_pid, lease_start, lease_boot, owner_token
+                     FROM sessions WHERE acpd_id = ?1",
                     [&acpd_id],
-                    |r| Ok((r.get::<_, u32>(0)?, lease_of(r, 1)?)),
+                    |r| {
+                        let owner = RowOwner {
+                            uid: r.get(0)?,
+                            token: r.get(4)?,
+                        };
+                        Ok((owner, lease_of(r, 1)?))
+                    },
                 )
                 .optional()?;
             let claim = match found {
@@ -126,7 +140,7 @@ impl Store {
     pub async fn touch(
         &self,
         acpd_id: &str,
-        owner: u32,
+        owner: RowOwner,
         title: Option<String>,
     ) -> Result<(), StoreError> {
         let acpd_id = acpd_id.to_owned();
@@ -134,8 +148,8 @@ impl Store {
         self.run(move |conn| {
             conn.execute(
                 "UPDATE sessions SET updated_at = ?2, title = COALESCE(?3, title)
-                 WHERE acpd_id = ?1 AND owner_uid = ?4",
-                params![acpd_id, now(), title, owner],
+                 WHERE acpd_id = ?1 AND owner_uid = ?4 AND owner_token IS ?5",
+                params![acpd_id, now(), title, owner.uid, owner.token],
             )
             .map(drop)
         })
@@ -241,15 +255,17 @@ impl Store {
     pub async fn list(
         &self,
         cwd: Option<&Path>,
-        owner: u32,
+        owner: RowOwner,
     ) -> Result<Vec<SessionRow>, StoreError> {
         let cwd = cwd.map(|c| path_bytes(c).to_vec());
         self.run(move |conn| {
             let mut stmt = conn.prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM sessions WHERE (?1 IS NULL OR cwd = ?1) AND owner_uid = ?2
+                   AND owner_token IS ?3
                  ORDER BY updated_at DESC, acpd_id ASC"
             ))?;
-            stmt.query_map(params![cwd, owner], session_row)?.collect()
+            stmt.query_map(params![cwd, owner.uid, owner.token], session_row)?
+                .collect()
         })
         .await
     }

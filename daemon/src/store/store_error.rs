@@ -31,4 +31,18 @@ pub enum StoreError {
     },
     #[error("a session store query on {} did not finish: {reason}", path.display())]
     Task { path: PathBuf, reason: String },
+    #[error(
+        "{name:?} is not a token name: {why}; use 1 to 64 letters, digits, '-', '_' or '.', starting with a letter or digit"
+    )]
+    TokenName { name: String, why: String },
+    #[error(
+        "a token named {name} exists already and is still accepted; choose another name, or revoke it first with `acpd token revoke {name}`"
+    )]
+    TokenNameTaken { name: String },
+    #[error("there is no token named {name}; `acpd token list` shows the tokens there are")]
+    NoSuchToken { name: String },
+    #[error(
+        "cannot read random bytes from the operating system for a token: {reason}; nothing was created, try again"
+    )]
+    Random { reason: String },
 }

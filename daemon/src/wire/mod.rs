@@ -2,8 +2,9 @@
 //!
 //! Two halves, each bounded:
 //! - [`LineReader`] frames lines (capped at `max_line`; a partial line older than
-//!   `line_timeout` is dropped; the buffer shrinks back after a large line) and parses the
-//!   envelope. A child's driver reads with it inline, so everything a child says is handled in
+//!   `line_timeout` is dropped; the buffer shrinks back after a large line; a parent's partial
+//!   line past a small allowance holds bytes of the process-wide budget, [`half`]) and parses
+//!   the envelope. A child's driver reads with it inline, so everything a child says is handled in
 //!   the order it said it; a parent connection runs it in its own task ([`connect`]).
 //! - [`Outbox`] queues lines for a writer task behind a byte budget, so a peer that stops
 //!   reading costs at most the budget, then slows whoever writes to it; every write has a
@@ -81,6 +82,10 @@ pub enum LineFault {
     Envelope(#[from] EnvelopeError),
     #[error("line not finished within {0:?} (line_timeout); dropped")]
     Stalled(Duration),
+    /// The line needed more of the budget for unfinished messages than others left it
+    /// before its deadline.
+    #[error("line dropped: {0}")]
+    OverBudget(#[from] half::Exhausted),
 }
 
 impl LineFault {
@@ -90,6 +95,7 @@ impl LineFault {
             LineFault::Envelope(e) => (e.id().cloned(), e.to_rpc_error()),
             LineFault::Frame(e) => (None, RpcError::from_frame(e)),
             LineFault::Stalled(_) => (None, RpcError::line_timeout()),
+            LineFault::OverBudget(e) => (None, half::refusal(e)),
         }
     }
 }
@@ -103,6 +109,9 @@ pub enum CallError {
     Closed,
 }
 
+pub(crate) mod half;
+#[cfg(test)]
+mod half_tests;
 mod outbox;
 pub(crate) mod peer;
 mod reader;
@@ -132,13 +141,18 @@ where
         max_line,
         ..WireLimits::default()
     };
-    connect_with(reader, writer, limits)
+    connect_with(reader, writer, limits, None)
 }
 
 /// Starts a reader task and a writer task over a byte stream pair. The reader completes our
 /// calls itself and queues everything else for the owner (bounded: a flooding peer is slowed
-/// by its own pipe).
-pub(crate) fn connect_with<R, W>(reader: R, writer: W, limits: WireLimits) -> Connection
+/// by its own pipe). A parent's unfinished line past its allowance holds `budget`'s bytes.
+pub(crate) fn connect_with<R, W>(
+    reader: R,
+    writer: W,
+    limits: WireLimits,
+    budget: Option<&Arc<half::HalfBudget>>,
+) -> Connection
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -146,11 +160,15 @@ where
     let (in_tx, in_rx) = mpsc::channel(QUEUE_DEPTH);
     let pending = Arc::new(Pending::default());
     let eof = CancellationToken::new();
-    let budget = Arc::new(Semaphore::new(IN_BUDGET));
+    let queued = Arc::new(Semaphore::new(IN_BUDGET));
+    let reader = LineReader::new(reader, limits);
     tokio::spawn(read_loop(
-        LineReader::new(reader, limits),
+        match budget {
+            Some(budget) => reader.budgeted(budget),
+            None => reader,
+        },
         pending.clone(),
-        (in_tx, budget),
+        (in_tx, queued),
         eof.clone(),
     ));
     let out = Outbox::start(writer, limits.write_timeout);

@@ -7,6 +7,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncRead;
 use tokio::time::Instant;
 
+use super::half::{HalfBudget, Held};
 use super::{LineFault, READ_CHUNK, WireLimits};
 
 /// Reads framed, parsed messages from a byte stream.
@@ -20,6 +21,11 @@ pub(crate) struct LineReader<R> {
     partial_since: Option<Instant>,
     /// Where each line read is traced (`trace_dir`).
     tap: Option<Tap>,
+    /// A parent's share of the budget for unfinished messages; `None` toward a child.
+    held: Option<Held>,
+    /// A large line was taken from the allocation `buf` still points into: its bytes stay
+    /// resident as long as what follows it there.
+    after_large_line: bool,
 }
 
 /// A trace and the hop it records.
@@ -36,7 +42,16 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             eof: false,
             partial_since: None,
             tap: None,
+            held: None,
+            after_large_line: false,
         }
+    }
+
+    /// Holds an unfinished line past [`half::ALLOWANCE`](super::half::ALLOWANCE) only with
+    /// `budget`'s bytes: a parent's connection, one of many that share it.
+    pub(crate) fn budgeted(mut self, budget: &std::sync::Arc<HalfBudget>) -> Self {
+        self.held = Some(budget.held());
+        self
     }
 
     /// Records every line read in `tap`'s trace.
@@ -64,20 +79,22 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     /// it), or a framing fault; `None` at end of input. Cancel-safe like [`LineReader::next`].
     pub(crate) async fn next_line(&mut self) -> Option<Result<Bytes, LineFault>> {
         loop {
+            let before = self.buf.len();
             let item = if self.eof {
                 self.decoder.decode_eof(&mut self.buf)
             } else {
                 self.decoder.decode(&mut self.buf)
             };
             if let Some(item) = item {
-                self.partial_since = None;
-                self.shrink();
+                self.taken(before - self.buf.len());
                 return Some(self.framed(item));
             }
             if self.eof {
                 return None;
             }
+            self.leave_large_line();
             self.shrink();
+            self.fit_held();
             if self.buf.is_empty() {
                 self.partial_since = None;
             } else if self.partial_since.is_none() {
@@ -86,22 +103,78 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             let stall = self
                 .partial_since
                 .map(|t| crate::durations::deadline_from(t, self.limits.line_timeout));
+            // Room for the next read is taken from the budget before it: what a silent peer
+            // holds was granted. Waiting for it reads nothing, and ends at the line's deadline.
+            let room = match (&mut self.held, stall) {
+                (Some(held), Some(deadline)) => {
+                    // One byte more at least; the grains taken make room for whole reads. (No
+                    // more than `max_line` and a `\r\n` is ever buffered: past it the decoder
+                    // skips the line, so asks for no more.)
+                    if let Err(e) = held.grow(self.buf.len() + 1, deadline).await {
+                        self.abandon();
+                        return Some(Err(e.into()));
+                    }
+                    held.room()
+                }
+                (Some(held), None) => held.room(),
+                (None, _) => usize::MAX,
+            };
+            let at_most = room.saturating_sub(self.buf.len());
             tokio::select! {
                 // Bytes that are already there always win over the deadline: the owner may
                 // have been busy elsewhere while the rest of the line arrived.
                 biased;
-                read = read_into(&mut self.reader, &mut self.buf) => match read {
+                read = read_into(&mut self.reader, &mut self.buf, at_most) => match read {
                     Ok(0) | Err(_) => self.eof = true,
                     Ok(_) => {}
                 },
                 _ = sleep_until_opt(stall), if stall.is_some() => {
-                    self.partial_since = None;
-                    // Its memory is freed and the rest of it, up to its newline, skipped.
-                    if self.decoder.abandon_partial(&mut self.buf) {
+                    if self.abandon() {
                         return Some(Err(LineFault::Stalled(self.limits.line_timeout)));
                     }
                 }
             }
+        }
+    }
+
+    /// Drops the unfinished line whose deadline passed: its memory is freed, its share of the
+    /// budget given back, and the rest of it, up to its newline, skipped. Whether there was
+    /// one to drop (not an oversized one already being skipped).
+    fn abandon(&mut self) -> bool {
+        self.partial_since = None;
+        let dropped = self.decoder.abandon_partial(&mut self.buf);
+        self.fit_held();
+        dropped
+    }
+
+    /// After `consumed` bytes of lines were taken from the buffer: a new one starts, in less
+    /// memory.
+    fn taken(&mut self, consumed: usize) {
+        self.partial_since = None;
+        self.after_large_line |= consumed > 4 * READ_CHUNK;
+        self.shrink();
+        self.fit_held();
+    }
+
+    /// Once only an unfinished line (or nothing) is left behind a large one, moves it to an
+    /// allocation of its own: sharing the large line's, it kept all of it resident (8 MiB held
+    /// by 32 KiB, not counted in the budget) until it ended. Each byte is moved at most once:
+    /// only the bytes that came after a large line, and only when no whole line is left.
+    fn leave_large_line(&mut self) {
+        if std::mem::take(&mut self.after_large_line) {
+            let rest = self.buf.split();
+            self.buf = BytesMut::new();
+            if !rest.is_empty() {
+                self.buf.reserve(rest.len() + READ_CHUNK);
+                self.buf.extend_from_slice(&rest);
+            }
+        }
+    }
+
+    /// Gives back the budget the buffered bytes no longer need (no atomic while none is held).
+    fn fit_held(&mut self) {
+        if let Some(held) = &mut self.held {
+            held.fit(self.buf.len());
         }
     }
 
@@ -111,9 +184,9 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         if self.eof {
             return None;
         }
+        let before = self.buf.len();
         let item = self.decoder.decode(&mut self.buf)?;
-        self.partial_since = None;
-        self.shrink();
+        self.taken(before - self.buf.len());
         Some(self.framed(item))
     }
 
@@ -145,10 +218,15 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         }
         if taken > 0 {
             self.decoder.consume(&mut self.buf, end);
-            self.partial_since = None;
-            self.shrink();
+            self.taken(end);
         }
         taken
+    }
+
+    /// Bytes buffered, for tests of what a reader holds.
+    #[cfg(test)]
+    pub(super) fn buffered_len(&self) -> usize {
+        self.buf.len()
     }
 
     /// The read buffer's allocation, for tests of its release.
@@ -182,23 +260,31 @@ fn counted(e: acpd_protocol::codec::FrameError) -> acpd_protocol::codec::FrameEr
 /// finds nothing: once per burst, not per read.
 const STREAM_BUFFER: usize = 64 * 1024;
 
-/// Reads once into `buf`. A reader that waits holds no buffer: when a read finds nothing and
-/// `buf` is empty, its allocation is given back before the poll returns, and the bytes that
-/// wake it land in a buffer on the stack of the poll that finds them, then only what arrived is
-/// copied into a new one (reserving one before waiting kept 16 KiB per idle child, resident
-/// wherever it landed on a reused heap page). While bytes keep coming the buffer is kept and
-/// read into directly: taking and freeing it for every read cost a stream a copy and two
-/// trips through the allocator per read. Cancel-safe: bytes read are in `buf` before the poll
-/// returns.
+/// Reads once into `buf`, at most `at_most` bytes (at least 1). A reader that waits holds no
+/// buffer: when a read finds nothing and `buf` is empty, its allocation is given back before
+/// the poll returns, and the bytes that wake it land in a buffer on the stack of the poll that
+/// finds them, then only what arrived is copied into a new one (reserving one before waiting
+/// kept 16 KiB per idle child, resident wherever it landed on a reused heap page). While bytes
+/// keep coming the buffer is kept and read into directly: taking and freeing it for every read
+/// cost a stream a copy and two trips through the allocator per read. Cancel-safe: bytes read
+/// are in `buf` before the poll returns.
 pub(crate) async fn read_into<R: AsyncRead + Unpin>(
     reader: &mut R,
     buf: &mut BytesMut,
+    at_most: usize,
 ) -> std::io::Result<usize> {
+    let at_most = at_most.max(1);
     std::future::poll_fn(|cx| {
         // A stream's buffer, or a line that is still arriving: read straight into it.
         if buf.capacity() >= READ_CHUNK || !buf.is_empty() {
             buf.reserve(READ_CHUNK);
-            let polled = tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *reader), cx, buf);
+            let polled = if buf.capacity() - buf.len() > at_most {
+                // A budgeted line's room ends before the buffer's does.
+                let mut capped = tokio::io::AsyncReadExt::take(&mut *reader, at_most as u64);
+                tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut capped), cx, buf)
+            } else {
+                tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *reader), cx, buf)
+            };
             if polled.is_pending() && buf.is_empty() {
                 *buf = BytesMut::new();
             }
@@ -208,7 +294,8 @@ pub(crate) async fn read_into<R: AsyncRead + Unpin>(
         // next gets an allocation of its own size (not a stream's buffer per message).
         *buf = BytesMut::new();
         let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
-        let mut read = tokio::io::ReadBuf::uninit(&mut stack);
+        let stack = &mut stack[..at_most.min(READ_CHUNK)];
+        let mut read = tokio::io::ReadBuf::uninit(stack);
         std::pin::Pin::new(&mut *reader)
             .poll_read(cx, &mut read)
             .map_ok(|()| {

@@ -4,35 +4,33 @@
 //! connections and requests each token holds.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use hyper::HeaderMap;
 use hyper::header::{AUTHORIZATION, COOKIE, ORIGIN, SEC_WEBSOCKET_PROTOCOL};
 
-/// What a valid token grants: the principal its connections act as.
-#[derive(Debug, Clone)]
-pub(crate) struct Grant {
-    pub id: i64,
-    pub name: Arc<str>,
-    pub expires: Option<SystemTime>,
-}
+pub(crate) use crate::store::tokens::{TokenGrant as Grant, TokenRefusal as Refusal};
 
-/// Why a bearer token was not accepted (logged; the client only ever reads 401).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    Unknown,
-    Revoked,
-    Expired,
-}
-
-/// Checks bearer tokens; the daemon's token book, or a fixed set in tests.
+/// Checks bearer tokens: the daemon's token book.
 pub(crate) trait Authenticator: Send + Sync {
     fn verify(&self, bearer: &str) -> Result<Grant, Refusal>;
     /// Whether a token verified earlier still stands (revoked and expired ones do not).
     fn is_live(&self, id: i64) -> bool;
     /// Changes whenever tokens may have been revoked.
     fn changed(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
+impl Authenticator for crate::store::tokens::TokenBook {
+    fn verify(&self, bearer: &str) -> Result<Grant, Refusal> {
+        crate::store::tokens::TokenBook::verify(self, bearer)
+    }
+    fn is_live(&self, id: i64) -> bool {
+        crate::store::tokens::TokenBook::is_live(self, id)
+    }
+    fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        crate::store::tokens::TokenBook::changed(self)
+    }
 }
 
 /// The prefix every acpd token starts with, so one put where tokens never go is recognised.
@@ -183,14 +181,6 @@ impl RateLimits {
         } else {
             Err(std::time::Duration::from_secs_f64((1.0 - *level) / rate))
         }
-    }
-
-    /// Forgets tokens whose buckets are full again (bounded: one entry per token in use).
-    pub(crate) fn forget(&self, token: i64) {
-        self.buckets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&token);
     }
 }
 

@@ -88,15 +88,6 @@ impl Live {
         }
         closed
     }
-
-    /// Connections alive now.
-    pub(crate) fn count(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .conns
-            .len()
-    }
 }
 
 impl Place {

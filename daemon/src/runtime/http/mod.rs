@@ -140,32 +140,6 @@ impl Face {
             certs.reload(&self.net());
         }
     }
-
-    /// Network ACP connections alive now.
-    pub(crate) fn connections(&self) -> usize {
-        self.live.count()
-    }
-}
-
-/// The daemon's tokens, as the face checks them.
-pub(crate) fn token_authenticator(ctx: &ServerContext) -> Arc<dyn Authenticator> {
-    let _ = ctx;
-    Arc::new(NoTokens(tokio::sync::watch::channel(0).1))
-}
-
-/// Until the token book is in place: every token refused.
-struct NoTokens(tokio::sync::watch::Receiver<u64>);
-
-impl Authenticator for NoTokens {
-    fn verify(&self, _bearer: &str) -> Result<Grant, guard::Refusal> {
-        Err(guard::Refusal::Unknown)
-    }
-    fn is_live(&self, _id: i64) -> bool {
-        false
-    }
-    fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.0.clone()
-    }
 }
 
 /// Closes connections whose token was revoked (at once) or expired (within a second).
@@ -385,9 +359,8 @@ async fn handle(face: Arc<Face>, req: Request<hyper::body::Incoming>) -> Respons
 
 /// The server context of a network connection: its token's principal, no local process.
 fn conn_ctx(face: &Face, grant: &Grant) -> ServerContext {
-    let _ = grant;
     ServerContext {
-        peer_uid: None,
+        principal: Some(crate::server::Principal::token(grant)),
         origin: None,
         caller_cwd: None,
         ..face.ctx.clone()
@@ -597,7 +570,8 @@ async fn initialize(
         to_acpd,
         mut from_acpd,
     } = bridge::open(conn_ctx(&face, &grant), &face.tracker);
-    let conn = HttpConn::new(id.clone(), grant.id, to_acpd, place);
+    let write_timeout = face.ctx.registry.config().write_timeout;
+    let conn = HttpConn::new(id.clone(), grant.id, to_acpd, place, write_timeout);
     match conn
         .initialize(body, &mut from_acpd, INITIALIZE_TIMEOUT)
         .await

@@ -95,6 +95,8 @@ pub(crate) struct HttpConn {
     /// Wakes stream readers (a message queued, the connection closed) and the router (room).
     changed: Notify,
     pub cancel: CancellationToken,
+    /// How long a full stream may keep the router waiting before its client counts as gone.
+    write_timeout: Duration,
     _place: Place,
 }
 
@@ -113,7 +115,13 @@ fn refuse(status: u16, message: impl Into<String>) -> Refusal {
 }
 
 impl HttpConn {
-    pub(super) fn new(id: String, token: i64, to_acpd: ToAcpd, place: Place) -> Arc<HttpConn> {
+    pub(super) fn new(
+        id: String,
+        token: i64,
+        to_acpd: ToAcpd,
+        place: Place,
+        write_timeout: Duration,
+    ) -> Arc<HttpConn> {
         Arc::new(HttpConn {
             id,
             token,
@@ -121,6 +129,7 @@ impl HttpConn {
             routing: Mutex::new(Routing::default()),
             changed: Notify::new(),
             cancel: place.cancel.clone(),
+            write_timeout,
             _place: place,
         })
     }
@@ -266,8 +275,17 @@ impl HttpConn {
                 }
                 _ => Route::Connection,
             };
-            if !self.room_for(&route).await {
-                break;
+            match tokio::time::timeout(self.write_timeout, self.room_for(&route)).await {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(_) => {
+                    crate::metrics::get().network_refused("client_not_reading");
+                    tracing::warn!(connection = %self.id,
+                        "closing a network connection whose client stopped reading its event stream (write_timeout)");
+                    self.close("its client stopped reading (write_timeout)")
+                        .await;
+                    return;
+                }
             }
             self.push(route, line);
             let unread = self.routing().unread();

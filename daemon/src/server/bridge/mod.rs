@@ -321,7 +321,7 @@ async fn create(conn: Arc<Conn>, id: Id, o: Opening<'_>) {
         &minted,
         child.clone(),
         launched.slot,
-        conn.ctx.peer_uid,
+        conn.ctx.principal.clone(),
         conn.ctx.registry.clone(),
         workspace,
     );

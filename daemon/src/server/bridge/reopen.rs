@@ -32,7 +32,7 @@ pub(in crate::server) async fn load(
         let released = sessions.released.notified();
         tokio::pin!(released);
         released.as_mut().enable();
-        let foreign = match sessions.take_for_load(&sid, conn.ctx.peer_uid) {
+        let foreign = match sessions.take_for_load(&sid, conn.ctx.principal.as_ref()) {
             Err(e) => return conn.reply_err(&id, &e).await,
             Ok(Taken::Detached(child)) => {
                 let meta = editor_meta(params.as_deref());
@@ -116,7 +116,7 @@ pub(in crate::server) async fn load(
         &row.acpd_id,
         child.clone(),
         launched.slot,
-        conn.ctx.peer_uid,
+        conn.ctx.principal.clone(),
         conn.ctx.registry.clone(),
         launched.workspace,
     );

@@ -211,7 +211,7 @@ async fn a_listed_row_gives_way_to_the_session_its_opener_files() {
         .adopt("echo", "c1", Path::new("/w"), None, None)
         .await
         .unwrap();
-    let opener = me().wrapping_add(1);
+    let opener = RowOwner::uid(me().uid.wrapping_add(1));
     store
         .insert(SessionRow {
             owner: opener,
@@ -255,7 +255,7 @@ async fn a_listed_row_gives_way_to_the_session_its_opener_files() {
 #[tokio::test]
 async fn the_bound_never_forgets_a_row_someone_opened() {
     let store = Store::in_memory();
-    let other = me().wrapping_add(1);
+    let other = RowOwner::uid(me().uid.wrapping_add(1));
     store
         .insert(SessionRow {
             owner: other,

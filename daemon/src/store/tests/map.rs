@@ -106,7 +106,7 @@ async fn list_is_newest_first_then_by_id_and_filters_on_cwd() {
 async fn rows_are_their_owners_only() {
     let store = Store::in_memory();
     let theirs = SessionRow {
-        owner: 4242,
+        owner: RowOwner::uid(4242),
         ..row("acpd-t", "echo", "c1", "/w", "2026-12-01T10:00:00Z")
     };
     store.insert(theirs.clone()).await.unwrap();
@@ -116,11 +116,17 @@ async fn rows_are_their_owners_only() {
         .unwrap();
     assert_eq!(store.get_owned("acpd-t", me()).await.unwrap(), None);
     assert_eq!(
-        store.get_owned("acpd-t", 4242).await.unwrap(),
+        store
+            .get_owned("acpd-t", RowOwner::uid(4242))
+            .await
+            .unwrap(),
         Some(theirs.clone())
     );
     assert_eq!(ids(&store.list(None, me()).await.unwrap()), ["acpd-m"]);
-    assert_eq!(ids(&store.list(None, 4242).await.unwrap()), ["acpd-t"]);
+    assert_eq!(
+        ids(&store.list(None, RowOwner::uid(4242)).await.unwrap()),
+        ["acpd-t"]
+    );
     store
         .touch("acpd-t", me(), Some("mine now".into()))
         .await
@@ -132,6 +138,47 @@ async fn rows_are_their_owners_only() {
         Claim::Unknown
     );
     assert_eq!(store.get("acpd-t").await.unwrap().unwrap().lease, None);
+}
+
+/// A token's session is not there for acpd's own user (whose uid its row carries), nor for
+/// another token, and a user's is not there for a token: not got, listed, touched or claimed.
+#[tokio::test]
+async fn a_tokens_rows_are_its_own() {
+    let store = Store::in_memory();
+    let token = |id| RowOwner {
+        token: Some(id),
+        ..me()
+    };
+    let theirs = SessionRow {
+        owner: token(1),
+        ..row("acpd-t", "echo", "c1", "/w", "2026-12-01T10:00:00Z")
+    };
+    store.insert(theirs.clone()).await.unwrap();
+    store
+        .insert(row("acpd-m", "echo", "c2", "/w", "2026-12-01T09:00:00Z"))
+        .await
+        .unwrap();
+    assert_eq!(store.get_owned("acpd-t", me()).await.unwrap(), None);
+    assert_eq!(store.get_owned("acpd-t", token(2)).await.unwrap(), None);
+    assert_eq!(store.get_owned("acpd-m", token(1)).await.unwrap(), None);
+    assert_eq!(
+        store.get_owned("acpd-t", token(1)).await.unwrap(),
+        Some(theirs.clone())
+    );
+    assert_eq!(ids(&store.list(None, me()).await.unwrap()), ["acpd-m"]);
+    assert_eq!(ids(&store.list(None, token(1)).await.unwrap()), ["acpd-t"]);
+    assert!(store.list(None, token(2)).await.unwrap().is_empty());
+    for owner in [me(), token(2)] {
+        store
+            .touch("acpd-t", owner, Some("mine now".into()))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.claim("acpd-t", owner, &Holder::me()).await.unwrap(),
+            Claim::Unknown
+        );
+    }
+    assert_eq!(store.get("acpd-t").await.unwrap(), Some(theirs));
 }
 
 /// A lease is taken when free, kept by its live holder against others, taken over from a

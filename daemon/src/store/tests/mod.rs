@@ -27,8 +27,8 @@ fn row(id: &str, provider: &str, child: &str, cwd: &str, updated_at: &str) -> Se
 }
 
 /// The owner of rows this process adopts.
-fn me() -> u32 {
-    nix::unistd::Uid::effective().as_raw()
+fn me() -> RowOwner {
+    RowOwner::own()
 }
 
 fn ids(rows: &[SessionRow]) -> Vec<&str> {

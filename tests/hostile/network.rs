@@ -1,0 +1,465 @@
+//! The network face against clients that do not behave: a thousand WebSockets on one token,
+//! a client that stops reading, one whose TCP connection is cut mid-turn, ten thousand bad TLS
+//! handshakes, headers sent a byte a second. Each is refused or ended with the rule's name,
+//! acpd's memory stays flat, and an honest client still gets through.
+
+use crate::common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::raw::rss_kib;
+use common::remote::{Face, Ws, host_port, tls_connect};
+use common::*;
+use serde_json::json;
+
+/// `acpd_network_refused_total{reason}` from the daemon's metrics.
+fn refused(face: &Face, reason: &str) -> f64 {
+    let out = face.daemon.cli(&["status", "--metrics"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = format!("acpd_network_refused_total{{reason=\"{reason}\"}}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .unwrap_or_else(|| panic!("no {line}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// An honest client still runs a turn.
+fn still_served(face: &Face, token: &str) {
+    let mut ws = face.ws(token);
+    ws.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let new = ws.call(
+        "session/new",
+        json!({"cwd": face.daemon.env.path(), "mcpServers": []}),
+    );
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    let answer = ws.call(
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "still here"}]}),
+    );
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+}
+
+fn pid(face: &Face) -> u32 {
+    face.daemon.pid().as_raw() as u32
+}
+
+#[test]
+fn a_thousand_websockets_on_one_token_are_refused_past_its_limit_and_memory_stays_flat() {
+    let face = Face::start("max_connections_per_token = 16\nrequests_per_second = 100000");
+    let token = face.token("phone", &[]);
+    still_served(&face, &token);
+    let before = rss_kib(pid(&face));
+    let mut open = Vec::new();
+    let mut refused_429 = 0;
+    for _ in 0..1000 {
+        match Ws::connect(
+            &face.url,
+            &face.cert,
+            &[("Authorization", &format!("Bearer {token}"))],
+        ) {
+            Ok(ws) => open.push(ws),
+            Err(r) => {
+                assert_eq!(r.status, 429, "{r:?}");
+                assert!(r.body.contains("max_connections_per_token"), "{}", r.body);
+                refused_429 += 1;
+            }
+        }
+    }
+    assert_eq!(open.len(), 16);
+    assert_eq!(refused_429, 984);
+    let grown = rss_kib(pid(&face)).saturating_sub(before);
+    assert!(
+        grown < 32 * 1024,
+        "acpd grew {grown} KiB over 1000 upgrades"
+    );
+    assert!(refused(&face, "max_connections_per_token") >= 984.0);
+    // Another token is not locked out by the first one's connections.
+    let other = face.token("laptop", &[]);
+    still_served(&face, &other);
+    drop(open);
+    assert!(
+        eventually(Duration::from_secs(10), || Ws::connect(
+            &face.url,
+            &face.cert,
+            &[("Authorization", &format!("Bearer {token}"))]
+        )
+        .is_ok()),
+        "the token's places were not given back"
+    );
+}
+
+#[test]
+fn a_token_over_its_requests_per_second_is_answered_429_naming_the_limit() {
+    let face = Face::start("requests_per_second = 5");
+    let token = face.token("script", &[]);
+    let http = common::remote::Http::new(&face.url, &face.cert, Some(&token));
+    let replies: Vec<_> = (0..20)
+        .map(|_| {
+            http.post(
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "nothing"}),
+                None,
+                None,
+            )
+        })
+        .collect();
+    let limited: Vec<_> = replies.iter().filter(|r| r.status == 429).collect();
+    assert!(limited.len() >= 10, "{replies:?}");
+    assert!(
+        limited[0].body.contains("requests_per_second"),
+        "{}",
+        limited[0].body
+    );
+    assert_eq!(limited[0].header("retry-after"), Some("1"));
+    assert!(refused(&face, "requests_per_second") >= 10.0);
+}
+
+#[test]
+fn a_websocket_client_that_stops_reading_is_closed_and_costs_a_bounded_buffer() {
+    let face = Face::start("write_timeout = \"2s\"");
+    let token = face.token("phone", &[]);
+    let mut ws = face.ws(&token);
+    ws.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let new = ws.call(
+        "session/new",
+        json!({"cwd": face.daemon.env.path(), "mcpServers": []}),
+    );
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    let before = rss_kib(pid(&face));
+    // 200 MB of output the client never reads.
+    ws.send(
+        &json!({"jsonrpc": "2.0", "id": 9, "method": "session/prompt",
+        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": ":chunks 200000 1000"}]}}),
+    );
+    let ended = eventually(Duration::from_secs(30), || {
+        refused(&face, "client_not_reading") >= 1.0
+    });
+    assert!(
+        ended,
+        "the connection was not closed; log: {}",
+        face.daemon.log()
+    );
+    let grown = rss_kib(pid(&face)).saturating_sub(before);
+    assert!(
+        grown < 64 * 1024,
+        "acpd grew {grown} KiB for a client that does not read"
+    );
+    // What the client reads now ends, never hangs.
+    let started = Instant::now();
+    while ws.recv().is_ok() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the stream never ended"
+        );
+    }
+    still_served(&face, &token);
+}
+
+#[test]
+fn a_connection_cut_mid_turn_detaches_its_session_which_loads_again() {
+    let env = Env::raw("");
+    let sessions = env.path().join("echo-sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    let face = Face::with_config(
+        env,
+        &format!(
+            "default_provider = \"kept\"\n[providers.kept]\ncommand = [\"{BIN}\", \"agent\", \
+             \"echo\", \"--sessions\", \"{}\"]\n",
+            sessions.display()
+        ),
+    );
+    let token = face.token("laptop", &[]);
+    let mut ws = face.ws(&token);
+    ws.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let cwd = face.daemon.env.path().to_path_buf();
+    let new = ws.call("session/new", json!({"cwd": cwd, "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    ws.call(
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "before the cut"}]}),
+    );
+    ws.send(
+        &json!({"jsonrpc": "2.0", "id": 50, "method": "session/prompt",
+        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": ":sleep 60000"}]}}),
+    );
+    // The cable is pulled: no close frame, no FIN from the client's side of the protocol.
+    ws.socket
+        .get_mut()
+        .sock
+        .shutdown(std::net::Shutdown::Both)
+        .unwrap();
+    drop(ws);
+    assert!(
+        eventually(Duration::from_secs(20), || face.daemon.status()["sessions"]
+            ["detached"]
+            == 1),
+        "the session was not detached: {}",
+        face.daemon.status()
+    );
+    let mut again = face.ws(&token);
+    again.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let load = again.call(
+        "session/load",
+        json!({"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+    );
+    assert!(load.get("result").is_some(), "{load}");
+    // The turn the cut left running goes on (a detached session keeps working); the editor
+    // that came back ends it, then prompts again.
+    again
+        .send(&json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}}));
+    let answer = again.call(
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "after the cut"}]}),
+    );
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+}
+
+#[test]
+fn ten_thousand_bad_tls_handshakes_cost_nothing_lasting() {
+    let face = Face::start("");
+    let token = face.token("laptop", &[]);
+    still_served(&face, &token);
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", pid(&face)))
+            .unwrap()
+            .count()
+    };
+    let (fds_before, rss_before) = (fds(), rss_kib(pid(&face)));
+    let addr = host_port(&face.url);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                for _ in 0..2500 {
+                    let mut tcp = TcpStream::connect(&addr).unwrap();
+                    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    // Plain HTTP to a TLS port: not a ClientHello.
+                    let _ = tcp.write_all(b"GET /acp HTTP/1.1\r\nHost: x\r\n\r\n");
+                    let mut sink = [0u8; 256];
+                    while matches!(tcp.read(&mut sink), Ok(n) if n > 0) {}
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(refused(&face, "tls_handshake") >= 10_000.0);
+    assert!(
+        eventually(Duration::from_secs(10), || fds() <= fds_before + 2),
+        "descriptors left open: {} before, {} after",
+        fds_before,
+        fds()
+    );
+    let grown = rss_kib(pid(&face)).saturating_sub(rss_before);
+    assert!(grown < 32 * 1024, "acpd grew {grown} KiB");
+    still_served(&face, &token);
+}
+
+#[test]
+fn headers_sent_a_byte_a_second_are_cut_off_at_the_header_timeout() {
+    let face = Face::start("http_header_timeout = \"2s\"");
+    let token = face.token("laptop", &[]);
+    // Through TLS, a request whose headers trickle in.
+    let mut tls = tls_connect(&face.url, &face.cert);
+    let request = format!(
+        "POST /acp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nX-Slow: {}\r\n\r\n",
+        "a".repeat(40)
+    );
+    let started = Instant::now();
+    let mut cut = false;
+    for byte in request.as_bytes() {
+        if tls.write_all(&[*byte]).and_then(|()| tls.flush()).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        if started.elapsed() > Duration::from_secs(15) {
+            break;
+        }
+    }
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest);
+    assert!(
+        cut || started.elapsed() < Duration::from_secs(15),
+        "a trickled request was read for {:?}",
+        started.elapsed()
+    );
+    // A silent TCP connection (no ClientHello at all) is closed too.
+    let mut silent = TcpStream::connect(host_port(&face.url)).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let started = Instant::now();
+    let mut sink = [0u8; 16];
+    assert!(matches!(silent.read(&mut sink), Ok(0) | Err(_)));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(refused(&face, "http_header_timeout") >= 1.0);
+    still_served(&face, &token);
+}
+
+/// What answers `method` with `params` gets, its id left out (compared across tokens).
+fn answer_of(ws: &mut Ws, method: &str, params: serde_json::Value) -> serde_json::Value {
+    let mut answer = ws.call(method, params);
+    answer.as_object_mut().unwrap().remove("id");
+    answer
+}
+
+#[test]
+fn a_second_token_finds_nothing_of_the_firsts_sessions() {
+    let env = Env::raw("");
+    let sessions = env.path().join("echo-sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    let face = Face::with_config(
+        env,
+        &format!(
+            "default_provider = \"kept\"\n[providers.kept]\ncommand = [\"{BIN}\", \"agent\", \
+             \"echo\", \"--sessions\", \"{}\"]\n",
+            sessions.display()
+        ),
+    );
+    let cwd = face.daemon.env.path().to_path_buf();
+    let (a, b) = (face.token("alice", &[]), face.token("bob", &[]));
+    let mut alice = face.ws(&a);
+    alice.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let new = alice.call("session/new", json!({"cwd": cwd, "mcpServers": []}));
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    alice.call(
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "alice's"}]}),
+    );
+    let ghost = "acpd-00000000-0000-4000-8000-000000000000";
+    let mut bob = face.ws(&b);
+    bob.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let listed = bob.call("session/list", json!({}));
+    assert!(!listed.to_string().contains(&sid), "{listed}");
+    for (method, extra) in [
+        ("session/load", json!({"cwd": cwd, "mcpServers": []})),
+        ("session/resume", json!({"cwd": cwd, "mcpServers": []})),
+        (
+            "session/prompt",
+            json!({"prompt": [{"type": "text", "text": "bob's"}]}),
+        ),
+        ("session/close", json!({})),
+        ("session/delete", json!({})),
+    ] {
+        let with = |id: &str| {
+            let mut p = extra.clone();
+            p["sessionId"] = json!(id);
+            p
+        };
+        let theirs = answer_of(&mut bob, method, with(&sid));
+        let unknown = answer_of(&mut bob, method, with(ghost));
+        assert_eq!(
+            theirs.to_string().replace(&sid, "ID"),
+            unknown.to_string().replace(ghost, "ID"),
+            "{method}: another token's session is not answered as an unknown one"
+        );
+    }
+    // Alice's session is untouched.
+    let answer = alice.call(
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "still mine"}]}),
+    );
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    // A connection id is no key either: Bob's token cannot use Alice's HTTP connection.
+    let http_a = common::remote::Http::new(&face.url, &face.cert, Some(&a));
+    let init = http_a.post(
+        &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": 1, "clientCapabilities": {}}}),
+        None,
+        None,
+    );
+    let conn = init.header("acp-connection-id").unwrap().to_owned();
+    let http_b = common::remote::Http::new(&face.url, &face.cert, Some(&b));
+    let r = http_b.post(
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}}),
+        Some(&conn),
+        None,
+    );
+    assert_eq!(r.status, 404, "{r:?}");
+    assert_eq!(http_b.sse(&conn, None).unwrap_err().status, 404);
+    assert_eq!(http_b.delete(&conn).status, 404);
+}
+
+#[test]
+fn a_revoked_or_expired_token_loses_its_live_connections_at_once() {
+    let face = Face::start("");
+    let revoked = face.token("stolen", &[]);
+    let brief = face.token("brief", &["--expires", "3s"]);
+    let mut gone = face.ws(&revoked);
+    gone.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let mut ends = face.ws(&brief);
+    ends.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let out = face
+        .daemon
+        .env
+        .acpd()
+        .args(["token", "revoke", "stolen", "--socket"])
+        .arg(&face.daemon.socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let started = Instant::now();
+    let closed = gone
+        .recv()
+        .expect_err("the revoked token's connection stayed open");
+    assert!(closed.starts_with("1008"), "{closed}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let closed = ends
+        .recv()
+        .expect_err("the expired token's connection stayed open");
+    assert!(closed.starts_with("1008"), "{closed}");
+    for token in [&revoked, &brief] {
+        let refused = Ws::connect(
+            &face.url,
+            &face.cert,
+            &[("Authorization", &format!("Bearer {token}"))],
+        )
+        .err()
+        .expect("a dead token was accepted");
+        assert_eq!(refused.status, 401);
+    }
+    assert!(refused(&face, "token_revoked") >= 1.0);
+    assert!(refused(&face, "token_expired") >= 1.0);
+}
