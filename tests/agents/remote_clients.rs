@@ -370,7 +370,6 @@ fn listening(daemon: &Daemon) -> String {
 }
 
 #[test]
-#[ignore = "needs acpd token create (branch tokens) and the face checking its tokens (face refuses every token until then)"]
 fn typescript_sdk_http_client_gets_what_the_unix_socket_gets() {
     if !node_ready() {
         return;
@@ -387,7 +386,6 @@ fn typescript_sdk_http_client_gets_what_the_unix_socket_gets() {
 }
 
 #[test]
-#[ignore = "needs acpd token create (branch tokens) and the face checking its tokens (face refuses every token until then)"]
 fn typescript_sdk_ws_client_gets_what_the_unix_socket_gets() {
     if !node_ready() {
         return;
@@ -404,7 +402,6 @@ fn typescript_sdk_ws_client_gets_what_the_unix_socket_gets() {
 }
 
 #[test]
-#[ignore = "needs acpd token create (branch tokens) and the face checking its tokens (face refuses every token until then)"]
 fn rust_sdk_http_client_gets_what_the_unix_socket_gets() {
     if !node_ready() {
         return;
@@ -427,7 +424,6 @@ fn rust_sdk_http_client_gets_what_the_unix_socket_gets() {
 }
 
 #[test]
-#[ignore = "needs acpd token create (branch tokens) and the face checking its tokens (face refuses every token until then)"]
 fn acpremote_mirror_gets_what_the_unix_socket_gets() {
     if !node_ready() {
         return;
