@@ -49,6 +49,8 @@ mod workspace;
 pub use agent::run_sleeper;
 /// The command line: `main.rs` parses [`Cli`] and hands it to [`dispatch`].
 pub use cli::{AgentCommand, Cli, Command, dispatch, with_status_line_cleared};
+/// `main` takes systemd's sockets with it before any thread exists.
+pub use runtime::{Activated, ActivationError, activated_listeners};
 /// `main` calls it before any thread allocates.
 pub use supervise::reaper::tune_allocator;
 pub use supervise::sched::favour_throughput;

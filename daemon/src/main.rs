@@ -31,7 +31,7 @@ fn main() -> ExitCode {
     // LISTEN_FDS is read (and the environment cleaned) before any thread exists.
     let activated = match cli.command {
         Command::Serve(_) => take_activated(),
-        _ => None,
+        _ => acpd::Activated::default(),
     };
     init_logging(matches!(cli.command, Command::Run(_)));
     // One connection's pipeline (reader → router → writer) runs best on one thread: a message
@@ -59,19 +59,14 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// The Unix listener systemd passed through socket activation, if any.
-fn take_activated() -> Option<std::os::unix::net::UnixListener> {
-    let mut fds = listenfd::ListenFd::from_env();
-    match fds.take_unix_listener(0) {
-        Ok(listener) => listener,
-        Err(e) => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "acpd: ignoring the socket systemd passed: {e}"
-            );
-            None
-        }
+/// The listeners systemd passed through socket activation, if any: found by their type, as
+/// systemd passes acpd.socket's and acpd-https.socket's in either order.
+fn take_activated() -> acpd::Activated {
+    let activated = acpd::activated_listeners();
+    for why in &activated.ignored {
+        let _ = writeln!(std::io::stderr(), "acpd: ignoring: {why}");
     }
+    activated
 }
 
 /// Logs go to stderr only (stdout carries ACP or the run's output): journald-native with

@@ -37,6 +37,15 @@ impl Cert {
         }
     }
 
+    /// A certificate known by its DER only (to trust it from another thread).
+    pub fn from_der(der: Vec<u8>) -> Cert {
+        Cert {
+            cert: PathBuf::new(),
+            key: PathBuf::new(),
+            der,
+        }
+    }
+
     /// The config lines serving https on a free port of 127.0.0.1 with this certificate.
     pub fn config(&self) -> String {
         format!(

@@ -550,6 +550,10 @@ fn every_help_has_examples_and_only_the_options_that_apply() {
         &["agent", "echo"],
         &["trace"],
         &["trace", "show"],
+        &["token"],
+        &["token", "create"],
+        &["token", "list"],
+        &["token", "revoke"],
     ];
     for cmd in commands {
         let out = base().args(*cmd).arg("-h").output().unwrap();

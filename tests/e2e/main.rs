@@ -37,5 +37,6 @@ mod sandbox_doors;
 mod stdio;
 mod teardown;
 mod terminal;
+mod tokens;
 mod tool_filter;
 mod trace;

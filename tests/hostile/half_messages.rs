@@ -193,3 +193,38 @@ fn an_unfinished_line_behind_a_large_one_does_not_keep_its_memory() {
         now.saturating_sub(before) / 1024
     );
 }
+
+/// A line trickled a byte every 200 ms on `acpd serve`'s socket is still dropped `line_timeout`
+/// after its first byte: what trickles after it does not keep it alive.
+#[test]
+fn a_trickled_line_is_dropped_line_timeout_after_its_first_byte() {
+    let env = Env::new("line_timeout = \"2s\"");
+    let d = Daemon::start(&env);
+    let mut raw = Raw::socket(&d.socket);
+    raw.initialize(json!({}));
+    let mut writer = raw.take_writer();
+    writer.write_all(b"{").unwrap();
+    let first = Instant::now();
+    std::thread::spawn(move || {
+        for _ in 0..100 {
+            std::thread::sleep(Duration::from_millis(200));
+            if writer.write_all(b"x").is_err() {
+                return;
+            }
+        }
+    });
+    let line = raw
+        .next_within(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no answer {:?} after the first byte", first.elapsed()));
+    let took = first.elapsed();
+    assert_eq!(
+        line.value["error"]["data"]["limit"].as_str(),
+        Some("line_timeout"),
+        "{}",
+        line.text()
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(8),
+        "dropped {took:?} after its first byte"
+    );
+}

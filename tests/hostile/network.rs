@@ -463,3 +463,93 @@ fn a_revoked_or_expired_token_loses_its_live_connections_at_once() {
     assert!(refused(&face, "token_revoked") >= 1.0);
     assert!(refused(&face, "token_expired") >= 1.0);
 }
+
+/// The issue's "100 connections each holding an unfinished 16 MiB message", on the network
+/// face: 50 WebSockets and 50 POST bodies each send 16 MiB minus a byte of one message and fall
+/// silent. acpd's peak memory stays within the budget for unfinished messages plus a margin,
+/// an honest client is served while they are held, and each is ended at its message's deadline.
+#[test]
+fn a_hundred_unfinished_16_mib_messages_hold_a_bounded_budget_on_the_network_face() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let face = Face::start(
+        "line_timeout = \"8s\"\nmax_connections_per_token = 200\nrequests_per_second = 1000",
+    );
+    let token = face.token("greedy", &[]);
+    let acpd = pid(&face);
+    let before = common::raw::peak_kib(acpd);
+    const PARTIAL: usize = (16 << 20) - 1;
+    let written = Arc::new(AtomicU64::new(0));
+    let mut held = Vec::new();
+    for i in 0..100 {
+        let written = written.clone();
+        let (url, cert, token) = (face.url.clone(), face.cert.der.clone(), token.clone());
+        held.push(std::thread::spawn(move || {
+            let cert = common::remote::Cert::from_der(cert);
+            let mut tls = tls_connect(&url, &cert);
+            tls.sock.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+            let mut head = if i % 2 == 0 {
+                // A WebSocket: the upgrade, then one text frame's header announcing 16 MiB.
+                use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+                let req = url.replacen("https://", "wss://", 1).into_client_request().unwrap();
+                let key = req.headers()["sec-websocket-key"].to_str().unwrap().to_owned();
+                let upgrade = format!(
+                    "GET /acp HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                     Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {token}\r\n\r\n"
+                );
+                tls.write_all(upgrade.as_bytes()).unwrap();
+                let mut response = [0u8; 1024];
+                let n = tls.read(&mut response).unwrap();
+                assert!(String::from_utf8_lossy(&response[..n]).contains("101"), "upgrade refused");
+                // FIN + text, masked, 64-bit length; a zero mask keeps the payload as sent.
+                let mut frame = vec![0x81, 0xFF];
+                frame.extend_from_slice(&(PARTIAL as u64 + 1).to_be_bytes());
+                frame.extend_from_slice(&[0, 0, 0, 0]);
+                frame
+            } else {
+                format!(
+                    "POST /acp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\
+                     Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                    PARTIAL + 1
+                )
+                .into_bytes()
+            };
+            head.extend(std::iter::repeat_n(b' ', 0));
+            tls.write_all(&head).unwrap();
+            let chunk = vec![b' '; 64 << 10];
+            let mut sent = 0;
+            while sent < PARTIAL {
+                let n = chunk.len().min(PARTIAL - sent);
+                if tls.write_all(&chunk[..n]).is_err() {
+                    return;
+                }
+                sent += n;
+                written.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            // Silent, holding the connection until acpd ends it.
+            let mut sink = [0u8; 1024];
+            while matches!(tls.read(&mut sink), Ok(n) if n > 0) {}
+        }));
+    }
+    // While they are held (the budget is taken), an honest client is served.
+    assert!(
+        eventually(Duration::from_secs(20), || written.load(Ordering::Relaxed)
+            > 96 << 20),
+        "the greedy clients sent only {} bytes",
+        written.load(Ordering::Relaxed)
+    );
+    still_served(&face, &face.token("honest", &[]));
+    let peak = common::raw::peak_kib(acpd).saturating_sub(before);
+    // The budget (64 MiB) plus every connection's allowance and buffers (TLS, HTTP, WS).
+    assert!(
+        peak < 160 * 1024,
+        "acpd's peak grew {peak} KiB for 100 unfinished messages"
+    );
+    for t in held {
+        t.join().unwrap();
+    }
+    assert!(
+        refused(&face, "line_timeout") + refused(&face, "unfinished_message_budget") >= 1.0,
+        "no message was ended at its deadline"
+    );
+}

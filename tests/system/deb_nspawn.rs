@@ -3,7 +3,9 @@
 //! container `apt install ./acpd_*.deb` creates the acpd user and group, `systemctl enable
 //! --now acpd.socket` starts nothing until a member of group acpd connects, and a turn goes
 //! through `acpd connect`. An agent's key reaches it as a systemd credential (LoadCredential=
-//! → `env_file = "${CREDENTIALS_DIRECTORY}/…"`) and nowhere else. `apt purge` then stops it and
+//! → `env_file = "${CREDENTIALS_DIRECTORY}/…"`) and nowhere else. The optional
+//! acpd-https.socket is installed disabled, its TLS credentials reach the service, and with it
+//! enabled acpd still serves its Unix socket at every start. `apt purge` then stops it and
 //! removes the units, the state and the user. Skipped, saying why, like systemd_nspawn.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches may panic
 
@@ -87,6 +89,16 @@ fn the_deb_installs_runs_a_turn_and_purges() {
     assert_eq!(srv.trim(), "acpd:acpd 2770");
     let unit = c.sh("systemctl cat acpd.service").ok("systemctl cat");
     assert!(unit.contains("ExecStart=/usr/bin/acpd"), "{unit}");
+    // The network face's socket is installed for the operator to enable, never enabled by
+    // the package; its TLS credentials' directory is root's alone.
+    assert_eq!(
+        c.sh("systemctl is-enabled acpd-https.socket").stdout.trim(),
+        "disabled"
+    );
+    let tls = c
+        .sh("stat -c '%U:%G %a' /etc/acpd/tls")
+        .ok("stat /etc/acpd/tls");
+    assert_eq!(tls.trim(), "root:root 700");
     c.sh("useradd --create-home --shell /bin/bash alice && usermod -aG acpd alice")
         .ok("alice");
     // An agent whose env_file is a systemd credential; the echo agent prints the variable.
@@ -143,6 +155,64 @@ fn the_deb_installs_runs_a_turn_and_purges() {
     let journal = c.sh("journalctl --no-pager -o cat -u acpd").stdout;
     assert!(!journal.contains(SECRET), "{journal}");
 
+    // The TLS credentials: an empty /etc/acpd/tls started the unit above; files there reach
+    // the service as tls_cert and tls_key at its next start (the key's copy readable by user
+    // acpd, as the docs' threat model says), the originals root's alone.
+    c.write("/etc/acpd/tls/cert", "not checked here\n");
+    c.write("/etc/acpd/tls/key", "not checked here either\n");
+    c.sh("chmod 600 /etc/acpd/tls/cert /etc/acpd/tls/key && systemctl restart acpd")
+        .ok("restart with TLS credentials");
+    let creds = c
+        .sh("ls /run/credentials/acpd.service/ && runuser -u acpd -- cat /run/credentials/acpd.service/tls_key")
+        .ok("the service's credentials");
+    assert!(
+        creds.contains("tls_cert") && creds.contains("not checked here either"),
+        "{creds}"
+    );
+    assert!(c.sh("runuser -u acpd -- cat /etc/acpd/tls/key").code != 0);
+
+    // With acpd-https.socket enabled systemd passes acpd both sockets, in an order it does not
+    // fix (both orders were seen here): acpd finds its Unix socket by type at every start. (It
+    // took the first one, and on `https:acpd.socket` failed to start: "fd 3 is not a valid
+    // unix stream socket".)
+    // systemd refuses to start a socket whose service is running ("Socket service
+    // acpd.service already active, refusing"): stop acpd first, as the docs say.
+    assert!(c.sh("systemctl enable --now acpd-https.socket").code != 0);
+    assert!(
+        c.sh(
+            "journalctl --no-pager -o cat -u acpd-https.socket | grep -q 'already active, refusing'"
+        )
+        .code
+            == 0
+    );
+    c.sh("systemctl stop acpd && systemctl start acpd-https.socket")
+        .ok("systemctl stop acpd && systemctl start acpd-https.socket");
+    let mut orders = Vec::new();
+    for _ in 0..4 {
+        c.sh("systemctl restart acpd")
+            .ok("restart with acpd-https.socket enabled");
+        orders.push(
+            c.sh(
+                "tr '\\0' '\\n' < /proc/$(systemctl show -p MainPID --value acpd)/environ \
+                  | sed -n 's/^LISTEN_FDNAMES=//p'",
+            )
+            .ok("LISTEN_FDNAMES")
+            .trim()
+            .to_owned(),
+        );
+        c.sh(&format!(
+            "runuser -u alice -- acpd status --socket {SOCKET}"
+        ))
+        .ok("acpd status with acpd-https.socket enabled");
+    }
+    c.note(&format!("LISTEN_FDNAMES at each start: {orders:?}"));
+    assert!(
+        orders
+            .iter()
+            .all(|o| o == "acpd.socket:https" || o == "https:acpd.socket"),
+        "{orders:?}"
+    );
+
     // A world-readable source is still handed over 0400 by systemd; acpd refuses a copy it
     // would have to trust otherwise, e.g. a plain path readable by others.
     c.sh("printf 'TEST_KEY=x\\n' > /etc/acpd/open.env && chmod 644 /etc/acpd/open.env && chown acpd /etc/acpd/open.env")
@@ -185,6 +255,12 @@ fn the_deb_installs_runs_a_turn_and_purges() {
         "inactive"
     );
     assert!(c.sh("test -e /lib/systemd/system/acpd.service").code != 0);
+    assert!(
+        c.sh("ls /etc/systemd/system/sockets.target.wants/ | grep -q acpd")
+            .code
+            != 0,
+        "an enable link outlived purge"
+    );
     assert!(c.sh("test -e /var/lib/acpd").code != 0);
     assert!(
         c.sh("getent passwd acpd").code != 0,

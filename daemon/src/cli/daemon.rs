@@ -89,7 +89,7 @@ fn parse_listen(text: &str) -> Result<crate::config::network::ListenUrl, String>
 pub(super) async fn serve(
     config_path: Option<&Path>,
     args: ServeArgs,
-    activated: Option<std::os::unix::net::UnixListener>,
+    activated: crate::runtime::Activated,
 ) -> u8 {
     let listen = args.listen;
     let with_flags = move |mut config: crate::config::Config| {
@@ -108,7 +108,8 @@ pub(super) async fn serve(
     }
     let explicit = config_path.map(Path::to_path_buf);
     let opts = ServeOptions {
-        activated,
+        activated: activated.unix,
+        activated_tcp: activated.tcp,
         socket: args.socket.socket,
         load: Box::new(move || load_config(explicit.as_deref()).map(&with_flags)),
     };

@@ -290,7 +290,7 @@ impl Command {
 
 /// Runs a command that needs the runtime. `activated` is the listener systemd passed, taken
 /// before the runtime started.
-pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListener>) -> u8 {
+pub async fn dispatch(cli: Cli, activated: crate::runtime::Activated) -> u8 {
     // Spans are exported by the commands that serve, never by a child (`acpd agent echo`).
     let serves = matches!(
         cli.command,
@@ -306,7 +306,7 @@ pub async fn dispatch(cli: Cli, activated: Option<std::os::unix::net::UnixListen
     code
 }
 
-async fn command(cli: Cli, activated: Option<std::os::unix::net::UnixListener>) -> u8 {
+async fn command(cli: Cli, activated: crate::runtime::Activated) -> u8 {
     let (own_config, own_trace) = cli.command.own_options();
     // After the command wins over before it.
     let config_path: Option<PathBuf> = own_config.or(cli.config.as_ref()).cloned();

@@ -146,8 +146,9 @@ async fn create(store: &Store, args: CreateArgs) -> u8 {
         return stdout_failed(&e);
     }
     errln!(
-        "acpd: created token {} ({}, {}); it is shown once, above, and never again: keep it now \
-         (e.g. in a file only you can read, for `acpd connect --url URL --token-file FILE`)",
+        "acpd: created token {} ({}, {}); it was printed once, on stdout, and will not be shown \
+         again: keep it now, in a file only you can read (`acpd connect --url URL --token-file \
+         FILE` reads it)",
         row.name,
         row.role.as_str(),
         match row.expires {

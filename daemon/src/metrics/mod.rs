@@ -180,6 +180,8 @@ pub(crate) const NETWORK_REFUSALS: &[&str] = &[
     "max_connections_per_token",
     "requests_per_second",
     "max_line",
+    "line_timeout",
+    "unfinished_message_budget",
     "http_header_timeout",
     "http_idle_timeout",
     "tls_handshake",

@@ -64,6 +64,8 @@ pub(crate) enum ServeError {
 pub(crate) struct ServeOptions {
     /// The listener systemd passed (socket activation), taken in `main` before the runtime.
     pub activated: Option<std::os::unix::net::UnixListener>,
+    /// The TCP listeners systemd passed (acpd-https.socket), by their `FileDescriptorName=`.
+    pub activated_tcp: Vec<(String, std::net::TcpListener)>,
     /// Where to bind when not activated.
     pub socket: Option<PathBuf>,
     /// Reads the config again (SIGHUP), from the same place as at start.
@@ -117,7 +119,7 @@ pub(crate) async fn serve(
             return Err(e);
         }
     };
-    let face_listeners = match bind_face(&config).await {
+    let face_listeners = match bind_face(&config, opts.activated_tcp).await {
         Ok(l) => l,
         Err(e) => {
             drop(listener);
@@ -303,11 +305,16 @@ fn listen(
 
 /// The network face's listeners (`listen`), when configured: bound before acpd reports ready,
 /// so a taken port or an unreadable certificate is a start error.
-async fn bind_face(config: &Config) -> Result<Option<super::http::Listeners>, ServeError> {
-    if config.network.listen.is_empty() {
+async fn bind_face(
+    config: &Config,
+    activated: Vec<(String, std::net::TcpListener)>,
+) -> Result<Option<super::http::Listeners>, ServeError> {
+    if config.network.listen.is_empty() && activated.is_empty() {
         return Ok(None);
     }
-    Ok(Some(super::http::Listeners::bind(&config.network).await?))
+    Ok(Some(
+        super::http::Listeners::bind(&config.network, activated).await?,
+    ))
 }
 
 /// The `metrics_listen` listener, when configured; its address (the port the kernel chose,

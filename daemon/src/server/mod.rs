@@ -39,6 +39,8 @@ mod events;
 mod forward;
 mod live_sessions;
 mod operator;
+#[cfg(test)]
+mod principal_tests;
 mod reloader;
 mod session_delete;
 mod session_list;

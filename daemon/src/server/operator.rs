@@ -3,8 +3,9 @@
 //! ("re-read the config, and tell me whether it took") and `_acpd/tokens/reload` ("read the
 //! network tokens again": `acpd token create`/`revoke` ask it).
 //!
-//! Only acpd's own user may reload either, over the Unix socket (never a network token), and not from inside a child's process tree (agents run as
-//! acpd's user too, but reloading is the operator's). Group members (`allow_group`) cannot
+//! Only acpd's own user may reload either, over the Unix socket (never a network token), and
+//! not from inside a child's process tree (agents run as acpd's user too, but reloading is the
+//! operator's). Group members (`allow_group`) cannot
 //! write the config, so a reload is not theirs to trigger, and its answer would show them the
 //! file's path and, in a rejection, the offending key and value of a file they may not be
 //! allowed to read. (Root is not special: it is not admitted to the socket at all unless it is
@@ -205,7 +206,8 @@ pub(super) async fn reload(conn: Arc<Conn>, id: Id) {
 }
 
 /// `_acpd/tokens/reload`: reads the network tokens again, so a token just created is accepted
-/// and the live connections of one just revoked end at once. Answers how many tokens there are.
+/// and the live connections of one just revoked end at once (they watch
+/// [`crate::store::tokens::TokenBook::changed`]). Answers `{}` once the book is read.
 pub(super) async fn reload_tokens(conn: Arc<Conn>, id: Id) {
     let Some(book) = conn.ctx.daemon.tokens.clone() else {
         let e = RpcError::method_not_found(acpd_protocol::methods::name::TOKENS_RELOAD);

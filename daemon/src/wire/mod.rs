@@ -4,8 +4,8 @@
 //! - [`LineReader`] frames lines (capped at `max_line`; a partial line older than
 //!   `line_timeout` is dropped; the buffer shrinks back after a large line; a parent's partial
 //!   line past a small allowance holds bytes of the process-wide budget, [`half`]) and parses
-//!   the envelope. A child's driver reads with it inline, so everything a child says is handled in
-//!   the order it said it; a parent connection runs it in its own task ([`connect`]).
+//!   the envelope. A child's driver reads with it inline, so everything a child says is handled
+//!   in the order it said it; a parent connection runs it in its own task ([`connect`]).
 //! - [`Outbox`] queues lines for a writer task behind a byte budget, so a peer that stops
 //!   reading costs at most the budget, then slows whoever writes to it; every write has a
 //!   deadline (`write_timeout`), past which the peer is gone. Large answers are queued as

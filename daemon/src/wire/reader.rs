@@ -23,8 +23,8 @@ pub(crate) struct LineReader<R> {
     tap: Option<Tap>,
     /// A parent's share of the budget for unfinished messages; `None` toward a child.
     held: Option<Held>,
-    /// A large line was taken from the allocation `buf` still points into: its bytes stay
-    /// resident as long as what follows it there.
+    /// A large line (over 4 × [`STREAM_BUFFER`]) was taken from the allocation `buf` still
+    /// points into: its bytes stay resident as long as what follows it there.
     after_large_line: bool,
 }
 
@@ -151,7 +151,9 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     /// memory.
     fn taken(&mut self, consumed: usize) {
         self.partial_since = None;
-        self.after_large_line |= consumed > 4 * READ_CHUNK;
+        // Past a few stream buffers: never a burst of ordinary lines, which must not pay for a
+        // new allocation.
+        self.after_large_line |= consumed > 4 * STREAM_BUFFER;
         self.shrink();
         self.fit_held();
     }

@@ -9,6 +9,7 @@
 //! - [`tls`]: the certificate, reloaded on SIGHUP.
 
 mod bridge;
+mod budgeted;
 pub(crate) mod guard;
 mod live;
 mod streamable;
@@ -52,6 +53,18 @@ pub(crate) enum FaceError {
     },
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    #[error(
+        "the TCP socket systemd passed is named {name:?}: acpd serves a passed port named \
+         `https` (TLS) or `http` (loopback only); set FileDescriptorName=https in its socket unit"
+    )]
+    UnknownActivated { name: String },
+    #[error(
+        "the socket systemd passed as `http` listens on {addr}, beyond this machine, without TLS; \
+         name it `https` (FileDescriptorName=https) and set tls_cert and tls_key"
+    )]
+    ActivatedPlain { addr: std::net::SocketAddr },
+    #[error("the TCP socket systemd passed cannot be used: {0}")]
+    Activation(std::io::Error),
 }
 
 /// What every network connection shares.
@@ -75,21 +88,40 @@ pub(crate) struct Listeners {
 impl Listeners {
     /// Binds every `listen` URL (and reads the certificate if one is https), so a bad port or
     /// certificate is a start error, before acpd reports ready.
-    pub(crate) async fn bind(net: &NetworkConfig) -> Result<Listeners, FaceError> {
-        let certs = if net.listen.iter().any(|l| l.tls) {
-            let (cert, key) = tls::files(net)?;
-            Some(tls::Certificates::new(tls::load(&cert, &key)?))
-        } else {
-            None
-        };
+    pub(crate) async fn bind(
+        net: &NetworkConfig,
+        activated: Vec<(String, std::net::TcpListener)>,
+    ) -> Result<Listeners, FaceError> {
         let mut bound = Vec::new();
+        for (name, listener) in activated {
+            let addr = listener.local_addr().map_err(FaceError::Activation)?;
+            let tls = match name.as_str() {
+                "https" => true,
+                "http" if addr.ip().is_loopback() => false,
+                "http" => return Err(FaceError::ActivatedPlain { addr }),
+                _ => return Err(FaceError::UnknownActivated { name }),
+            };
+            listener.set_nonblocking(true).map_err(FaceError::Activation)?;
+            let listener = TcpListener::from_std(listener).map_err(FaceError::Activation)?;
+            bound.push((ListenUrl { addr, tls }, listener));
+        }
         for url in &net.listen {
+            // A port systemd passed is served from its socket, not bound again.
+            if bound.iter().any(|(b, _)| b.addr == url.addr) {
+                continue;
+            }
             let listener = TcpListener::bind(url.addr)
                 .await
                 .map_err(|source| FaceError::Bind { url: *url, source })?;
             let addr = listener.local_addr().unwrap_or(url.addr);
             bound.push((ListenUrl { addr, ..*url }, listener));
         }
+        let certs = if bound.iter().any(|(l, _)| l.tls) {
+            let (cert, key) = tls::files(net)?;
+            Some(tls::Certificates::new(tls::load(&cert, &key)?))
+        } else {
+            None
+        };
         Ok(Listeners { bound, certs })
     }
 
@@ -403,6 +435,7 @@ fn upgrade(
         idle: net.http_idle_timeout,
         write_timeout: face.ctx.registry.config().write_timeout,
         requests_per_second: net.requests_per_second,
+        message_timeout: face.ctx.registry.config().line_timeout,
     };
     let ctx = conn_ctx(&face, &grant);
     let task_face = face.clone();
@@ -489,31 +522,9 @@ async fn post(
     let config = face.ctx.registry.config();
     let connection = header(&req, HEADER_CONNECTION_ID).map(str::to_owned);
     let session = header(&req, HEADER_SESSION_ID).map(str::to_owned);
-    let limited = http_body_util::Limited::new(req.into_body(), config.max_line);
-    let body = match tokio::time::timeout(config.line_timeout, limited.collect()).await {
-        Ok(Ok(body)) => body.to_bytes(),
-        Ok(Err(e))
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            crate::metrics::get().limit_hit(crate::metrics::Limit::MaxLine);
-            return refused(Refused::new(
-                413,
-                "max_line",
-                format!("the message is over max_line ({} bytes)", config.max_line),
-            ));
-        }
-        Ok(Err(e)) => return text(400, format!("the request body could not be read: {e}")),
-        Err(_) => {
-            return refused(Refused::new(
-                408,
-                "http_header_timeout",
-                format!(
-                    "the request body did not arrive within line_timeout ({:?})",
-                    config.line_timeout
-                ),
-            ));
-        }
+    let body = match read_body(req.into_body(), config.max_line, config.line_timeout).await {
+        Ok(body) => body,
+        Err(r) => return refused(r),
     };
     let Some(id) = connection else {
         return initialize(face, grant, &body, net).await;
@@ -534,6 +545,60 @@ async fn post(
             r
         }
         Err(r) => text(r.status, r.message),
+    }
+}
+
+/// A POST's body, held to the bounds of every door: `max_line` in size, `line_timeout` from
+/// the request to its last byte, and past a small allowance the process-wide budget for
+/// unfinished messages (a body arriving slowly waits for budget rather than holding memory
+/// nobody accounts for).
+async fn read_body(
+    mut body: hyper::body::Incoming,
+    max_line: usize,
+    timeout: Duration,
+) -> Result<Bytes, Refused> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut held = crate::wire::half::HalfBudget::global().held();
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => {
+                return Err(Refused::new(
+                    408,
+                    "line_timeout",
+                    format!("the request body did not arrive within line_timeout ({timeout:?})"),
+                ));
+            }
+            Ok(None) => return Ok(buf.freeze()),
+            Ok(Some(Err(e))) => {
+                return Err(Refused::new(
+                    400,
+                    "bad_request",
+                    format!("the request body could not be read: {e}"),
+                ));
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if buf.len() + data.len() > max_line {
+            crate::metrics::get().limit_hit(crate::metrics::Limit::MaxLine);
+            return Err(Refused::new(
+                413,
+                "max_line",
+                format!("the message is over max_line ({max_line} bytes)"),
+            ));
+        }
+        if held.grow(buf.len() + data.len(), deadline).await.is_err() {
+            return Err(Refused::new(
+                503,
+                "unfinished_message_budget",
+                "unfinished messages on all connections hold the whole budget \
+                 (unfinished_message_budget); retry later",
+            ));
+        }
+        buf.extend_from_slice(&data);
     }
 }
 

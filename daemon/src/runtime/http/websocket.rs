@@ -23,6 +23,8 @@ pub(super) struct WsLimits {
     pub idle: Duration,
     pub write_timeout: Duration,
     pub requests_per_second: u32,
+    /// How long one message may take from its first byte to its last (`line_timeout`).
+    pub message_timeout: Duration,
 }
 
 /// Serves one upgraded connection until either side ends it.
@@ -36,8 +38,8 @@ pub(super) async fn serve(
     let config = WebSocketConfig::default()
         .max_message_size(Some(limits.max_message))
         .max_frame_size(Some(limits.max_message));
-    let ws =
-        WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
+    let (io, ends) = super::budgeted::Budgeted::new(TokioIo::new(upgraded), limits.message_timeout);
+    let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
     let (mut sink, mut stream) = ws.split();
     let Bridged {
         to_acpd,
@@ -57,6 +59,9 @@ pub(super) async fn serve(
         tokio::select! {
             frame = stream.next() => {
                 heard = tokio::time::Instant::now();
+                if matches!(frame, Some(Ok(_))) {
+                    ends.ended();
+                }
                 match frame {
                     Some(Ok(Message::Text(text))) => {
                         while let Err(wait) = rate.take(place_token(&place), limits.requests_per_second, std::time::Instant::now()) {
@@ -75,6 +80,18 @@ pub(super) async fn serve(
                     Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(e))) => {
                         crate::metrics::get().limit_hit(crate::metrics::Limit::MaxLine);
                         break Some(close(CloseCode::Size, &format!("{e} (max_line)")));
+                    }
+                    Some(Err(tokio_tungstenite::tungstenite::Error::Io(e)))
+                        if matches!(e.to_string().as_str(), super::budgeted::OVER_BUDGET | super::budgeted::TOO_SLOW) =>
+                    {
+                        let limit = if e.to_string() == super::budgeted::OVER_BUDGET {
+                            "unfinished messages on all connections hold the whole budget (unfinished_message_budget)"
+                        } else {
+                            crate::metrics::get().network_refused("line_timeout");
+                            "a message did not end within line_timeout"
+                        };
+                        tracing::warn!("closing a websocket: {limit}");
+                        break Some(close(CloseCode::Policy, limit));
                     }
                     Some(Err(e)) => {
                         tracing::debug!("websocket read failed: {e}");

@@ -61,6 +61,8 @@ impl Role {
 pub(crate) const PREFIX: &str = "acpd_";
 /// The random part, in bytes (256 bits).
 const SECRET_BYTES: usize = 32;
+/// A token's length: the prefix and 32 bytes in unpadded base64.
+const TOKEN_LEN: usize = PREFIX.len() + SECRET_BYTES.div_ceil(3) * 4 - 1;
 /// The longest token name, in bytes.
 pub(crate) const MAX_NAME: usize = 64;
 
@@ -144,6 +146,9 @@ struct Inner {
     store: Store,
     known: RwLock<Arc<Known>>,
     changed: tokio::sync::watch::Sender<u64>,
+    /// Held from a reload's read to its swap: two reloads at once (a create's and a revoke's)
+    /// swap in the order they read, so an older read never puts a revoked token back.
+    reloading: tokio::sync::Mutex<()>,
     /// When each token's use was last written.
     used: Mutex<HashMap<i64, Instant>>,
 }
@@ -188,6 +193,7 @@ impl TokenBook {
                 store,
                 known: RwLock::default(),
                 changed: tokio::sync::watch::channel(0).0,
+                reloading: tokio::sync::Mutex::new(()),
                 used: Mutex::default(),
             }),
         }
@@ -211,7 +217,8 @@ impl TokenBook {
     /// The grant of `bearer` (the whole `acpd_…` text), when it is a live token: known, not
     /// revoked, not expired by the clock now. No query: the table was read by the last reload.
     pub(crate) fn verify(&self, bearer: &str) -> Result<TokenGrant, TokenRefusal> {
-        if !bearer.starts_with(PREFIX) {
+        // Nothing else is worth hashing (a header may be long).
+        if bearer.len() != TOKEN_LEN || !bearer.starts_with(PREFIX) {
             return Err(TokenRefusal::Unknown);
         }
         let known = self.known();
@@ -243,6 +250,7 @@ impl TokenBook {
 
     /// Reads the table again and tells the watchers. On an error the book keeps what it had.
     pub(crate) async fn reload(&self) -> Result<(), StoreError> {
+        let _one_at_a_time = self.inner.reloading.lock().await;
         let rows = self.inner.store.token_digests().await?;
         let mut known = Known::default();
         for (row, digest) in rows {

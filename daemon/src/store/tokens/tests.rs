@@ -197,3 +197,24 @@ async fn only_the_hash_is_stored() {
         .unwrap();
     assert!(!found(&raw), "its random bytes are on disk");
 }
+
+/// A verify writes the token's last use (off the caller's task, at most once a minute).
+#[tokio::test]
+async fn a_use_is_recorded() {
+    let store = Store::in_memory();
+    let (_, token) = store
+        .create_token("laptop", Role::Controller, None)
+        .await
+        .unwrap();
+    let book = TokenBook::open(store.clone()).await.unwrap();
+    assert_eq!(store.tokens().await.unwrap()[0].last_used_at, None);
+    book.verify(&token).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.tokens().await.unwrap()[0].last_used_at.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no last use written"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
