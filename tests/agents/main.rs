@@ -1,6 +1,6 @@
 //! acpd with code nobody here wrote: the official ACP TypeScript SDK and real production agents
 //! (claude-agent-acp and the others pinned in tests/interop/package.json), offline against mock
-//! model APIs.
+//! model APIs, and the SDKs' own network clients against acpd's network face.
 //!
 //! One test binary (each binary links the whole crate, so fewer binaries build and link
 //! faster); filter a module with `cargo test --test agents <module>::`. Modules run in parallel
@@ -19,4 +19,5 @@ mod newcomer;
 mod presets;
 mod real_agent;
 mod real_delegate;
+mod remote_clients;
 mod tool_filter;

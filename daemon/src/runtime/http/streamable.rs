@@ -1,7 +1,10 @@
 //! ACP over Streamable HTTP (the Active transport RFD): `POST /acp` with `initialize` opens a
 //! connection (200, `Acp-Connection-Id`); later POSTs are answered 202 and what acpd says goes
 //! out on the connection's SSE stream, or on a session's own stream (`Acp-Session-Id`) for the
-//! messages of that session — routed as the TypeScript SDK's reference server routes them.
+//! messages of that session — routed as the TypeScript SDK's reference server routes them, except
+//! that a `session/load`'s answer follows its replay on the session's stream (as the Rust SDK's
+//! server sends it) and an answer to acpd's request needs no `Acp-Session-Id` (the Rust SDK's
+//! client sends none), so both SDKs' clients work (tests/agents/remote_clients.rs).
 //! `DELETE` ends the connection; its sessions detach as an editor's do when it hangs up.
 
 use std::collections::{HashMap, VecDeque};
@@ -165,12 +168,13 @@ impl HttpConn {
                 let route = key
                     .as_ref()
                     .and_then(|k| self.routing().asked.get(k).cloned());
-                if let Some(Route::Session(s)) = &route {
-                    match session {
-                        None => return Err(refuse(400, "Missing Acp-Session-Id")),
-                        Some(h) if h != s => return Err(refuse(400, "Mismatched Acp-Session-Id")),
-                        Some(_) => {}
-                    }
+                // The id alone names what is answered (acpd asked it on this connection); the
+                // Rust SDK's client (agent-client-protocol-http 5.0) sends answers without
+                // Acp-Session-Id, so only a header naming another session is refused.
+                if let (Some(Route::Session(s)), Some(h)) = (&route, session)
+                    && h != s
+                {
+                    return Err(refuse(400, "Mismatched Acp-Session-Id"));
                 }
                 if let Some(k) = key {
                     self.routing().asked.remove(&k);
@@ -179,14 +183,11 @@ impl HttpConn {
             MessageRef::Request {
                 ref id, ref method, ..
             } => {
+                // Every answer goes out on the stream its request named, a load's too: on the
+                // session's stream it follows the history the load replays there (on the main
+                // stream it overtook the replay, and the client saw the load answered first).
                 let route = route_of(method, session_of(keys.session_id).as_deref(), session)?;
-                // A load's answer comes on the main stream (its replay on the session's).
-                let answer = if method == "session/load" {
-                    Route::Connection
-                } else {
-                    route
-                };
-                self.routing().answers.insert(id_key(id), answer);
+                self.routing().answers.insert(id_key(id), route);
             }
             MessageRef::Notification { ref method, .. } => {
                 route_of(method, session_of(keys.session_id).as_deref(), session)?;
