@@ -465,6 +465,7 @@ mod tests {
                     path: Some("/sys/fs/cgroup/acpd-9-5".into()),
                     controllers: vec!["pids".into()],
                 },
+                listening: vec![],
             },
             json!({"version": "0.1.0", "pid": 9, "uptimeS": 5, "connections": 1, "runs": 2,
                 "providers": ["echo"],
