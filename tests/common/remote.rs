@@ -290,9 +290,14 @@ impl Http {
             let reader = BufReader::new(body.into_with_config().limit(u64::MAX).reader());
             for line in reader.lines() {
                 let Ok(line) = line else { return };
-                if let Some(data) = line.strip_prefix("data: ")
-                    && tx.send(serde_json::from_str(data).unwrap()).is_err()
-                {
+                // A keep-alive comment is passed on as null: a receiver that is gone is found
+                // out then, and the stream (its TCP connection) closed, as a vanished client's.
+                let message = match line.strip_prefix("data: ") {
+                    Some(data) => serde_json::from_str(data).unwrap(),
+                    None if line.starts_with(':') => Value::Null,
+                    None => continue,
+                };
+                if tx.send(message).is_err() {
                     return;
                 }
             }

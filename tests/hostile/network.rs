@@ -553,3 +553,70 @@ fn a_hundred_unfinished_16_mib_messages_hold_a_bounded_budget_on_the_network_fac
         "no message was ended at its deadline"
     );
 }
+
+#[test]
+fn an_observer_token_reads_but_never_opens_changes_or_prompts() {
+    let face = Face::start("");
+    let observer = face.token("watcher", &["--role", "observer"]);
+    let mut ws = face.ws(&observer);
+    let init = ws.call(
+        "initialize",
+        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    assert!(init.get("result").is_some(), "{init}");
+    let listed = ws.call("session/list", json!({}));
+    assert!(listed.get("result").is_some(), "{listed}");
+    let cwd = face.daemon.env.path().to_path_buf();
+    for (method, params) in [
+        ("session/new", json!({"cwd": cwd, "mcpServers": []})),
+        (
+            "session/load",
+            json!({"sessionId": "acpd-00000000-0000-4000-8000-000000000000", "cwd": cwd, "mcpServers": []}),
+        ),
+        ("_acpd/subagent/start", json!({"prompt": "hi"})),
+        ("_echo/anything", json!({})),
+    ] {
+        let answer = ws.call(method, params);
+        assert_eq!(answer["error"]["code"], -33015, "{method}: {answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("observer"),
+            "{answer}"
+        );
+    }
+    assert_eq!(face.daemon.status()["sessions"]["attached"], 0);
+}
+
+#[test]
+fn an_http_connection_whose_event_stream_is_cut_detaches_its_session() {
+    let face = Face::start("detach_timeout = \"60s\"\nhttp_keepalive = \"1s\"");
+    let token = face.token("laptop", &[]);
+    let http = common::remote::Http::new(&face.url, &face.cert, Some(&token));
+    let init = http.post(
+        &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": 1, "clientCapabilities": {}}}),
+        None,
+        None,
+    );
+    let conn = init.header("acp-connection-id").unwrap().to_owned();
+    let main = http.sse(&conn, None).unwrap();
+    let new = json!({"jsonrpc": "2.0", "id": 1, "method": "session/new",
+                     "params": {"cwd": face.daemon.env.path(), "mcpServers": []}});
+    assert_eq!(http.post(&new, Some(&conn), None).status, 202);
+    let mut seen = Vec::new();
+    common::remote::wait_for(&main, &mut seen, |m| m["id"] == 1);
+    assert_eq!(face.daemon.status()["sessions"]["attached"], 1);
+    // The client vanishes: its event stream's TCP connection ends, nothing else comes.
+    drop(main);
+    drop(http);
+    assert!(
+        eventually(Duration::from_secs(30), || face.daemon.status()["sessions"]
+            ["detached"]
+            == 1),
+        "the session was not detached: {}",
+        face.daemon.status()
+    );
+    assert!(refused(&face, "http_idle_timeout") >= 1.0);
+}

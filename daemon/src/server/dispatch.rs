@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use acpd_protocol::envelope::{self, Id, RpcError};
+use acpd_protocol::errors::ErrorName;
 use acpd_protocol::methods::{DisposeRequest, Empty, RunRef, SendRequest, name, parse_params};
 use acpd_protocol::session_id::{duplicate_routing_key, session_id};
 use acpd_protocol::subagent::StartRequest;
@@ -133,6 +134,21 @@ impl Request {
         }
     }
 
+    /// What an observer token may ask: to read, never to start, change or prompt.
+    fn observes_only(&self) -> bool {
+        matches!(
+            self,
+            Request::Connect(_)
+                | Request::Initialize(_)
+                | Request::ListSessions(_)
+                | Request::Providers
+                | Request::ListRuns
+                | Request::Status
+                | Request::Runs
+                | Request::Metrics
+        )
+    }
+
     /// What a connection from inside a child's process tree may not ask: a bridge session it
     /// opened would start at the top of the depth count, and one it loaded, closed, deleted or
     /// renamed could be its own ancestor's (the prompts and settings of a session pass only to
@@ -178,6 +194,22 @@ fn gate(conn: &Conn, request: &Request, method: &str) -> Result<(), RpcError> {
         return Err(RpcError::invalid_request(format!(
             "initialize must complete before {method}"
         )));
+    }
+    if let Some(crate::server::Principal::Token { name, role, .. }) = &conn.ctx.principal
+        && *role == crate::store::tokens::Role::Observer
+        && !request.observes_only()
+    {
+        return Err(RpcError::new(
+            ErrorName::NotPermitted.code(),
+            format!(
+                "{method}: token {name:?} is an observer; it may list sessions and read acpd's \
+             status, not open, change or prompt (make a controller token with \
+             `acpd token create NAME --role controller`)"
+            ),
+        )
+        .with_data(
+            serde_json::json!({ "code": ErrorName::NotPermitted.as_str(), "role": "observer" }),
+        ));
     }
     if request.bridge_only() && !matches!(conn.lineage(), Lineage::Outside) {
         return Err(RpcError::invalid_request(format!(
