@@ -17,6 +17,7 @@ mod half_messages;
 mod hostile_child;
 mod hostile_parent;
 mod network;
+mod network_floods;
 mod planted_config;
 mod router_props;
 mod sessions_owner;
