@@ -133,6 +133,7 @@ fn deaf_bridge_child_flooded_with_large_messages_keeps_acpd_bounded() {
     let answer = raw.answer(&id).value;
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     let before = status_kib(acpd, "VmHWM:");
+    let flooded = std::time::Instant::now();
 
     let mut writer = raw.take_writer();
     let blob = "x".repeat(SIZE);
@@ -222,9 +223,12 @@ fn deaf_bridge_child_flooded_with_large_messages_keeps_acpd_bounded() {
         .log()
         .matches("dropped a notification of the editor's")
         .count();
+    // Once per 10 s of flood at most, however long a loaded machine makes it last.
+    let most = flooded.elapsed().as_secs() / 10 + 1;
     assert!(
-        (1..=10).contains(&warned),
-        "the drops were logged {warned} times"
+        (1..=most as usize).contains(&warned),
+        "the drops were logged {warned} times in {:?}",
+        flooded.elapsed()
     );
     drop(writer);
 }
