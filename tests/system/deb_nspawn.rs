@@ -158,15 +158,18 @@ fn the_deb_installs_runs_a_turn_and_purges() {
     // The TLS credentials: an empty /etc/acpd/tls started the unit above; files there reach
     // the service as tls_cert and tls_key at its next start (the key's copy readable by user
     // acpd, as the docs' threat model says), the originals root's alone.
-    c.write("/etc/acpd/tls/cert", "not checked here\n");
-    c.write("/etc/acpd/tls/key", "not checked here either\n");
+    // A real certificate: acpd reads it once acpd-https.socket passes it the port (below).
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let key_pem = made.signing_key.serialize_pem();
+    c.write("/etc/acpd/tls/cert", &made.cert.pem());
+    c.write("/etc/acpd/tls/key", &key_pem);
     c.sh("chmod 600 /etc/acpd/tls/cert /etc/acpd/tls/key && systemctl restart acpd")
         .ok("restart with TLS credentials");
     let creds = c
         .sh("ls /run/credentials/acpd.service/ && runuser -u acpd -- cat /run/credentials/acpd.service/tls_key")
         .ok("the service's credentials");
     assert!(
-        creds.contains("tls_cert") && creds.contains("not checked here either"),
+        creds.contains("tls_cert") && creds.contains(key_pem.trim()),
         "{creds}"
     );
     assert!(c.sh("runuser -u acpd -- cat /etc/acpd/tls/key").code != 0);
@@ -200,10 +203,13 @@ fn the_deb_installs_runs_a_turn_and_purges() {
             .trim()
             .to_owned(),
         );
-        c.sh(&format!(
-            "runuser -u alice -- acpd status --socket {SOCKET}"
-        ))
-        .ok("acpd status with acpd-https.socket enabled");
+        let status = c
+            .sh(&format!(
+                "runuser -u alice -- acpd status --json --socket {SOCKET}"
+            ))
+            .ok("acpd status with acpd-https.socket enabled");
+        // The port systemd passed is served, over TLS, with the credentials' certificate.
+        assert!(status.contains(":8443/acp"), "{status}");
     }
     c.note(&format!("LISTEN_FDNAMES at each start: {orders:?}"));
     assert!(
