@@ -339,6 +339,7 @@ async function sideProcess(kind, root, port, { warm = 0 } = {}) {
   if (!opts.acpd) throw new Error(`side ${kind} needs --acpd BIN`);
   const network = kind === "https" || kind === "wss";
   if (network && !(opts.cert && opts.key)) throw new Error(`side ${kind} needs --cert PEM --key PEM`);
+  if (network && process.env.NODE_EXTRA_CA_CERTS !== opts.cert) throw new Error(`side ${kind} needs NODE_EXTRA_CA_CERTS=${opts.cert} (node trusts it only from its start)`);
   const config = acpdConfig(root, agentEnv, { warm, tls: network });
   const acpdEnv = { ...base, STATE_DIRECTORY: `${root}/state`, XDG_RUNTIME_DIR: `${root}/run`, ACPD_LOG: process.env.ACPD_LOG ?? "warn" };
   mkdirSync(`${root}/run`, { recursive: true, mode: 0o700 });
@@ -356,7 +357,16 @@ async function sideProcess(kind, root, port, { warm = 0 } = {}) {
   served.then((c) => (exited = c));
   await until(() => existsSync(socket) || exited !== null, "acpd serve's socket");
   if (exited !== null) throw new Error(`acpd serve exited (${exited}): ${Buffer.concat(serveErr).toString().slice(-2000)}`);
-  const face = network ? { ...(await faceOf(kind, config, socket, acpdEnv, root)), served } : null;
+  let face = null;
+  if (network) {
+    try {
+      face = { ...(await faceOf(kind, config, socket, acpdEnv, root)), served };
+    } catch (e) {
+      // Nobody would stop this daemon otherwise: the side ends here.
+      serve.kill("SIGKILL");
+      throw e;
+    }
+  }
   return {
     connect: () => face ?? [opts.acpd, ["connect", "--socket", socket], { PATH: process.env.PATH }],
     serveStderr: () => Buffer.concat(serveErr).toString("utf8"),
@@ -394,7 +404,6 @@ const tokens = new Map();
  * NODE_EXTRA_CA_CERTS (read by node at its start, so the caller sets it).
  */
 async function faceOf(kind, config, socket, env, root) {
-  if (!process.env.NODE_EXTRA_CA_CERTS) throw new Error(`side ${kind} needs NODE_EXTRA_CA_CERTS=${opts.cert}`);
   if (!tokens.has(root)) {
     const printed = await cli(config, socket, env, ["token", "create", `differential-${kind}`]);
     const token = printed.split(/\s+/).find((w) => w.startsWith("acpd_"));
