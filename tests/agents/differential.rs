@@ -8,14 +8,15 @@
 //! session, fork, set_mode / set_model / set_config_option, close, delete of a known and an
 //! unknown id, an unknown `_` method, logout, the agent's stderr; then, on connections of
 //! their own, a session loaded after the agent — or acpd, with `warm = 1` — was started again)
-//! directly against the agent,
-//! through `acpd stdio` and through `acpd serve` + `acpd connect`, all offline against
-//! tests/interop/mock-model.mjs. A fifth agent, the scripted child `acpd agent echo` (run
-//! directly too), adds what the real agents do not do on demand: an elicitation/create round
-//! trip (the editor advertises elicitation and accepts with content), elicitation/complete and
-//! `$/cancel_request` from the agent to the editor. Answers are compared after normalizing session ids,
-//! timestamps and `_meta.acpd` away; the per-agent table (method → same / differs / not
-//! offered) is printed.
+//! directly against the agent, through `acpd stdio` and through `acpd serve` + `acpd connect`,
+//! all offline against tests/interop/mock-model.mjs; for claude and codex also over acpd's
+//! network face (issue 31), by the SDK's Streamable HTTP client (`https`) and its WebSocket
+//! client (`wss`). A fifth agent, the scripted child `acpd agent echo` (run directly too), adds
+//! what the real agents do not do on demand: an elicitation/create round trip (the editor
+//! advertises elicitation and accepts with content), elicitation/complete and
+//! `$/cancel_request` from the agent to the editor. Answers are compared after normalizing
+//! session ids, timestamps and `_meta.acpd` away; the per-agent table (method → same / differs
+//! / not offered) is printed.
 //!
 //! Any difference fails the test unless it is in [`KNOWN`]: the differences acpd is known to
 //! have today, each with its cause. That list is the to-do list of issue 19: a fix removes its
@@ -30,6 +31,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+use crate::common::remote::Cert;
 use crate::node::{self, interop_dir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_acpd");
@@ -43,8 +45,17 @@ const PACKAGES: [&str; 5] = [
     "opencode-ai",
 ];
 
-/// Sides compared with the agent run directly.
+/// Sides compared with the agent run directly, for every agent.
 const SIDES: [&str; 2] = ["stdio", "serve"];
+
+/// The network sides (issue 31), for the agents in [`NETWORK_AGENTS`]: `acpd serve --listen
+/// https://127.0.0.1:0` with a certificate made here and a token from `acpd token create`,
+/// reached by the TypeScript SDK's own network clients (`createHttpStream`: POST + SSE;
+/// `createWebSocketStream` on `ws`) — clients nobody here wrote, on the same editor code as the
+/// other sides. Only for two agents: each side runs the whole sequence with its own agents, and
+/// the face below `server::serve` is the same for every agent.
+const NETWORK: [&str; 2] = ["https", "wss"];
+const NETWORK_AGENTS: [&str; 2] = ["claude", "codex"];
 
 /// A difference acpd is known to have: `row` of agents.mjs differs on `sides` for `agents`.
 struct Known {
@@ -66,10 +77,11 @@ const KNOWN: &[Known] = &[
     // an acpd extension `acpd connect` writes out; `acpd stdio` forwards it (agent stderr is
     // `same` there). The echo child writes a line at start, codex-acp none (so it does not
     // differ).
+    // The network sides have no process of their own for the editor to read: the same cause.
     Known {
         agents: &["claude", "gemini", "opencode", "echo"],
         row: "agent stderr",
-        sides: &["serve"],
+        sides: &["serve", "https", "wss"],
         why: "serve keeps a child's stderr in the daemon's log, not on acpd connect's stderr",
         racy: false,
     },
@@ -139,7 +151,7 @@ fn not_ready() -> Option<&'static str> {
     .as_deref()
 }
 
-/// Runs agents.mjs for `agent` on all three sides and checks the table against [`KNOWN`];
+/// Runs agents.mjs for `agent` on its sides and checks the table against [`KNOWN`];
 /// the report, or `None` when it could not run (printed why).
 fn differential(agent: &str) -> Option<Value> {
     if let Some(why) = not_ready() {
@@ -147,10 +159,24 @@ fn differential(agent: &str) -> Option<Value> {
         return None;
     }
     let work = tempfile::tempdir().unwrap();
-    let out = Command::new("node")
-        .arg(interop_dir().join("agents.mjs"))
+    let mut sides = vec!["direct"];
+    sides.extend(SIDES);
+    let mut node = Command::new("node");
+    node.arg(interop_dir().join("agents.mjs"))
         .args(["--agent", agent, "--acpd", BIN, "--work"])
-        .arg(work.path())
+        .arg(work.path());
+    if NETWORK_AGENTS.contains(&agent) {
+        sides.extend(NETWORK);
+        let cert = Cert::new(work.path());
+        // Node reads its extra CA only at start; fetch and `ws` both trust it then.
+        node.arg("--cert")
+            .arg(&cert.cert)
+            .arg("--key")
+            .arg(&cert.key)
+            .env("NODE_EXTRA_CA_CERTS", &cert.cert);
+    }
+    let out = node
+        .args(["--sides", &sides.join(",")])
         .env_remove("ACPD_CONFIG")
         .env_remove("ACPD_DEPTH")
         .env_remove("ACPD_MAX_DEPTH")
@@ -167,7 +193,7 @@ fn differential(agent: &str) -> Option<Value> {
     eprintln!("{}", report["text"].as_str().unwrap_or(""));
     eprintln!("timings (ms): {}", report["timings"]);
     assert!(report["error"].is_null(), "the run failed: {report}");
-    for side in ["direct", "stdio", "serve"] {
+    for side in &sides {
         let s = &report["sides"][side];
         assert!(
             s["error"].is_null(),
@@ -199,7 +225,7 @@ fn differential(agent: &str) -> Option<Value> {
     let mut unexpected = Vec::new();
     let mut fixed = Vec::new();
     for (row, verdicts) in table {
-        for side in SIDES {
+        for &side in &sides[1..] {
             let verdict = verdicts[side].as_str().unwrap_or("missing");
             let known = KNOWN
                 .iter()

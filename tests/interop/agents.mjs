@@ -1,13 +1,17 @@
 // The differential harness of issue 19: one scripted editor (the official TypeScript SDK's
 // client) runs the same ACP sequence against a real agent (a) directly, (b) through `acpd
 // stdio` and (c) through `acpd serve` + `acpd connect`, all offline against mock-model.mjs on
-// 127.0.0.1, and says per method whether (b) and (c) answered as (a) did.
+// 127.0.0.1, and says per method whether (b) and (c) answered as (a) did. The network sides
+// (issue 31), asked for by name, run `acpd serve --listen https://127.0.0.1:0` with the given
+// certificate and a token from `acpd token create`, reached by the SDK's own network clients:
+// (d) `https`, createHttpStream (POST + SSE), and (e) `wss`, createWebSocketStream on `ws`. The
+// certificate must be trusted through NODE_EXTRA_CA_CERTS, which node reads only at its start.
 //
 //   node agents.mjs --agent claude|codex|gemini|opencode|echo --work DIR [--acpd BIN]
-//                   [--sides direct,stdio,serve] [--bench N]
+//                   [--sides direct,stdio,serve[,https,wss]] [--cert PEM --key PEM] [--bench N]
 //
 // Prints one JSON object on stdout: every side's normalized answers (`sides`), the comparison
-// (`table`: method → {stdio, serve} each "same" | "differs" | "not offered" | "not run", with
+// (`table`: method → {stdio, serve, …} each "same" | "differs" | "not offered" | "not run", with
 // a short diff in `diffs`), the same table as text (`text`), and with `--bench N` the warm-start
 // figures (`bench`). tests/agents/differential.rs runs it per agent and asserts on `table`.
 //
@@ -38,6 +42,9 @@ import { createInterface } from "node:readline";
 import { PassThrough, Readable, Writable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import * as acp from "@agentclientprotocol/sdk";
+import { createHttpStream } from "@agentclientprotocol/sdk/experimental/http-client";
+import { createWebSocketStream } from "@agentclientprotocol/sdk/experimental/ws-client";
+import { WebSocket } from "ws";
 
 const here = (p) => fileURLToPath(new URL(p, import.meta.url));
 const MOCK = here("./mock-model.mjs");
@@ -80,7 +87,7 @@ function args() {
   const out = { sides: "direct,stdio,serve" };
   const argv = process.argv.slice(2);
   for (let i = 0; i < argv.length; i += 2) out[argv[i].replace(/^--/, "")] = argv[i + 1];
-  if (!out.work || !out.agent) throw new Error("usage: agents.mjs --agent NAME --work DIR [--acpd BIN] [--sides direct,stdio,serve] [--bench N]");
+  if (!out.work || !out.agent) throw new Error("usage: agents.mjs --agent NAME --work DIR [--acpd BIN] [--sides direct,stdio,serve[,https,wss]] [--cert PEM --key PEM] [--bench N]");
   return out;
 }
 const opts = args();
@@ -256,7 +263,7 @@ function errorOf(e) {
 async function until(check, what, limit = STEP_MS) {
   const start = performance.now();
   for (;;) {
-    const v = check();
+    const v = await check();
     if (v) return v;
     if (performance.now() - start > limit) throw Object.assign(new Error(`${what}: not within ${limit} ms`), { code: "timeout" });
     await new Promise((r) => setTimeout(r, 20));
@@ -297,11 +304,12 @@ function sideDirs(root) {
 const toml = (v) => JSON.stringify(v);
 
 /** An acpd config whose one provider, the default, runs the agent with `env`. */
-function acpdConfig(root, env, { warm = 0 } = {}) {
+function acpdConfig(root, env, { warm = 0, tls = false } = {}) {
   const [command, ...rest] = AGENT.argv(root);
   const lines = [
     `default_provider = "${opts.agent}"`,
     `detach_timeout = "0s"`,
+    ...(tls ? [`tls_cert = ${toml(opts.cert)}`, `tls_key = ${toml(opts.key)}`] : []),
     `[providers.${opts.agent}]`,
     ...(AGENT.preset ? [`preset = "${AGENT.preset}"`] : []),
     `command = ${toml([command, ...rest])}`,
@@ -329,15 +337,19 @@ async function sideProcess(kind, root, port, { warm = 0 } = {}) {
     return { connect: () => [command, argv, { ...base, ...agentEnv }], stop: async () => {} };
   }
   if (!opts.acpd) throw new Error(`side ${kind} needs --acpd BIN`);
-  const config = acpdConfig(root, agentEnv, { warm });
+  const network = kind === "https" || kind === "wss";
+  if (network && !(opts.cert && opts.key)) throw new Error(`side ${kind} needs --cert PEM --key PEM`);
+  if (network && process.env.NODE_EXTRA_CA_CERTS !== opts.cert) throw new Error(`side ${kind} needs NODE_EXTRA_CA_CERTS=${opts.cert} (node trusts it only from its start)`);
+  const config = acpdConfig(root, agentEnv, { warm, tls: network });
   const acpdEnv = { ...base, STATE_DIRECTORY: `${root}/state`, XDG_RUNTIME_DIR: `${root}/run`, ACPD_LOG: process.env.ACPD_LOG ?? "warn" };
   mkdirSync(`${root}/run`, { recursive: true, mode: 0o700 });
   if (kind === "stdio") {
     return { connect: () => [opts.acpd, ["--config", config, "stdio"], acpdEnv], stop: async () => {} };
   }
-  // serve + connect
+  // serve + connect, or serve with a network listener for https / wss
   const socket = `${root}/run/acpd.sock`;
-  const serve = spawn(opts.acpd, ["--config", config, "serve", "--socket", socket], { env: acpdEnv, stdio: ["ignore", "ignore", "pipe"] });
+  const listen = network ? ["--listen", "https://127.0.0.1:0"] : [];
+  const serve = spawn(opts.acpd, ["--config", config, "serve", "--socket", socket, ...listen], { env: acpdEnv, stdio: ["ignore", "ignore", "pipe"] });
   const serveErr = [];
   serve.stderr.on("data", (c) => serveErr.push(c));
   const served = new Promise((resolve) => serve.once("exit", (code, signal) => resolve(code ?? signal)));
@@ -345,8 +357,18 @@ async function sideProcess(kind, root, port, { warm = 0 } = {}) {
   served.then((c) => (exited = c));
   await until(() => existsSync(socket) || exited !== null, "acpd serve's socket");
   if (exited !== null) throw new Error(`acpd serve exited (${exited}): ${Buffer.concat(serveErr).toString().slice(-2000)}`);
+  let face = null;
+  if (network) {
+    try {
+      face = { ...(await faceOf(kind, config, socket, acpdEnv, root)), served };
+    } catch (e) {
+      // Nobody would stop this daemon otherwise: the side ends here.
+      serve.kill("SIGKILL");
+      throw e;
+    }
+  }
   return {
-    connect: () => [opts.acpd, ["connect", "--socket", socket], { PATH: process.env.PATH }],
+    connect: () => face ?? [opts.acpd, ["connect", "--socket", socket], { PATH: process.env.PATH }],
     serveStderr: () => Buffer.concat(serveErr).toString("utf8"),
     stop: async () => {
       serve.kill("SIGTERM");
@@ -360,24 +382,47 @@ async function sideProcess(kind, root, port, { warm = 0 } = {}) {
   };
 }
 
+/** `acpd <args> --socket S`'s stdout, run as the side's acpd (its config, state and env). */
+async function cli(config, socket, env, args) {
+  const child = spawn(opts.acpd, ["--config", config, ...args, "--socket", socket], { env, stdio: ["ignore", "pipe", "pipe"] });
+  const out = [];
+  const err = [];
+  child.stdout.on("data", (c) => out.push(c));
+  child.stderr.on("data", (c) => err.push(c));
+  const code = await withDeadline(new Promise((resolve) => child.once("exit", (c, sig) => resolve(c ?? sig))), `acpd ${args.join(" ")}`, EXIT_MS);
+  if (code !== 0) throw new Error(`acpd ${args.join(" ")} exited (${code}): ${Buffer.concat(err).toString()}`);
+  return Buffer.concat(out).toString("utf8");
+}
+
+/** The side's token: made once per side directory (the state DB keeps it across restarts). */
+const tokens = new Map();
+
 /**
- * Runs `[command, argv, env]` as an ACP agent over its stdio with `body(ctx, seen)` as the
- * client, then closes its stdin and waits for it to exit.
+ * The network face of the side's `acpd serve` as the editor reaches it: the TypeScript SDK's
+ * Streamable HTTP client (`https`) or WebSocket client (`wss`, on the pinned `ws`), holding a
+ * token from `acpd token create` and trusting the test's certificate through
+ * NODE_EXTRA_CA_CERTS (read by node at its start, so the caller sets it).
  */
-async function connection(label, [command, argv, env], cwd, rec, body) {
-  const child = spawn(command, argv, { env, cwd, stdio: ["pipe", "pipe", "pipe"] });
-  const stderr = [];
-  child.stderr.on("data", (c) => stderr.push(c));
-  const exited = new Promise((resolve) => child.once("exit", (code, signal) => resolve(code ?? signal)));
-  const out = new PassThrough();
-  child.stdout.on("data", (c) => {
-    if (!out.destroyed && !out.writableEnded) out.write(c);
-  });
-  child.stdout.on("end", () => out.end());
-  child.stdin.on("error", () => {});
-  const stream = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(out));
-  const seen = { updates: [], notifications: [], requests: [], elicitations: [], completes: [], elicitationCancels: [] };
-  const app = acp
+async function faceOf(kind, config, socket, env, root) {
+  if (!tokens.has(root)) {
+    const printed = await cli(config, socket, env, ["token", "create", `differential-${kind}`]);
+    const token = printed.split(/\s+/).find((w) => w.startsWith("acpd_"));
+    if (!token) throw new Error(`acpd token create printed no token: ${printed}`);
+    tokens.set(root, token);
+  }
+  const headers = { Authorization: `Bearer ${tokens.get(root)}` };
+  const url = await until(async () => JSON.parse(await cli(config, socket, env, ["status", "--json"])).listening?.[0], "the face's listener");
+  return {
+    open: () =>
+      kind === "https"
+        ? createHttpStream(url, { headers })
+        : createWebSocketStream(url.replace(/^https:/, "wss:"), { headers, WebSocket }),
+  };
+}
+
+/** A new client app recording into `seen`; every side's editor is this one. */
+function editor(seen) {
+  return acp
     .client({ name: "acpd-differential", version: "1.0.0" })
     .onNotification("session/update", ({ params }) => {
       seen.updates.push(params);
@@ -407,6 +452,42 @@ async function connection(label, [command, argv, env], cwd, rec, body) {
       if (cancelled) throw signal.reason;
       return { action: "decline" };
     });
+}
+
+/**
+ * Runs `[command, argv, env]` as an ACP agent over its stdio with `body(ctx, seen)` as the
+ * client, then closes its stdin and waits for it to exit; or, for a network side (`{open,
+ * served}`), runs the client on the stream `open()` makes, which the SDK closes (DELETE, a
+ * WebSocket close) when `body` is done. A network side has no process of its own, so no stderr.
+ */
+async function connection(label, target, cwd, rec, body) {
+  const seen = { updates: [], notifications: [], requests: [], elicitations: [], completes: [], elicitationCancels: [] };
+  const app = editor(seen);
+  if (!Array.isArray(target)) {
+    const died = target.served.then((code) => {
+      throw new Error(`${label}: acpd serve exited (${code}) before the client was done`);
+    });
+    try {
+      await Promise.race([app.connectWith(target.open(), (ctx) => body(ctx, seen)), died]);
+    } catch (e) {
+      rec.error = errorOf(e);
+    }
+    rec.stderrBytes = 0;
+    rec.stderrTail = "";
+    return;
+  }
+  const [command, argv, env] = target;
+  const child = spawn(command, argv, { env, cwd, stdio: ["pipe", "pipe", "pipe"] });
+  const stderr = [];
+  child.stderr.on("data", (c) => stderr.push(c));
+  const exited = new Promise((resolve) => child.once("exit", (code, signal) => resolve(code ?? signal)));
+  const out = new PassThrough();
+  child.stdout.on("data", (c) => {
+    if (!out.destroyed && !out.writableEnded) out.write(c);
+  });
+  child.stdout.on("end", () => out.end());
+  child.stdin.on("error", () => {});
+  const stream = acp.ndJsonStream(Writable.toWeb(child.stdin), Readable.toWeb(out));
   const died = exited.then((code) => {
     throw new Error(`${label}: exited (${code}) before the client was done`);
   });
