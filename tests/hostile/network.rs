@@ -117,19 +117,22 @@ fn a_websocket_client_that_stops_reading_is_closed_and_costs_a_bounded_buffer() 
     still_served(&face, &token);
 }
 
-#[test]
-fn a_connection_cut_mid_turn_detaches_its_session_which_loads_again() {
+/// The face with the echo agent keeping its sessions (`--sessions`), so they load again.
+fn keeping_sessions() -> Face {
     let env = Env::raw("");
     let sessions = env.path().join("echo-sessions");
     std::fs::create_dir_all(&sessions).unwrap();
-    let face = Face::with_config(
-        env,
-        &format!(
-            "default_provider = \"kept\"\n[providers.kept]\ncommand = [\"{BIN}\", \"agent\", \
-             \"echo\", \"--sessions\", \"{}\"]\n",
-            sessions.display()
-        ),
+    let config = format!(
+        "default_provider = \"kept\"\n[providers.kept]\ncommand = [\"{BIN}\", \"agent\", \
+         \"echo\", \"--sessions\", \"{}\"]\n",
+        sessions.display()
     );
+    Face::with_config(env, &config)
+}
+
+#[test]
+fn a_connection_cut_mid_turn_detaches_its_session_which_loads_again() {
+    let face = keeping_sessions();
     let token = face.token("laptop", &[]);
     let mut ws = face.ws(&token);
     ws.call(
@@ -195,17 +198,7 @@ fn answer_of(ws: &mut Ws, method: &str, params: serde_json::Value) -> serde_json
 /// an honest client is served while they are held, and each is ended at its message's deadline.
 #[test]
 fn a_second_token_finds_nothing_of_the_firsts_sessions() {
-    let env = Env::raw("");
-    let sessions = env.path().join("echo-sessions");
-    std::fs::create_dir_all(&sessions).unwrap();
-    let face = Face::with_config(
-        env,
-        &format!(
-            "default_provider = \"kept\"\n[providers.kept]\ncommand = [\"{BIN}\", \"agent\", \
-             \"echo\", \"--sessions\", \"{}\"]\n",
-            sessions.display()
-        ),
-    );
+    let face = keeping_sessions();
     let cwd = face.daemon.env.path().to_path_buf();
     let (a, b) = (face.token("alice", &[]), face.token("bob", &[]));
     let mut alice = face.ws(&a);

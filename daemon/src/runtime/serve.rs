@@ -107,21 +107,14 @@ pub(crate) async fn serve(
         }
     };
 
-    let metrics = match bind_metrics(config.metrics_listen).await {
-        Ok(m) => m,
+    let bound = async {
+        let metrics = bind_metrics(config.metrics_listen).await?;
+        Ok((metrics, bind_face(&config, opts.activated_tcp).await?))
+    };
+    let (metrics, face_listeners) = match bound.await {
+        Ok(b) => b,
         Err(e) => {
             // The socket was bound by this process a moment ago: nobody else's to keep.
-            drop(listener);
-            if let Some(path) = &bound_path {
-                let _ = std::fs::remove_file(path);
-            }
-            supervise::forget_records();
-            return Err(e);
-        }
-    };
-    let face_listeners = match bind_face(&config, opts.activated_tcp).await {
-        Ok(l) => l,
-        Err(e) => {
             drop(listener);
             if let Some(path) = &bound_path {
                 let _ = std::fs::remove_file(path);
