@@ -49,7 +49,7 @@ fn start_face() -> (Daemon, Face) {
     let dir = tempfile::tempdir().unwrap();
     let cert = Cert::new(dir.path());
     let config = format!(
-        "{}max_network_connections = 4096\nmax_connections_per_token = 4096\nrequests_per_second = 100000\n",
+        "{}max_connections = 4096\nmax_network_connections = 4096\nmax_connections_per_token = 4096\nrequests_per_second = 100000\n",
         cert.config
     );
     let daemon = Daemon::start(&config);
