@@ -10,6 +10,8 @@ mod containment;
 mod cpu_bound;
 mod hotpath;
 mod isolation;
+mod netclient;
+mod network;
 mod observability;
 mod parent;
 mod parse;
@@ -29,7 +31,7 @@ pub struct Opts {
     /// Rewrite the results table in docs/src/benchmarks.md from this run.
     pub readme: bool,
     /// `--only SECTION` (hotpath, observability, streaming, start, scale, teardown, warm,
-    /// containment, isolation): run just that one.
+    /// containment, isolation, network): run just that one.
     pub only: Option<String>,
     /// `--sizes 64,1024`: the scale rows' K values instead of the defaults.
     pub sizes: Option<Vec<usize>>,
@@ -164,7 +166,8 @@ async fn bench() {
         "warm": if opts.runs("warm") { warm::run(&opts).await } else { none.clone() },
         "warmAgents": if opts.runs("warm") { warm::agents(&opts).await } else { none.clone() },
         "containment": if opts.runs("containment") { containment::run(&opts).await } else { none.clone() },
-        "isolation": if opts.runs("isolation") { isolation::run(&opts).await } else { none },
+        "isolation": if opts.runs("isolation") { isolation::run(&opts).await } else { none.clone() },
+        "network": if opts.runs("network") { network::run(&opts) } else { none },
     });
     if opts.only.is_some() {
         return;

@@ -192,7 +192,47 @@ pub fn markdown(r: &Value) -> String {
             f(&c["sentinelSpawnMs"], 2)
         );
     }
+    network(&mut md, &r["network"]);
     md
+}
+
+/// Row (6): the network face's doors against the Unix socket of the same daemon.
+fn network(md: &mut String, n: &Value) {
+    if n.is_null() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n**Network face** (one `acpd serve`, the echo agent streaming {} updates of {} B to a client reading as fast as it can through each door; CPU = the daemon's utime + stime per update, median of {} interleaved rounds, target ≤ 1.5× the Unix socket; first chunk = prompt sent → first `agent_message_chunk` read, median of {}; the peer `acpremote expose` + `acpremote mirror` 1.10 is charged both its processes):\n",
+        n["updates"], n["chunkBytes"], n["rounds"], n["firstChunkRounds"]
+    );
+    let _ = writeln!(
+        md,
+        "| door | CPU per update | vs Unix socket | first chunk | vs Unix socket |\n|---|---:|---:|---:|---:|"
+    );
+    for d in n["doors"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            md,
+            "| {} | {} µs | **{}×** | {} µs | {}× |",
+            d["door"].as_str().unwrap_or("?"),
+            f(&d["cpuUsPerUpdate"], 2),
+            f(&d["cpuRatio"], 2),
+            f(&d["firstChunkUs"], 0),
+            f(&d["firstChunkRatio"], 2)
+        );
+    }
+    if let Some(why) = n["peer"].as_str() {
+        let _ = writeln!(md, "\nThe acpremote peer was skipped: {why}.");
+    }
+    let i = &n["idle"];
+    let _ = writeln!(
+        md,
+        "\nIdle connections ({} initialized, none with a session): **{} KiB** of the daemon's VmRSS per WSS connection (target ≤ 64 KiB), {} KiB per Unix-socket connection ({}×).",
+        i["connections"],
+        f(&i["wssKiBEach"], 1),
+        f(&i["unixKiBEach"], 1),
+        f(&i["ratio"], 1)
+    );
 }
 
 /// Replaces the block between the markers in `readme` with `table`.

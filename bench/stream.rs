@@ -16,7 +16,8 @@ use crate::{ACPD, Opts};
 pub struct Daemon {
     pub child: std::process::Child,
     pub socket: PathBuf,
-    _dir: tempfile::TempDir,
+    /// Its config, state and socket: `acpd --config` here reaches this daemon's store.
+    pub dir: tempfile::TempDir,
 }
 
 impl Daemon {
@@ -48,11 +49,7 @@ impl Daemon {
                 std::thread::spawn(move || {
                     let _ = std::io::copy(&mut stderr, &mut std::io::stderr());
                 });
-                return Some(Daemon {
-                    child,
-                    socket,
-                    _dir: dir,
-                });
+                return Some(Daemon { child, socket, dir });
             }
             if child.try_wait().ok().flatten().is_some() {
                 let mut err = String::new();
