@@ -250,7 +250,7 @@ pub fn run(opts: &Opts) -> Value {
     };
     // Warm-up: buffers, pools, the allocator.
     for (label, conn) in doors.iter_mut() {
-        cpu_per_update(conn, n / 20 + 1, &charged(*label));
+        cpu_per_update(conn, n / 20 + 1, &charged(label));
     }
     // Per door, per round, per charged process.
     let mut each: Vec<Vec<Vec<f64>>> = vec![Vec::new(); doors.len()];
@@ -263,7 +263,7 @@ pub fn run(opts: &Opts) -> Value {
         for j in 0..k {
             let i = (j + round) % k;
             let (label, conn) = &mut doors[i];
-            each[i].push(cpu_per_update(conn, n, &charged(*label)));
+            each[i].push(cpu_per_update(conn, n, &charged(label)));
         }
     }
     let cpu: Vec<Vec<f64>> = each

@@ -233,3 +233,67 @@ fn a_hundred_unfinished_16_mib_messages_hold_a_bounded_budget_on_the_network_fac
         "no message was ended at its deadline"
     );
 }
+
+/// Idle WebSockets hold none of the budget for unfinished messages: 300 of them (past the
+/// 256 a read buffer's worth each of the 64 MiB budget would allow) are all served.
+#[test]
+fn three_hundred_idle_websockets_are_all_admitted() {
+    let face = Face::start(
+        "max_connections_per_token = 400\nmax_network_connections = 400\nrequests_per_second = 100000",
+    );
+    let token = face.token("many", &[]);
+    let auth = format!("Bearer {token}");
+    let mut open = Vec::new();
+    for i in 0..300 {
+        let mut ws = Ws::connect(&face.url, &face.cert, &[("Authorization", &auth)])
+            .unwrap_or_else(|r| panic!("connection {i} refused: {r:?}"));
+        let init = ws.call(
+            "initialize",
+            serde_json::json!({"protocolVersion": 1, "clientCapabilities": {}}),
+        );
+        assert!(init.get("result").is_some(), "connection {i}: {init}");
+        open.push(ws);
+    }
+    assert_eq!(refused(&face, "unfinished_message_budget"), 0.0);
+    still_served(&face, &token);
+}
+
+/// Messages larger than the pipe between the face and acpd reach a WebSocket client whole while
+/// the client's own frames (pings) keep interrupting the wait for them.
+#[test]
+fn large_messages_reach_a_pinging_websocket_client_whole() {
+    let face = Face::start("");
+    let token = face.token("laptop", &[]);
+    let mut ws = face.ws(&token);
+    ws.call(
+        "initialize",
+        serde_json::json!({"protocolVersion": 1, "clientCapabilities": {}}),
+    );
+    let new = ws.call(
+        "session/new",
+        serde_json::json!({"cwd": face.daemon.env.path(), "mcpServers": []}),
+    );
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_owned();
+    ws.send(
+        &serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "session/prompt",
+        "params": {"sessionId": sid, "prompt": [{"type": "text", "text": ":chunks 30 200000"}]}}),
+    );
+    let mut chunks = Vec::new();
+    loop {
+        // A ping between every read: each wakes the face's loop mid-line.
+        ws.socket
+            .send(tokio_tungstenite::tungstenite::Message::Ping(
+                Default::default(),
+            ))
+            .unwrap();
+        let m = ws.recv().unwrap_or_else(|e| panic!("closed: {e}"));
+        if m["id"] == 7 {
+            assert_eq!(m["result"]["stopReason"], "end_turn", "{m}");
+            break;
+        }
+        if let Some(text) = m["params"]["update"]["content"]["text"].as_str() {
+            chunks.push(text.len());
+        }
+    }
+    assert_eq!(chunks, vec![200000; 30]);
+}

@@ -92,8 +92,10 @@ pub(super) struct FromAcpd {
 impl FromAcpd {
     /// The next message acpd wrote (without its newline); `None` once acpd closed the
     /// connection.
+    ///
+    /// Cancel-safe: what a cancelled call read of a line stays in `line` for the next call
+    /// (the line is cleared only once it was taken whole).
     pub(super) async fn next(&mut self) -> Option<bytes::Bytes> {
-        self.line.clear();
         match self.reader.read_until(b'\n', &mut self.line).await {
             Ok(0) | Err(_) => None,
             Ok(_) => {
@@ -101,6 +103,7 @@ impl FromAcpd {
                     self.line.pop();
                 }
                 let message = bytes::Bytes::copy_from_slice(&self.line);
+                self.line.clear();
                 // A large answer does not keep its buffer for the rest of the connection.
                 if self.line.capacity() > 1024 * 1024 {
                     self.line = Vec::new();
@@ -108,5 +111,11 @@ impl FromAcpd {
                 Some(message)
             }
         }
+    }
+
+    /// Whether a whole line is already buffered (the next [`FromAcpd::next`] will not wait):
+    /// a writer takes every such line before it flushes, so a burst costs one write.
+    pub(super) fn has_line(&self) -> bool {
+        memchr::memchr(b'\n', self.reader.buffer()).is_some()
     }
 }

@@ -19,6 +19,9 @@ use tokio::time::{Instant, Sleep};
 
 use crate::wire::half::{Exhausted, HalfBudget, Held};
 
+/// How much more a message that filled its room asks the budget for at a time.
+const GROW_STEP: usize = 256 * 1024;
+
 /// Why a read was refused: what the WebSocket's close frame says.
 pub(super) const OVER_BUDGET: &str = "unfinished_message_budget";
 pub(super) const TOO_SLOW: &str = "line_timeout";
@@ -82,8 +85,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Budgeted<T> {
         {
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, TOO_SLOW)));
         }
-        // Room for as much as this read may bring.
-        let want = this.unfinished + buf.remaining();
+        // A read brings at most what the message may still hold: an idle connection (or one
+        // whose message fits its allowance) never touches the budget, whatever the size of
+        // the buffer it reads into. Only a message that filled its room grows it.
         if let Some(growing) = this.growing.as_mut() {
             match growing.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
@@ -97,9 +101,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Budgeted<T> {
             }
         }
         let room = this.held.as_ref().map_or(usize::MAX, Held::room);
-        if want > room
+        if this.unfinished >= room
             && let Some(mut held) = this.held.take()
         {
+            let want = this.unfinished + GROW_STEP;
             let deadline = this
                 .deadline
                 .as_ref()
@@ -121,9 +126,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for Budgeted<T> {
                 }
             }
         }
-        let before = buf.filled().len();
-        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-        let got = buf.filled().len() - before;
+        let room = this.held.as_ref().map_or(usize::MAX, Held::room);
+        let at_most = room.saturating_sub(this.unfinished).min(buf.remaining());
+        let mut limited = ReadBuf::new(buf.initialize_unfilled_to(at_most));
+        let read = Pin::new(&mut this.inner).poll_read(cx, &mut limited);
+        let got = limited.filled().len();
+        buf.advance(got);
         if got > 0 {
             if this.unfinished == 0 {
                 this.deadline = Some(Box::pin(tokio::time::sleep(this.timeout)));

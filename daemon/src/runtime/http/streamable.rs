@@ -27,6 +27,8 @@ const STREAM_BYTES: usize = 1024 * 1024;
 /// Bytes all streams without a reader may hold together (a session's updates before its stream
 /// is opened); past it the connection is closed, never a message silently dropped.
 const UNREAD_BYTES: usize = 8 * 1024 * 1024;
+/// How many bytes of queued events one chunk of an event stream takes at most (past one event).
+const EVENTS_CHUNK: usize = 64 * 1024;
 /// Session streams one connection may have.
 const MAX_STREAMS: usize = 64;
 /// The longest session id a stream may be opened for.
@@ -488,15 +490,21 @@ impl StreamLease {
                 return Event::End;
             }
             let mailbox = routing.mailbox(&self.route);
-            if let Some(line) = mailbox.queue.pop_front() {
-                mailbox.bytes -= line.len();
+            if !mailbox.queue.is_empty() {
+                // Every message queued now, as one chunk: a burst of updates is one write.
+                let mut events = Vec::new();
+                while let Some(line) = mailbox.queue.pop_front() {
+                    mailbox.bytes -= line.len();
+                    events.extend_from_slice(b"data: ");
+                    events.extend_from_slice(&line);
+                    events.extend_from_slice(b"\n\n");
+                    if events.len() >= EVENTS_CHUNK {
+                        break;
+                    }
+                }
                 drop(routing);
                 self.conn.changed.notify_waiters();
-                let mut event = Vec::with_capacity(line.len() + 8);
-                event.extend_from_slice(b"data: ");
-                event.extend_from_slice(&line);
-                event.extend_from_slice(b"\n\n");
-                return Event::Data(Bytes::from(event));
+                return Event::Data(Bytes::from(events));
             }
         }
         tokio::select! {

@@ -35,7 +35,11 @@ pub(super) async fn serve(
     limits: WsLimits,
     rate: std::sync::Arc<super::guard::RateLimits>,
 ) {
+    // A small read buffer: an idle connection holds it all its life (tungstenite's default is
+    // 128 KiB); a large message still grows its own buffer, under the budget for unfinished
+    // messages.
     let config = WebSocketConfig::default()
+        .read_buffer_size(8 * 1024)
         .max_message_size(Some(limits.max_message))
         .max_frame_size(Some(limits.max_message));
     let (io, ends) = super::budgeted::Budgeted::new(TokioIo::new(upgraded), limits.message_timeout);
@@ -103,13 +107,23 @@ pub(super) async fn serve(
                 let Some(line) = line else {
                     break Some(close(CloseCode::Normal, "acpd ended the connection"));
                 };
-                // acpd writes UTF-8 JSON only; a line that is not (never expected) is dropped
-                // with a log line rather than sent as a frame the client must refuse.
-                let Ok(text) = String::from_utf8(line.to_vec()) else {
-                    tracing::warn!("acpd wrote a line that is not UTF-8 to a websocket; not sent");
-                    continue;
+                // Every line acpd has already written goes out before one flush: a burst of
+                // updates is one TLS record and one write, not one per update.
+                let burst = async {
+                    let mut line = line;
+                    loop {
+                        sink.feed(text_frame(line)).await?;
+                        if !from_acpd.has_line() {
+                            break;
+                        }
+                        match from_acpd.next().await {
+                            Some(next) => line = next,
+                            None => break,
+                        }
+                    }
+                    sink.flush().await
                 };
-                match tokio::time::timeout(limits.write_timeout, sink.send(Message::text(text))).await {
+                match tokio::time::timeout(limits.write_timeout, burst).await {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => break None,
                     Err(_) => {
@@ -143,6 +157,15 @@ pub(super) async fn serve(
         .await;
     }
     drop(place);
+}
+
+/// A line of acpd's as a text frame. acpd writes UTF-8 JSON only; a line that is not (never
+/// expected) goes out with its bad bytes replaced rather than as a frame the client must refuse.
+fn text_frame(line: bytes::Bytes) -> Message {
+    match tokio_tungstenite::tungstenite::Utf8Bytes::try_from(line.clone()) {
+        Ok(text) => Message::Text(text),
+        Err(_) => Message::text(String::from_utf8_lossy(&line).into_owned()),
+    }
 }
 
 fn place_token(place: &Place) -> i64 {
